@@ -5,4 +5,15 @@
 //! its pools, its queue and its programs). The same code drives ROCR on an NPU and `hsa-sim`
 //! on a machine without one: they differ only in how the function table is filled.
 
+pub mod api;
+pub mod device;
+pub mod discovery;
+pub mod error;
 pub mod sys;
+
+pub use api::{ApiSource, HsaApi};
+pub use device::{
+    Arg, ChainError, ChainReport, Device, DeviceInfo, DeviceOptions, Dispatch, Generation,
+    PacketAbi, ProgramId, TensorBacking, TensorId, TensorInfo,
+};
+pub use error::HsaError;

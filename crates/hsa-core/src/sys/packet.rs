@@ -210,9 +210,21 @@ mod tests {
 
     #[test]
     fn ert_bitfield_round_trips_lsb_first() {
-        let bits = ErtBits { state: ert_state::NEW, custom: 0, count: 11, opcode: 0, type_: 0 };
+        let bits = ErtBits {
+            state: ert_state::NEW,
+            custom: 0,
+            count: 11,
+            opcode: 0,
+            type_: 0,
+        };
         assert_eq!(bits.pack(), 1 | (11 << 12));
-        let all = ErtBits { state: 0xF, custom: 0xAB, count: 0x5A5, opcode: 19, type_: 0x9 };
+        let all = ErtBits {
+            state: 0xF,
+            custom: 0xAB,
+            count: 0x5A5,
+            opcode: 19,
+            type_: 0x9,
+        };
         assert_eq!(ErtBits::unpack(all.pack()), all);
         assert_eq!(ErtBits::unpack(0x7FF << 12).count, 0x7FF);
         assert_eq!(ert_payload_count(2), 11);

@@ -1,0 +1,368 @@
+//! Dispatches and chains: enqueue packets, ring the doorbell, wait, and recover the queue
+//! after a failure.
+//!
+//! A chain is split into doorbell batches of at most [`MAX_PACKETS_PER_DOORBELL`] packets
+//! (early G2 and G1 runtimes submit a whole batch as one firmware chain and do not split it).
+//! Each batch arms the completion signal to its length; the doorbell store returns when the
+//! batch has finished, so the wait after it is a formality.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use super::encode::{self, Packet, PacketAbi, PacketDesc};
+use super::resource::{PoolAlloc, QueueOwner};
+use super::{Device, ProgramId, QueueState, SIDE_SLOT, TensorId};
+use crate::error::HsaError;
+use crate::sys::{
+    AIE_QUEUE_SIZE, MAX_PACKETS_PER_DOORBELL, MAX_PDIS_PER_QUEUE, SignalCondition, WaitState,
+};
+
+/// One buffer argument: a byte range of a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arg {
+    pub tensor: TensorId,
+    pub offset: u64,
+    /// Bytes from `offset`; `None` means to the end of the tensor.
+    pub len: Option<u64>,
+}
+
+impl Arg {
+    /// The whole tensor.
+    pub fn whole(tensor: TensorId) -> Self {
+        Self {
+            tensor,
+            offset: 0,
+            len: None,
+        }
+    }
+}
+
+impl From<TensorId> for Arg {
+    fn from(t: TensorId) -> Self {
+        Self::whole(t)
+    }
+}
+
+/// One program run with its buffer arguments, in design order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dispatch {
+    pub program: ProgramId,
+    pub args: Vec<Arg>,
+}
+
+impl Dispatch {
+    pub fn new(program: ProgramId, args: impl IntoIterator<Item = impl Into<Arg>>) -> Self {
+        Self {
+            program,
+            args: args.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+/// What a successful chain cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ChainReport {
+    /// Time from the first packet's enqueue to the last completion.
+    pub device_time: Duration,
+    /// Doorbell rings.
+    pub doorbells: u32,
+    /// Queues recreated along the way (G1a's ring, the 32-PDI cache, or an earlier failure).
+    pub queue_recreations: u32,
+}
+
+/// A chain that stopped: links `0..index` completed, link `index` failed, and links after it
+/// did not run.
+#[derive(Debug, thiserror::Error)]
+#[error("link {index} of the chain failed: {error}")]
+pub struct ChainError {
+    pub index: usize,
+    pub error: HsaError,
+}
+
+impl Device {
+    /// Runs one program.
+    ///
+    /// # Errors
+    /// As [`Device::run_chain`], without the link index.
+    pub fn dispatch(&mut self, d: &Dispatch) -> Result<ChainReport, HsaError> {
+        self.run_chain(std::slice::from_ref(d)).map_err(|e| e.error)
+    }
+
+    /// Runs `links` in order on the queue.
+    ///
+    /// Every link is checked (known program and tensors, ranges inside their tensors) before
+    /// anything is enqueued. After a device failure the queue is recreated before returning,
+    /// so the next call starts clean.
+    ///
+    /// # Errors
+    /// [`ChainError`] with the index of the link that was refused or failed.
+    pub fn run_chain(&mut self, links: &[Dispatch]) -> Result<ChainReport, ChainError> {
+        let descs: Vec<PacketDesc> = links
+            .iter()
+            .enumerate()
+            .map(|(index, l)| {
+                self.describe(l)
+                    .map_err(|error| ChainError { index, error })
+            })
+            .collect::<Result<_, _>>()?;
+        let mut report = ChainReport::default();
+        let start = Instant::now();
+        for (b, batch) in descs.chunks(MAX_PACKETS_PER_DOORBELL).enumerate() {
+            let first = b * MAX_PACKETS_PER_DOORBELL;
+            self.prepare_queue(batch, &mut report)
+                .map_err(|error| ChainError {
+                    index: first,
+                    error,
+                })?;
+            if let Err((k, error)) = self.run_batch(batch) {
+                self.mark_queue_failed();
+                if let Err(e) = self.prepare_queue(&[], &mut report) {
+                    tracing::error!(error = %e, "recreating the queue after a failure failed");
+                }
+                return Err(ChainError {
+                    index: first + k,
+                    error,
+                });
+            }
+            report.doorbells += 1;
+        }
+        report.device_time = start.elapsed();
+        Ok(report)
+    }
+
+    fn describe(&self, d: &Dispatch) -> Result<PacketDesc, HsaError> {
+        let p = self
+            .programs
+            .get(&d.program)
+            .ok_or(HsaError::UnknownHandle {
+                kind: "program",
+                id: d.program.0,
+            })?;
+        let args = d
+            .args
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let t = self.tensor(a.tensor)?;
+                let size = t.size as u64;
+                let len = a.len.unwrap_or(size.saturating_sub(a.offset));
+                match a.offset.checked_add(len) {
+                    Some(end) if end <= size && len > 0 => Ok((t.ptr() as u64 + a.offset, len)),
+                    _ => Err(HsaError::InvalidArgument(format!(
+                        "argument {i}: bytes {}..{} are outside tensor {} of {size} bytes",
+                        a.offset,
+                        a.offset.saturating_add(len),
+                        a.tensor.0
+                    ))),
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(PacketDesc {
+            pdi: p.pdi.addr(),
+            insts: p.insts.addr(),
+            insts_size: p.insts_len as u64,
+            args,
+        })
+    }
+
+    fn mark_queue_failed(&mut self) {
+        if let Some(q) = &mut self.queue {
+            q.stale = true;
+        }
+    }
+
+    /// Makes sure the queue can take `batch`: recreates it when it is stale, when G1a's
+    /// non-wrapping ring would pass 64 packets, or when the batch would bring its PDI cache
+    /// past 32 distinct PDIs.
+    fn prepare_queue(
+        &mut self,
+        batch: &[PacketDesc],
+        report: &mut ChainReport,
+    ) -> Result<(), HsaError> {
+        let recreate = match &self.queue {
+            None => true,
+            Some(q) => {
+                let new_pdis: HashSet<u64> = batch
+                    .iter()
+                    .map(|d| d.pdi)
+                    .filter(|p| !q.pdis.contains(p))
+                    .collect();
+                q.stale
+                    || (self.opts.packet_abi == PacketAbi::G1a
+                        && q.taken + batch.len() as u64 > u64::from(AIE_QUEUE_SIZE))
+                    || q.pdis.len() + new_pdis.len() > MAX_PDIS_PER_QUEUE
+            }
+        };
+        if recreate {
+            // Destroy before creating: the agent has one queue.
+            self.queue = None;
+            self.errors.take();
+            let owner =
+                QueueOwner::new(&self.rt.api, self.aie, AIE_QUEUE_SIZE, self.errors.clone())?;
+            self.queue = Some(QueueState {
+                owner,
+                taken: 0,
+                pdis: HashSet::new(),
+                stale: false,
+            });
+            report.queue_recreations += 1;
+        }
+        Ok(())
+    }
+
+    /// Enqueues `batch`, rings once, and waits. On failure returns the index within the batch
+    /// of the packet that failed.
+    fn run_batch(&mut self, batch: &[PacketDesc]) -> Result<(), (usize, HsaError)> {
+        let api = self.rt.api.clone();
+        let f = api.fns();
+        let abi = self.opts.packet_abi;
+        let timeout = self.opts.completion_timeout;
+        let signal = self.signal.signal;
+        let q = self
+            .queue
+            .as_mut()
+            .ok_or((0, HsaError::InvalidArgument("no queue".into())))?;
+        let raw = q.owner.raw();
+        let ring = q.owner.info().base_address.cast::<u8>();
+        let size = u64::from(q.owner.info().size);
+        let doorbell = q.owner.info().doorbell_signal;
+        let n = batch.len();
+        // SAFETY: the signal is live; storing a value has no other precondition.
+        unsafe { (f.signal_store_relaxed)(signal, n as i64) };
+        // Side buffers for dispatches with more arguments than a slot holds, freed after the
+        // batch has completed.
+        let mut oversized: Vec<PoolAlloc> = Vec::new();
+        let mut first_index = 0;
+        let mut last_index = 0;
+        for (j, d) in batch.iter().enumerate() {
+            // SAFETY: `raw` is this device's live queue; reserving one slot.
+            let wr = unsafe { (f.queue_add_write_index_relaxed)(raw, 1) };
+            if j == 0 {
+                first_index = wr;
+            }
+            last_index = wr;
+            let deadline = Instant::now() + timeout;
+            loop {
+                // SAFETY: `raw` is live; loading the read index has no precondition.
+                let rd = unsafe { (f.queue_load_read_index_scacquire)(raw) };
+                if wr - rd < size {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err((
+                        j,
+                        HsaError::Timeout {
+                            waited: timeout,
+                            value: -1,
+                        },
+                    ));
+                }
+                std::thread::yield_now();
+            }
+            let slot = usize::try_from(wr % size).unwrap_or(0);
+            let need = abi.side_buffer_len(d.args.len());
+            let side_ptr = if need <= SIDE_SLOT {
+                // SAFETY: the side area has one SIDE_SLOT per ring slot and slot < size == 64.
+                unsafe { self.side.ptr().add(slot * SIDE_SLOT) }
+            } else {
+                let a = PoolAlloc::new(&api, self.pools.kernarg.pool, need).map_err(|e| (j, e))?;
+                let p = a.ptr();
+                oversized.push(a);
+                p
+            };
+            let (packet, side) =
+                encode::encode(abi, d, signal, side_ptr as u64).map_err(|e| (j, e))?;
+            // SAFETY: `side_ptr` has room for `need == side.len()` bytes and does not overlap
+            // `side`; the ring slot is 64 bytes inside the runtime's ring, reserved above and
+            // not yet handed to the device (the doorbell has not been rung for it).
+            unsafe {
+                std::ptr::copy_nonoverlapping(side.as_ptr(), side_ptr, side.len());
+                let dst = ring.add(slot * 64);
+                match packet {
+                    Packet::G2(p) => std::ptr::write_volatile(dst.cast(), p),
+                    Packet::G1(p) => std::ptr::write_volatile(dst.cast(), p),
+                }
+            }
+            q.pdis.insert(d.pdi);
+        }
+        q.taken += n as u64;
+        // SAFETY: the doorbell signal belongs to this queue; the store submits every pending
+        // packet and returns when they have finished.
+        unsafe { (f.signal_store_screlease)(doorbell, last_index as i64) };
+        if let Some(status) = self.errors.take() {
+            let completed = if abi.has_completion_signal() {
+                // SAFETY: the signal is live.
+                let left = unsafe { (f.signal_load_scacquire)(signal) };
+                n.saturating_sub(usize::try_from(left.max(0)).unwrap_or(n))
+            } else {
+                // SAFETY: `raw` is live.
+                let rd = unsafe { (f.queue_load_read_index_scacquire)(raw) };
+                usize::try_from(rd.saturating_sub(first_index))
+                    .unwrap_or(0)
+                    .min(n - 1)
+            };
+            let index = completed.min(n - 1);
+            return Err((
+                index,
+                HsaError::Device {
+                    index,
+                    status,
+                    message: api.status_string(status),
+                },
+            ));
+        }
+        if abi.has_completion_signal() {
+            let ticks = timeout
+                .as_secs()
+                .saturating_mul(self.info.timestamp_frequency.max(1));
+            let deadline = Instant::now() + timeout;
+            loop {
+                // SAFETY: the signal is live; the runtime returns its value when the condition
+                // holds or the hint expires.
+                let v = unsafe {
+                    (f.signal_wait_scacquire)(
+                        signal,
+                        SignalCondition::EQ,
+                        0,
+                        ticks,
+                        WaitState::BLOCKED,
+                    )
+                };
+                if v == 0 {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    let done = n.saturating_sub(usize::try_from(v.max(0)).unwrap_or(n));
+                    return Err((
+                        done.min(n - 1),
+                        HsaError::Timeout {
+                            waited: timeout,
+                            value: v,
+                        },
+                    ));
+                }
+            }
+        } else {
+            // G1a has no completion signal: the doorbell's return means done.
+            // SAFETY: `raw` is live.
+            let rd = unsafe { (f.queue_load_read_index_scacquire)(raw) };
+            if rd <= last_index {
+                let index = usize::try_from(rd.saturating_sub(first_index))
+                    .unwrap_or(0)
+                    .min(n - 1);
+                return Err((
+                    index,
+                    HsaError::Device {
+                        index,
+                        status: crate::sys::Status::ERROR,
+                        message: format!(
+                            "the queue stopped at packet {rd} without reporting an error"
+                        ),
+                    },
+                ));
+            }
+        }
+        drop(oversized);
+        Ok(())
+    }
+}

@@ -1,0 +1,312 @@
+//! Encoding one dispatch into the packet ABI the runtime speaks.
+//!
+//! Pure functions: they return the 64-byte packet and the bytes of its side buffer (G2
+//! kernargs or the G1 payload), given the address the side buffer will be copied to.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::HsaError;
+use crate::sys::{
+    AIE_DISPATCH_COUNT, AIE_DISPATCH_HEADER, AIE_PACKET_OPCODE_KMQ, AMD_PACKET_TYPE_AIE_ERT,
+    AMD_PACKET_TYPE_RESERVED200, AieDispatchPacket, ERT_TXN_OPCODE, ErtBits, ErtPacket, Signal,
+    ert_opcode, ert_payload_count, ert_state,
+};
+
+/// Which AIE packet ABI the runtime speaks (`rocr-aie.md` §0). ROCR cannot be asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PacketAbi {
+    /// `hsa_amd_aie_kernel_dispatch_packet_t`: rocm-systems develop from May 2026, TheRock
+    /// releases after it.
+    #[default]
+    G2,
+    /// The vendor ERT packet with `AmdFormat` 200 and a completion signal (develop, late 2025 to
+    /// early 2026).
+    G1b,
+    /// The vendor ERT packet with `AmdFormat` 3, no completion signal, and a ring that does not
+    /// wrap (ROCm 7.0).
+    G1a,
+}
+
+impl PacketAbi {
+    /// The lower-case name used in configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::G2 => "g2",
+            Self::G1b => "g1b",
+            Self::G1a => "g1a",
+        }
+    }
+
+    /// Whether packets of this ABI carry a completion signal.
+    pub fn has_completion_signal(self) -> bool {
+        !matches!(self, Self::G1a)
+    }
+
+    /// Bytes of side buffer (kernargs or payload) a dispatch with `n` arguments needs.
+    pub fn side_buffer_len(self, n: usize) -> usize {
+        match self {
+            Self::G2 => 16 * n,
+            Self::G1a | Self::G1b => 8 + 4 * ert_payload_count(n),
+        }
+    }
+}
+
+impl fmt::Display for PacketAbi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for PacketAbi {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "g2" => Ok(Self::G2),
+            "g1b" => Ok(Self::G1b),
+            "g1a" => Ok(Self::G1a),
+            other => Err(format!(
+                "unknown packet ABI {other:?}: expected g2, g1b or g1a"
+            )),
+        }
+    }
+}
+
+/// Everything a packet says about one dispatch, as addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PacketDesc {
+    pub pdi: u64,
+    pub insts: u64,
+    pub insts_size: u64,
+    /// (host VA, byte size) per buffer argument, in design order.
+    pub args: Vec<(u64, u64)>,
+}
+
+/// A packet ready to be stored in a ring slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Packet {
+    G2(AieDispatchPacket),
+    G1(ErtPacket),
+}
+
+/// Encodes `desc`; `side_addr` is where the returned side buffer will be copied.
+pub(crate) fn encode(
+    abi: PacketAbi,
+    desc: &PacketDesc,
+    completion: Signal,
+    side_addr: u64,
+) -> Result<(Packet, Vec<u8>), HsaError> {
+    let n = desc.args.len();
+    match abi {
+        PacketAbi::G2 => {
+            let num_kernargs = u16::try_from(n).map_err(|_| {
+                HsaError::InvalidArgument(format!("{n} arguments: a G2 packet holds at most 65535"))
+            })?;
+            let mut side = Vec::with_capacity(16 * n);
+            for &(va, _) in &desc.args {
+                side.extend_from_slice(&va.to_le_bytes());
+            }
+            for &(_, size) in &desc.args {
+                side.extend_from_slice(&size.to_le_bytes());
+            }
+            let pkt = AieDispatchPacket {
+                header: AIE_DISPATCH_HEADER,
+                opcode: AIE_PACKET_OPCODE_KMQ,
+                count: AIE_DISPATCH_COUNT,
+                completion_signal: completion,
+                insts_addr_low: low(desc.insts),
+                insts_addr_high: high(desc.insts),
+                num_kernargs,
+                kernarg_address: if n == 0 { 0 } else { side_addr },
+                insts_size: desc.insts_size,
+                pdi_addr: desc.pdi,
+                ..Default::default()
+            };
+            Ok((Packet::G2(pkt), side))
+        }
+        PacketAbi::G1a | PacketAbi::G1b => {
+            let count = u32::try_from(ert_payload_count(n))
+                .ok()
+                .filter(|&c| c <= 0x7FF)
+                .ok_or_else(|| {
+                    HsaError::InvalidArgument(format!(
+                        "{n} arguments: a G1 packet's 11-bit count holds at most 680"
+                    ))
+                })?;
+            let dwords = u32::try_from(desc.insts_size / 4).map_err(|_| {
+                HsaError::InvalidArgument(format!(
+                    "instruction stream of {} bytes is too long",
+                    desc.insts_size
+                ))
+            })?;
+            let mut words: Vec<u32> =
+                vec![ERT_TXN_OPCODE, 0, low(desc.insts), high(desc.insts), dwords];
+            for &(va, _) in &desc.args {
+                words.extend([low(va), high(va)]);
+            }
+            for (i, &(_, size)) in desc.args.iter().enumerate() {
+                words.push(u32::try_from(size).map_err(|_| {
+                    HsaError::InvalidArgument(format!(
+                        "argument {i} is {size} bytes: a G1 payload holds 32-bit sizes"
+                    ))
+                })?);
+            }
+            let mut side = Vec::with_capacity(8 + 4 * words.len());
+            side.extend_from_slice(&desc.pdi.to_le_bytes());
+            for w in words {
+                side.extend_from_slice(&w.to_le_bytes());
+            }
+            let bits = ErtBits {
+                state: ert_state::NEW,
+                custom: 0,
+                count,
+                opcode: ert_opcode::START_CU,
+                type_: 0,
+            };
+            let pkt = ErtPacket {
+                header: 0,
+                amd_format: if abi == PacketAbi::G1a {
+                    AMD_PACKET_TYPE_AIE_ERT
+                } else {
+                    AMD_PACKET_TYPE_RESERVED200
+                },
+                ert: bits.pack(),
+                completion_signal: if abi == PacketAbi::G1b {
+                    completion
+                } else {
+                    Signal::default()
+                },
+                payload_data: side_addr,
+                ..Default::default()
+            };
+            Ok((Packet::G1(pkt), side))
+        }
+    }
+}
+
+fn low(v: u64) -> u32 {
+    (v & 0xFFFF_FFFF) as u32
+}
+
+fn high(v: u64) -> u32 {
+    (v >> 32) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc() -> PacketDesc {
+        PacketDesc {
+            pdi: 0x7f00_0400_0000,
+            insts: 0x7f00_0400_8000,
+            insts_size: 64,
+            args: vec![(0x7f11_0000_1000, 4096), (0x7f22_0000_2000, 4096)],
+        }
+    }
+
+    fn u64s(b: &[u8]) -> Vec<u64> {
+        b.chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    fn u32s(b: &[u8]) -> Vec<u32> {
+        b.chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn g2_kernargs_are_addresses_then_sizes() {
+        let (p, side) = encode(PacketAbi::G2, &desc(), Signal { handle: 9 }, 0xAAA0).unwrap();
+        let Packet::G2(p) = p else { panic!() };
+        assert_eq!(p.header, 0x1400);
+        assert_eq!((p.opcode, p.count, p.num_kernargs), (0, 24, 2));
+        assert_eq!(p.completion_signal, Signal { handle: 9 });
+        assert_eq!(p.insts_addr(), 0x7f00_0400_8000);
+        assert_eq!(
+            (p.insts_size, p.pdi_addr, p.kernarg_address, p.reserved4),
+            (64, 0x7f00_0400_0000, 0xAAA0, 0)
+        );
+        assert_eq!(
+            u64s(&side),
+            vec![0x7f11_0000_1000, 0x7f22_0000_2000, 4096, 4096]
+        );
+        assert_eq!(side.len(), PacketAbi::G2.side_buffer_len(2));
+    }
+
+    #[test]
+    fn g2_without_arguments_has_no_kernarg_address() {
+        let d = PacketDesc {
+            args: vec![],
+            ..desc()
+        };
+        let (Packet::G2(p), side) = encode(PacketAbi::G2, &d, Signal::default(), 0xAAA0).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!((p.num_kernargs, p.kernarg_address), (0, 0));
+        assert!(side.is_empty());
+    }
+
+    #[test]
+    fn g1_payload_follows_the_ert_layout() {
+        for (abi, fmt, sig) in [(PacketAbi::G1a, 3, 0), (PacketAbi::G1b, 200, 9)] {
+            let (p, side) = encode(abi, &desc(), Signal { handle: 9 }, 0xBBB0).unwrap();
+            let Packet::G1(p) = p else { panic!() };
+            assert_eq!((p.header, p.amd_format), (0, fmt));
+            assert_eq!(p.completion_signal.handle, sig);
+            assert_eq!(p.payload_data, 0xBBB0);
+            let bits = p.bits();
+            assert_eq!((bits.state, bits.opcode, bits.count), (1, 0, 11));
+            assert_eq!(
+                u64::from_le_bytes(side[..8].try_into().unwrap()),
+                0x7f00_0400_0000
+            );
+            assert_eq!(
+                u32s(&side[8..]),
+                vec![
+                    3,
+                    0,
+                    0x0400_8000,
+                    0x7f00,
+                    16,
+                    0x0000_1000,
+                    0x7f11,
+                    0x0000_2000,
+                    0x7f22,
+                    4096,
+                    4096
+                ]
+            );
+            assert_eq!(side.len(), abi.side_buffer_len(2));
+        }
+    }
+
+    #[test]
+    fn g1_refuses_what_its_fields_cannot_hold() {
+        let d = PacketDesc {
+            args: vec![(0, 1 << 33)],
+            ..desc()
+        };
+        let e = encode(PacketAbi::G1b, &d, Signal::default(), 0).unwrap_err();
+        assert!(e.to_string().contains("32-bit sizes"), "{e}");
+        let d = PacketDesc {
+            args: vec![(0, 4); 681],
+            ..desc()
+        };
+        assert!(encode(PacketAbi::G1a, &d, Signal::default(), 0).is_err());
+    }
+
+    #[test]
+    fn abi_names_parse() {
+        assert_eq!("G1A".parse::<PacketAbi>().unwrap(), PacketAbi::G1a);
+        assert!(
+            "g3".parse::<PacketAbi>()
+                .unwrap_err()
+                .contains("expected g2, g1b or g1a")
+        );
+    }
+}

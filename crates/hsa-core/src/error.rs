@@ -1,0 +1,145 @@
+//! `HsaError`: everything hsa-core can fail with, each naming what failed and why.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::sys::Status;
+
+/// A place discovery looked for the runtime library, and what happened there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tried {
+    /// What was tried: a file path, or a bare soname handed to the system loader.
+    pub candidate: String,
+    /// Why it was not used.
+    pub outcome: String,
+}
+
+/// The error of every fallible hsa-core call.
+#[derive(Debug, thiserror::Error)]
+pub enum HsaError {
+    /// No candidate library could be loaded.
+    #[error("no usable libhsa-runtime64 found; tried:\n{}", render_tried(.tried))]
+    LibraryNotFound { tried: Vec<Tried> },
+
+    /// The library exists but the loader refused it.
+    #[error("could not load {path}: {reason}")]
+    LibraryLoad { path: PathBuf, reason: String },
+
+    /// A required entry point is missing from the library.
+    #[error("{library} does not export the required symbol {symbol}")]
+    MissingSymbol {
+        library: String,
+        symbol: &'static str,
+    },
+
+    /// A runtime call returned an error status.
+    #[error("{call} failed with {status:?}: {message}")]
+    Call {
+        call: &'static str,
+        status: Status,
+        message: String,
+    },
+
+    /// The runtime has no agent of a kind the binding needs.
+    #[error("{what}; agents found: [{}]", .found.join(", "))]
+    NoAgent {
+        what: &'static str,
+        found: Vec<String>,
+    },
+
+    /// The AIE agent has no memory pool of a kind the binding needs.
+    #[error("the AIE agent has no {what} pool; pools found: [{}]", .found.join(", "))]
+    NoPool {
+        what: &'static str,
+        found: Vec<String>,
+    },
+
+    /// The AIE agent's name maps to no known NPU generation.
+    #[error(
+        "cannot tell the NPU generation from the agent name {name:?} \
+         (expected aie2/phoenix/npu1 or aie2p/strix/krackan/npu2); set the generation explicitly"
+    )]
+    UnknownGeneration { name: String },
+
+    /// The runtime lacks an optional entry point this operation needs.
+    #[error("{operation} needs {symbol}, which this runtime does not export")]
+    Unsupported {
+        operation: &'static str,
+        symbol: &'static str,
+    },
+
+    /// A caller-supplied value is out of range.
+    #[error("{0}")]
+    InvalidArgument(String),
+
+    /// A handle this device does not know.
+    #[error("unknown {kind} handle {id}")]
+    UnknownHandle { kind: &'static str, id: u64 },
+
+    /// The device reported an error while running a batch of packets.
+    #[error("the device failed packet {index} of the batch with {status:?}: {message}")]
+    Device {
+        index: usize,
+        status: Status,
+        message: String,
+    },
+
+    /// The completion wait gave up.
+    #[error("no completion after {waited:?} (signal value {value})")]
+    Timeout { waited: Duration, value: i64 },
+}
+
+impl HsaError {
+    /// The runtime status behind this error, when there is one.
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            Self::Call { status, .. } | Self::Device { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+fn render_tried(tried: &[Tried]) -> String {
+    tried
+        .iter()
+        .map(|t| format!("  {}: {}", t.candidate, t.outcome))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_what_failed() {
+        let e = HsaError::Call {
+            call: "hsa_init",
+            status: Status::ERROR_OUT_OF_RESOURCES,
+            message: "HSA_STATUS_ERROR_OUT_OF_RESOURCES: out".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "hsa_init failed with Status::ERROR_OUT_OF_RESOURCES(0x1008): \
+             HSA_STATUS_ERROR_OUT_OF_RESOURCES: out"
+        );
+        let e = HsaError::LibraryNotFound {
+            tried: vec![
+                Tried {
+                    candidate: "/opt/rocm/lib/libhsa-runtime64.so".into(),
+                    outcome: "not present".into(),
+                },
+                Tried {
+                    candidate: "libhsa-runtime64.so.1".into(),
+                    outcome: "cannot open".into(),
+                },
+            ],
+        };
+        let s = e.to_string();
+        assert!(
+            s.contains("/opt/rocm/lib/libhsa-runtime64.so: not present"),
+            "{s}"
+        );
+        assert!(s.contains("libhsa-runtime64.so.1: cannot open"), "{s}");
+    }
+}
