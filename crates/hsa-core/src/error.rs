@@ -40,6 +40,14 @@ pub enum HsaError {
         message: String,
     },
 
+    /// `hsa_init` failed: the runtime could not start (no device nodes, no driver, ...).
+    #[error("hsa_init in {library} failed with {status:?}: {message}")]
+    Init {
+        library: String,
+        status: Status,
+        message: String,
+    },
+
     /// The runtime has no agent of a kind the binding needs.
     #[error("{what}; agents found: [{}]", .found.join(", "))]
     NoAgent {
@@ -93,7 +101,9 @@ impl HsaError {
     /// The runtime status behind this error, when there is one.
     pub fn status(&self) -> Option<Status> {
         match self {
-            Self::Call { status, .. } | Self::Device { status, .. } => Some(*status),
+            Self::Call { status, .. } | Self::Device { status, .. } | Self::Init { status, .. } => {
+                Some(*status)
+            }
             _ => None,
         }
     }

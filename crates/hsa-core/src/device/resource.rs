@@ -23,7 +23,13 @@ impl Runtime {
     pub(crate) fn init(api: Arc<HsaApi>) -> Result<Self, HsaError> {
         // SAFETY: hsa_init takes no arguments and is reference counted by the runtime.
         let st = unsafe { (api.fns().init)() };
-        api.check("hsa_init", st)?;
+        if !st.is_ok() {
+            return Err(HsaError::Init {
+                library: api.source().to_string(),
+                status: st,
+                message: api.status_string(st),
+            });
+        }
         Ok(Self { api })
     }
 }
