@@ -1,0 +1,20 @@
+//! Generated code for the npud gRPC API, package `npud.v1`.
+//!
+//! The API and every field's unit and limits are documented in `proto/npud/v1/npud.proto`.
+
+#![forbid(unsafe_code)]
+
+/// The `npud.v1` package.
+pub mod v1 {
+    #![allow(missing_debug_implementations, clippy::cast_possible_truncation)]
+    tonic::include_proto!("npud.v1");
+}
+
+/// The encoded `FileDescriptorSet` of the API, for server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/npud_descriptor.bin"));
+
+/// Metadata key carrying the session id (decimal).
+pub const SESSION_HEADER: &str = "npud-session";
+/// Metadata key carrying the session's secret token.
+pub const TOKEN_HEADER: &str = "npud-token";
