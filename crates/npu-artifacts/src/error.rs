@@ -172,6 +172,28 @@ pub enum ArtifactError {
         found: u32,
     },
 
+    /// An operation's field that must hold a fixed value does not.
+    #[error(
+        "TXN op {op_index} ({name}) at byte offset {offset}: {field} (byte offset {field_offset}) is \
+         {found:#x}; expected {expected}"
+    )]
+    TxnOpField {
+        /// Index of the operation.
+        op_index: u32,
+        /// Byte offset of the operation.
+        offset: usize,
+        /// Opcode name.
+        name: &'static str,
+        /// Which field.
+        field: String,
+        /// Byte offset of the field.
+        field_offset: usize,
+        /// What it must be.
+        expected: &'static str,
+        /// What it is.
+        found: u32,
+    },
+
     /// The op walk and the header's op count (word 2) disagree.
     #[error("TXN header (byte offset 8) declares {declared} ops but {detail}")]
     TxnOpCount {

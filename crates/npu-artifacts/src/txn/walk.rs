@@ -95,9 +95,13 @@ pub(crate) fn walk(
             return Err(ArtifactError::TxnOpCount {
                 declared: header.op_count,
                 detail: format!(
-                    "{} bytes remain after op {} at byte offset {offset}",
+                    "{} bytes remain at byte offset {offset}, after {}",
                     bytes.len() - offset,
-                    index.saturating_sub(1),
+                    if index == 0 {
+                        "the header".to_string()
+                    } else {
+                        format!("op {}", index - 1)
+                    },
                 ),
             });
         }
@@ -171,8 +175,8 @@ impl OpView<'_> {
     /// Checks a fixed-size op's size field against the allowed sizes and returns the length.
     fn fixed(&self, size_word: usize, allowed: &[u32]) -> Result<usize, ArtifactError> {
         let min = allowed.iter().copied().min().unwrap_or(0);
-        self.need(u64::from(min))?;
-        let size = self.w(size_word, size_word + 1)?;
+        let size = word(self.bytes, self.offset + size_word * 4)
+            .ok_or_else(|| self.truncated(u64::from(min)))?;
         if !allowed.contains(&size) {
             let expected = allowed
                 .iter()
@@ -186,8 +190,8 @@ impl OpView<'_> {
 
     /// Checks a variable-size op's size field (at least `min`, whole words) and returns the length.
     fn variable(&self, size_word: usize, min: u32) -> Result<usize, ArtifactError> {
-        self.need(u64::from(min))?;
-        let size = self.w(size_word, size_word + 1)?;
+        let size = word(self.bytes, self.offset + size_word * 4)
+            .ok_or_else(|| self.truncated(u64::from(min)))?;
         if size < min || !size.is_multiple_of(4) {
             return Err(self.size_error(
                 size_word,
@@ -198,15 +202,23 @@ impl OpView<'_> {
         self.need(u64::from(size))
     }
 
-    fn zero(&self, word_index: usize, what: &str, need_words: usize) -> Result<(), ArtifactError> {
+    /// Requires word `word_index` (named `field`) to be 0.
+    fn zero(
+        &self,
+        word_index: usize,
+        field: &str,
+        expected: &'static str,
+        need_words: usize,
+    ) -> Result<(), ArtifactError> {
         let v = self.w(word_index, need_words)?;
         if v != 0 {
-            return Err(ArtifactError::TxnOpSize {
+            return Err(ArtifactError::TxnOpField {
                 op_index: self.index,
                 offset: self.offset,
-                field_offset: self.offset + word_index * 4,
                 name: self.name,
-                expected: format!("0 ({what})"),
+                field: field.to_string(),
+                field_offset: self.offset + word_index * 4,
+                expected,
                 found: v,
             });
         }
@@ -255,6 +267,8 @@ fn decode(
     }
 }
 
+const ADDR_32: &str = "0 (register addresses are 32-bit)";
+
 type DecodeResult = Result<(TxnOp, usize), ArtifactError>;
 
 const WHY_NOT_EMITTED: &str = "IRON's compiler never emits it and its encoded size is not established, \
@@ -267,7 +281,7 @@ const WHY_OLDER: &str =
 fn decode_current(v: &OpView<'_>, code: u8, w0: u32) -> DecodeResult {
     use opcode::*;
     let hi = |w: usize, need: usize| -> Result<(), ArtifactError> {
-        v.zero(w, "register addresses are 32-bit", need)
+        v.zero(w, "register address high word", ADDR_32, need)
     };
     let op_and_len = match code {
         WRITE => {
@@ -338,12 +352,12 @@ fn decode_current(v: &OpView<'_>, code: u8, w0: u32) -> DecodeResult {
         DDR_PATCH => {
             let len = v.fixed(1, &[48])?;
             for w in 2..=4 {
-                v.zero(w, "reserved", 12)?;
+                v.zero(w, &format!("reserved word {w}"), "0", 12)?;
             }
-            v.zero(5, "action: 0 patches the register", 12)?;
-            v.zero(7, "high half of the register address", 12)?;
-            v.zero(9, "high half of the argument index", 12)?;
-            v.zero(11, "high half of arg_plus; offsets are below 4 GiB", 12)?;
+            v.zero(5, "action word", "0 (patch the register)", 12)?;
+            v.zero(7, "register address high word", ADDR_32, 12)?;
+            v.zero(9, "argument index high word", "0", 12)?;
+            v.zero(11, "arg_plus high word", "0 (offsets are below 4 GiB)", 12)?;
             let op = TxnOp::DdrPatch {
                 reg_addr: v.w(6, 12)?,
                 arg_idx: v.w(8, 12)?,
@@ -406,7 +420,7 @@ fn decode_older(v: &OpView<'_>, code: u8) -> DecodeResult {
         }
         DDR_PATCH => {
             let len = v.fixed(1, &[24])?;
-            v.zero(5, "reserved", 6)?;
+            v.zero(5, "reserved word 5", "0", 6)?;
             let op = TxnOp::DdrPatch {
                 reg_addr: v.w(2, 6)?,
                 arg_idx: v.w(3, 6)?,

@@ -1,0 +1,267 @@
+//! Property tests: random and mutated bytes never panic any parser (and the walk terminates by
+//! construction: every op consumes at least one word); written emulated designs read back equal.
+
+use npu_artifacts::design::{self, Design};
+use npu_artifacts::emu::{DType, EmuDesign, EmuKernel};
+use npu_artifacts::pdi::{self, PdiKind};
+use npu_artifacts::txn::{self, TxnBuilder, TxnProgram};
+use npu_artifacts::{ArtifactError, NpuGen};
+use proptest::prelude::*;
+
+fn any_gen() -> impl Strategy<Value = NpuGen> {
+    prop_oneof![Just(NpuGen::Npu1), Just(NpuGen::Npu2)]
+}
+
+fn any_dtype() -> impl Strategy<Value = DType> {
+    proptest::sample::select(DType::ALL.to_vec())
+}
+
+/// Designs that validate, covering every kernel.
+fn valid_design() -> impl Strategy<Value = EmuDesign> {
+    let n4 = (1u32..2048).prop_map(|n| n * 4); // element counts that keep every buffer whole words
+    prop_oneof![
+        n4.clone().prop_map(EmuDesign::passthrough),
+        (n4.clone(), any_dtype(), any::<i64>()).prop_map(|(n, d, s)| {
+            let (lo, hi) = d.exact_integer_range();
+            EmuDesign::vector_scalar_add(n, d, s.clamp(lo, hi))
+        }),
+        (n4.clone(), any_dtype()).prop_map(|(n, d)| EmuDesign::vector_vector_add(n, d)),
+        (n4.clone(), any_dtype()).prop_map(|(n, d)| EmuDesign::vector_mul(n, d)),
+        (
+            n4.clone(),
+            prop_oneof![
+                Just(DType::I8),
+                Just(DType::I16),
+                Just(DType::I32),
+                Just(DType::F32),
+                Just(DType::Bf16)
+            ]
+        )
+            .prop_map(|(n, d)| EmuDesign::relu(n, d)),
+        (1u32..64, 1u32..64, 1u32..64, any::<bool>()).prop_map(|(m, k, n, bf)| {
+            // m*k and k*n elements of 2 bytes must be whole words: make k even.
+            let (k, n) = (k * 2, n * 2);
+            if bf {
+                EmuDesign::matmul(m, k, n, DType::Bf16, DType::F32)
+            } else {
+                EmuDesign::matmul(m, k, n, DType::I16, DType::I32)
+            }
+        }),
+        (0u8..=64, n4.clone()).prop_map(|(a, n)| EmuDesign::noop(a, n)),
+        n4.clone().prop_map(EmuDesign::fault),
+        n4.prop_map(EmuDesign::hang),
+    ]
+}
+
+/// Any field values at all, most of which do not validate.
+fn raw_design() -> impl Strategy<Value = EmuDesign> {
+    (
+        proptest::sample::select(EmuKernel::ALL.to_vec()),
+        any_dtype(),
+        any_dtype(),
+        any::<u32>(),
+        any::<u32>(),
+        any::<u32>(),
+        any::<i64>(),
+        any::<u8>(),
+    )
+        .prop_map(
+            |(kernel, dtype_in, dtype_out, m, k, n, scalar, num_args)| EmuDesign {
+                kernel,
+                dtype_in,
+                dtype_out,
+                m,
+                k,
+                n,
+                scalar,
+                num_args,
+            },
+        )
+}
+
+/// Runs every parser on `bytes`; they may fail but must not panic.
+fn parse_everything(bytes: &[u8]) {
+    if let Ok(p) = TxnProgram::parse(bytes) {
+        assert!(p.arg_count() <= txn::MAX_ARGS as usize);
+        assert_eq!(p.size_bytes as usize, bytes.len());
+        let sizes = p.min_arg_sizes();
+        assert_eq!(sizes.len(), p.arg_count());
+        p.check_buffers(&sizes).unwrap();
+        txn::listing(bytes).unwrap();
+    } else {
+        assert!(txn::listing(bytes).is_err());
+    }
+    let _ = pdi::identify(bytes);
+    let _ = EmuDesign::from_pdi(bytes);
+    let _ = design::check_pair(bytes, bytes);
+}
+
+/// A valid TXN stream with a mix of ops, to mutate.
+fn valid_stream() -> impl Strategy<Value = Vec<u8>> {
+    (
+        any_gen(),
+        proptest::collection::vec((0u8..6, any::<u32>(), 0u32..16), 0..12),
+    )
+        .prop_map(|(generation, ops)| {
+            let mut b = TxnBuilder::new(generation);
+            for (kind, v, small) in ops {
+                match kind {
+                    0 => b.write(v, small),
+                    1 => b.mask_write(v, small, v),
+                    2 => b.block_write(0, 0, v & !3, &[small, v, 0]),
+                    3 => b.shim_buffer(0, small, small, u64::from(v)),
+                    4 => b.sync(0, 0, 0, 0),
+                    _ => b.noop(),
+                };
+            }
+            b.finish()
+        })
+}
+
+#[derive(Debug, Clone)]
+enum Mutation {
+    Flip(usize, u8),
+    Set(usize, u8),
+    Truncate(usize),
+    Insert(usize, u8),
+    Remove(usize),
+    Word(usize, u32),
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        (any::<usize>(), 1u8..=255).prop_map(|(i, b)| Mutation::Flip(i, b)),
+        (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Set(i, b)),
+        any::<usize>().prop_map(Mutation::Truncate),
+        (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Insert(i, b)),
+        any::<usize>().prop_map(Mutation::Remove),
+        (
+            any::<usize>(),
+            prop_oneof![Just(0u32), Just(u32::MAX), Just(0x8000_0000), any::<u32>()]
+        )
+            .prop_map(|(i, w)| Mutation::Word(i, w)),
+    ]
+}
+
+fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
+    if bytes.is_empty() {
+        return;
+    }
+    let at = |i: usize| i % bytes.len();
+    match *m {
+        Mutation::Flip(i, b) => {
+            let i = at(i);
+            bytes[i] ^= b;
+        }
+        Mutation::Set(i, b) => {
+            let i = at(i);
+            bytes[i] = b;
+        }
+        Mutation::Truncate(i) => bytes.truncate(at(i)),
+        Mutation::Insert(i, b) => bytes.insert(at(i), b),
+        Mutation::Remove(i) => {
+            bytes.remove(at(i));
+        }
+        Mutation::Word(i, w) => {
+            let i = at(i) & !3;
+            if i + 4 <= bytes.len() {
+                bytes[i..i + 4].copy_from_slice(&w.to_le_bytes());
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+        parse_everything(&bytes);
+    }
+
+    #[test]
+    fn random_words_behind_a_valid_header_never_panic(
+        dev_gen in 0u8..6,
+        major_minor in prop_oneof![Just((0u8, 1u8)), Just((1, 0))],
+        declared_ops in 0u32..40,
+        words in proptest::collection::vec(
+            prop_oneof![0u32..0x10, 0x80u32..0x86, Just(48), Just(24), Just(16), Just(28), any::<u32>()],
+            0..80,
+        ),
+    ) {
+        let size = u32::try_from((words.len() + 4) * 4).unwrap();
+        let w0 = u32::from_le_bytes([major_minor.0, major_minor.1, dev_gen, 6]);
+        let bytes: Vec<u8> = [w0, 5, declared_ops, size]
+            .iter()
+            .chain(&words)
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        parse_everything(&bytes);
+    }
+
+    #[test]
+    fn mutated_streams_never_panic(stream in valid_stream(), muts in proptest::collection::vec(mutation(), 1..6)) {
+        prop_assert!(TxnProgram::parse(&stream).is_ok());
+        let mut bytes = stream;
+        for m in &muts {
+            apply(&mut bytes, m);
+        }
+        parse_everything(&bytes);
+    }
+
+    #[test]
+    fn mutated_designs_never_panic(
+        d in valid_design(),
+        generation in any_gen(),
+        muts in proptest::collection::vec(mutation(), 1..4),
+    ) {
+        let mut p = d.to_pdi();
+        let mut i = d.insts(generation);
+        for m in &muts {
+            apply(&mut p, m);
+            apply(&mut i, m);
+        }
+        parse_everything(&p);
+        parse_everything(&i);
+        let _ = design::check_pair(&p, &i);
+    }
+
+    #[test]
+    fn emulated_designs_round_trip(d in valid_design(), generation in any_gen()) {
+        prop_assert_eq!(d.validate().map_err(|e| e.to_string()), Ok(()));
+        prop_assert_eq!(EmuDesign::from_pdi(&d.to_pdi()).unwrap(), d.clone());
+        let (kind, program) = design::check_pair(&d.to_pdi(), &d.insts(generation)).unwrap();
+        prop_assert_eq!(kind, PdiKind::Emulated(d.clone()));
+        prop_assert_eq!(program.generation, generation);
+        prop_assert_eq!(program.min_arg_sizes(), d.arg_sizes());
+        program.check_buffers(&d.arg_sizes()).unwrap();
+    }
+
+    #[test]
+    fn any_field_values_validate_or_fail_cleanly(d in raw_design()) {
+        let bytes = d.to_pdi();
+        match (d.validate(), EmuDesign::from_pdi(&bytes)) {
+            (Ok(()), Ok(back)) => prop_assert_eq!(back, d),
+            (Err(_), Err(ArtifactError::EmuInvalid { .. })) => {}
+            (v, r) => prop_assert!(false, "validate {:?} but from_pdi {:?}", v, r),
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn written_design_directories_read_back_equal(d in valid_design(), generation in any_gen(), in_build in any::<bool>()) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = if in_build { tmp.path().join("build") } else { tmp.path().to_path_buf() };
+        std::fs::create_dir_all(&dir).unwrap();
+        let files = d.write_dir(&dir, generation).unwrap();
+        let opened = Design::open(tmp.path()).unwrap();
+        prop_assert_eq!(&opened.files, &files);
+        prop_assert_eq!(opened.kind, PdiKind::Emulated(d.clone()));
+        prop_assert_eq!(opened.program.generation, generation);
+        prop_assert_eq!(opened.program.min_arg_sizes(), d.arg_sizes());
+        prop_assert_eq!(opened.insts, d.insts(generation));
+    }
+}
