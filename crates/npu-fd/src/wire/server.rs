@@ -1,0 +1,108 @@
+//! The daemon side: async calls on a `tokio::net::UnixStream`.
+//!
+//! The daemon accepts connections on the fd socket and, per connection, loops: [`read_request`],
+//! look the ticket up, check the peer ([`peer_uid`]) and the fd
+//! ([`crate::memfd::check_import`]), then [`write_response`]. After an error from
+//! [`read_request`] the stream is out of step with the frames: answer with
+//! [`Response::from_error`] (best effort) and close the connection.
+//!
+//! Neither future is cancel safe: dropping one in the middle of a frame loses the part already
+//! transferred, so drop the connection with it.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use tokio::io::Interest;
+use tokio::net::UnixStream;
+
+use super::frame::{REQUEST_LEN, RESPONSE_LEN};
+use super::io::{FrameBuf, send_once};
+use super::{Request, Response};
+use crate::FdError;
+
+/// Reads the next request and the fd that came with it.
+///
+/// Returns `Ok(None)` when the client closed the connection between frames. An IMPORT request
+/// comes with its fd; a REDEEM_EXPORT request with none.
+///
+/// # Errors
+///
+/// [`FdError::Malformed`] naming the problem (bad magic, version or op, non-zero reserved
+/// bytes, more than one fd, IMPORT without an fd, an fd on REDEEM_EXPORT); every fd that came
+/// with a refused frame is closed. [`FdError::Truncated`] when the client hung up mid-frame,
+/// [`FdError::Sys`] for socket errors.
+pub async fn read_request(
+    stream: &UnixStream,
+) -> Result<Option<(Request, Option<OwnedFd>)>, FdError> {
+    let mut frame = FrameBuf::<REQUEST_LEN>::new();
+    while !frame.is_complete() {
+        let n = stream
+            .async_io(Interest::READABLE, || frame.recv(stream.as_fd()))
+            .await
+            .map_err(FdError::io("recvmsg"))?;
+        if n == 0 {
+            if frame.filled() == 0 {
+                return Ok(None);
+            }
+            return Err(frame.truncated());
+        }
+    }
+    frame.check_fd_count()?;
+    let request = Request::decode(&frame.bytes)?;
+    let fd = frame.take_fd();
+    match (request.op.request_carries_fd(), fd.is_some()) {
+        (true, false) => Err(FdError::Malformed(format!(
+            "{} carries the memfd of the tensor, but the frame came without an fd",
+            request.op
+        ))),
+        (false, true) => Err(FdError::Malformed(format!(
+            "{} takes no fd, but the frame carried one; it was closed",
+            request.op
+        ))),
+        _ => Ok(Some((request, fd))),
+    }
+}
+
+/// Sends a response, with `fd` attached (the ok answer to REDEEM_EXPORT carries the tensor's
+/// fd; every other response carries none).
+///
+/// The fd is duplicated into the client by the kernel; the daemon keeps its own.
+///
+/// # Errors
+///
+/// [`FdError::Sys`] when `sendmsg` fails (`EPIPE` once the client has gone).
+pub async fn write_response(
+    stream: &UnixStream,
+    response: &Response,
+    fd: Option<BorrowedFd<'_>>,
+) -> Result<(), FdError> {
+    let frame: [u8; RESPONSE_LEN] = response.encode();
+    let mut sent = 0;
+    while sent < frame.len() {
+        let attach = if sent == 0 { fd } else { None };
+        let n = stream
+            .async_io(Interest::WRITABLE, || {
+                send_once(stream.as_fd(), &frame[sent..], attach)
+            })
+            .await
+            .map_err(FdError::io("sendmsg"))?;
+        if n == 0 {
+            return Err(FdError::io("sendmsg")(io::ErrorKind::WriteZero.into()));
+        }
+        sent += n;
+    }
+    Ok(())
+}
+
+/// The user id of the process at the other end (`SO_PEERCRED`), as of `connect`.
+///
+/// # Errors
+///
+/// [`FdError::Sys`] if `getsockopt(SO_PEERCRED)` fails, which it does not for a connected Unix
+/// socket.
+#[doc(alias = "SO_PEERCRED")]
+pub fn peer_uid(stream: &UnixStream) -> Result<u32, FdError> {
+    rustix::net::sockopt::socket_peercred(stream)
+        .map(|cred| cred.uid.as_raw())
+        .map_err(FdError::sys("getsockopt(SO_PEERCRED)"))
+}
