@@ -1,0 +1,601 @@
+//! Memory: pool allocations, the device heap, the address registry and dmabuf export.
+//!
+//! - Every allocation from a data pool (AIE pools 0 and 2, the CPU system pool) is its own
+//!   memfd, mapped `MAP_SHARED`: exporting it hands out a dup of that fd, and another process
+//!   (or another mapping) that maps it sees the same bytes.
+//! - The device heap (AIE pool 1) is one 64 MiB memfd mapped at a 64 MiB-aligned address, as
+//!   ROCR maps its `AMDXDNA_BO_DEV_HEAP`; allocations are carved from it at 32 KiB alignment.
+//! - The registry maps any address to the allocation or vmem mapping containing it, which is
+//!   how the dispatch rules decide whether a buffer is one the driver would know.
+//!
+//! Sizes are rounded up to pages; the rounded length is the allocation's extent for every
+//! bounds check, as it is for ROCR's BOs.
+
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::{c_int, c_void};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+use hsa_core::sys::{
+    AccessPermission, Agent, DEVICE_HEAP_ALIGNMENT, DEVICE_HEAP_SIZE, MemoryPool, Status,
+};
+use rustix::mm::{MapFlags, ProtFlags};
+
+use crate::agents::{AgentKind, PoolKind, page_size};
+use crate::counters::{Counter, bump};
+use crate::runtime::{guard, report, runtime};
+use crate::status::SimError;
+use crate::vmem::VmemState;
+
+// Packets carry addresses as u64; the emulator supports 64-bit targets only.
+const _: () = assert!(size_of::<usize>() == size_of::<u64>());
+
+/// A packet's u64 address as a host address (lossless on the 64-bit targets this crate
+/// supports).
+#[allow(clippy::cast_possible_truncation)]
+pub(crate) fn addr_to_usize(addr: u64) -> usize {
+    addr as usize
+}
+
+/// A range this process mapped; unmapped on drop.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    pub addr: usize,
+    pub len: usize,
+}
+
+impl Mapping {
+    /// Maps `len` bytes of `fd` from `offset`, shared and read-write, at a fresh address, or
+    /// over `[at, at+len)` when `at` is given.
+    ///
+    /// # Safety
+    /// When `at` is given, the range must be one this crate reserved and nothing else uses:
+    /// `MAP_FIXED` replaces whatever was mapped there.
+    pub unsafe fn shared(
+        fd: &OwnedFd,
+        offset: u64,
+        len: usize,
+        at: Option<usize>,
+    ) -> Result<Self, SimError> {
+        let (hint, extra) = match at {
+            Some(a) => (a as *mut c_void, MapFlags::FIXED),
+            None => (std::ptr::null_mut(), MapFlags::empty()),
+        };
+        // SAFETY: a fresh shared mapping of a memfd we own; with FIXED, the caller guarantees
+        // the target range is ours to replace.
+        let p = unsafe {
+            rustix::mm::mmap(
+                hint,
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED | extra,
+                fd,
+                offset,
+            )
+        }
+        .map_err(|e| SimError::new(Status::ERROR_OUT_OF_RESOURCES, format!("mmap: {e}")))?;
+        Ok(Self {
+            addr: p as usize,
+            len,
+        })
+    }
+
+    /// Reserves `len` bytes of address space (no access, no backing) aligned to `align`.
+    pub fn reserve(len: usize, align: usize) -> Result<Self, SimError> {
+        let align = align.max(page_size());
+        let span = len.checked_add(align).ok_or_else(|| {
+            SimError::new(Status::ERROR_INVALID_ARGUMENT, "reservation size overflows")
+        })?;
+        // SAFETY: a fresh private anonymous mapping at an address the kernel picks; it
+        // overlaps nothing of ours.
+        let p = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                span,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE | MapFlags::NORESERVE,
+            )
+        }
+        .map_err(|e| SimError::new(Status::ERROR_OUT_OF_RESOURCES, format!("mmap: {e}")))?;
+        let start = p as usize;
+        let aligned = start.next_multiple_of(align);
+        let head = aligned - start;
+        let tail = span - head - len;
+        // SAFETY: both trimmed pieces lie inside the span just mapped and are not part of the
+        // range we keep.
+        unsafe {
+            if head > 0 {
+                let _ = rustix::mm::munmap(p, head);
+            }
+            if tail > 0 {
+                let _ = rustix::mm::munmap((aligned + len) as *mut c_void, tail);
+            }
+        }
+        Ok(Self { addr: aligned, len })
+    }
+
+    /// Replaces `[addr, addr+len)` inside this mapping with fresh inaccessible memory.
+    pub fn clear_range(&self, addr: usize, len: usize) -> Result<(), SimError> {
+        debug_assert!(addr >= self.addr && addr + len <= self.addr + self.len);
+        // SAFETY: the range lies inside a reservation this crate owns; MAP_FIXED replaces
+        // only our own mapping there.
+        unsafe {
+            rustix::mm::mmap_anonymous(
+                addr as *mut c_void,
+                len,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE | MapFlags::NORESERVE | MapFlags::FIXED,
+            )
+        }
+        .map(|_| ())
+        .map_err(|e| SimError::new(Status::ERROR, format!("mmap: {e}")))
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: this range was mapped by this crate and is unmapped exactly once, here.
+        if let Err(e) = unsafe { rustix::mm::munmap(self.addr as *mut c_void, self.len) } {
+            tracing::warn!(
+                "hsa-sim: munmap({:#x}, {}) failed: {e}",
+                self.addr,
+                self.len
+            );
+        }
+    }
+}
+
+/// A new memfd of `len` bytes.
+pub(crate) fn new_memfd(name: &str, len: usize) -> Result<OwnedFd, SimError> {
+    let oom = |e| SimError::new(Status::ERROR_OUT_OF_RESOURCES, format!("memfd: {e}"));
+    let fd = rustix::fs::memfd_create(
+        name,
+        rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+    )
+    .map_err(oom)?;
+    rustix::fs::ftruncate(&fd, len as u64).map_err(oom)?;
+    Ok(fd)
+}
+
+/// Rounds `n` up to whole pages.
+pub(crate) fn page_round(n: usize) -> Option<usize> {
+    n.checked_next_multiple_of(page_size())
+}
+
+#[derive(Debug)]
+enum Backing {
+    Own { fd: Arc<OwnedFd>, _map: Mapping },
+    Heap { offset: usize },
+}
+
+/// One `hsa_amd_memory_pool_allocate` allocation.
+#[derive(Debug)]
+pub(crate) struct PoolAlloc {
+    len: usize,
+    pool: PoolKind,
+    backing: Backing,
+}
+
+/// The 64 MiB device heap.
+#[derive(Debug)]
+struct DeviceHeap {
+    fd: Arc<OwnedFd>,
+    map: Mapping,
+    /// Allocated blocks: offset → length.
+    blocks: BTreeMap<usize, usize>,
+}
+
+impl DeviceHeap {
+    fn new() -> Result<Self, SimError> {
+        let fd = new_memfd("hsa-sim-device-heap", DEVICE_HEAP_SIZE)?;
+        let reserved = Mapping::reserve(DEVICE_HEAP_SIZE, DEVICE_HEAP_SIZE)?;
+        // SAFETY: `reserved` is our own fresh reservation of exactly this range.
+        let map = unsafe { Mapping::shared(&fd, 0, DEVICE_HEAP_SIZE, Some(reserved.addr)) }?;
+        // The shared mapping now owns the range.
+        std::mem::forget(reserved);
+        Ok(Self {
+            fd: Arc::new(fd),
+            map,
+            blocks: BTreeMap::new(),
+        })
+    }
+
+    /// First fit at `DEVICE_HEAP_ALIGNMENT`.
+    fn alloc(&mut self, len: usize) -> Option<usize> {
+        let mut cursor = 0usize;
+        for (&off, &l) in &self.blocks {
+            if off - cursor >= len {
+                break;
+            }
+            cursor = (off + l).next_multiple_of(DEVICE_HEAP_ALIGNMENT);
+        }
+        if cursor.checked_add(len)? > DEVICE_HEAP_SIZE {
+            return None;
+        }
+        self.blocks.insert(cursor, len);
+        Some(cursor)
+    }
+}
+
+/// What an address belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Owner {
+    Pool(PoolKind),
+    /// A vmem mapping of a handle from `pool`, with the access granted to the AIE agent.
+    Vmem {
+        pool: PoolKind,
+        aie_access: AccessPermission,
+    },
+}
+
+/// The allocation or mapping containing an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Resolved {
+    pub base: u64,
+    pub len: u64,
+    pub owner: Owner,
+}
+
+impl Resolved {
+    /// Bytes from `addr` to the end of the allocation.
+    pub fn remaining(&self, addr: u64) -> u64 {
+        (self.base + self.len).saturating_sub(addr)
+    }
+}
+
+/// All memory of one runtime.
+#[derive(Debug)]
+pub(crate) struct Memory {
+    heap: DeviceHeap,
+    allocs: BTreeMap<usize, PoolAlloc>,
+    pub vmem: VmemState,
+    exported: HashSet<c_int>,
+}
+
+impl Memory {
+    /// Memory for a runtime whose AIE agent is `aie`.
+    pub fn new(aie: Agent) -> Result<Self, SimError> {
+        Ok(Self {
+            heap: DeviceHeap::new()?,
+            allocs: BTreeMap::new(),
+            vmem: VmemState::new(aie),
+            exported: HashSet::new(),
+        })
+    }
+
+    pub fn allocate(&mut self, pool: PoolKind, size: usize) -> Result<usize, SimError> {
+        if size == 0 {
+            return Err(SimError::new(
+                Status::ERROR_INVALID_ARGUMENT,
+                "allocation of 0 bytes",
+            ));
+        }
+        let too_big = |limit: usize| {
+            SimError::new(
+                Status::ERROR_INVALID_ALLOCATION,
+                format!(
+                    "{size} bytes exceed {}'s limit of {limit} bytes",
+                    pool.describe()
+                ),
+            )
+        };
+        let len = page_round(size).ok_or_else(|| too_big(pool.size()))?;
+        match pool {
+            PoolKind::DeviceHeap => {
+                if len > DEVICE_HEAP_SIZE {
+                    return Err(too_big(DEVICE_HEAP_SIZE));
+                }
+                let offset = self.heap.alloc(len).ok_or_else(|| {
+                    SimError::new(
+                        Status::ERROR_OUT_OF_RESOURCES,
+                        format!("the 64 MiB device heap has no free {len}-byte range"),
+                    )
+                })?;
+                let base = self.heap.map.addr + offset;
+                // SAFETY: `[base, base+len)` lies inside the heap mapping, which is live and
+                // writable, and belongs to no other allocation (it was just carved).
+                unsafe { std::ptr::write_bytes(base as *mut u8, 0, len) };
+                self.allocs.insert(
+                    base,
+                    PoolAlloc {
+                        len,
+                        pool,
+                        backing: Backing::Heap { offset },
+                    },
+                );
+                Ok(base)
+            }
+            _ => {
+                if len > pool.size() {
+                    return Err(too_big(pool.size()));
+                }
+                let fd = new_memfd("hsa-sim-pool", len)?;
+                // SAFETY: a fresh mapping at a kernel-chosen address.
+                let map = unsafe { Mapping::shared(&fd, 0, len, None) }?;
+                let base = map.addr;
+                let backing = Backing::Own {
+                    fd: Arc::new(fd),
+                    _map: map,
+                };
+                self.allocs.insert(base, PoolAlloc { len, pool, backing });
+                Ok(base)
+            }
+        }
+    }
+
+    pub fn free(&mut self, ptr: usize) -> Result<(), SimError> {
+        let Some(a) = self.allocs.remove(&ptr) else {
+            return Err(SimError::new(
+                Status::ERROR_INVALID_ALLOCATION,
+                format!("hsa_amd_memory_pool_free: {ptr:#x} is not the start of an allocation"),
+            ));
+        };
+        if let Backing::Heap { offset } = a.backing {
+            self.heap.blocks.remove(&offset);
+        }
+        Ok(())
+    }
+
+    /// The allocation or vmem mapping containing `addr`.
+    pub fn resolve(&self, addr: u64) -> Option<Resolved> {
+        let a = usize::try_from(addr).ok()?;
+        if let Some((&base, alloc)) = self.allocs.range(..=a).next_back()
+            && a < base + alloc.len
+        {
+            return Some(Resolved {
+                base: base as u64,
+                len: alloc.len as u64,
+                owner: Owner::Pool(alloc.pool),
+            });
+        }
+        self.vmem.resolve(a)
+    }
+
+    /// Checks that `[addr, addr+len)` lies inside one allocation or mapping.
+    fn check_range(&self, addr: u64, len: u64) -> Option<Resolved> {
+        let r = self.resolve(addr)?;
+        (r.remaining(addr) >= len).then_some(r)
+    }
+
+    /// Copies `len` bytes at `addr` out of registered memory.
+    pub fn read(&self, addr: u64, len: u64) -> Option<Vec<u8>> {
+        self.check_range(addr, len)?;
+        let n = usize::try_from(len).ok()?;
+        let mut v = vec![0u8; n];
+        // SAFETY: `[addr, addr+len)` lies inside a live read-write mapping of the registry
+        // (checked above; mappings change only under the lock the caller holds). The copy
+        // makes no reference to that memory, which other processes may write concurrently.
+        unsafe {
+            std::ptr::copy_nonoverlapping(addr_to_usize(addr) as *const u8, v.as_mut_ptr(), n)
+        };
+        Some(v)
+    }
+
+    /// Copies `bytes` into registered memory at `addr`.
+    pub fn write(&self, addr: u64, bytes: &[u8]) -> Option<()> {
+        self.check_range(addr, bytes.len() as u64)?;
+        // SAFETY: as in `read`: the destination range is a live writable registered mapping.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                addr_to_usize(addr) as *mut u8,
+                bytes.len(),
+            )
+        };
+        Some(())
+    }
+
+    /// A dup of the fd backing `[ptr, ptr+size)` and the offset of `ptr` in it.
+    fn export(&mut self, ptr: usize, size: usize) -> Result<(OwnedFd, u64), SimError> {
+        let bad = || {
+            SimError::new(
+                Status::ERROR_INVALID_ARGUMENT,
+                format!(
+                    "hsa_amd_portable_export_dmabuf: [{ptr:#x}, +{size}) is not inside one allocation"
+                ),
+            )
+        };
+        let (fd, offset) = if let Some((&base, a)) = self.allocs.range(..=ptr).next_back() {
+            if ptr.checked_add(size).is_none_or(|end| end > base + a.len) {
+                return Err(bad());
+            }
+            match &a.backing {
+                Backing::Own { fd, .. } => (fd.clone(), (ptr - base) as u64),
+                Backing::Heap { offset } => (self.heap.fd.clone(), (offset + (ptr - base)) as u64),
+            }
+        } else {
+            self.vmem.backing(ptr, size).ok_or_else(bad)?
+        };
+        let dup = rustix::io::dup(&*fd)
+            .map_err(|e| SimError::new(Status::ERROR_OUT_OF_RESOURCES, format!("dup: {e}")))?;
+        Ok((dup, offset))
+    }
+}
+
+/// `hsa_amd_memory_pool_allocate`: page-rounded memory from a pool.
+///
+/// Device-heap requests above 64 MiB fail with `INVALID_ALLOCATION`, and a full heap with
+/// `OUT_OF_RESOURCES`. `flags` is accepted and ignored.
+///
+/// # Safety
+/// `ptr` is null (the call fails) or valid for one pointer write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hsa_amd_memory_pool_allocate(
+    pool: MemoryPool,
+    size: usize,
+    _flags: u32,
+    ptr: *mut *mut c_void,
+) -> Status {
+    guard(|| {
+        let rt = match runtime() {
+            Ok(rt) => rt,
+            Err(st) => return st,
+        };
+        let Some(desc) = rt.pools.iter().find(|p| p.handle == pool) else {
+            return Status::AMD_ERROR_INVALID_MEMORY_POOL;
+        };
+        if ptr.is_null() {
+            return Status::ERROR_INVALID_ARGUMENT;
+        }
+        let r = rt.memory().allocate(desc.kind, size).map(|base| {
+            bump(Counter::AllocationsCreated);
+            // SAFETY: `ptr` is non-null and valid for one pointer write by the contract.
+            unsafe { ptr.write(base as *mut c_void) };
+        });
+        report(r)
+    })
+}
+
+/// `hsa_amd_memory_pool_free`. Null is accepted; anything but an allocation's start fails
+/// with `INVALID_ALLOCATION`.
+///
+/// # Safety
+/// After success the memory is unmapped: the caller must not touch it again.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hsa_amd_memory_pool_free(ptr: *mut c_void) -> Status {
+    guard(|| {
+        let rt = match runtime() {
+            Ok(rt) => rt,
+            Err(st) => return st,
+        };
+        if ptr.is_null() {
+            return Status::SUCCESS;
+        }
+        let r = rt
+            .memory()
+            .free(ptr as usize)
+            .map(|()| bump(Counter::AllocationsFreed));
+        report(r)
+    })
+}
+
+/// `hsa_amd_agents_allow_access`: a no-op for host-mapped pool memory. As in ROCR, naming the
+/// AIE agent fails with `INVALID_AGENT`.
+///
+/// # Safety
+/// `agents` is valid for `num_agents` reads; `ptr` is any address.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hsa_amd_agents_allow_access(
+    num_agents: u32,
+    agents: *const Agent,
+    _flags: *const u32,
+    ptr: *const c_void,
+) -> Status {
+    guard(|| {
+        let rt = match runtime() {
+            Ok(rt) => rt,
+            Err(st) => return st,
+        };
+        if num_agents == 0 || agents.is_null() || ptr.is_null() {
+            return Status::ERROR_INVALID_ARGUMENT;
+        }
+        for i in 0..num_agents as usize {
+            // SAFETY: `agents` is valid for `num_agents` reads by the contract.
+            let a = unsafe { agents.add(i).read_unaligned() };
+            match rt.agent_kind(a) {
+                Some(AgentKind::Cpu) => {}
+                Some(AgentKind::Aie) | None => return Status::ERROR_INVALID_AGENT,
+            }
+        }
+        if rt.memory().resolve(ptr as u64).is_none() {
+            return Status::ERROR_INVALID_ARGUMENT;
+        }
+        Status::SUCCESS
+    })
+}
+
+/// `hsa_amd_portable_export_dmabuf`: for a pool allocation or vmem mapping, a dup of its
+/// backing memfd (`*dmabuf`) and the offset of `ptr` in that fd (`*offset`). Another process
+/// that maps the fd at that offset sees the same bytes. Close it with
+/// `hsa_amd_portable_close_dmabuf`.
+///
+/// # Safety
+/// `dmabuf` and `offset` are null (the call fails) or valid for one write each.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hsa_amd_portable_export_dmabuf(
+    ptr: *const c_void,
+    size: usize,
+    dmabuf: *mut c_int,
+    offset: *mut u64,
+) -> Status {
+    guard(|| {
+        let rt = match runtime() {
+            Ok(rt) => rt,
+            Err(st) => return st,
+        };
+        if ptr.is_null() || dmabuf.is_null() || offset.is_null() || size == 0 {
+            return Status::ERROR_INVALID_ARGUMENT;
+        }
+        let mut mem = rt.memory();
+        let r = mem.export(ptr as usize, size).map(|(fd, off)| {
+            let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
+            mem.exported.insert(raw);
+            bump(Counter::DmabufsExported);
+            // SAFETY: both out-pointers are non-null and valid for one write by the contract.
+            unsafe {
+                dmabuf.write(raw);
+                offset.write(off);
+            }
+        });
+        report(r)
+    })
+}
+
+/// `hsa_amd_portable_close_dmabuf`: closes an fd returned by
+/// `hsa_amd_portable_export_dmabuf`. Any other fd fails with `INVALID_ARGUMENT` and is left
+/// open.
+///
+/// # Safety
+/// The caller must not use `dmabuf` after success.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hsa_amd_portable_close_dmabuf(dmabuf: c_int) -> Status {
+    guard(|| {
+        let rt = match runtime() {
+            Ok(rt) => rt,
+            Err(st) => return st,
+        };
+        if !rt.memory().exported.remove(&dmabuf) {
+            return Status::ERROR_INVALID_ARGUMENT;
+        }
+        // SAFETY: `dmabuf` came from `into_raw_fd` in the export above and was removed from
+        // the exported set, so this is its single owner.
+        drop(unsafe { OwnedFd::from_raw_fd(dmabuf) });
+        bump(Counter::DmabufsClosed);
+        Status::SUCCESS
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heap_is_64_mib_aligned_and_first_fit_at_32_kib() {
+        let mut h = DeviceHeap::new().unwrap();
+        assert_eq!(h.map.addr % DEVICE_HEAP_SIZE, 0);
+        let a = h.alloc(4096).unwrap();
+        let b = h.alloc(40 << 10).unwrap();
+        let c = h.alloc(4096).unwrap();
+        assert_eq!((a, b, c), (0, 32 << 10, 96 << 10));
+        h.blocks.remove(&b);
+        assert_eq!(h.alloc(8192), Some(32 << 10));
+        assert_eq!(h.alloc(DEVICE_HEAP_SIZE), None);
+    }
+
+    #[test]
+    fn registry_resolves_interior_addresses_only() {
+        let mut m = Memory::new(Agent { handle: 1 }).unwrap();
+        let p = m.allocate(PoolKind::Data, 100).unwrap() as u64;
+        let r = m.resolve(p + 99).unwrap();
+        assert_eq!((r.base, r.len), (p, page_size() as u64));
+        assert!(
+            m.resolve(p + page_size() as u64)
+                .is_none_or(|r| r.base != p)
+        );
+        assert!(m.write(p + 4, &[1, 2, 3]).is_some());
+        assert_eq!(m.read(p + 4, 3).unwrap(), vec![1, 2, 3]);
+        assert!(m.read(p, page_size() as u64 + 1).is_none());
+        m.free(addr_to_usize(p)).unwrap();
+        assert!(m.resolve(p).is_none());
+    }
+}

@@ -1,0 +1,253 @@
+//! The checks ROCR, the amdxdna driver and the device apply to one decoded packet, then the
+//! reference kernel. The table of rules and statuses is in the crate docs.
+//!
+//! Order: the runtime's checks (instruction size, buffers resolving to allocations it knows,
+//! the 32-PDI limit), the driver's (PDI buffer type), then the device's (PDI and TXN
+//! contents, generation, argument coverage), then the kernel.
+
+use std::sync::MutexGuard;
+
+use hsa_core::sys::{
+    AccessPermission, DEV_ADDR_OFFSET_MASK, DEVICE_HEAP_DEVICE_BASE, MAX_PDIS_PER_QUEUE, Status,
+};
+use npu_artifacts::NpuGen;
+use npu_artifacts::emu::{EmuDesign, EmuKernel, HEADER_LEN, MAGIC};
+use npu_artifacts::pdi::{PdiKind, identify};
+use npu_artifacts::txn::TxnProgram;
+
+use crate::agents::PoolKind;
+use crate::dispatch::Command;
+use crate::kernels;
+use crate::memory::{Memory, Owner, Resolved};
+use crate::queue::{QueueObj, QueueState};
+use crate::runtime::Runtime;
+use crate::status::SimError;
+
+fn invalid_allocation(detail: String) -> SimError {
+    SimError::new(Status::ERROR_INVALID_ALLOCATION, detail)
+}
+
+fn device_error(detail: String) -> SimError {
+    SimError::new(Status::ERROR, detail)
+}
+
+/// Checks that `[addr, addr+len)` is memory the AIE driver can resolve to a BO: an AIE-pool
+/// allocation, or a vmem mapping the AIE agent was granted access to.
+///
+/// # Errors
+/// `INVALID_ALLOCATION` naming `what`, the address and the reason.
+pub(crate) fn kernel_buffer(
+    mem: &Memory,
+    what: &str,
+    addr: u64,
+    len: u64,
+) -> Result<Resolved, SimError> {
+    let r = mem.resolve(addr).ok_or_else(|| {
+        invalid_allocation(format!(
+            "{what} at {addr:#x} is not an allocation the runtime knows (allocate it from an AIE \
+             pool or map it with hsa_amd_vmem_*)"
+        ))
+    })?;
+    match r.owner {
+        Owner::Pool(kind) if !kind.is_aie() => {
+            return Err(invalid_allocation(format!(
+                "{what} at {addr:#x} is in {}, which the AIE driver cannot resolve to a BO",
+                kind.describe()
+            )));
+        }
+        Owner::Vmem { aie_access, .. } if aie_access == AccessPermission::NONE => {
+            return Err(invalid_allocation(format!(
+                "{what} at {addr:#x} is a vmem mapping the AIE agent has no access to (grant it \
+                 with hsa_amd_vmem_set_access)"
+            )));
+        }
+        _ => {}
+    }
+    if r.remaining(addr) < len {
+        return Err(invalid_allocation(format!(
+            "{what} at {addr:#x} declares {len} bytes but its allocation has only {} left",
+            r.remaining(addr)
+        )));
+    }
+    Ok(r)
+}
+
+fn npu_gen(rt: &Runtime) -> NpuGen {
+    rt.config.agent.npu_gen()
+}
+
+/// Blocks for the configured timeout, then fails as the driver's watchdog does.
+fn hang(q: &QueueObj, mem: MutexGuard<'_, Memory>, why: String) -> SimError {
+    drop(mem);
+    std::thread::sleep(q.config.timeout);
+    device_error(format!(
+        "Device isn't making progress: {why} (the command hung until the {} ms watchdog)",
+        q.config.timeout.as_millis()
+    ))
+}
+
+/// Identifies the PDI at `addr`, whose length is the rest of its allocation.
+fn design_of(mem: &Memory, addr: u64, r: &Resolved) -> Result<EmuDesign, SimError> {
+    let mut bytes = mem.read(addr, r.remaining(addr)).unwrap_or_default();
+    // An emulated PDI is a fixed-size header; the allocation behind it is page-rounded.
+    if bytes.starts_with(MAGIC) {
+        bytes.truncate(usize::from(HEADER_LEN));
+    }
+    match identify(&bytes) {
+        Ok(PdiKind::Emulated(d)) => Ok(d),
+        Ok(PdiKind::Partial(_)) => Err(SimError::new(
+            Status::AMD_ERROR_NOT_SUPPORTED,
+            format!(
+                "the PDI at {addr:#x} is a real partial PDI (\"PPDI\"): the emulator cannot run AIE \
+                 cores, so real designs need an NPU; use an emulated design (npu-artifacts emu)"
+            ),
+        )),
+        Ok(PdiKind::Xclbin(_)) => Err(SimError::new(
+            Status::AMD_ERROR_NOT_SUPPORTED,
+            format!(
+                "the PDI at {addr:#x} is an xclbin; ROCR loads PDIs, and the emulator runs only \
+                 emulated designs"
+            ),
+        )),
+        Err(e) => Err(device_error(format!(
+            "device error: the PDI at {addr:#x} is not a loadable image: {e}"
+        ))),
+    }
+}
+
+/// Checks `cmd` and runs its kernel.
+///
+/// # Errors
+/// The first rule the packet breaks, with ROCR's status and a sentence naming it.
+pub(crate) fn execute(
+    rt: &Runtime,
+    q: &QueueObj,
+    state: &mut QueueState,
+    cmd: &Command,
+) -> Result<(), SimError> {
+    if cmd.insts_size == 0 || !cmd.insts_size.is_multiple_of(4) {
+        return Err(SimError::new(
+            Status::ERROR_INVALID_ARGUMENT,
+            format!(
+                "insts_size {} is not a non-zero multiple of 4 bytes",
+                cmd.insts_size
+            ),
+        ));
+    }
+    let mem = rt.memory();
+    let insts = kernel_buffer(&mem, "instruction buffer", cmd.insts, cmd.insts_size)?;
+    let mut avail = Vec::with_capacity(cmd.args.len());
+    for (i, &(addr, size)) in cmd.args.iter().enumerate() {
+        let r = kernel_buffer(&mem, &format!("argument {i}"), addr, size)?;
+        // A size of 0 means "the caller synchronises this range": the whole rest is usable.
+        avail.push(if size == 0 { r.remaining(addr) } else { size });
+    }
+    let pdi = mem.resolve(cmd.pdi).ok_or_else(|| {
+        invalid_allocation(format!(
+            "PDI at {:#x} is not an allocation the runtime knows",
+            cmd.pdi
+        ))
+    })?;
+    if !state.pdis.contains(&cmd.pdi) {
+        if state.pdis.len() >= MAX_PDIS_PER_QUEUE {
+            return Err(SimError::new(
+                Status::ERROR_OUT_OF_RESOURCES,
+                format!(
+                    "PDI at {:#x} would be the {}th distinct PDI on this queue; a queue holds at \
+                     most {MAX_PDIS_PER_QUEUE} (the CU mask has 32 bits)",
+                    cmd.pdi,
+                    MAX_PDIS_PER_QUEUE + 1
+                ),
+            ));
+        }
+        if pdi.owner != Owner::Pool(PoolKind::DeviceHeap) {
+            return Err(device_error(format!(
+                "aie2_config_cu: Invalid BO type: PDI at {:#x} is not in the device heap (it is \
+                 in {}); allocate PDIs from the pool whose RUNTIME_ALLOC_REC_GRANULE is 0",
+                cmd.pdi,
+                describe(pdi.owner)
+            )));
+        }
+        state.pdis.push(cmd.pdi);
+    }
+    if insts.owner != Owner::Pool(PoolKind::DeviceHeap) {
+        let dev = DEVICE_HEAP_DEVICE_BASE | (cmd.insts & DEV_ADDR_OFFSET_MASK);
+        return Err(device_error(format!(
+            "device error: instruction buffer at {:#x} is not in the device heap (it is in {}); \
+             the firmware would fetch instructions from device address {dev:#x}",
+            cmd.insts,
+            describe(insts.owner)
+        )));
+    }
+    let design = design_of(&mem, cmd.pdi, &pdi)?;
+    let txn_bytes = mem.read(cmd.insts, cmd.insts_size).unwrap_or_default();
+    let txn = TxnProgram::parse(&txn_bytes).map_err(|e| {
+        device_error(format!(
+            "device error: the instruction sequence is malformed: {e}"
+        ))
+    })?;
+    let npu = npu_gen(rt);
+    if txn.generation != npu {
+        let why = format!(
+            "insts.bin was built for {:?} (devGen {}) but the agent is {} ({npu:?}, devGen {})",
+            txn.generation,
+            txn.generation.txn_dev_gen(),
+            npu.agent_name(),
+            npu.txn_dev_gen()
+        );
+        return Err(hang(q, mem, why));
+    }
+    txn.check_buffers(&avail)
+        .map_err(|e| invalid_allocation(format!("{e}")))?;
+    let need = design.arg_sizes();
+    if avail.len() < need.len() {
+        return Err(invalid_allocation(format!(
+            "the {} design takes {} buffers but the packet has {}",
+            design.kernel.name(),
+            need.len(),
+            avail.len()
+        )));
+    }
+    if let Some((i, (&have, &want))) = avail
+        .iter()
+        .zip(&need)
+        .enumerate()
+        .find(|(_, (h, w))| h < w)
+    {
+        return Err(invalid_allocation(format!(
+            "argument {i} has {have} bytes but the {} design needs {want}",
+            design.kernel.name()
+        )));
+    }
+    match design.kernel {
+        EmuKernel::Fault => {
+            return Err(device_error(
+                "device error: the fault design failed on the device (command state ERROR)".into(),
+            ));
+        }
+        EmuKernel::Hang => {
+            return Err(hang(q, mem, "the hang design never completes".into()));
+        }
+        _ => {}
+    }
+    let (ins, out) = kernels::io(design.kernel);
+    let inputs: Vec<Vec<u8>> = ins
+        .iter()
+        .map(|&i| mem.read(cmd.args[i].0, need[i]).unwrap_or_default())
+        .collect();
+    let result =
+        kernels::run(&design, &inputs).map_err(|e| device_error(format!("device error: {e}")))?;
+    if let (Some(bytes), Some(o)) = (result, out) {
+        mem.write(cmd.args[o].0, &bytes).ok_or_else(|| {
+            invalid_allocation(format!("argument {o} is too small for the kernel's output"))
+        })?;
+    }
+    Ok(())
+}
+
+fn describe(owner: Owner) -> &'static str {
+    match owner {
+        Owner::Pool(k) => k.describe(),
+        Owner::Vmem { .. } => "a vmem mapping",
+    }
+}
