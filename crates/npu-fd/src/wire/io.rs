@@ -102,10 +102,11 @@ impl<const N: usize> FrameBuf<N> {
     /// closed when the `FrameBuf` is dropped.
     pub(crate) fn check_fd_count(&self) -> Result<(), FdError> {
         if self.control_truncated {
-            return Err(FdError::Malformed(format!(
-                "the frame carried more than {FDS_PER_RECV} fds; the kernel closed the ones that \
-                 did not fit, and a frame carries at most one"
-            )));
+            return Err(FdError::Malformed(
+                "the frame carried more fds than the receiver makes room for; the kernel closed \
+                 the ones that did not fit, and a frame carries at most one"
+                    .into(),
+            ));
         }
         if self.fds.len() > 1 {
             return Err(FdError::Malformed(format!(
