@@ -14,6 +14,22 @@
 //!
 //! One error type, [`FdError`], covers the crate; its messages say what to change.
 //!
+//! What a client does before importing a tensor, and what the daemon checks when the fd arrives:
+//!
+//! ```
+//! use std::os::fd::AsFd;
+//! use npu_fd::{Mapping, memfd};
+//!
+//! let fd = memfd::create("input", 4096)?; // sealed: SHRINK | GROW
+//! let mut input = Mapping::new(fd.as_fd(), 0, 4096)?;
+//! input.as_mut_slice_of::<f32>()?.fill(1.5);
+//!
+//! // On the daemon's side, after npu_fd::wire::server::read_request handed it the fd:
+//! let facts = memfd::check_import(fd.as_fd(), 4096)?;
+//! assert!(facts.size_is_sealed());
+//! # Ok::<(), npu_fd::FdError>(())
+//! ```
+//!
 //! Linux only: memfd sealing, `SO_PEERCRED` and `MSG_CMSG_CLOEXEC` have no portable equivalent.
 
 mod error;
