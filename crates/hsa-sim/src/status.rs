@@ -256,10 +256,8 @@ mod tests {
         let s = unsafe { CStr::from_ptr(p) }.to_str().unwrap();
         assert!(s.starts_with("HSA_STATUS_ERROR_NOT_INITIALIZED"));
         // SAFETY: as above.
-        assert_eq!(
-            unsafe { hsa_status_string(Status(7), &mut p) },
-            Status::ERROR_INVALID_ARGUMENT
-        );
+        let st = unsafe { hsa_status_string(Status(7), &mut p) };
+        assert_eq!(st, Status::ERROR_INVALID_ARGUMENT);
     }
 
     #[test]
@@ -271,10 +269,8 @@ mod tests {
         let n = unsafe { hsa_sim_last_error(buf.as_mut_ptr(), buf.len()) };
         assert_eq!(n, 6);
         // SAFETY: the call NUL-terminated `buf`.
-        assert_eq!(
-            unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap(),
-            "abc"
-        );
+        let s = unsafe { CStr::from_ptr(buf.as_ptr()) };
+        assert_eq!(s.to_str().unwrap(), "abc");
         clear_last_error();
         assert_eq!(last_error(), None);
     }

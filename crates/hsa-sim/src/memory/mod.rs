@@ -13,19 +13,19 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::{c_int, c_void};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use hsa_core::sys::{
-    AccessPermission, Agent, DEVICE_HEAP_ALIGNMENT, DEVICE_HEAP_SIZE, MemoryPool, Status,
-};
+use hsa_core::sys::{AccessPermission, Agent, DEVICE_HEAP_ALIGNMENT, DEVICE_HEAP_SIZE, Status};
 use rustix::mm::{MapFlags, ProtFlags};
 
-use crate::agents::{AgentKind, PoolKind, page_size};
-use crate::counters::{Counter, bump};
-use crate::runtime::{guard, report, runtime};
+use crate::agents::{PoolKind, page_size};
 use crate::status::SimError;
 use crate::vmem::VmemState;
+
+mod ffi;
+
+pub use ffi::*;
 
 // Packets carry addresses as u64; the emulator supports 64-bit targets only.
 const _: () = assert!(size_of::<usize>() == size_of::<u64>());
@@ -410,159 +410,6 @@ impl Memory {
             .map_err(|e| SimError::new(Status::ERROR_OUT_OF_RESOURCES, format!("dup: {e}")))?;
         Ok((dup, offset))
     }
-}
-
-/// `hsa_amd_memory_pool_allocate`: page-rounded memory from a pool.
-///
-/// Device-heap requests above 64 MiB fail with `INVALID_ALLOCATION`, and a full heap with
-/// `OUT_OF_RESOURCES`. `flags` is accepted and ignored.
-///
-/// # Safety
-/// `ptr` is null (the call fails) or valid for one pointer write.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn hsa_amd_memory_pool_allocate(
-    pool: MemoryPool,
-    size: usize,
-    _flags: u32,
-    ptr: *mut *mut c_void,
-) -> Status {
-    guard(|| {
-        let rt = match runtime() {
-            Ok(rt) => rt,
-            Err(st) => return st,
-        };
-        let Some(desc) = rt.pools.iter().find(|p| p.handle == pool) else {
-            return Status::AMD_ERROR_INVALID_MEMORY_POOL;
-        };
-        if ptr.is_null() {
-            return Status::ERROR_INVALID_ARGUMENT;
-        }
-        let r = rt.memory().allocate(desc.kind, size).map(|base| {
-            bump(Counter::AllocationsCreated);
-            // SAFETY: `ptr` is non-null and valid for one pointer write by the contract.
-            unsafe { ptr.write(base as *mut c_void) };
-        });
-        report(r)
-    })
-}
-
-/// `hsa_amd_memory_pool_free`. Null is accepted; anything but an allocation's start fails
-/// with `INVALID_ALLOCATION`.
-///
-/// # Safety
-/// After success the memory is unmapped: the caller must not touch it again.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn hsa_amd_memory_pool_free(ptr: *mut c_void) -> Status {
-    guard(|| {
-        let rt = match runtime() {
-            Ok(rt) => rt,
-            Err(st) => return st,
-        };
-        if ptr.is_null() {
-            return Status::SUCCESS;
-        }
-        let r = rt
-            .memory()
-            .free(ptr as usize)
-            .map(|()| bump(Counter::AllocationsFreed));
-        report(r)
-    })
-}
-
-/// `hsa_amd_agents_allow_access`: a no-op for host-mapped pool memory. As in ROCR, naming the
-/// AIE agent fails with `INVALID_AGENT`.
-///
-/// # Safety
-/// `agents` is valid for `num_agents` reads; `ptr` is any address.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn hsa_amd_agents_allow_access(
-    num_agents: u32,
-    agents: *const Agent,
-    _flags: *const u32,
-    ptr: *const c_void,
-) -> Status {
-    guard(|| {
-        let rt = match runtime() {
-            Ok(rt) => rt,
-            Err(st) => return st,
-        };
-        if num_agents == 0 || agents.is_null() || ptr.is_null() {
-            return Status::ERROR_INVALID_ARGUMENT;
-        }
-        for i in 0..num_agents as usize {
-            // SAFETY: `agents` is valid for `num_agents` reads by the contract.
-            let a = unsafe { agents.add(i).read_unaligned() };
-            match rt.agent_kind(a) {
-                Some(AgentKind::Cpu) => {}
-                Some(AgentKind::Aie) | None => return Status::ERROR_INVALID_AGENT,
-            }
-        }
-        if rt.memory().resolve(ptr as u64).is_none() {
-            return Status::ERROR_INVALID_ARGUMENT;
-        }
-        Status::SUCCESS
-    })
-}
-
-/// `hsa_amd_portable_export_dmabuf`: for a pool allocation or vmem mapping, a dup of its
-/// backing memfd (`*dmabuf`) and the offset of `ptr` in that fd (`*offset`). Another process
-/// that maps the fd at that offset sees the same bytes. Close it with
-/// `hsa_amd_portable_close_dmabuf`.
-///
-/// # Safety
-/// `dmabuf` and `offset` are null (the call fails) or valid for one write each.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn hsa_amd_portable_export_dmabuf(
-    ptr: *const c_void,
-    size: usize,
-    dmabuf: *mut c_int,
-    offset: *mut u64,
-) -> Status {
-    guard(|| {
-        let rt = match runtime() {
-            Ok(rt) => rt,
-            Err(st) => return st,
-        };
-        if ptr.is_null() || dmabuf.is_null() || offset.is_null() || size == 0 {
-            return Status::ERROR_INVALID_ARGUMENT;
-        }
-        let mut mem = rt.memory();
-        let r = mem.export(ptr as usize, size).map(|(fd, off)| {
-            let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
-            mem.exported.insert(raw);
-            bump(Counter::DmabufsExported);
-            // SAFETY: both out-pointers are non-null and valid for one write by the contract.
-            unsafe {
-                dmabuf.write(raw);
-                offset.write(off);
-            }
-        });
-        report(r)
-    })
-}
-
-/// `hsa_amd_portable_close_dmabuf`: closes an fd returned by
-/// `hsa_amd_portable_export_dmabuf`. Any other fd fails with `INVALID_ARGUMENT` and is left
-/// open.
-///
-/// # Safety
-/// The caller must not use `dmabuf` after success.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn hsa_amd_portable_close_dmabuf(dmabuf: c_int) -> Status {
-    guard(|| {
-        let rt = match runtime() {
-            Ok(rt) => rt,
-            Err(st) => return st,
-        };
-        if !rt.memory().exported.remove(&dmabuf) {
-            return Status::ERROR_INVALID_ARGUMENT;
-        }
-        // SAFETY: `dmabuf` came from `into_raw_fd` in the export above and was removed from
-        // the exported set, so this is its single owner.
-        drop(unsafe { OwnedFd::from_raw_fd(dmabuf) });
-        bump(Counter::DmabufsClosed);
-        Status::SUCCESS
-    })
 }
 
 #[cfg(test)]

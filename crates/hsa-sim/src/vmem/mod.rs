@@ -1,0 +1,342 @@
+//! Virtual memory (`hsa_amd_vmem_*`), as the newest ROCR does it for the AIE agent.
+//!
+//! - A handle is a memfd of the requested size (a multiple of the pool's
+//!   `RUNTIME_ALLOC_GRANULE`, the page size).
+//! - A reservation is an inaccessible anonymous range (`NO_REGISTER` or not: there is no KFD
+//!   to register with). The address hint is ignored.
+//! - `map` maps the handle's memfd `MAP_SHARED` and read-write over part of a reservation.
+//!   The host can use it at once (the XDNA driver's map is a host mmap); what `set_access`
+//!   records matters for the AIE agent: only a mapping the AIE agent may read and write is a
+//!   valid kernel argument.
+//! - `unmap` fails with `HSA_STATUS_ERROR` while any agent still has access, as IRON found:
+//!   revoke access (`set_access` NONE) first. `address_free` fails while mappings remain.
+//! - A released handle's memory lives on while it is mapped; handles are reference counted
+//!   by `hsa_amd_vmem_retain_alloc_handle`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use hsa_core::sys::{AccessPermission, Agent, MemoryPool, MemoryType, Status};
+
+use crate::agents::{PoolKind, page_size};
+use crate::memory::{Mapping, Owner, Resolved, new_memfd};
+use crate::runtime::next_handle;
+use crate::status::SimError;
+
+mod ffi;
+
+pub use ffi::*;
+
+#[derive(Debug)]
+struct HandleObj {
+    pool: MemoryPool,
+    kind: PoolKind,
+    mem_type: MemoryType,
+    size: usize,
+    fd: Arc<OwnedFd>,
+    refs: u32,
+}
+
+#[derive(Debug)]
+struct VmemMapping {
+    len: usize,
+    handle: u64,
+    pool: MemoryPool,
+    kind: PoolKind,
+    mem_type: MemoryType,
+    fd: Arc<OwnedFd>,
+    offset: u64,
+    access: Vec<(Agent, AccessPermission)>,
+}
+
+impl VmemMapping {
+    fn access_of(&self, agent: Agent) -> AccessPermission {
+        self.access
+            .iter()
+            .find(|(a, _)| *a == agent)
+            .map_or(AccessPermission::NONE, |&(_, p)| p)
+    }
+}
+
+#[derive(Debug)]
+struct Reservation {
+    region: Mapping,
+    /// Mappings inside the reservation, by start address.
+    mappings: BTreeMap<usize, VmemMapping>,
+}
+
+/// The vmem tables of one runtime (part of [`crate::memory::Memory`]).
+#[derive(Debug, Default)]
+pub(crate) struct VmemState {
+    handles: HashMap<u64, HandleObj>,
+    reservations: BTreeMap<usize, Reservation>,
+    /// The AIE agent, whose access makes a mapping a valid kernel argument.
+    aie: Agent,
+}
+
+fn invalid(detail: String) -> SimError {
+    SimError::new(Status::ERROR_INVALID_ARGUMENT, detail)
+}
+
+impl VmemState {
+    pub fn new(aie: Agent) -> Self {
+        Self {
+            aie,
+            ..Self::default()
+        }
+    }
+
+    fn reservation_of(&self, a: usize) -> Option<(usize, &Reservation)> {
+        let (&base, r) = self.reservations.range(..=a).next_back()?;
+        (a < base + r.region.len).then_some((base, r))
+    }
+
+    fn mapping_of(&self, a: usize) -> Option<(usize, &VmemMapping)> {
+        let (_, r) = self.reservation_of(a)?;
+        let (&base, m) = r.mappings.range(..=a).next_back()?;
+        (a < base + m.len).then_some((base, m))
+    }
+
+    /// The vmem mapping containing `a`.
+    pub fn resolve(&self, a: usize) -> Option<Resolved> {
+        let (base, m) = self.mapping_of(a)?;
+        Some(Resolved {
+            base: base as u64,
+            len: m.len as u64,
+            owner: Owner::Vmem {
+                pool: m.kind,
+                aie_access: m.access_of(self.aie),
+            },
+        })
+    }
+
+    /// The memfd behind `[ptr, ptr+size)` and the offset of `ptr` in it.
+    pub fn backing(&self, ptr: usize, size: usize) -> Option<(Arc<OwnedFd>, u64)> {
+        let (base, m) = self.mapping_of(ptr)?;
+        if ptr.checked_add(size)? > base + m.len {
+            return None;
+        }
+        Some((m.fd.clone(), m.offset + (ptr - base) as u64))
+    }
+
+    fn create_handle(
+        &mut self,
+        pool: MemoryPool,
+        kind: PoolKind,
+        size: usize,
+        mem_type: MemoryType,
+    ) -> Result<u64, SimError> {
+        if kind == PoolKind::DeviceHeap {
+            return Err(invalid(
+                "hsa_amd_vmem_handle_create: the device heap pool does not back vmem handles"
+                    .into(),
+            ));
+        }
+        if size == 0 || !size.is_multiple_of(page_size()) {
+            return Err(invalid(format!(
+                "hsa_amd_vmem_handle_create: size {size} is not a non-zero multiple of the pool's \
+                 RUNTIME_ALLOC_GRANULE ({})",
+                page_size()
+            )));
+        }
+        let fd = new_memfd("hsa-sim-vmem", size)?;
+        let h = next_handle();
+        self.handles.insert(
+            h,
+            HandleObj {
+                pool,
+                kind,
+                mem_type,
+                size,
+                fd: Arc::new(fd),
+                refs: 1,
+            },
+        );
+        Ok(h)
+    }
+
+    fn release_handle(&mut self, h: u64) -> Result<(), SimError> {
+        let obj = self.handles.get_mut(&h).ok_or_else(|| {
+            invalid(format!(
+                "hsa_amd_vmem_handle_release: unknown handle {h:#x}"
+            ))
+        })?;
+        obj.refs -= 1;
+        if obj.refs == 0 {
+            self.handles.remove(&h);
+        }
+        Ok(())
+    }
+
+    fn reserve(&mut self, size: usize, align: u64) -> Result<usize, SimError> {
+        if size == 0 || !size.is_multiple_of(page_size()) {
+            return Err(invalid(format!(
+                "hsa_amd_vmem_address_reserve: size {size} is not a non-zero multiple of the page size"
+            )));
+        }
+        if align != 0 && !align.is_power_of_two() {
+            return Err(invalid(format!(
+                "hsa_amd_vmem_address_reserve_align: alignment {align:#x} is not a power of two"
+            )));
+        }
+        let align = usize::try_from(align).map_err(|_| invalid("alignment too large".into()))?;
+        let region = Mapping::reserve(size, align)?;
+        let base = region.addr;
+        self.reservations.insert(
+            base,
+            Reservation {
+                region,
+                mappings: BTreeMap::new(),
+            },
+        );
+        Ok(base)
+    }
+
+    fn free_reservation(&mut self, va: usize, size: usize) -> Result<(), SimError> {
+        let r = self.reservations.get(&va).ok_or_else(|| {
+            invalid(format!(
+                "hsa_amd_vmem_address_free: {va:#x} is not a reserved range"
+            ))
+        })?;
+        if r.region.len != size {
+            return Err(invalid(format!(
+                "hsa_amd_vmem_address_free: size {size} differs from the reservation's {}",
+                r.region.len
+            )));
+        }
+        if !r.mappings.is_empty() {
+            return Err(SimError::new(
+                Status::ERROR,
+                format!(
+                    "hsa_amd_vmem_address_free: {} mapping(s) remain in [{va:#x}, +{size}); unmap them first",
+                    r.mappings.len()
+                ),
+            ));
+        }
+        self.reservations.remove(&va);
+        Ok(())
+    }
+
+    fn map(&mut self, va: usize, size: usize, offset: usize, h: u64) -> Result<(), SimError> {
+        let obj = self
+            .handles
+            .get(&h)
+            .ok_or_else(|| invalid(format!("hsa_amd_vmem_map: unknown handle {h:#x}")))?;
+        if size == 0 || !va.is_multiple_of(page_size()) || !size.is_multiple_of(page_size()) {
+            return Err(invalid(format!(
+                "hsa_amd_vmem_map: [{va:#x}, +{size}) is not a non-empty page-aligned range"
+            )));
+        }
+        if offset.checked_add(size).is_none_or(|end| end > obj.size)
+            || !offset.is_multiple_of(page_size())
+        {
+            return Err(invalid(format!(
+                "hsa_amd_vmem_map: offset {offset} + size {size} does not fit the {}-byte handle",
+                obj.size
+            )));
+        }
+        let (fd, pool, kind, mem_type) = (obj.fd.clone(), obj.pool, obj.kind, obj.mem_type);
+        let (rbase, res) = self.reservation_of(va).ok_or_else(|| {
+            invalid(format!(
+                "hsa_amd_vmem_map: {va:#x} is not in a reserved range"
+            ))
+        })?;
+        if va + size > rbase + res.region.len {
+            return Err(invalid(format!(
+                "hsa_amd_vmem_map: [{va:#x}, +{size}) runs past its reservation"
+            )));
+        }
+        let overlaps = res
+            .mappings
+            .range(..va + size)
+            .next_back()
+            .is_some_and(|(&b, m)| b + m.len > va);
+        if overlaps {
+            return Err(invalid(format!(
+                "hsa_amd_vmem_map: [{va:#x}, +{size}) is already mapped"
+            )));
+        }
+        // SAFETY: `[va, va+size)` lies inside a reservation this crate made and overlaps no
+        // mapping in it, so MAP_FIXED replaces only our own inaccessible placeholder.
+        let m = unsafe { Mapping::shared(&fd, offset as u64, size, Some(va)) }?;
+        // The reservation's region owns the range from here on (it unmaps it as a whole).
+        std::mem::forget(m);
+        let res = self.reservations.get_mut(&rbase).expect("looked up above");
+        res.mappings.insert(
+            va,
+            VmemMapping {
+                len: size,
+                handle: h,
+                pool,
+                kind,
+                mem_type,
+                fd,
+                offset: offset as u64,
+                access: Vec::new(),
+            },
+        );
+        Ok(())
+    }
+
+    fn unmap(&mut self, va: usize, size: usize) -> Result<(), SimError> {
+        let (rbase, _) = self.reservation_of(va).ok_or_else(|| {
+            invalid(format!(
+                "hsa_amd_vmem_unmap: {va:#x} is not in a reserved range"
+            ))
+        })?;
+        let res = self.reservations.get_mut(&rbase).expect("looked up above");
+        let m = res
+            .mappings
+            .get(&va)
+            .ok_or_else(|| invalid(format!("hsa_amd_vmem_unmap: nothing is mapped at {va:#x}")))?;
+        if m.len != size {
+            return Err(invalid(format!(
+                "hsa_amd_vmem_unmap: size {size} differs from the mapping's {}",
+                m.len
+            )));
+        }
+        if let Some((a, p)) = m.access.iter().find(|(_, p)| *p != AccessPermission::NONE) {
+            return Err(SimError::new(
+                Status::ERROR,
+                format!(
+                    "hsa_amd_vmem_unmap: agent {:#x} still has {:?} access to [{va:#x}, +{size}); \
+                     revoke it with hsa_amd_vmem_set_access(NONE) before unmapping",
+                    a.handle, p
+                ),
+            ));
+        }
+        res.region.clear_range(va, size)?;
+        res.mappings.remove(&va);
+        Ok(())
+    }
+
+    fn set_access(
+        &mut self,
+        va: usize,
+        size: usize,
+        descs: &[(Agent, AccessPermission)],
+    ) -> Result<(), SimError> {
+        let (rbase, _) = self.reservation_of(va).ok_or_else(|| {
+            invalid(format!(
+                "hsa_amd_vmem_set_access: {va:#x} is not in a reserved range"
+            ))
+        })?;
+        let res = self.reservations.get_mut(&rbase).expect("looked up above");
+        if !res.mappings.contains_key(&va) {
+            return Err(invalid(format!(
+                "hsa_amd_vmem_set_access: nothing is mapped at {va:#x}"
+            )));
+        }
+        let end = va.saturating_add(size);
+        for (_, m) in res.mappings.range_mut(va..end) {
+            for &(agent, perm) in descs {
+                match m.access.iter_mut().find(|(a, _)| *a == agent) {
+                    Some(slot) => slot.1 = perm,
+                    None => m.access.push((agent, perm)),
+                }
+            }
+        }
+        Ok(())
+    }
+}

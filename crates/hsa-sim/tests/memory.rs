@@ -1,0 +1,377 @@
+//! Agents, pools, vmem and dmabuf export through the C functions, and the counters.
+
+#![allow(clippy::cast_possible_truncation)]
+
+mod common;
+
+use std::ffi::{c_int, c_void};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
+
+use common::*;
+use hsa_core::sys::{
+    AccessDesc, AccessPermission, AgentInfo, MemoryPool, MemoryType, PoolInfo, Status, VmemHandle,
+    global_flag,
+};
+use hsa_sim::*;
+use npu_artifacts::emu::{DType, EmuDesign};
+use rustix::mm::{MapFlags, ProtFlags};
+
+fn page() -> usize {
+    rustix::param::page_size()
+}
+
+#[test]
+fn agents_answer_like_rocrs_aie_agent() {
+    let sim = Sim::with(SimConfig {
+        agent: AieGeneration::Aie2,
+        ..Default::default()
+    });
+    assert_eq!(u32_info(sim.cpu, AgentInfo::DEVICE), 0);
+    assert_eq!(u32_info(sim.aie, AgentInfo::DEVICE), 3);
+    assert_eq!(u32_info(sim.aie, AgentInfo::FEATURE), 2);
+    assert_eq!(u32_info(sim.aie, AgentInfo::QUEUES_MAX), 1);
+    assert_eq!(u32_info(sim.aie, AgentInfo::QUEUE_MIN_SIZE), 64);
+    assert_eq!(u32_info(sim.aie, AgentInfo::QUEUE_MAX_SIZE), 64);
+    assert_eq!(u32_info(sim.aie, AgentInfo::QUEUE_TYPE), 1);
+    let text = |attr| {
+        let mut b = [0xFFu8; 64];
+        // SAFETY: a 64-byte buffer for a name attribute.
+        let st = unsafe { hsa_agent_get_info(sim.aie, attr, b.as_mut_ptr().cast()) };
+        assert_eq!(st, Status::SUCCESS);
+        let n = b.iter().position(|&c| c == 0).unwrap();
+        assert!(b[n..].iter().all(|&c| c == 0), "NUL-padded to 64 bytes");
+        String::from_utf8(b[..n].to_vec()).unwrap()
+    };
+    assert_eq!(text(AgentInfo::NAME), "aie2");
+    assert_eq!(text(AgentInfo::VENDOR_NAME), "AMD");
+    assert!(text(AgentInfo::AMD_PRODUCT_NAME).contains("Phoenix"));
+    let mut near = 0u64;
+    // SAFETY: a u64 out-pointer for NEAREST_CPU.
+    unsafe { hsa_agent_get_info(sim.aie, AgentInfo::AMD_NEAREST_CPU, (&raw mut near).cast()) };
+    assert_eq!(near, sim.cpu.handle);
+    let mut v = 0u32;
+    // SAFETY: out-pointers are live locals.
+    unsafe {
+        assert_eq!(
+            hsa_agent_get_info(sim.aie, AgentInfo(0x7777), (&raw mut v).cast()),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        let bogus = hsa_core::sys::Agent { handle: 1 };
+        assert_eq!(
+            hsa_agent_get_info(bogus, AgentInfo::DEVICE, (&raw mut v).cast()),
+            Status::ERROR_INVALID_AGENT
+        );
+    }
+}
+
+unsafe extern "C" fn stop_at_second(_a: hsa_core::sys::Agent, data: *mut c_void) -> Status {
+    // SAFETY: `data` is the caller's counter.
+    let n = unsafe { &mut *data.cast::<u32>() };
+    *n += 1;
+    if *n == 2 {
+        Status::INFO_BREAK
+    } else {
+        Status::SUCCESS
+    }
+}
+
+#[test]
+fn iteration_stops_on_info_break() {
+    let _sim = Sim::new(PacketAbi::G2);
+    let mut n = 0u32;
+    // SAFETY: the callback takes the counter passed as data.
+    let st = unsafe { hsa_iterate_agents(Some(stop_at_second), (&raw mut n).cast()) };
+    assert_eq!((st, n), (Status::INFO_BREAK, 2));
+}
+
+#[test]
+fn the_three_aie_pools_have_rocrs_flags_granules_and_sizes() {
+    let sim = Sim::new(PacketAbi::G2);
+    assert_eq!(sim.pools.len(), 3);
+    let flags = |p: MemoryPool| {
+        let mut f = 0u32;
+        // SAFETY: a u32 out-pointer for GLOBAL_FLAGS.
+        unsafe { hsa_amd_memory_pool_get_info(p, PoolInfo::GLOBAL_FLAGS, (&raw mut f).cast()) };
+        f
+    };
+    assert_eq!(
+        flags(sim.pools[0]),
+        global_flag::KERNARG_INIT | global_flag::COARSE_GRAINED
+    );
+    assert_eq!(flags(sim.pools[1]), global_flag::COARSE_GRAINED);
+    assert_eq!(flags(sim.pools[2]), global_flag::COARSE_GRAINED);
+    let rec = |i| pool_usize(sim.pools[i], PoolInfo::RUNTIME_ALLOC_REC_GRANULE);
+    assert_eq!((rec(0), rec(1), rec(2)), (page(), 0, page()));
+    assert_eq!(pool_usize(sim.pools[1], PoolInfo::SIZE), 64 << 20);
+    assert_eq!(
+        pool_usize(sim.pools[2], PoolInfo::RUNTIME_ALLOC_GRANULE),
+        page()
+    );
+    let mut allowed = false;
+    // SAFETY: a bool out-pointer for RUNTIME_ALLOC_ALLOWED.
+    unsafe {
+        hsa_amd_memory_pool_get_info(
+            sim.pools[0],
+            PoolInfo::RUNTIME_ALLOC_ALLOWED,
+            (&raw mut allowed).cast(),
+        )
+    };
+    assert!(allowed);
+    let bogus = MemoryPool { handle: 3 };
+    let mut x = 0usize;
+    // SAFETY: a size_t out-pointer.
+    let st = unsafe { hsa_amd_memory_pool_get_info(bogus, PoolInfo::SIZE, (&raw mut x).cast()) };
+    assert_eq!(st, Status::AMD_ERROR_INVALID_MEMORY_POOL);
+}
+
+fn set_access(va: *mut c_void, size: usize, descs: &[AccessDesc]) -> Status {
+    // SAFETY: `descs` is a live slice of `len` descriptors.
+    unsafe { hsa_amd_vmem_set_access(va, size, descs.as_ptr(), descs.len()) }
+}
+
+#[test]
+fn vmem_teardown_needs_access_revoked_first_and_counters_balance() {
+    let sim = Sim::new(PacketAbi::G2);
+    let before = counters();
+    let size = 4 * page();
+    // SAFETY: (whole block) out-pointers are live locals; addresses come from the runtime.
+    unsafe {
+        let mut h = VmemHandle::default();
+        assert_eq!(
+            hsa_amd_vmem_handle_create(sim.pools[DATA], size + 1, MemoryType::PINNED, 0, &mut h),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            hsa_amd_vmem_handle_create(sim.pools[DATA], size, MemoryType::PINNED, 0, &mut h),
+            Status::SUCCESS
+        );
+        let mut va: *mut c_void = std::ptr::null_mut();
+        assert_eq!(
+            hsa_amd_vmem_address_reserve_align(&mut va, size, 0, 1 << 20, 1),
+            Status::SUCCESS
+        );
+        assert_eq!(va as usize % (1 << 20), 0);
+        assert_eq!(hsa_amd_vmem_map(va, size, 0, h, 0), Status::SUCCESS);
+        assert_eq!(
+            hsa_amd_vmem_map(va, size, 0, h, 0),
+            Status::ERROR_INVALID_ARGUMENT,
+            "already mapped"
+        );
+        let rw = [
+            AccessDesc {
+                permissions: AccessPermission::RW,
+                agent_handle: sim.cpu,
+            },
+            AccessDesc {
+                permissions: AccessPermission::RW,
+                agent_handle: sim.aie,
+            },
+        ];
+        assert_eq!(set_access(va, size, &rw), Status::SUCCESS);
+        let mut perm = AccessPermission::NONE;
+        assert_eq!(
+            hsa_amd_vmem_get_access(va, &mut perm, sim.aie),
+            Status::SUCCESS
+        );
+        assert_eq!(perm, AccessPermission::RW);
+        write(va as u64 + 100, b"hello");
+        assert_eq!(read(va as u64 + 100, 5), b"hello");
+
+        // Wrong order: unmap with access granted, free with a live mapping.
+        assert_eq!(hsa_amd_vmem_unmap(va, size), Status::ERROR);
+        assert!(
+            last_error().unwrap().contains("revoke"),
+            "{:?}",
+            last_error()
+        );
+        assert_eq!(hsa_amd_vmem_address_free(va, size), Status::ERROR);
+        assert!(
+            last_error().unwrap().contains("unmap them first"),
+            "{:?}",
+            last_error()
+        );
+
+        // IRON's order.
+        let none = [
+            AccessDesc {
+                permissions: AccessPermission::NONE,
+                agent_handle: sim.cpu,
+            },
+            AccessDesc {
+                permissions: AccessPermission::NONE,
+                agent_handle: sim.aie,
+            },
+        ];
+        assert_eq!(set_access(va, size, &none), Status::SUCCESS);
+        assert_eq!(hsa_amd_vmem_unmap(va, size), Status::SUCCESS);
+        assert_eq!(hsa_amd_vmem_address_free(va, size), Status::SUCCESS);
+        assert_eq!(hsa_amd_vmem_handle_release(h), Status::SUCCESS);
+        assert_eq!(
+            hsa_amd_vmem_handle_release(h),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+    }
+    let delta = counters().since(&before);
+    assert_eq!(
+        (
+            delta.vmem_handles_created,
+            delta.mappings_created,
+            delta.reservations_created
+        ),
+        (1, 1, 1)
+    );
+    assert!(delta.balanced(), "{:?}", delta.unbalanced());
+}
+
+/// Maps `len` bytes of `fd` from `offset` (a page multiple) in a second, independent mapping.
+fn map_fd(fd: BorrowedFd<'_>, offset: u64, len: usize) -> *mut u8 {
+    // SAFETY: a fresh shared mapping at a kernel-chosen address.
+    unsafe {
+        rustix::mm::mmap(
+            std::ptr::null_mut(),
+            len,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::SHARED,
+            fd,
+            offset,
+        )
+    }
+    .unwrap()
+    .cast()
+}
+
+#[test]
+fn an_exported_dmabuf_mapped_elsewhere_sees_the_same_bytes() {
+    let sim = Sim::new(PacketAbi::G2);
+    let before = counters();
+    for pool in [DATA, HEAP] {
+        let p = sim.alloc(pool, 3 * page());
+        let at = p + page() as u64 + 8;
+        let (mut fd, mut off): (c_int, u64) = (-1, 0);
+        // SAFETY: out-pointers are live locals; the range lies in the allocation.
+        let st =
+            unsafe { hsa_amd_portable_export_dmabuf(at as *const c_void, 64, &mut fd, &mut off) };
+        assert_eq!(st, Status::SUCCESS);
+        let page_off = off & !(page() as u64 - 1);
+        // SAFETY: `fd` is open until the close below.
+        let m = map_fd(unsafe { BorrowedFd::borrow_raw(fd) }, page_off, page());
+        let inner = (off - page_off) as usize;
+        write(at, b"written by the runtime's mapping");
+        // SAFETY: `inner + 40` lies inside the page just mapped.
+        let seen = unsafe { std::slice::from_raw_parts(m.add(inner), 32) }.to_vec();
+        assert_eq!(seen, b"written by the runtime's mapping", "pool {pool}");
+        // SAFETY: as above.
+        unsafe { std::ptr::copy_nonoverlapping(b"and back".as_ptr(), m.add(inner), 8) };
+        assert_eq!(read(at, 8), b"and back");
+        // SAFETY: the mapping made above, unmapped once.
+        unsafe { rustix::mm::munmap(m.cast(), page()).unwrap() };
+        // SAFETY: `fd` came from the export.
+        unsafe {
+            assert_eq!(hsa_amd_portable_close_dmabuf(fd), Status::SUCCESS);
+            assert_eq!(
+                hsa_amd_portable_close_dmabuf(fd),
+                Status::ERROR_INVALID_ARGUMENT
+            );
+        }
+        sim.free(p);
+    }
+    // SAFETY: an address that is no allocation.
+    let st = unsafe { hsa_amd_portable_export_dmabuf(8usize as *const c_void, 1, &mut 0, &mut 0) };
+    assert_eq!(st, Status::ERROR_INVALID_ARGUMENT);
+    let delta = counters().since(&before);
+    assert_eq!(delta.dmabufs_exported, 2);
+    assert!(delta.balanced(), "{:?}", delta.unbalanced());
+}
+
+#[test]
+fn a_vmem_handle_exported_as_a_shareable_fd_shares_its_bytes() {
+    let sim = Sim::new(PacketAbi::G2);
+    let size = page();
+    // SAFETY: (whole block) out-pointers are live locals; the fd is owned once exported.
+    unsafe {
+        let mut h = VmemHandle::default();
+        assert_eq!(
+            hsa_amd_vmem_handle_create(sim.pools[KERNARG], size, MemoryType::PINNED, 0, &mut h),
+            Status::SUCCESS
+        );
+        let mut va: *mut c_void = std::ptr::null_mut();
+        assert_eq!(
+            hsa_amd_vmem_address_reserve_align(&mut va, size, 0, 0, 1),
+            Status::SUCCESS
+        );
+        assert_eq!(hsa_amd_vmem_map(va, size, 0, h, 0), Status::SUCCESS);
+        let mut fd: c_int = -1;
+        assert_eq!(
+            hsa_amd_vmem_export_shareable_handle(&mut fd, h, 0),
+            Status::SUCCESS
+        );
+        let fd = OwnedFd::from_raw_fd(fd);
+        let m = map_fd(std::os::fd::AsFd::as_fd(&fd), 0, size);
+        write(va as u64, b"shared");
+        assert_eq!(std::slice::from_raw_parts(m, 6), b"shared");
+        rustix::mm::munmap(m.cast(), size).unwrap();
+        // Import gives a second handle over the same memory.
+        let mut h2 = VmemHandle::default();
+        assert_eq!(
+            hsa_amd_vmem_import_shareable_handle(std::os::fd::AsRawFd::as_raw_fd(&fd), &mut h2),
+            Status::SUCCESS
+        );
+        let mut va2: *mut c_void = std::ptr::null_mut();
+        assert_eq!(
+            hsa_amd_vmem_address_reserve_align(&mut va2, size, 0, 0, 1),
+            Status::SUCCESS
+        );
+        assert_eq!(hsa_amd_vmem_map(va2, size, 0, h2, 0), Status::SUCCESS);
+        assert_eq!(read(va2 as u64, 6), b"shared");
+        for (v, hh) in [(va, h), (va2, h2)] {
+            assert_eq!(hsa_amd_vmem_unmap(v, size), Status::SUCCESS);
+            assert_eq!(hsa_amd_vmem_address_free(v, size), Status::SUCCESS);
+            assert_eq!(hsa_amd_vmem_handle_release(hh), Status::SUCCESS);
+        }
+    }
+}
+
+#[test]
+fn a_full_create_destroy_cycle_balances_the_counters() {
+    let before = counters();
+    {
+        let sim = Sim::new(PacketAbi::G2);
+        let design = EmuDesign::vector_scalar_add(256, DType::I32, 1);
+        let loaded = sim.load(&design);
+        let (a, b) = io_i32(&sim, &[1; 256]);
+        let sig = sim.signal(1);
+        let q = sim.queue();
+        let packet = g2_packet(&sim, &Dispatch::new(loaded, &[(a, 1024), (b, 1024)], sig));
+        q.submit(&[g2_bytes(&packet)]);
+        assert_eq!(q.errors(), vec![]);
+        drop(q);
+        for p in [loaded.0, loaded.1, a, b, packet.kernarg_address] {
+            sim.free(p);
+        }
+        // SAFETY: the signal is not used again.
+        assert_eq!(unsafe { hsa_signal_destroy(sig) }, Status::SUCCESS);
+        assert!(
+            !counters().since(&before).balanced(),
+            "the init is still open"
+        );
+    }
+    let delta = counters().since(&before);
+    assert_eq!(
+        (delta.inits, delta.queues_created, delta.signals_created),
+        (1, 1, 1)
+    );
+    assert_eq!(delta.allocations_created, 5);
+    assert!(delta.balanced(), "{:?}", delta.unbalanced());
+}
+
+#[test]
+fn the_c_counters_symbol_matches_the_rust_snapshot() {
+    let _sim = Sim::new(PacketAbi::G2);
+    let mut c = Counters::default();
+    // SAFETY: `c` is a valid out-pointer.
+    assert_eq!(unsafe { hsa_sim_counters(&mut c) }, Status::SUCCESS);
+    assert_eq!(c, counters());
+    // SAFETY: null is refused.
+    let st = unsafe { hsa_sim_counters(std::ptr::null_mut()) };
+    assert_eq!(st, Status::ERROR_INVALID_ARGUMENT);
+}
