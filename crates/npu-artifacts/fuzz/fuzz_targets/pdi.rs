@@ -1,0 +1,23 @@
+//! Fuzzes PDI identification (partial PDI, xclbin, emulated design) and the registration check:
+//! they must never panic, and an emulated design that reads must write back the same bytes.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use npu_artifacts::design;
+use npu_artifacts::emu::EmuDesign;
+use npu_artifacts::pdi::{self, PdiKind};
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(PdiKind::Emulated(d)) = pdi::identify(data) {
+        assert_eq!(d.to_pdi(), data);
+    }
+    if let Ok(d) = EmuDesign::from_pdi(data) {
+        assert_eq!(d.to_pdi(), data);
+    }
+    // The first byte picks where the input splits into a PDI and an insts.bin.
+    if let Some((&split, rest)) = data.split_first() {
+        let at = usize::from(split).min(rest.len()) * 4 % (rest.len() + 1);
+        let (p, i) = rest.split_at(at);
+        let _ = design::check_pair(p, i);
+    }
+});
