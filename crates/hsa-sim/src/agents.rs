@@ -183,7 +183,8 @@ pub unsafe extern "C" fn hsa_iterate_agents(
 /// # Safety
 /// `value` is null (the call fails) or valid for a write of the attribute's type: 64 bytes
 /// for `NAME`, `VENDOR_NAME` and `PRODUCT_NAME`, 21 bytes for `UUID`, a `u64` for
-/// `NEAREST_CPU`, a `u32` otherwise.
+/// `NEAREST_CPU`, 6 bytes for `WORKGROUP_MAX_DIM` and `GRID_MAX_DIM`, and at least a `u32`
+/// otherwise (also for an attribute the emulator refuses: it zeroes a `u32` first, as ROCR).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hsa_agent_get_info(
     agent: Agent,
@@ -195,12 +196,12 @@ pub unsafe extern "C" fn hsa_agent_get_info(
             Ok(rt) => rt,
             Err(st) => return st,
         };
-        let Some(kind) = rt.agent_kind(agent) else {
-            return Status::ERROR_INVALID_AGENT;
-        };
         if value.is_null() {
             return Status::ERROR_INVALID_ARGUMENT;
         }
+        let Some(kind) = rt.agent_kind(agent) else {
+            return Status::ERROR_INVALID_AGENT;
+        };
         let aie = kind == AgentKind::Aie;
         let u32_answer = match attr {
             AgentInfo::FEATURE => Some(if aie { AGENT_FEATURE_AGENT_DISPATCH } else { 0 }),
@@ -223,6 +224,18 @@ pub unsafe extern "C" fn hsa_agent_get_info(
             } else {
                 DeviceType::CPU.0
             }),
+            // HSA_DEFAULT_FLOAT_ROUNDING_MODE_NEAR, as ROCR's AieAgent answers both.
+            AgentInfo::DEFAULT_FLOAT_ROUNDING_MODE
+            | AgentInfo::BASE_PROFILE_DEFAULT_FLOAT_ROUNDING_MODES => Some(2),
+            AgentInfo::VERSION_MAJOR => Some(1),
+            AgentInfo::VERSION_MINOR
+            | AgentInfo::WAVEFRONT_SIZE
+            | AgentInfo::WORKGROUP_MAX_SIZE
+            | AgentInfo::GRID_MAX_SIZE
+            | AgentInfo::FBARRIER_MAX_SIZE
+            | AgentInfo::CACHE_SIZE
+            | AgentInfo::AMD_CHIP_ID
+            | AgentInfo::AMD_BDFID => Some(0),
             _ => None,
         };
         if let Some(v) = u32_answer {
@@ -232,7 +245,8 @@ pub unsafe extern "C" fn hsa_agent_get_info(
         }
         let npu = rt.config.agent;
         // SAFETY: (every arm) `value` is non-null and valid for the attribute's documented
-        // size (64-byte names, 21-byte UUID, u64 agent handle).
+        // size (64-byte names, 21-byte UUID, u64 agent handle, three u16 dimensions; ROCR's
+        // AieAgent writes three u16 for GRID_MAX_DIM too, and so does the emulator).
         unsafe {
             match attr {
                 AgentInfo::NAME => {
@@ -256,7 +270,14 @@ pub unsafe extern "C" fn hsa_agent_get_info(
                 AgentInfo::AMD_NEAREST_CPU => {
                     value.cast::<u64>().write_unaligned(rt.cpu_agent.handle)
                 }
-                _ => return Status::ERROR_INVALID_ARGUMENT,
+                AgentInfo::WORKGROUP_MAX_DIM | AgentInfo::GRID_MAX_DIM => {
+                    value.cast::<u8>().write_bytes(0, 3 * size_of::<u16>())
+                }
+                _ => {
+                    // ROCR zeroes a u32 before refusing an attribute it does not know.
+                    value.cast::<u32>().write_unaligned(0);
+                    return Status::ERROR_INVALID_ARGUMENT;
+                }
             }
         }
         Status::SUCCESS

@@ -214,8 +214,10 @@ fn decode_g2(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError
                 .unwrap_or_default()
         };
         let word = |i: usize| {
-            let b: [u8; 8] = words[i * 8..i * 8 + 8].try_into().unwrap_or_default();
-            u64::from_le_bytes(b)
+            let b = words
+                .get(i * 8..i * 8 + 8)
+                .and_then(|w| <[u8; 8]>::try_from(w).ok());
+            u64::from_le_bytes(b.unwrap_or_default())
         };
         for i in 0..n {
             args.push((word(i), word(n + i)));
@@ -306,7 +308,10 @@ fn decode_g1(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError
     let payload = read_payload(rt, p.payload_data, len)?;
     let dw = |i: usize| {
         let at = ERT_PAYLOAD_DATA_OFFSET + 4 * i;
-        u32::from_le_bytes(payload[at..at + 4].try_into().unwrap_or_default())
+        let b = payload
+            .get(at..at + 4)
+            .and_then(|w| <[u8; 4]>::try_from(w).ok());
+        u32::from_le_bytes(b.unwrap_or_default())
     };
     if dw(0) != ERT_TXN_OPCODE || dw(1) != 0 {
         return Err(bad_format(format!(
@@ -315,7 +320,8 @@ fn decode_g1(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError
             dw(1)
         )));
     }
-    let pdi = u64::from_le_bytes(payload[..8].try_into().unwrap_or_default());
+    let pdi = payload.get(..8).and_then(|w| <[u8; 8]>::try_from(w).ok());
+    let pdi = u64::from_le_bytes(pdi.unwrap_or_default());
     let insts = u64::from(dw(2)) | (u64::from(dw(3)) << 32);
     let insts_size = u64::from(dw(4)) * 4;
     let args = (0..n)

@@ -53,7 +53,9 @@
 //! | `fault` design | device | `ERROR` ("device error") |
 //! | `hang` design | device + TDR | `ERROR` after the timeout ("Device isn't making progress") |
 //! | vmem unmap while an agent still has access | ROCR (IRON's observation) | `ERROR` |
-//! | vmem address free while mappings remain | ROCR | `ERROR` |
+//! | vmem address free while mappings remain | ROCR | `RESOURCE_FREE` (0x100A) |
+//! | vmem handle, reservation or mapping unknown | ROCR | `INVALID_ALLOCATION` |
+//! | dmabuf export of memory that is no allocation / of CPU-pool memory | ROCR | `INVALID_ALLOCATION` / `INVALID_AGENT` |
 //! | device-heap allocation > 64 MiB / heap full | ROCR | `INVALID_ALLOCATION` / `OUT_OF_RESOURCES` |
 //!
 //! # Configuration

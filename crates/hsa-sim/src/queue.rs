@@ -113,6 +113,16 @@ fn create(
     data: *mut c_void,
 ) -> Result<*mut Queue, SimError> {
     let rt = runtime().map_err(|st| SimError::new(st, "the runtime is not initialised"))?;
+    // The order of ROCR's checks: arguments, the agent, the agent's queue type, then the
+    // AIE agent's size range.
+    if !size.is_power_of_two() || type_.0 > QueueType::COOPERATIVE.0 {
+        return Err(SimError::new(
+            Status::ERROR_INVALID_ARGUMENT,
+            format!(
+                "hsa_queue_create: size {size} is not a power of two or type {type_:?} is unknown"
+            ),
+        ));
+    }
     match rt.agent_kind(agent) {
         Some(AgentKind::Aie) => {}
         Some(AgentKind::Cpu) => {
@@ -128,18 +138,18 @@ fn create(
             ));
         }
     }
+    if type_ != QueueType::SINGLE {
+        return Err(SimError::new(
+            Status::ERROR_INVALID_QUEUE_CREATION,
+            format!("hsa_queue_create: type {type_:?}; the AIE agent supports only SINGLE queues"),
+        ));
+    }
     if size != AIE_QUEUE_SIZE {
         return Err(SimError::new(
             Status::ERROR_INVALID_ARGUMENT,
             format!(
                 "hsa_queue_create: size {size}; the AIE queue has exactly {AIE_QUEUE_SIZE} packets"
             ),
-        ));
-    }
-    if type_ != QueueType::SINGLE {
-        return Err(SimError::new(
-            Status::ERROR_INVALID_QUEUE_CREATION,
-            format!("hsa_queue_create: type {type_:?}; the AIE agent supports only SINGLE queues"),
         ));
     }
     let ring_len = AIE_QUEUE_SIZE as usize * PACKET_SIZE;

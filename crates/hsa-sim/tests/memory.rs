@@ -184,7 +184,10 @@ fn vmem_teardown_needs_access_revoked_first_and_counters_balance() {
             "{:?}",
             last_error()
         );
-        assert_eq!(hsa_amd_vmem_address_free(va, size), Status::ERROR);
+        assert_eq!(
+            hsa_amd_vmem_address_free(va, size),
+            Status::ERROR_RESOURCE_FREE
+        );
         assert!(
             last_error().unwrap().contains("unmap them first"),
             "{:?}",
@@ -208,8 +211,21 @@ fn vmem_teardown_needs_access_revoked_first_and_counters_balance() {
         assert_eq!(hsa_amd_vmem_handle_release(h), Status::SUCCESS);
         assert_eq!(
             hsa_amd_vmem_handle_release(h),
-            Status::ERROR_INVALID_ARGUMENT
+            Status::ERROR_INVALID_ALLOCATION
         );
+        // What ROCR's Runtime::VMemory* return for ranges it does not know.
+        assert_eq!(
+            hsa_amd_vmem_unmap(va, size),
+            Status::ERROR_INVALID_ALLOCATION,
+            "not reserved"
+        );
+        assert_eq!(
+            hsa_amd_vmem_address_free(va, size),
+            Status::ERROR_INVALID_ALLOCATION
+        );
+        let mut perm = AccessPermission::RW;
+        let st = hsa_amd_vmem_get_access(va, &mut perm, sim.cpu);
+        assert_eq!(st, Status::ERROR_INVALID_ALLOCATION);
     }
     let delta = counters().since(&before);
     assert_eq!(
@@ -270,14 +286,26 @@ fn an_exported_dmabuf_mapped_elsewhere_sees_the_same_bytes() {
             assert_eq!(hsa_amd_portable_close_dmabuf(fd), Status::SUCCESS);
             assert_eq!(
                 hsa_amd_portable_close_dmabuf(fd),
-                Status::ERROR_INVALID_ARGUMENT
+                Status::ERROR_RESOURCE_FREE
             );
         }
         sim.free(p);
     }
     // SAFETY: an address that is no allocation.
     let st = unsafe { hsa_amd_portable_export_dmabuf(8usize as *const c_void, 1, &mut 0, &mut 0) };
-    assert_eq!(st, Status::ERROR_INVALID_ARGUMENT);
+    assert_eq!(st, Status::ERROR_INVALID_ALLOCATION);
+    // Host memory of the CPU agent is not exportable.
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: (whole block) out-pointers are live locals.
+    unsafe {
+        assert_eq!(
+            hsa_amd_memory_pool_allocate(sim.cpu_pools[0], 4096, 0, &mut p),
+            Status::SUCCESS
+        );
+        let st = hsa_amd_portable_export_dmabuf(p, 1, &mut 0, &mut 0);
+        assert_eq!(st, Status::ERROR_INVALID_AGENT);
+        assert_eq!(hsa_amd_memory_pool_free(p), Status::SUCCESS);
+    }
     let delta = counters().since(&before);
     assert_eq!(delta.dmabufs_exported, 2);
     assert!(delta.balanced(), "{:?}", delta.unbalanced());
@@ -374,4 +402,78 @@ fn the_c_counters_symbol_matches_the_rust_snapshot() {
     // SAFETY: null is refused.
     let st = unsafe { hsa_sim_counters(std::ptr::null_mut()) };
     assert_eq!(st, Status::ERROR_INVALID_ARGUMENT);
+}
+
+#[test]
+fn set_access_and_unmap_walk_contiguous_mappings() {
+    let sim = Sim::new(PacketAbi::G2);
+    let p = page();
+    // SAFETY: (whole block) out-pointers are live locals; ranges come from the reservation.
+    unsafe {
+        let mut h = VmemHandle::default();
+        let st = hsa_amd_vmem_handle_create(sim.pools[DATA], 2 * p, MemoryType::PINNED, 0, &mut h);
+        assert_eq!(st, Status::SUCCESS);
+        let mut va: *mut c_void = std::ptr::null_mut();
+        // Sizes are rounded up to pages; free repeats the size asked for.
+        assert_eq!(
+            hsa_amd_vmem_address_reserve_align(&mut va, 4 * p - 1, 0, 0, 1),
+            Status::SUCCESS
+        );
+        let at = |i: usize| va.cast::<u8>().add(i * p).cast::<c_void>();
+        // Two adjacent mappings of the two halves of the handle, then a gap, then one more.
+        assert_eq!(hsa_amd_vmem_map(at(0), p, 0, h, 0), Status::SUCCESS);
+        assert_eq!(hsa_amd_vmem_map(at(1), p, p, h, 0), Status::SUCCESS);
+        assert_eq!(hsa_amd_vmem_map(at(3), p, 0, h, 0), Status::SUCCESS);
+        let rw = [AccessDesc {
+            permissions: AccessPermission::RW,
+            agent_handle: sim.aie,
+        }];
+        assert_eq!(set_access(at(0), 2 * p, &rw), Status::SUCCESS);
+        assert_eq!(
+            set_access(at(0), 4 * p, &rw),
+            Status::ERROR_INVALID_ALLOCATION,
+            "the gap"
+        );
+        let bogus = [AccessDesc {
+            permissions: AccessPermission::RW,
+            agent_handle: hsa_core::sys::Agent { handle: 5 },
+        }];
+        assert_eq!(set_access(at(0), p, &bogus), Status::ERROR_INVALID_AGENT);
+        let mut perm = AccessPermission::NONE;
+        assert_eq!(
+            hsa_amd_vmem_get_access(at(1), &mut perm, sim.aie),
+            Status::SUCCESS
+        );
+        assert_eq!(perm, AccessPermission::RW);
+        // Unmapping both at once needs the access revoked on both.
+        assert_eq!(hsa_amd_vmem_unmap(at(0), 2 * p), Status::ERROR);
+        let none = [AccessDesc {
+            permissions: AccessPermission::NONE,
+            agent_handle: sim.aie,
+        }];
+        assert_eq!(set_access(at(0), 2 * p, &none), Status::SUCCESS);
+        assert_eq!(
+            hsa_amd_vmem_unmap(at(0), p + 1),
+            Status::ERROR_INVALID_ALLOCATION,
+            "mid-mapping end"
+        );
+        assert_eq!(hsa_amd_vmem_unmap(at(0), 2 * p), Status::SUCCESS);
+        assert_eq!(
+            hsa_amd_vmem_unmap(at(2), p),
+            Status::ERROR_INVALID_ALLOCATION,
+            "nothing there"
+        );
+        assert_eq!(
+            hsa_amd_vmem_address_free(va, 4 * p - 1),
+            Status::ERROR_RESOURCE_FREE
+        );
+        assert_eq!(hsa_amd_vmem_unmap(at(3), p), Status::SUCCESS);
+        assert_eq!(
+            hsa_amd_vmem_address_free(va, 4 * p),
+            Status::ERROR_INVALID_ARGUMENT,
+            "wrong size"
+        );
+        assert_eq!(hsa_amd_vmem_address_free(va, 4 * p - 1), Status::SUCCESS);
+        assert_eq!(hsa_amd_vmem_handle_release(h), Status::SUCCESS);
+    }
 }

@@ -79,6 +79,16 @@ fn queue_creation_checks_size_type_and_agent() {
         create_queue(&sim, stranger, 64, QueueType::SINGLE),
         Status::ERROR_INVALID_AGENT
     );
+    // ROCR's order: malformed arguments first, then the agent's queue type, then its sizes.
+    assert_eq!(
+        create_queue(&sim, sim.aie, 64, QueueType(5)),
+        Status::ERROR_INVALID_ARGUMENT
+    );
+    assert_eq!(
+        create_queue(&sim, sim.aie, 128, QueueType::MULTI),
+        Status::ERROR_INVALID_QUEUE_CREATION
+    );
+    assert!(last_error().unwrap().contains("only SINGLE"));
 }
 
 #[test]

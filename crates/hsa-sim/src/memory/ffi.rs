@@ -139,8 +139,9 @@ pub unsafe extern "C" fn hsa_amd_portable_export_dmabuf(
 }
 
 /// `hsa_amd_portable_close_dmabuf`: closes an fd returned by
-/// `hsa_amd_portable_export_dmabuf`. Any other fd fails with `INVALID_ARGUMENT` and is left
-/// open.
+/// `hsa_amd_portable_export_dmabuf`. Any other fd (including one already closed) fails with
+/// `HSA_STATUS_ERROR_RESOURCE_FREE`, ROCR's status for a failed `close`, and is left alone:
+/// ROCR would `close` it regardless, the emulator closes only what it handed out.
 ///
 /// # Safety
 /// The caller must not use `dmabuf` after success.
@@ -152,7 +153,7 @@ pub unsafe extern "C" fn hsa_amd_portable_close_dmabuf(dmabuf: c_int) -> Status 
             Err(st) => return st,
         };
         if !rt.memory().exported.remove(&dmabuf) {
-            return Status::ERROR_INVALID_ARGUMENT;
+            return Status::ERROR_RESOURCE_FREE;
         }
         // SAFETY: `dmabuf` came from `into_raw_fd` in the export above and was removed from
         // the exported set, so this is its single owner.

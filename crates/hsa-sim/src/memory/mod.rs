@@ -80,7 +80,8 @@ impl Mapping {
         })
     }
 
-    /// Reserves `len` bytes of address space (no access, no backing) aligned to `align`.
+    /// Reserves `len` bytes of private anonymous read-write address space aligned to `align`
+    /// (ROCR's `NO_REGISTER` reservation; untouched pages cost nothing).
     pub fn reserve(len: usize, align: usize) -> Result<Self, SimError> {
         let align = align.max(page_size());
         let span = len.checked_add(align).ok_or_else(|| {
@@ -92,7 +93,7 @@ impl Mapping {
             rustix::mm::mmap_anonymous(
                 std::ptr::null_mut(),
                 span,
-                ProtFlags::empty(),
+                ProtFlags::READ | ProtFlags::WRITE,
                 MapFlags::PRIVATE | MapFlags::NORESERVE,
             )
         }
@@ -114,7 +115,7 @@ impl Mapping {
         Ok(Self { addr: aligned, len })
     }
 
-    /// Replaces `[addr, addr+len)` inside this mapping with fresh inaccessible memory.
+    /// Replaces `[addr, addr+len)` inside this mapping with fresh reserved memory.
     pub fn clear_range(&self, addr: usize, len: usize) -> Result<(), SimError> {
         debug_assert!(addr >= self.addr && addr + len <= self.addr + self.len);
         // SAFETY: the range lies inside a reservation this crate owns; MAP_FIXED replaces
@@ -123,7 +124,7 @@ impl Mapping {
             rustix::mm::mmap_anonymous(
                 addr as *mut c_void,
                 len,
-                ProtFlags::empty(),
+                ProtFlags::READ | ProtFlags::WRITE,
                 MapFlags::PRIVATE | MapFlags::NORESERVE | MapFlags::FIXED,
             )
         }
@@ -389,15 +390,31 @@ impl Memory {
     fn export(&mut self, ptr: usize, size: usize) -> Result<(OwnedFd, u64), SimError> {
         let bad = || {
             SimError::new(
-                Status::ERROR_INVALID_ARGUMENT,
+                Status::ERROR_INVALID_ALLOCATION,
                 format!(
-                    "hsa_amd_portable_export_dmabuf: [{ptr:#x}, +{size}) is not inside one allocation"
+                    "hsa_amd_portable_export_dmabuf: [{ptr:#x}, +{size}) is not inside one \
+                     allocation or vmem mapping"
                 ),
             )
         };
-        let (fd, offset) = if let Some((&base, a)) = self.allocs.range(..=ptr).next_back() {
+        let in_alloc = self
+            .allocs
+            .range(..=ptr)
+            .next_back()
+            .filter(|&(&base, a)| ptr < base + a.len);
+        let (fd, offset) = if let Some((&base, a)) = in_alloc {
             if ptr.checked_add(size).is_none_or(|end| end > base + a.len) {
                 return Err(bad());
+            }
+            if !a.pool.is_aie() {
+                return Err(SimError::new(
+                    Status::ERROR_INVALID_AGENT,
+                    format!(
+                        "hsa_amd_portable_export_dmabuf: {ptr:#x} is in {}; ROCR exports only \
+                         device allocations",
+                        a.pool.describe()
+                    ),
+                ));
             }
             match &a.backing {
                 Backing::Own { fd, .. } => (fd.clone(), (ptr - base) as u64),

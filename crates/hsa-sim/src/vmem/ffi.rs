@@ -8,7 +8,7 @@ use hsa_core::sys::{
     AccessDesc, AccessPermission, Agent, MemoryPool, MemoryType, Status, VmemHandle,
 };
 
-use super::{HandleObj, invalid};
+use super::{HandleObj, invalid, invalid_allocation};
 use crate::agents::{PoolKind, page_size};
 use crate::counters::{Counter, bump};
 use crate::runtime::{Runtime, guard, next_handle, report, runtime};
@@ -40,9 +40,10 @@ pub unsafe extern "C" fn hsa_amd_vmem_handle_create(
             Err(st) => return st,
         };
         let Some(desc) = rt.pools.iter().find(|p| p.handle == pool) else {
-            return Status::AMD_ERROR_INVALID_MEMORY_POOL;
+            // ROCR checks the pool with the other arguments here (not INVALID_MEMORY_POOL).
+            return Status::ERROR_INVALID_ARGUMENT;
         };
-        if out.is_null() || mem_type.0 > MemoryType::PINNED.0 {
+        if out.is_null() || size == 0 || mem_type.0 > MemoryType::PINNED.0 {
             return Status::ERROR_INVALID_ARGUMENT;
         }
         vmem_call(|rt| {
@@ -217,7 +218,7 @@ pub unsafe extern "C" fn hsa_amd_vmem_get_access(
         }
         let mem = rt.memory();
         let Some((_, m)) = mem.vmem.mapping_of(va as usize) else {
-            return Status::ERROR_INVALID_ARGUMENT;
+            return Status::ERROR_INVALID_ALLOCATION;
         };
         // SAFETY: `perms` is non-null and valid for one write by the contract.
         unsafe { perms.write(m.access_of(agent)) };
@@ -242,7 +243,7 @@ pub unsafe extern "C" fn hsa_amd_vmem_export_shareable_handle(
     vmem_call(|rt| {
         let mem = rt.memory();
         let obj = mem.vmem.handles.get(&h.handle).ok_or_else(|| {
-            invalid(format!(
+            invalid_allocation(format!(
                 "hsa_amd_vmem_export_shareable_handle: unknown handle {:#x}",
                 h.handle
             ))
@@ -367,7 +368,7 @@ pub unsafe extern "C" fn hsa_amd_vmem_get_alloc_properties_from_handle(
     vmem_call(|rt| {
         let mem = rt.memory();
         let obj = mem.vmem.handles.get(&h.handle).ok_or_else(|| {
-            invalid(format!(
+            invalid_allocation(format!(
                 "hsa_amd_vmem_get_alloc_properties_from_handle: unknown handle {:#x}",
                 h.handle
             ))

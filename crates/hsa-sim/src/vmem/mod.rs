@@ -2,14 +2,18 @@
 //!
 //! - A handle is a memfd of the requested size (a multiple of the pool's
 //!   `RUNTIME_ALLOC_GRANULE`, the page size).
-//! - A reservation is an inaccessible anonymous range (`NO_REGISTER` or not: there is no KFD
-//!   to register with). The address hint is ignored.
+//! - A reservation is a private anonymous read-write range, as ROCR's `NO_REGISTER` path maps
+//!   it (with or without the flag: there is no KFD to register with). The address hint is
+//!   ignored; the size is rounded up to pages, and `address_free` must repeat the size given.
 //! - `map` maps the handle's memfd `MAP_SHARED` and read-write over part of a reservation.
 //!   The host can use it at once (the XDNA driver's map is a host mmap); what `set_access`
 //!   records matters for the AIE agent: only a mapping the AIE agent may read and write is a
 //!   valid kernel argument.
 //! - `unmap` fails with `HSA_STATUS_ERROR` while any agent still has access, as IRON found:
-//!   revoke access (`set_access` NONE) first. `address_free` fails while mappings remain.
+//!   revoke access (`set_access` NONE) first. `address_free` fails with
+//!   `HSA_STATUS_ERROR_RESOURCE_FREE` while mappings remain. Other statuses follow ROCR's
+//!   `Runtime::VMemory*`: unknown handles, reservations and unmapped ranges give
+//!   `INVALID_ALLOCATION`, malformed arguments `INVALID_ARGUMENT`.
 //! - A released handle's memory lives on while it is mapped; handles are reference counted
 //!   by `hsa_amd_vmem_retain_alloc_handle`.
 
@@ -62,6 +66,8 @@ impl VmemMapping {
 #[derive(Debug)]
 struct Reservation {
     region: Mapping,
+    /// The size the caller asked for (`hsa_amd_vmem_address_free` must repeat it).
+    size: usize,
     /// Mappings inside the reservation, by start address.
     mappings: BTreeMap<usize, VmemMapping>,
 }
@@ -77,6 +83,10 @@ pub(crate) struct VmemState {
 
 fn invalid(detail: String) -> SimError {
     SimError::new(Status::ERROR_INVALID_ARGUMENT, detail)
+}
+
+fn invalid_allocation(detail: String) -> SimError {
+    SimError::new(Status::ERROR_INVALID_ALLOCATION, detail)
 }
 
 impl VmemState {
@@ -158,7 +168,7 @@ impl VmemState {
 
     fn release_handle(&mut self, h: u64) -> Result<(), SimError> {
         let obj = self.handles.get_mut(&h).ok_or_else(|| {
-            invalid(format!(
+            invalid_allocation(format!(
                 "hsa_amd_vmem_handle_release: unknown handle {h:#x}"
             ))
         })?;
@@ -170,10 +180,8 @@ impl VmemState {
     }
 
     fn reserve(&mut self, size: usize, align: u64) -> Result<usize, SimError> {
-        if size == 0 || !size.is_multiple_of(page_size()) {
-            return Err(invalid(format!(
-                "hsa_amd_vmem_address_reserve: size {size} is not a non-zero multiple of the page size"
-            )));
+        if size == 0 {
+            return Err(invalid("hsa_amd_vmem_address_reserve: size is 0".into()));
         }
         if align != 0 && !align.is_power_of_two() {
             return Err(invalid(format!(
@@ -181,13 +189,20 @@ impl VmemState {
             )));
         }
         let align = usize::try_from(align).map_err(|_| invalid("alignment too large".into()))?;
-        let region = Mapping::reserve(size, align)?;
+        let len = crate::memory::page_round(size).ok_or_else(|| {
+            invalid(format!(
+                "hsa_amd_vmem_address_reserve: size {size} overflows"
+            ))
+        })?;
+        let region = Mapping::reserve(len, align)?;
         let base = region.addr;
+        let mappings = BTreeMap::new();
         self.reservations.insert(
             base,
             Reservation {
                 region,
-                mappings: BTreeMap::new(),
+                size,
+                mappings,
             },
         );
         Ok(base)
@@ -195,27 +210,49 @@ impl VmemState {
 
     fn free_reservation(&mut self, va: usize, size: usize) -> Result<(), SimError> {
         let r = self.reservations.get(&va).ok_or_else(|| {
-            invalid(format!(
+            invalid_allocation(format!(
                 "hsa_amd_vmem_address_free: {va:#x} is not a reserved range"
             ))
         })?;
-        if r.region.len != size {
+        if r.size != size {
             return Err(invalid(format!(
                 "hsa_amd_vmem_address_free: size {size} differs from the reservation's {}",
-                r.region.len
+                r.size
             )));
         }
         if !r.mappings.is_empty() {
             return Err(SimError::new(
-                Status::ERROR,
+                Status::ERROR_RESOURCE_FREE,
                 format!(
-                    "hsa_amd_vmem_address_free: {} mapping(s) remain in [{va:#x}, +{size}); unmap them first",
+                    "hsa_amd_vmem_address_free: {} mapping(s) remain in [{va:#x}, +{size}); \
+                     unmap them first",
                     r.mappings.len()
                 ),
             ));
         }
         self.reservations.remove(&va);
         Ok(())
+    }
+
+    /// The start addresses of the mappings that tile `[va, va+size)` contiguously from `va`
+    /// (the last may run past the end), as ROCR walks them.
+    fn tiling(&self, what: &str, va: usize, size: usize) -> Result<(usize, Vec<usize>), SimError> {
+        let (rbase, res) = self
+            .reservation_of(va)
+            .ok_or_else(|| invalid(format!("{what}: {va:#x} is not in a reserved range")))?;
+        let end = va.saturating_add(size);
+        let mut starts = Vec::new();
+        let mut at = va;
+        while at < end {
+            let m = res.mappings.get(&at).ok_or_else(|| {
+                invalid_allocation(format!(
+                    "{what}: [{va:#x}, +{size}) is not covered by mappings (nothing is mapped at {at:#x})"
+                ))
+            })?;
+            starts.push(at);
+            at += m.len;
+        }
+        Ok((rbase, starts))
     }
 
     fn map(&mut self, va: usize, size: usize, offset: usize, h: u64) -> Result<(), SimError> {
@@ -258,7 +295,7 @@ impl VmemState {
             )));
         }
         // SAFETY: `[va, va+size)` lies inside a reservation this crate made and overlaps no
-        // mapping in it, so MAP_FIXED replaces only our own inaccessible placeholder.
+        // mapping in it, so MAP_FIXED replaces only our own placeholder.
         let m = unsafe { Mapping::shared(&fd, offset as u64, size, Some(va)) }?;
         // The reservation's region owns the range from here on (it unmaps it as a whole).
         std::mem::forget(m);
@@ -280,34 +317,39 @@ impl VmemState {
     }
 
     fn unmap(&mut self, va: usize, size: usize) -> Result<(), SimError> {
-        let (rbase, _) = self.reservation_of(va).ok_or_else(|| {
-            invalid(format!(
-                "hsa_amd_vmem_unmap: {va:#x} is not in a reserved range"
-            ))
-        })?;
-        let res = self.reservations.get_mut(&rbase).expect("looked up above");
-        let m = res
-            .mappings
-            .get(&va)
-            .ok_or_else(|| invalid(format!("hsa_amd_vmem_unmap: nothing is mapped at {va:#x}")))?;
-        if m.len != size {
-            return Err(invalid(format!(
-                "hsa_amd_vmem_unmap: size {size} differs from the mapping's {}",
-                m.len
+        const WHAT: &str = "hsa_amd_vmem_unmap";
+        if self.mapping_of(va).is_none() {
+            return Err(invalid_allocation(format!(
+                "{WHAT}: nothing is mapped at {va:#x}"
             )));
         }
-        if let Some((a, p)) = m.access.iter().find(|(_, p)| *p != AccessPermission::NONE) {
-            return Err(SimError::new(
-                Status::ERROR,
-                format!(
-                    "hsa_amd_vmem_unmap: agent {:#x} still has {:?} access to [{va:#x}, +{size}); \
-                     revoke it with hsa_amd_vmem_set_access(NONE) before unmapping",
-                    a.handle, p
-                ),
-            ));
+        let (rbase, starts) = self.tiling(WHAT, va, size)?;
+        let res = self.reservations.get_mut(&rbase).expect("found by tiling");
+        let covered: usize = starts.iter().map(|s| res.mappings[s].len).sum();
+        if covered != size {
+            return Err(invalid_allocation(format!(
+                "{WHAT}: size {size} does not end on a mapping boundary (the mappings from \
+                 {va:#x} cover {covered} bytes)"
+            )));
         }
-        res.region.clear_range(va, size)?;
-        res.mappings.remove(&va);
+        for s in &starts {
+            let m = &res.mappings[s];
+            if let Some((a, p)) = m.access.iter().find(|(_, p)| *p != AccessPermission::NONE) {
+                return Err(SimError::new(
+                    Status::ERROR,
+                    format!(
+                        "{WHAT}: agent {:#x} still has {p:?} access to the mapping at {s:#x}; \
+                         revoke it with hsa_amd_vmem_set_access(NONE) before unmapping",
+                        a.handle
+                    ),
+                ));
+            }
+        }
+        for s in starts {
+            if let Some(m) = res.mappings.remove(&s) {
+                res.region.clear_range(s, m.len)?;
+            }
+        }
         Ok(())
     }
 
@@ -317,19 +359,22 @@ impl VmemState {
         size: usize,
         descs: &[(Agent, AccessPermission)],
     ) -> Result<(), SimError> {
-        let (rbase, _) = self.reservation_of(va).ok_or_else(|| {
+        let (rbase, res) = self.reservation_of(va).ok_or_else(|| {
             invalid(format!(
                 "hsa_amd_vmem_set_access: {va:#x} is not in a reserved range"
             ))
         })?;
-        let res = self.reservations.get_mut(&rbase).expect("looked up above");
-        if !res.mappings.contains_key(&va) {
+        if va.saturating_add(size) > rbase + res.region.len {
             return Err(invalid(format!(
-                "hsa_amd_vmem_set_access: nothing is mapped at {va:#x}"
+                "hsa_amd_vmem_set_access: [{va:#x}, +{size}) runs past its reservation"
             )));
         }
-        let end = va.saturating_add(size);
-        for (_, m) in res.mappings.range_mut(va..end) {
+        let (rbase, starts) = self.tiling("hsa_amd_vmem_set_access", va, size)?;
+        let res = self.reservations.get_mut(&rbase).expect("found by tiling");
+        for s in starts {
+            let Some(m) = res.mappings.get_mut(&s) else {
+                continue;
+            };
             for &(agent, perm) in descs {
                 match m.access.iter_mut().find(|(a, _)| *a == agent) {
                     Some(slot) => slot.1 = perm,
