@@ -14,6 +14,7 @@
 //! - `agents`: agents and pools and their info queries.
 //! - `memory`: pool allocations (one memfd each), the device heap, the address registry,
 //!   dmabuf export. `vmem`: `hsa_amd_vmem_*`.
+//! - `regions`: the core region API older clients use (`hsa_agent_iterate_regions`, ...).
 //! - `signal`: signals and waits. `queue`: creation and indexes. `dispatch`: the doorbell and
 //!   packet decoding per generation. `rules`: the checks. `kernels`: reference kernels.
 //! - [`counters`]: created/destroyed counts for leak tests. `status`: status strings and
@@ -74,6 +75,7 @@ mod dispatch;
 mod kernels;
 mod memory;
 mod queue;
+mod regions;
 mod rules;
 mod runtime;
 mod signal;
@@ -87,6 +89,7 @@ pub use config::{
 pub use counters::{Counters, counters, hsa_sim_counters};
 pub use memory::*;
 pub use queue::*;
+pub use regions::*;
 pub use runtime::{
     BUILD_VERSION, TIMESTAMP_FREQUENCY, hsa_init, hsa_shut_down, hsa_system_get_info,
 };

@@ -42,7 +42,7 @@ const IRON: [&str; 24] = [
 ];
 
 /// Other entry points the emulator exports.
-const EXTRA: [&str; 12] = [
+const EXTRA: [&str; 16] = [
     "hsa_sim_last_error",
     "hsa_sim_counters",
     "hsa_signal_load_relaxed",
@@ -55,6 +55,10 @@ const EXTRA: [&str; 12] = [
     "hsa_amd_vmem_address_reserve",
     "hsa_amd_vmem_import_shareable_handle",
     "hsa_amd_agents_allow_access",
+    "hsa_agent_iterate_regions",
+    "hsa_region_get_info",
+    "hsa_memory_allocate",
+    "hsa_memory_free",
 ];
 
 fn cdylib() -> PathBuf {

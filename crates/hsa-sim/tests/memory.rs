@@ -477,3 +477,168 @@ fn set_access_and_unmap_walk_contiguous_mappings() {
         assert_eq!(hsa_amd_vmem_handle_release(h), Status::SUCCESS);
     }
 }
+
+unsafe extern "C" fn push_region(r: Region, data: *mut c_void) -> Status {
+    // SAFETY: `data` is the caller's Vec<Region>.
+    unsafe { (*data.cast::<Vec<Region>>()).push(r) };
+    Status::SUCCESS
+}
+
+#[test]
+fn regions_are_the_pools_under_the_core_api() {
+    let sim = Sim::new(PacketAbi::G2);
+    let mut regions: Vec<Region> = Vec::new();
+    // SAFETY: (whole block) out-pointers are live locals of the documented types.
+    unsafe {
+        let st = hsa_agent_iterate_regions(sim.aie, Some(push_region), (&raw mut regions).cast());
+        assert_eq!(st, Status::SUCCESS);
+        assert_eq!(regions, sim.pools);
+        let mut flags = 0u32;
+        let st = hsa_region_get_info(
+            regions[0],
+            region_info::GLOBAL_FLAGS,
+            (&raw mut flags).cast(),
+        );
+        assert_eq!((st, flags), (Status::SUCCESS, 5));
+        let mut size = 0usize;
+        hsa_region_get_info(regions[1], region_info::SIZE, (&raw mut size).cast());
+        assert_eq!(size, 64 << 20);
+        let mut p: *mut c_void = std::ptr::null_mut();
+        assert_eq!(
+            hsa_memory_allocate(regions[2], 100, &mut p),
+            Status::SUCCESS
+        );
+        assert_eq!(hsa_memory_free(p), Status::SUCCESS);
+        let bogus = MemoryPool { handle: 9 };
+        assert_eq!(
+            hsa_memory_allocate(bogus, 100, &mut p),
+            Status::ERROR_INVALID_REGION
+        );
+        assert_eq!(
+            hsa_region_get_info(bogus, 0, (&raw mut flags).cast()),
+            Status::ERROR_INVALID_REGION
+        );
+    }
+}
+
+#[test]
+fn null_pointers_and_unknown_handles_are_refused_without_crashing() {
+    let sim = Sim::new(PacketAbi::G2);
+    let null = std::ptr::null_mut::<c_void>();
+    let bad_pool = MemoryPool { handle: 1 };
+    // SAFETY: (whole block) every pointer is null or a live local; nothing is dereferenced
+    // by the emulator when the call is refused.
+    unsafe {
+        assert_eq!(
+            hsa_iterate_agents(None, null),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            hsa_agent_get_info(sim.aie, AgentInfo::DEVICE, null),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            hsa_amd_agent_iterate_memory_pools(sim.aie, None, null),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            hsa_amd_memory_pool_get_info(sim.pools[0], PoolInfo::SIZE, null),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            hsa_amd_memory_pool_allocate(sim.pools[0], 64, 0, std::ptr::null_mut()),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        let mut p = null;
+        assert_eq!(
+            hsa_amd_memory_pool_allocate(bad_pool, 64, 0, &mut p),
+            Status::AMD_ERROR_INVALID_MEMORY_POOL
+        );
+        assert_eq!(hsa_amd_memory_pool_free(null), Status::SUCCESS);
+        assert_eq!(
+            hsa_amd_memory_pool_free(8usize as *mut c_void),
+            Status::ERROR_INVALID_ALLOCATION
+        );
+        let q = std::ptr::null_mut();
+        assert_eq!(
+            hsa_queue_create(
+                sim.aie,
+                64,
+                hsa_core::sys::QueueType::SINGLE,
+                None,
+                null,
+                0,
+                0,
+                q
+            ),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            hsa_queue_destroy(std::ptr::null_mut()),
+            Status::ERROR_INVALID_QUEUE
+        );
+        assert_eq!(hsa_queue_load_read_index_scacquire(std::ptr::null()), 0);
+        assert_eq!(
+            hsa_signal_create(0, 0, std::ptr::null(), std::ptr::null_mut()),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            hsa_signal_create(0, 1, std::ptr::null(), &mut Default::default()),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        let ghost = hsa_core::sys::Signal { handle: 77 };
+        assert_eq!(hsa_signal_load_scacquire(ghost), 0);
+        hsa_signal_store_screlease(ghost, 1);
+        assert!(last_error().unwrap().contains("unknown signal"));
+        assert_eq!(hsa_signal_destroy(ghost), Status::ERROR_INVALID_SIGNAL);
+        assert_eq!(
+            hsa_amd_vmem_handle_create(
+                sim.pools[0],
+                4096,
+                MemoryType::PINNED,
+                0,
+                std::ptr::null_mut()
+            ),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            hsa_amd_vmem_handle_create(
+                bad_pool,
+                4096,
+                MemoryType::PINNED,
+                0,
+                &mut VmemHandle::default()
+            ),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            hsa_amd_vmem_address_reserve_align(std::ptr::null_mut(), 4096, 0, 0, 1),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            hsa_amd_vmem_set_access(null, 4096, std::ptr::null(), 0),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            hsa_amd_vmem_get_access(null, std::ptr::null_mut(), sim.aie),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            hsa_amd_vmem_export_shareable_handle(std::ptr::null_mut(), VmemHandle::default(), 0),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            hsa_amd_portable_export_dmabuf(null, 1, std::ptr::null_mut(), std::ptr::null_mut()),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            hsa_status_string(Status::SUCCESS, std::ptr::null_mut()),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            hsa_system_get_info(hsa_core::sys::SystemInfo::TIMESTAMP, null),
+            Status::ERROR_INVALID_ARGUMENT
+        );
+        assert!(hsa_sim_last_error(std::ptr::null_mut(), 0) > 0);
+    }
+}

@@ -147,3 +147,35 @@ fn the_ring_wraps_over_many_doorbells_on_g2() {
         input.iter().map(|x| x + 200).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn queues_on_several_threads_run_independently() {
+    let sim = Sim::new(PacketAbi::G2);
+    let loaded = sim.load(&EmuDesign::vector_scalar_add(256, DType::I32, 1));
+    std::thread::scope(|s| {
+        for t in 0..4i32 {
+            let sim = &sim;
+            s.spawn(move || {
+                let input: Vec<i32> = (0..256).map(|i| i * t).collect();
+                let (a, b) = io_i32(sim, &input);
+                let sig = sim.signal(50);
+                let q = sim.queue();
+                let mut bufs = [a, b];
+                for _ in 0..5 {
+                    let packets: Vec<[u8; 64]> = (0..10)
+                        .map(|_| {
+                            let d = Dispatch::new(loaded, &[(bufs[0], 1024), (bufs[1], 1024)], sig);
+                            bufs.swap(0, 1);
+                            sim.packet(&d)
+                        })
+                        .collect();
+                    q.submit(&packets);
+                }
+                assert_eq!(wait_eq(sig, 0, u64::MAX), 0);
+                assert_eq!(q.errors(), vec![]);
+                let want: Vec<i32> = input.iter().map(|x| x + 50).collect();
+                assert_eq!(bytes_i32(&read(bufs[0], 1024)), want, "thread {t}");
+            });
+        }
+    });
+}
