@@ -95,6 +95,7 @@ fn check_kind_against_program(kind: &PdiKind, program: &TxnProgram) -> Result<()
         PdiKind::Partial(_) => Ok(()),
         PdiKind::Xclbin(x) => Err(ArtifactError::XclbinNotPdi {
             sections: x.num_sections,
+            embedded_pdi_bytes: x.verified_pdi().map(|p| p.size),
         }),
         PdiKind::Emulated(design) => {
             let kernel = design.kernel.name();
@@ -313,6 +314,18 @@ mod tests {
             .to_string();
         assert!(
             e.starts_with("this is an xclbin (1 sections), not a PDI"),
+            "{e}"
+        );
+        assert!(!e.contains("extract"), "{e}");
+        let with_pdi = crate::xclbin::tests::xclbin_with_pdi(&crate::pdi::tests::sample_pdi());
+        let e = check_pair(&with_pdi, &d.insts(NpuGen::Npu1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with(
+                ", or extract the verified 368-byte partial PDI its AIE_PARTITION section embeds \
+                 (npu_artifacts::xclbin::extract_pdi)"
+            ),
             "{e}"
         );
         let e = check_pair(b"junk", &d.insts(NpuGen::Npu1))

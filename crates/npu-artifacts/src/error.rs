@@ -310,11 +310,20 @@ pub enum ArtifactError {
     /// An xclbin was given where the HSA path needs a PDI.
     #[error(
         "this is an xclbin ({sections} sections), not a PDI: the HSA path loads main.pdi; build it with \
-         aiecc --get-pdi (IRON's Makefiles leave it as build/main.pdi)"
+         aiecc --get-pdi (IRON's Makefiles leave it as build/main.pdi){}",
+        match embedded_pdi_bytes {
+            Some(n) => format!(
+                ", or extract the verified {n}-byte partial PDI its AIE_PARTITION section embeds \
+                 (npu_artifacts::xclbin::extract_pdi)"
+            ),
+            None => String::new(),
+        }
     )]
     XclbinNotPdi {
         /// Number of sections in the xclbin.
         sections: u32,
+        /// Size of the one embedded partial PDI that verified, if exactly one did.
+        embedded_pdi_bytes: Option<u64>,
     },
 
     // ---- emulated designs ----

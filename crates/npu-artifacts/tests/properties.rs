@@ -88,8 +88,10 @@ fn parse_everything(bytes: &[u8]) {
         assert_eq!(sizes.len(), p.arg_count());
         p.check_buffers(&sizes).unwrap();
         txn::listing(bytes).unwrap();
+        assert_eq!(txn::explain(bytes), txn::listing(bytes).unwrap());
     } else {
         assert!(txn::listing(bytes).is_err());
+        assert!(txn::explain(bytes).contains("error: "));
     }
     let _ = pdi::identify(bytes);
     let _ = EmuDesign::from_pdi(bytes);

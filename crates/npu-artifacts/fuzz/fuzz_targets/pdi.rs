@@ -6,6 +6,7 @@ use libfuzzer_sys::fuzz_target;
 use npu_artifacts::design;
 use npu_artifacts::emu::EmuDesign;
 use npu_artifacts::pdi::{self, PdiKind};
+use npu_artifacts::xclbin;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(PdiKind::Emulated(d)) = pdi::identify(data) {
@@ -13,6 +14,9 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(d) = EmuDesign::from_pdi(data) {
         assert_eq!(d.to_pdi(), data);
+    }
+    if let Ok(image) = xclbin::extract_pdi(data) {
+        assert!(matches!(pdi::identify(&image), Ok(PdiKind::Partial(_))));
     }
     // The first byte picks where the input splits into a PDI and an insts.bin.
     if let Some((&split, rest)) = data.split_first() {

@@ -14,6 +14,10 @@ fuzz_target!(|data: &[u8]| {
             let text = txn::listing(data).expect("a stream that parses is listed");
             assert!(text.lines().count() > program.op_count as usize);
         }
-        Err(_) => assert!(txn::listing(data).is_err()),
+        Err(e) => {
+            assert!(txn::listing(data).is_err());
+            let text = txn::explain(data);
+            assert!(text.ends_with(&format!("error: {e}\n")));
+        }
     }
 });

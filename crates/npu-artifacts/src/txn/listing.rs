@@ -70,6 +70,46 @@ pub fn listing(bytes: &[u8]) -> Result<String, ArtifactError> {
     Ok(out)
 }
 
+/// Like [`listing`], but never fails: for a malformed stream it lists the header (when it
+/// decodes) and every op up to the first one that does not, then a line `error: ...` saying what
+/// is wrong. For `npuctl inspect` on a file the daemon refused.
+#[must_use]
+pub fn explain(bytes: &[u8]) -> String {
+    let err = match listing(bytes) {
+        Ok(text) => return text,
+        Err(e) => e,
+    };
+    let mut out = String::new();
+    if let Ok(h) = walk::header(bytes) {
+        let _ = writeln!(
+            out,
+            "TXN {}.{} for {}: {} rows ({} memory-tile), {} columns, {} ops declared, {} bytes",
+            h.major,
+            h.minor,
+            h.generation,
+            h.rows,
+            h.mem_tile_rows,
+            h.cols,
+            h.op_count,
+            h.size_bytes
+        );
+    }
+    // The walk stops at the first op it cannot decode; the error below says why.
+    let _ = walk::walk(bytes, |_, l| {
+        let name = opcode_name(&l.op);
+        let _ = writeln!(
+            out,
+            "{:>5}  @{:#06x}  {name:<13} {}",
+            l.index,
+            l.offset,
+            fields(&l.op)
+        );
+        Ok(())
+    });
+    let _ = writeln!(out, "error: {err}");
+    out
+}
+
 fn opcode_name(op: &TxnOp) -> &'static str {
     let code = match op {
         TxnOp::Write { .. } => opcode::WRITE,
@@ -195,5 +235,29 @@ mod tests {
     #[test]
     fn malformed_stream_is_an_error_not_a_listing() {
         assert!(listing(&[0u8; 8]).is_err());
+    }
+
+    #[test]
+    fn explain_lists_up_to_the_first_bad_op() {
+        let mut b = TxnBuilder::new(NpuGen::Npu1);
+        b.noop().noop().write(TxnBuilder::reg(0, 0, 0x10), 1);
+        let mut bytes = b.finish();
+        bytes[24] = 0x42; // op 2's opcode
+        let text = explain(&bytes);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert!(lines[0].starts_with("TXN 0.1 for npu1 (aie2)"));
+        assert!(lines[1].contains("NOOP"));
+        assert!(lines[2].contains("NOOP"));
+        assert_eq!(
+            lines[3],
+            "error: TXN op 2 at byte offset 24 has unknown opcode 0x42 (word 0x00000042)"
+        );
+        assert_eq!(
+            explain(&[1, 2]),
+            "error: insts.bin is 2 bytes; expected at least 16 (the TXN header is 4 words)\n"
+        );
+        let good = TxnBuilder::new(NpuGen::Npu1).finish();
+        assert_eq!(explain(&good), listing(&good).unwrap());
     }
 }

@@ -59,7 +59,7 @@ mod listing;
 mod walk;
 
 pub use build::TxnBuilder;
-pub use listing::listing;
+pub use listing::{explain, listing};
 
 use crate::{ArtifactError, NpuGen};
 use std::collections::HashMap;
