@@ -23,7 +23,7 @@ use crate::config::SimConfig;
 use crate::counters::{Counter, bump};
 use crate::memory::{Mapping, new_memfd};
 use crate::runtime::{guard, guard_value, runtime};
-use crate::signal::{SignalObj, register};
+use crate::signal::SignalObj;
 use crate::status::{SimError, record};
 
 /// Bytes in one packet slot.
@@ -191,7 +191,6 @@ fn create(
     }
     let ptr = q.desc_ptr();
     rt.queues().insert(ptr as usize, q);
-    let _ = register;
     Ok(ptr)
 }
 

@@ -88,11 +88,15 @@ fn hang(q: &QueueObj, mem: MutexGuard<'_, Memory>, why: String) -> SimError {
 
 /// Identifies the PDI at `addr`, whose length is the rest of its allocation.
 fn design_of(mem: &Memory, addr: u64, r: &Resolved) -> Result<EmuDesign, SimError> {
-    let mut bytes = mem.read(addr, r.remaining(addr)).unwrap_or_default();
-    // An emulated PDI is a fixed-size header; the allocation behind it is page-rounded.
-    if bytes.starts_with(MAGIC) {
-        bytes.truncate(usize::from(HEADER_LEN));
-    }
+    // The packet does not carry the PDI's length. An emulated PDI is a fixed-size header
+    // (its allocation is page-rounded, so read just that); any other image is the rest of its
+    // allocation.
+    let remaining = r.remaining(addr);
+    let emulated = mem
+        .read(addr, MAGIC.len() as u64)
+        .is_some_and(|head| head == MAGIC.as_slice());
+    let len = if emulated { remaining.min(u64::from(HEADER_LEN)) } else { remaining };
+    let bytes = mem.read(addr, len).unwrap_or_default();
     match identify(&bytes) {
         Ok(PdiKind::Emulated(d)) => Ok(d),
         Ok(PdiKind::Partial(_)) => Err(SimError::new(
