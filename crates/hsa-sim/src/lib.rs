@@ -17,13 +17,24 @@
 //! - `regions`: the core region API older clients use (`hsa_agent_iterate_regions`, ...).
 //! - `signal`: signals and waits. `queue`: creation and indexes. `dispatch`: the doorbell and
 //!   packet decoding per generation. `rules`: the checks. `kernels`: reference kernels.
-//! - [`counters`]: created/destroyed counts for leak tests. `status`: status strings and
+//! - [`mod@counters`]: created/destroyed counts for leak tests. `status`: status strings and
 //!   [`last_error`].
+//!
+//! # The doorbell
+//!
+//! A store to a queue's doorbell signal (`hsa_signal_store_screlease` or `_relaxed`; the value
+//! is ignored) runs every packet from the read index to the write index as one chain before
+//! it returns. Each packet is decoded for the configured generation, checked against the rules
+//! below, run, retired (read index past it) and its completion signal decremented by 1 (G2,
+//! G1b; handle 0 = none; G1a has none). The first failing packet stops the batch: the packets
+//! before it are retired and their signals fired, the read index stays at the failing packet,
+//! the queue is suspended (later doorbells do nothing; recreate the queue), and after the
+//! batch the queue's error callback is called with the status from the ringing thread, as the
+//! newest ROCR does. The sentence behind the status is [`last_error`] (C:
+//! `hsa_sim_last_error`) and is logged with `tracing::warn!`.
 //!
 //! # Rules and the status each failure gives
 //!
-//! A failing packet stops the batch: earlier packets retired, read index at the failing one,
-//! queue suspended, error callback called with the status (see `dispatch`).
 //!
 //! | Rule | Enforced by (real stack) | Status |
 //! |---|---|---|
@@ -58,6 +69,24 @@
 //! | vmem handle, reservation or mapping unknown | ROCR | `INVALID_ALLOCATION` |
 //! | dmabuf export of memory that is no allocation / of CPU-pool memory | ROCR | `INVALID_ALLOCATION` / `INVALID_AGENT` |
 //! | device-heap allocation > 64 MiB / heap full | ROCR | `INVALID_ALLOCATION` / `OUT_OF_RESOURCES` |
+//!
+//! # Where the emulator differs from ROCR
+//!
+//! - Failures are always reported the newest ROCR's way (suspend + callback), whatever the
+//!   packet ABI: ROCm 7.0 (G1a) only `assert`s, so its failures are silent and its read index
+//!   moves on; G1b and early G2 throw and abort the process. A queue created without a
+//!   callback logs the error instead of aborting as ROCR's default handler does.
+//! - A G1 packet whose ERT opcode is not START_CU fails instead of hanging the doorbell.
+//! - The write index running more than 64 packets ahead of the read index fails the batch
+//!   (ROCR would run overwritten slots).
+//! - `hsa_amd_portable_export_dmabuf` also exports vmem mappings, and returns a memfd (with
+//!   the offset of the pointer in that fd) rather than a dmabuf; `hsa_amd_portable_close_dmabuf`
+//!   closes only fds the emulator handed out.
+//! - vmem mappings are host-accessible at once; what `set_access` records matters only for
+//!   the AIE agent (any permission but NONE makes a mapping a valid kernel argument).
+//! - Several live queues are allowed (ROCR reports `QUEUES_MAX` 1 but does not enforce it);
+//!   the system-wide hardware-context limit is not emulated.
+//! - Timestamps and signal timeouts tick in nanoseconds (`TIMESTAMP_FREQUENCY` = 1 GHz).
 //!
 //! # Configuration
 //! See [`config`]: `HSA_SIM_AGENT_NAME` (aie2 | aie2p, default aie2p), `HSA_SIM_PACKET_ABI`

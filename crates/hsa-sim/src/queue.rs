@@ -195,7 +195,7 @@ fn create(
 }
 
 /// `hsa_queue_create`: a 64-packet SINGLE queue on the AIE agent. `callback` receives the
-/// status of a failed doorbell batch (see [`crate::dispatch`]). The segment sizes are ignored.
+/// status of a failed doorbell batch (see the crate docs). The segment sizes are ignored.
 ///
 /// # Safety
 /// `queue` is null (the call fails) or valid for one pointer write; `callback`, if given, is

@@ -95,7 +95,11 @@ fn design_of(mem: &Memory, addr: u64, r: &Resolved) -> Result<EmuDesign, SimErro
     let emulated = mem
         .read(addr, MAGIC.len() as u64)
         .is_some_and(|head| head == MAGIC.as_slice());
-    let len = if emulated { remaining.min(u64::from(HEADER_LEN)) } else { remaining };
+    let len = if emulated {
+        remaining.min(u64::from(HEADER_LEN))
+    } else {
+        remaining
+    };
     let bytes = mem.read(addr, len).unwrap_or_default();
     match identify(&bytes) {
         Ok(PdiKind::Emulated(d)) => Ok(d),
