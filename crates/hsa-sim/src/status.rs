@@ -82,7 +82,10 @@ pub unsafe extern "C" fn hsa_sim_last_error(buf: *mut c_char, len: usize) -> usi
     msg.len()
 }
 
-/// ROCR's sentence for a status code, or `None` for a code ROCR does not define.
+/// ROCR's sentence for a status code (its `hsa_status_string` text, and the finalizer and
+/// image extension codes), or `None` for a code ROCR does not define. ROCR of 2025 has no
+/// sentence for the AMD codes 46..=48 (RESOURCE_BUSY, NOT_SUPPORTED, XNACK_DISABLED); the
+/// emulator, which returns NOT_SUPPORTED itself, gives them one in the same style.
 pub fn status_text(status: Status) -> Option<&'static CStr> {
     Some(match status {
         Status::SUCCESS => c"HSA_STATUS_SUCCESS: The function has been executed successfully.",
@@ -186,13 +189,13 @@ pub fn status_text(status: Status) -> Option<&'static CStr> {
             c"HSA_STATUS_ERROR_ILLEGAL_INSTRUCTION: The agent attempted to execute an illegal shader instruction."
         }
         Status::AMD_ERROR_MEMORY_FAULT => {
-            c"HSA_STATUS_ERROR_MEMORY_FAULT: The agent attempted to access an inaccessible address."
+            c"HSA_STATUS_ERROR_MEMORY_FAULT: Agent attempted to access an inaccessible address."
         }
         Status::AMD_ERROR_CU_MASK_REDUCED => {
-            c"HSA_STATUS_CU_MASK_REDUCED: The CU mask was successfully set but the mask attempted to enable a CU which was disabled for the process."
+            c"HSA_STATUS_CU_MASK_REDUCED: The CU mask was successfully set but the mask attempted to enable a CU which was disabled for the process.  CUs disabled for the process remain disabled."
         }
         Status::AMD_ERROR_OUT_OF_REGISTERS => {
-            c"HSA_STATUS_ERROR_OUT_OF_REGISTERS: The kernel launch failed due to insufficient register resources."
+            c"HSA_STATUS_ERROR_OUT_OF_REGISTERS: Kernel has requested more VGPRs than are available on this agent"
         }
         Status::AMD_ERROR_RESOURCE_BUSY => {
             c"HSA_STATUS_ERROR_RESOURCE_BUSY: The resource is busy or temporarily unavailable."
@@ -202,6 +205,25 @@ pub fn status_text(status: Status) -> Option<&'static CStr> {
         }
         Status::AMD_ERROR_XNACK_DISABLED => {
             c"HSA_STATUS_ERROR_XNACK_DISABLED: The operation requires XNACK, which is disabled."
+        }
+        Status(0x2000) => c"HSA_EXT_STATUS_ERROR_INVALID_PROGRAM: Invalid program",
+        Status(0x2001) => c"HSA_EXT_STATUS_ERROR_INVALID_MODULE: Invalid module",
+        Status(0x2002) => c"HSA_EXT_STATUS_ERROR_INCOMPATIBLE_MODULE: Incompatible module",
+        Status(0x2003) => c"HSA_EXT_STATUS_ERROR_MODULE_ALREADY_INCLUDED: Module already included",
+        Status(0x2004) => c"HSA_EXT_STATUS_ERROR_SYMBOL_MISMATCH: Symbol mismatch",
+        Status(0x2005) => c"HSA_EXT_STATUS_ERROR_FINALIZATION_FAILED: Finalization failed",
+        Status(0x2006) => c"HSA_EXT_STATUS_ERROR_DIRECTIVE_MISMATCH: Directive mismatch",
+        Status(0x3000) => {
+            c"HSA_EXT_STATUS_ERROR_IMAGE_FORMAT_UNSUPPORTED: Image format is not supported."
+        }
+        Status(0x3001) => {
+            c"HSA_EXT_STATUS_ERROR_IMAGE_SIZE_UNSUPPORTED: Image size is not supported."
+        }
+        Status(0x3002) => {
+            c"HSA_EXT_STATUS_ERROR_IMAGE_PITCH_UNSUPPORTED: Image pitch is not supported or invalid."
+        }
+        Status(0x3003) => {
+            c"HSA_EXT_STATUS_ERROR_SAMPLER_DESCRIPTOR_UNSUPPORTED: Sampler descriptor is not supported or invalid."
         }
         _ => return None,
     })
