@@ -1,0 +1,408 @@
+//! The daemon's configuration, layered with figment: built-in defaults, then a TOML file, then
+//! `NPUD_*` environment variables, then command-line flags (each layer overrides the ones before).
+//!
+//! Environment variables name keys with `NPUD_` and `__` between nested keys:
+//! `NPUD_SOCKET=/run/npud/npud.sock`, `NPUD_LIMITS__MAX_SESSIONS=8`, `NPUD_LOG__FORMAT=json`.
+//! Every key is documented in the crate's README.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+/// The configuration file read when `--config` is not given, if it exists.
+pub const DEFAULT_CONFIG_FILE: &str = "/etc/npud/npud.toml";
+
+/// Most PDIs any NPU can hold at once (the AIE queue's PDI cache).
+pub const MAX_PDIS: u32 = 32;
+
+/// Which HSA runtime the daemon drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The built-in software AIE agent (hsa-sim), linked into the daemon.
+    Emulator,
+    /// ROCR (`libhsa-runtime64.so`), found at run time.
+    Hsa,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Emulator => "emulator",
+            Self::Hsa => "hsa",
+        }
+    }
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Plain,
+    Json,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// A tracing filter directive (`info`, `npud=debug`, ...); `RUST_LOG` wins when set.
+    pub level: String,
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+            format: LogFormat::Plain,
+        }
+    }
+}
+
+/// `[emulator]`: how the built-in software agent presents itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EmulatorConfig {
+    /// `aie2` (npu1) or `aie2p` (npu2).
+    pub agent_name: String,
+    /// How long a hanging kernel blocks before it fails as the driver's watchdog would, in ms.
+    pub timeout_ms: u64,
+}
+
+impl Default for EmulatorConfig {
+    fn default() -> Self {
+        Self {
+            agent_name: "aie2p".into(),
+            timeout_ms: 2000,
+        }
+    }
+}
+
+/// `[limits]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    pub max_sessions: u32,
+    pub max_tensors_per_session: u32,
+    pub max_tensor_bytes_per_session: u64,
+    pub max_chain_links: u32,
+    pub max_pending_per_session: u32,
+    /// Programs kept loaded in the device heap at once (at most 32, the NPU's PDI limit).
+    pub max_cached_programs: u32,
+    /// Largest gRPC request the daemon accepts, in bytes.
+    pub max_message_bytes: u64,
+    /// Largest PDI plus instruction stream a program may have, in bytes.
+    pub max_program_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_sessions: 64,
+            max_tensors_per_session: 256,
+            max_tensor_bytes_per_session: 4 << 30,
+            max_chain_links: 1024,
+            max_pending_per_session: 256,
+            max_cached_programs: 16,
+            max_message_bytes: 16 << 20,
+            max_program_bytes: 8 << 20,
+        }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The gRPC Unix socket.
+    pub socket: PathBuf,
+    /// The fd socket (SCM_RIGHTS), beside the gRPC socket.
+    pub fd_socket: PathBuf,
+    /// An optional TCP listener for remote clients, e.g. "127.0.0.1:50051".
+    pub tcp: Option<String>,
+    pub backend: Backend,
+    /// Path of libhsa-runtime64.so for the `hsa` backend (otherwise discovered).
+    pub library: Option<PathBuf>,
+    /// `g2`, `g1b` or `g1a`.
+    pub packet_abi: String,
+    /// `npu1` or `npu2`, overriding the generation read from the agent name.
+    pub generation: Option<String>,
+    pub emulator: EmulatorConfig,
+    pub limits: Limits,
+    /// How long a session outlives its last connection, in ms.
+    pub session_grace_ms: u64,
+    pub log: LogConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let dir = default_runtime_dir();
+        Self {
+            socket: dir.join("npud.sock"),
+            fd_socket: dir.join("npud.fd.sock"),
+            tcp: None,
+            backend: Backend::Emulator,
+            library: None,
+            packet_abi: "g2".into(),
+            generation: None,
+            emulator: EmulatorConfig::default(),
+            limits: Limits::default(),
+            session_grace_ms: 10_000,
+            log: LogConfig::default(),
+        }
+    }
+}
+
+/// `/run/npud` for root, `$XDG_RUNTIME_DIR/npud` otherwise, `/tmp/npud-<uid>` as a last resort.
+fn default_runtime_dir() -> PathBuf {
+    let uid = rustix::process::getuid();
+    if uid.is_root() {
+        return PathBuf::from("/run/npud");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d).join("npud"),
+        _ => PathBuf::from(format!("/tmp/npud-{}", uid.as_raw())),
+    }
+}
+
+/// A configuration that cannot be used, with the key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Figment(#[from] Box<figment::Error>),
+    #[error("configuration key {key}: {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+impl Config {
+    /// Layers defaults, the TOML file (`file`, or [`DEFAULT_CONFIG_FILE`] when it exists), the
+    /// `NPUD_*` environment and `overrides` (command-line flags), then checks the result.
+    ///
+    /// # Errors
+    /// A key with a value of the wrong type or an unknown key (naming it), or a value out of
+    /// range ([`ConfigError::Invalid`]).
+    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        match file {
+            Some(f) => fig = fig.merge(Toml::file_exact(f)),
+            None if Path::new(DEFAULT_CONFIG_FILE).exists() => {
+                fig = fig.merge(Toml::file_exact(DEFAULT_CONFIG_FILE));
+            }
+            None => {}
+        }
+        let cfg: Config = fig
+            .merge(Env::prefixed("NPUD_").split("__").ignore(&["config"]))
+            .merge(Serialized::defaults(overrides))
+            .extract()
+            .map_err(Box::new)?;
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let invalid = |key, reason: &str| ConfigError::Invalid {
+            key,
+            reason: reason.into(),
+        };
+        if self.packet_abi.parse::<hsa_core::PacketAbi>().is_err() {
+            return Err(invalid("packet_abi", "expected g2, g1b or g1a"));
+        }
+        if let Some(g) = &self.generation
+            && g.parse::<hsa_core::Generation>().is_err()
+        {
+            return Err(invalid("generation", "expected npu1 or npu2"));
+        }
+        if !matches!(self.emulator.agent_name.as_str(), "aie2" | "aie2p") {
+            return Err(invalid("emulator.agent_name", "expected aie2 or aie2p"));
+        }
+        if let Some(t) = &self.tcp
+            && t.parse::<SocketAddr>().is_err()
+        {
+            return Err(invalid(
+                "tcp",
+                "expected an address and port such as 127.0.0.1:50051",
+            ));
+        }
+        let l = &self.limits;
+        if l.max_cached_programs == 0 || l.max_cached_programs > MAX_PDIS {
+            return Err(invalid(
+                "limits.max_cached_programs",
+                "must be between 1 and 32 (the NPU holds at most 32 PDIs)",
+            ));
+        }
+        for (key, v) in [
+            ("limits.max_sessions", u64::from(l.max_sessions)),
+            (
+                "limits.max_tensors_per_session",
+                u64::from(l.max_tensors_per_session),
+            ),
+            (
+                "limits.max_tensor_bytes_per_session",
+                l.max_tensor_bytes_per_session,
+            ),
+            ("limits.max_chain_links", u64::from(l.max_chain_links)),
+            (
+                "limits.max_pending_per_session",
+                u64::from(l.max_pending_per_session),
+            ),
+            ("limits.max_program_bytes", l.max_program_bytes),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
+        }
+        if l.max_message_bytes < 64 << 10 {
+            return Err(invalid(
+                "limits.max_message_bytes",
+                "must be at least 64 KiB",
+            ));
+        }
+        if usize::try_from(l.max_message_bytes.saturating_mul(2)).is_err() {
+            return Err(invalid("limits.max_message_bytes", "too large"));
+        }
+        if self.socket == self.fd_socket {
+            return Err(invalid("fd_socket", "must differ from socket"));
+        }
+        Ok(())
+    }
+
+    /// The device options this configuration asks for.
+    pub fn device_options(&self) -> hsa_core::DeviceOptions {
+        hsa_core::DeviceOptions {
+            packet_abi: self.packet_abi.parse().unwrap_or(hsa_core::PacketAbi::G2),
+            generation: self.generation.as_deref().and_then(|g| g.parse().ok()),
+            ..hsa_core::DeviceOptions::default()
+        }
+    }
+}
+
+/// Command-line values that override every other layer; `None` leaves a key alone.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Overrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fd_socket: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<Backend>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub library: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub packet_abi: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_grace_ms: Option<u64>,
+    #[serde(skip_serializing_if = "OverrideLog::is_empty")]
+    pub log: OverrideLog,
+    #[serde(skip_serializing_if = "OverrideEmulator::is_empty")]
+    pub emulator: OverrideEmulator,
+}
+
+/// `[log]` overrides.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct OverrideLog {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub level: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub format: Option<LogFormat>,
+}
+
+impl OverrideLog {
+    fn is_empty(&self) -> bool {
+        self.level.is_none() && self.format.is_none()
+    }
+}
+
+/// `[emulator]` overrides.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct OverrideEmulator {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+impl OverrideEmulator {
+    fn is_empty(&self) -> bool {
+        self.agent_name.is_none() && self.timeout_ms.is_none()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::result_large_err)]
+mod tests {
+    use super::*;
+    use figment::Jail;
+
+    #[test]
+    fn layers_apply_in_order_defaults_file_env_flags() {
+        Jail::expect_with(|jail| {
+            jail.create_file(
+                "npud.toml",
+                r#"
+                socket = "/tmp/from-file.sock"
+                session_grace_ms = 1
+                tcp = "127.0.0.1:1"
+                [limits]
+                max_sessions = 3
+                max_chain_links = 7
+                [log]
+                level = "debug"
+                "#,
+            )?;
+            jail.set_env("NPUD_SESSION_GRACE_MS", "2");
+            jail.set_env("NPUD_LIMITS__MAX_CHAIN_LINKS", "9");
+            jail.set_env("NPUD_TCP", "127.0.0.1:2");
+            let flags = Overrides {
+                tcp: Some("127.0.0.1:3".into()),
+                ..Overrides::default()
+            };
+            let c =
+                Config::load(Some(Path::new("npud.toml")), &flags).map_err(|e| e.to_string())?;
+            // file over defaults
+            assert_eq!(c.socket, PathBuf::from("/tmp/from-file.sock"));
+            assert_eq!(c.limits.max_sessions, 3);
+            assert_eq!(c.log.level, "debug");
+            // env over file
+            assert_eq!(c.session_grace_ms, 2);
+            assert_eq!(c.limits.max_chain_links, 9);
+            // flags over env
+            assert_eq!(c.tcp.as_deref(), Some("127.0.0.1:3"));
+            // untouched defaults
+            assert_eq!(c.limits.max_pending_per_session, 256);
+            assert_eq!(c.emulator.agent_name, "aie2p");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn out_of_range_values_name_the_key() {
+        Jail::expect_with(|jail| {
+            jail.set_env("NPUD_LIMITS__MAX_CACHED_PROGRAMS", "33");
+            let e = Config::load(None, &Overrides::default()).unwrap_err();
+            assert!(e.to_string().contains("limits.max_cached_programs"), "{e}");
+            jail.set_env("NPUD_LIMITS__MAX_CACHED_PROGRAMS", "4");
+            jail.set_env("NPUD_PACKET_ABI", "g3");
+            let e = Config::load(None, &Overrides::default()).unwrap_err();
+            assert!(e.to_string().contains("packet_abi"), "{e}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        Jail::expect_with(|jail| {
+            jail.create_file("x.toml", "[limits]\nmax_sesions = 3\n")?;
+            let e = Config::load(Some(Path::new("x.toml")), &Overrides::default()).unwrap_err();
+            assert!(e.to_string().contains("max_sesions"), "{e}");
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,550 @@
+//! The executor: one named thread that owns the `hsa_core::Device`.
+//!
+//! Handlers send it [`Command`]s over a bounded channel, each with a oneshot for the reply;
+//! only opaque ids, bytes and validated program descriptions cross the channel. Work
+//! (dispatches and chains) goes into per-session queues served round-robin ([`sched`]); control
+//! commands (tensors, reads and writes, unloads, session releases) run in arrival order between
+//! work items. A work item whose deadline has passed when it reaches the front is answered
+//! DEADLINE_EXCEEDED without running.
+//!
+//! On shutdown the executor finishes the work already queued, frees every tensor and program,
+//! and drops the device (which releases the queue and the runtime).
+
+mod cache;
+mod sched;
+mod tensors;
+mod work;
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hsa_core::{Device, DeviceInfo, HsaApi};
+use npu_proto::v1 as pb;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::config::{Backend, Config};
+use crate::error::NpudError;
+use crate::programs::{Program, Programs};
+use cache::ProgramCache;
+use sched::RoundRobin;
+use tensors::Tensors;
+
+pub use work::{LinkFailure, WorkDone};
+
+/// Commands queued at once before senders wait.
+const CHANNEL_CAPACITY: usize = 1024;
+
+type Reply<T> = oneshot::Sender<Result<T, NpudError>>;
+
+/// One dispatch of a work item: a program checked out of the store for this session, and its
+/// arguments as the client sent them.
+#[derive(Debug)]
+pub struct Link {
+    pub program: Arc<Program>,
+    pub args: Vec<pb::TensorArg>,
+}
+
+/// A dispatch or a chain, admitted at `admitted`.
+#[derive(Debug)]
+pub struct WorkItem {
+    pub session: u64,
+    pub links: Vec<Link>,
+    /// Chains name links in messages (`links[3].args[0]`); a single dispatch does not.
+    pub chain: bool,
+    pub admitted: Instant,
+    pub deadline: Option<Instant>,
+    pub reply: Reply<WorkDone>,
+}
+
+/// What the device holds now.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub heap_used: u64,
+    pub programs_loaded: u32,
+    /// (tensors, bytes) per session.
+    pub usage: HashMap<u64, (u32, u64)>,
+}
+
+/// Everything the executor does.
+#[derive(Debug)]
+pub enum Command {
+    Work(WorkItem),
+    Allocate {
+        session: u64,
+        size: u64,
+        name: String,
+        reply: Reply<u64>,
+    },
+    DeclareImport {
+        session: u64,
+        size: u64,
+        name: String,
+        reply: Reply<u64>,
+    },
+    AttachImport {
+        session: u64,
+        tensor: u64,
+        fd: OwnedFd,
+        reply: Reply<()>,
+    },
+    /// Replies (fd, offset of the tensor in it, size).
+    Export {
+        session: u64,
+        tensor: u64,
+        reply: Reply<(OwnedFd, u64, u64)>,
+    },
+    Free {
+        session: u64,
+        tensor: u64,
+        reply: Reply<()>,
+    },
+    Info {
+        session: u64,
+        tensor: u64,
+        reply: Reply<pb::TensorInfo>,
+    },
+    /// The size of a tensor of `session` (to plan a read).
+    Size {
+        session: u64,
+        tensor: u64,
+        reply: Reply<u64>,
+    },
+    Write {
+        session: u64,
+        tensor: u64,
+        offset: u64,
+        data: Vec<u8>,
+        reply: Reply<()>,
+    },
+    Read {
+        session: u64,
+        tensor: u64,
+        offset: u64,
+        len: u64,
+        reply: Reply<Vec<u8>>,
+    },
+    /// The program store dropped a program: unload it and refuse it from now on.
+    Unload {
+        program: u64,
+    },
+    /// A session ended: answer its queued work UNAVAILABLE and free its tensors.
+    ReleaseSession {
+        session: u64,
+        reply: oneshot::Sender<usize>,
+    },
+    Snapshot {
+        reply: oneshot::Sender<Snapshot>,
+    },
+    /// Finish queued work, release the device, then reply.
+    Shutdown {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// What the device is, as opened.
+#[derive(Debug, Clone)]
+pub struct DeviceFacts {
+    pub info: DeviceInfo,
+    pub backend: Backend,
+}
+
+/// The handlers' side of the executor.
+#[derive(Debug, Clone)]
+pub struct ExecutorHandle {
+    tx: mpsc::Sender<Command>,
+    faults: Arc<AtomicU64>,
+}
+
+impl ExecutorHandle {
+    /// Sends a command.
+    ///
+    /// # Errors
+    /// UNAVAILABLE when the executor has stopped.
+    pub async fn send(&self, cmd: Command) -> Result<(), NpudError> {
+        self.tx
+            .send(cmd)
+            .await
+            .map_err(|_| NpudError::executor_gone())
+    }
+
+    /// Sends a command built around a fresh reply channel and waits for the reply.
+    ///
+    /// # Errors
+    /// The command's error, or UNAVAILABLE when the executor has stopped.
+    pub async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, NpudError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(make(tx)).await?;
+        rx.await.map_err(|_| NpudError::executor_gone())?
+    }
+
+    /// Sends a command that does not wait (used from synchronous contexts).
+    pub fn try_send(&self, cmd: Command) {
+        if self.tx.try_send(cmd).is_err() {
+            tracing::warn!("the executor's queue is full or closed; a release was dropped");
+        }
+    }
+
+    pub async fn snapshot(&self) -> Snapshot {
+        let (tx, rx) = oneshot::channel();
+        if self.send(Command::Snapshot { reply: tx }).await.is_err() {
+            return Snapshot::default();
+        }
+        rx.await.unwrap_or_default()
+    }
+
+    /// Device faults since start.
+    pub fn faults(&self) -> u64 {
+        self.faults.load(Ordering::Relaxed)
+    }
+}
+
+/// The running executor thread.
+#[derive(Debug)]
+pub struct Executor {
+    handle: ExecutorHandle,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// An executor whose device is open, waiting for the program store.
+#[derive(Debug)]
+pub struct Opened {
+    pub facts: DeviceFacts,
+    setup: std::sync::mpsc::Sender<Arc<Programs>>,
+    handle: ExecutorHandle,
+    thread: JoinHandle<()>,
+}
+
+/// Why the executor could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("opening the NPU through {backend}: {source}")]
+    Open {
+        backend: &'static str,
+        source: hsa_core::HsaError,
+    },
+    #[error("starting the executor thread: {0}")]
+    Thread(std::io::Error),
+}
+
+impl Executor {
+    /// Starts the executor thread and opens the device on it.
+    ///
+    /// # Errors
+    /// [`StartError`] with the runtime's own message when the device cannot be opened.
+    pub fn start(cfg: &Config, serving: watch::Sender<bool>) -> Result<Opened, StartError> {
+        let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+        let (opened_tx, opened_rx) = std::sync::mpsc::channel();
+        let (setup_tx, setup_rx) = std::sync::mpsc::channel::<Arc<Programs>>();
+        let cfg = cfg.clone();
+        let faults = Arc::new(AtomicU64::new(0));
+        let thread_faults = faults.clone();
+        let thread = std::thread::Builder::new()
+            .name("npud-executor".into())
+            .spawn(move || {
+                let backend = cfg.backend;
+                let opened = open_device(&cfg);
+                let dev = match opened {
+                    Ok(dev) => {
+                        let facts = DeviceFacts {
+                            info: dev.info().clone(),
+                            backend,
+                        };
+                        if opened_tx.send(Ok(facts)).is_err() {
+                            return;
+                        }
+                        dev
+                    }
+                    Err(e) => {
+                        let _ = opened_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let Ok(programs) = setup_rx.recv() else {
+                    return;
+                };
+                let l = &cfg.limits;
+                let worker = Worker {
+                    dev,
+                    tensors: Tensors::new(
+                        l.max_tensors_per_session,
+                        l.max_tensor_bytes_per_session,
+                    ),
+                    cache: ProgramCache::new(l.max_cached_programs as usize),
+                    retired: HashSet::new(),
+                    rr: RoundRobin::new(l.max_pending_per_session as usize),
+                    programs,
+                    serving,
+                    faults: thread_faults,
+                };
+                worker.run(rx);
+            })
+            .map_err(StartError::Thread)?;
+        let facts = match opened_rx.recv() {
+            Ok(Ok(f)) => f,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(StartError::Thread(std::io::Error::other(
+                    "the executor thread stopped while opening the device",
+                )));
+            }
+        };
+        Ok(Opened {
+            facts,
+            setup: setup_tx,
+            handle: ExecutorHandle { tx, faults },
+            thread,
+        })
+    }
+
+    pub fn handle(&self) -> ExecutorHandle {
+        self.handle.clone()
+    }
+
+    /// Finishes queued work, releases the device and joins the thread, waiting at most
+    /// `timeout` for the work.
+    pub async fn shutdown(mut self, timeout: Duration) {
+        let (tx, rx) = oneshot::channel();
+        if self
+            .handle
+            .send(Command::Shutdown { reply: tx })
+            .await
+            .is_ok()
+            && tokio::time::timeout(timeout, rx).await.is_err()
+        {
+            tracing::warn!("the executor did not finish its queued work in time");
+            return;
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+    }
+}
+
+impl Opened {
+    /// Hands the executor its program store and lets it start serving.
+    pub fn run(self, programs: Arc<Programs>) -> Executor {
+        if self.setup.send(programs).is_err() {
+            tracing::error!("the executor thread stopped before it started serving");
+        }
+        Executor {
+            handle: self.handle,
+            thread: Some(self.thread),
+        }
+    }
+}
+
+fn open_device(cfg: &Config) -> Result<Device, StartError> {
+    let api = match cfg.backend {
+        Backend::Emulator => {
+            let agent = hsa_sim::AieGeneration::from_agent_name(&cfg.emulator.agent_name)
+                .unwrap_or(hsa_sim::AieGeneration::Aie2p);
+            let packet_abi =
+                hsa_sim::PacketAbi::parse(&cfg.packet_abi).unwrap_or(hsa_sim::PacketAbi::G2);
+            hsa_sim::set_config(hsa_sim::SimConfig {
+                agent,
+                packet_abi,
+                timeout: Duration::from_millis(cfg.emulator.timeout_ms),
+            });
+            Ok(HsaApi::from_static(hsa_sim::fns(), "hsa-sim (emulator)"))
+        }
+        Backend::Hsa => HsaApi::discover(cfg.library.as_deref()),
+    };
+    let backend = cfg.backend.as_str();
+    let api = api.map_err(|source| StartError::Open { backend, source })?;
+    Device::open(api, cfg.device_options()).map_err(|source| StartError::Open { backend, source })
+}
+
+/// The executor thread's state.
+#[derive(Debug)]
+struct Worker {
+    dev: Device,
+    tensors: Tensors,
+    cache: ProgramCache,
+    /// Programs the store dropped; work still naming them is refused.
+    retired: HashSet<u64>,
+    rr: RoundRobin<WorkItem>,
+    programs: Arc<Programs>,
+    serving: watch::Sender<bool>,
+    faults: Arc<AtomicU64>,
+}
+
+impl Worker {
+    fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+        let mut shutdown: Option<oneshot::Sender<()>> = None;
+        let mut closed = false;
+        loop {
+            // Take every command that is already waiting, so control commands and newly
+            // admitted work are seen between work items.
+            while !closed {
+                match rx.try_recv() {
+                    Ok(Command::Shutdown { reply }) => shutdown = Some(reply),
+                    Ok(cmd) => self.handle(cmd, shutdown.is_some()),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => closed = true,
+                }
+            }
+            if let Some((_, item)) = self.rr.pop() {
+                self.run_item(item);
+                continue;
+            }
+            if shutdown.is_some() || closed {
+                break;
+            }
+            match rx.blocking_recv() {
+                Some(Command::Shutdown { reply }) => shutdown = Some(reply),
+                Some(cmd) => self.handle(cmd, false),
+                None => closed = true,
+            }
+        }
+        self.release_all();
+        drop(self);
+        tracing::info!("released the NPU");
+        if let Some(reply) = shutdown {
+            let _ = reply.send(());
+        }
+    }
+
+    fn handle(&mut self, cmd: Command, draining: bool) {
+        let dev = &mut self.dev;
+        let t = &mut self.tensors;
+        match cmd {
+            Command::Work(item) => {
+                if draining {
+                    let _ = item.reply.send(Err(NpudError::Unavailable(
+                        "the daemon is shutting down".into(),
+                    )));
+                    return;
+                }
+                let session = item.session;
+                if let Err(item) = self.rr.push(session, item) {
+                    let _ = item.reply.send(Err(NpudError::ResourceExhausted(
+                        "the session already has limits.max_pending_per_session dispatches \
+                         queued"
+                            .into(),
+                    )));
+                }
+            }
+            Command::Allocate {
+                session,
+                size,
+                name,
+                reply,
+            } => {
+                let _ = reply.send(t.allocate(dev, session, size, name));
+            }
+            Command::DeclareImport {
+                session,
+                size,
+                name,
+                reply,
+            } => {
+                let _ = reply.send(t.declare_import(session, size, name));
+            }
+            Command::AttachImport {
+                session,
+                tensor,
+                fd,
+                reply,
+            } => {
+                let _ = reply.send(t.attach_import(dev, session, tensor, fd));
+            }
+            Command::Export {
+                session,
+                tensor,
+                reply,
+            } => {
+                let _ = reply.send(t.export(dev, session, tensor));
+            }
+            Command::Free {
+                session,
+                tensor,
+                reply,
+            } => {
+                let _ = reply.send(t.free(dev, session, tensor));
+            }
+            Command::Info {
+                session,
+                tensor,
+                reply,
+            } => {
+                let _ = reply.send(t.info(session, tensor));
+            }
+            Command::Size {
+                session,
+                tensor,
+                reply,
+            } => {
+                let _ = reply.send(t.size(session, tensor, "tensor_id"));
+            }
+            Command::Write {
+                session,
+                tensor,
+                offset,
+                data,
+                reply,
+            } => {
+                let _ = reply.send(t.write(dev, session, tensor, offset, &data));
+            }
+            Command::Read {
+                session,
+                tensor,
+                offset,
+                len,
+                reply,
+            } => {
+                let _ = reply.send(t.read(dev, session, tensor, offset, len));
+            }
+            Command::Unload { program } => {
+                self.retired.insert(program);
+                self.unload(program);
+            }
+            Command::ReleaseSession { session, reply } => {
+                for item in self.rr.take_session(session) {
+                    let _ = item.reply.send(Err(NpudError::Unavailable(
+                        "the session ended before this work started".into(),
+                    )));
+                }
+                let freed = t.release_session(dev, session);
+                let _ = reply.send(freed);
+            }
+            Command::Snapshot { reply } => {
+                let usage = self.tensors.all_usage();
+                let _ = reply.send(Snapshot {
+                    heap_used: self.dev.heap_used() as u64,
+                    programs_loaded: u32::try_from(self.cache.len()).unwrap_or(u32::MAX),
+                    usage,
+                });
+            }
+            Command::Shutdown { reply } => {
+                // Handled by the loop; answering here keeps the match total.
+                let _ = reply.send(());
+            }
+        }
+    }
+
+    fn unload(&mut self, program: u64) {
+        if let Some(d) = self.cache.remove(program) {
+            if let Err(e) = self.dev.unload_program(d) {
+                tracing::warn!(program, error = %e, "unloading a program failed");
+            }
+            self.programs.set_loaded(program, false);
+        }
+    }
+
+    fn release_all(&mut self) {
+        self.tensors.clear(&mut self.dev);
+        for (id, d) in self.cache.drain() {
+            if let Err(e) = self.dev.unload_program(d) {
+                tracing::warn!(program = id, error = %e, "unloading a program failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Per-session work queues served round-robin, and the deadline check.
+//!
+//! Each session has a FIFO; the scheduler takes one item from the session at the front of the
+//! rotation and moves that session to the back if it has more. A session with a thousand
+//! pending items therefore delays another session's next item by at most one item.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+/// Round-robin queues of `T`, keyed by session.
+#[derive(Debug)]
+pub struct RoundRobin<T> {
+    queues: HashMap<u64, VecDeque<T>>,
+    /// Sessions with pending items, in serving order; each appears once.
+    order: VecDeque<u64>,
+    max_per_session: usize,
+}
+
+impl<T> RoundRobin<T> {
+    pub fn new(max_per_session: usize) -> Self {
+        Self {
+            queues: HashMap::new(),
+            order: VecDeque::new(),
+            max_per_session,
+        }
+    }
+
+    /// Queues `item` for `session`, or gives it back when the session's queue is full.
+    pub fn push(&mut self, session: u64, item: T) -> Result<(), T> {
+        let q = self.queues.entry(session).or_default();
+        if q.len() >= self.max_per_session {
+            return Err(item);
+        }
+        if q.is_empty() {
+            self.order.push_back(session);
+        }
+        q.push_back(item);
+        Ok(())
+    }
+
+    /// The next item in round-robin order.
+    pub fn pop(&mut self) -> Option<(u64, T)> {
+        while let Some(session) = self.order.pop_front() {
+            let Some(q) = self.queues.get_mut(&session) else {
+                continue;
+            };
+            let Some(item) = q.pop_front() else {
+                self.queues.remove(&session);
+                continue;
+            };
+            if q.is_empty() {
+                self.queues.remove(&session);
+            } else {
+                self.order.push_back(session);
+            }
+            return Some((session, item));
+        }
+        None
+    }
+
+    /// Removes and returns everything `session` has queued.
+    pub fn take_session(&mut self, session: u64) -> Vec<T> {
+        self.order.retain(|s| *s != session);
+        self.queues
+            .remove(&session)
+            .map(Vec::from)
+            .unwrap_or_default()
+    }
+
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+}
+
+/// Whether work with `deadline` may still start at `now`.
+pub fn may_start(deadline: Option<Instant>, now: Instant) -> bool {
+    deadline.is_none_or(|d| now < d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn sessions_take_turns_one_item_each() {
+        let mut rr = RoundRobin::new(100);
+        for i in 0..5 {
+            rr.push(1, ("a", i)).unwrap();
+        }
+        rr.push(2, ("b", 0)).unwrap();
+        rr.push(2, ("b", 1)).unwrap();
+        rr.push(3, ("c", 0)).unwrap();
+        let order: Vec<_> = std::iter::from_fn(|| rr.pop().map(|(_, x)| x)).collect();
+        assert_eq!(
+            order,
+            vec![
+                ("a", 0),
+                ("b", 0),
+                ("c", 0),
+                ("a", 1),
+                ("b", 1),
+                ("a", 2),
+                ("a", 3),
+                ("a", 4)
+            ]
+        );
+        assert!(rr.is_empty());
+    }
+
+    #[test]
+    fn a_session_that_drains_and_returns_goes_to_the_back() {
+        let mut rr = RoundRobin::new(100);
+        rr.push(1, 10).unwrap();
+        rr.push(2, 20).unwrap();
+        assert_eq!(rr.pop(), Some((1, 10)));
+        rr.push(1, 11).unwrap();
+        assert_eq!(rr.pop(), Some((2, 20)));
+        assert_eq!(rr.pop(), Some((1, 11)));
+        assert_eq!(rr.pop(), None);
+    }
+
+    #[test]
+    fn a_full_queue_refuses_and_others_are_unaffected() {
+        let mut rr = RoundRobin::new(2);
+        rr.push(1, 1).unwrap();
+        rr.push(1, 2).unwrap();
+        assert_eq!(rr.push(1, 3), Err(3));
+        rr.push(2, 9).unwrap();
+        assert_eq!(rr.take_session(1), vec![1, 2]);
+        assert_eq!(rr.pop(), Some((2, 9)));
+        assert_eq!(rr.pop(), None);
+    }
+
+    #[test]
+    fn deadlines_in_the_past_do_not_start() {
+        let now = Instant::now();
+        assert!(may_start(None, now));
+        assert!(may_start(Some(now + Duration::from_millis(1)), now));
+        assert!(!may_start(Some(now), now));
+        assert!(!may_start(Some(now - Duration::from_millis(1)), now));
+    }
+}

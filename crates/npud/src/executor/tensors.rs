@@ -1,0 +1,452 @@
+//! The tensor table: every tensor's owner, size and storage, the per-session quotas, and the
+//! staging copies around dispatches that use a client's memfd.
+//!
+//! Storage kinds (the API's `TensorStorage`):
+//! - device memory, reached through WriteTensor/ReadTensor, or exported to the client as a file
+//!   descriptor (then dispatches use the client's mapping in place);
+//! - a client memfd, mapped by the daemon and copied into a same-size device tensor before each
+//!   dispatch that uses it and back after (ROCR cannot take foreign memory as an argument);
+//! - an import whose memfd has not arrived yet (dispatches refuse it).
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+
+use hsa_core::{Arg, Device, TensorId};
+use npu_fd::Mapping;
+use npu_proto::v1 as pb;
+
+use crate::error::NpudError;
+use crate::sessions::MAX_NAME_BYTES;
+
+#[derive(Debug)]
+enum Storage {
+    Device { shared: bool },
+    Staged { mapping: Mapping },
+    Awaiting,
+}
+
+#[derive(Debug)]
+struct Tensor {
+    session: u64,
+    size: u64,
+    name: String,
+    /// The device memory dispatches use (the staging copy for a memfd); `None` while awaiting.
+    device: Option<TensorId>,
+    storage: Storage,
+}
+
+/// Tensors of every session.
+#[derive(Debug)]
+pub struct Tensors {
+    map: HashMap<u64, Tensor>,
+    next_id: u64,
+    /// (tensors, bytes) per session.
+    usage: HashMap<u64, (u32, u64)>,
+    max_count: u32,
+    max_bytes: u64,
+}
+
+/// A resolved dispatch argument.
+#[derive(Debug, Clone, Copy)]
+pub struct Resolved {
+    pub arg: Arg,
+    pub len: u64,
+    /// The store id, when the tensor is a staged memfd.
+    pub staged: Option<u64>,
+}
+
+impl Tensors {
+    pub fn new(max_count: u32, max_bytes: u64) -> Self {
+        Self {
+            map: HashMap::new(),
+            next_id: 1,
+            usage: HashMap::new(),
+            max_count,
+            max_bytes,
+        }
+    }
+
+    fn admit(&self, session: u64, size: u64, name: &str) -> Result<(), NpudError> {
+        if size == 0 {
+            return Err(NpudError::InvalidArgument(
+                "size_bytes: must be at least 1".into(),
+            ));
+        }
+        if name.len() > MAX_NAME_BYTES {
+            return Err(NpudError::InvalidArgument(format!(
+                "name: {} bytes; at most {MAX_NAME_BYTES}",
+                name.len()
+            )));
+        }
+        let (count, bytes) = self.usage(session);
+        if count >= self.max_count {
+            return Err(NpudError::ResourceExhausted(format!(
+                "the session already has {count} tensors (limits.max_tensors_per_session)"
+            )));
+        }
+        if bytes.saturating_add(size) > self.max_bytes {
+            return Err(NpudError::ResourceExhausted(format!(
+                "size_bytes: {size} more bytes would bring the session to {} bytes; at most {} \
+                 (limits.max_tensor_bytes_per_session)",
+                bytes.saturating_add(size),
+                self.max_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    fn insert(&mut self, t: Tensor) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let u = self.usage.entry(t.session).or_default();
+        u.0 += 1;
+        u.1 = u.1.saturating_add(t.size);
+        self.map.insert(id, t);
+        id
+    }
+
+    /// (tensors, bytes) a session holds.
+    pub fn usage(&self, session: u64) -> (u32, u64) {
+        self.usage.get(&session).copied().unwrap_or_default()
+    }
+
+    /// (tensors, bytes) of every session that holds any.
+    pub fn all_usage(&self) -> HashMap<u64, (u32, u64)> {
+        self.usage.clone()
+    }
+
+    /// Allocates device memory for a tensor.
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT for size 0 or a long name; RESOURCE_EXHAUSTED over a quota or when the
+    /// device is out of memory.
+    pub fn allocate(
+        &mut self,
+        dev: &mut Device,
+        session: u64,
+        size: u64,
+        name: String,
+    ) -> Result<u64, NpudError> {
+        self.admit(session, size, &name)?;
+        let device = dev.alloc_tensor(to_usize(size, "size_bytes")?)?;
+        Ok(self.insert(Tensor {
+            session,
+            size,
+            name,
+            device: Some(device),
+            storage: Storage::Device { shared: false },
+        }))
+    }
+
+    /// Declares a tensor whose memfd the client will send.
+    ///
+    /// # Errors
+    /// As [`Tensors::allocate`].
+    pub fn declare_import(
+        &mut self,
+        session: u64,
+        size: u64,
+        name: String,
+    ) -> Result<u64, NpudError> {
+        self.admit(session, size, &name)?;
+        to_usize(size, "size_bytes")?;
+        Ok(self.insert(Tensor {
+            session,
+            size,
+            name,
+            device: None,
+            storage: Storage::Awaiting,
+        }))
+    }
+
+    fn owned(&self, session: u64, id: u64, field: &str) -> Result<&Tensor, NpudError> {
+        self.map
+            .get(&id)
+            .filter(|t| t.session == session)
+            .ok_or_else(|| not_found(field, id))
+    }
+
+    fn owned_mut(&mut self, session: u64, id: u64, field: &str) -> Result<&mut Tensor, NpudError> {
+        self.map
+            .get_mut(&id)
+            .filter(|t| t.session == session)
+            .ok_or_else(|| not_found(field, id))
+    }
+
+    /// Maps a client's checked memfd and allocates its staging copy.
+    ///
+    /// # Errors
+    /// NOT_FOUND for an unknown tensor; FAILED_PRECONDITION when it is not awaiting an import;
+    /// the mapping's or the allocation's error.
+    pub fn attach_import(
+        &mut self,
+        dev: &mut Device,
+        session: u64,
+        id: u64,
+        fd: OwnedFd,
+    ) -> Result<(), NpudError> {
+        let t = self.owned(session, id, "tensor_id")?;
+        if !matches!(t.storage, Storage::Awaiting) {
+            return Err(NpudError::FailedPrecondition(format!(
+                "tensor {id} is not awaiting an import"
+            )));
+        }
+        let size = to_usize(t.size, "size_bytes")?;
+        let mapping = Mapping::new(fd.as_fd(), 0, size)
+            .map_err(|e| NpudError::FailedPrecondition(format!("mapping the memfd: {e}")))?;
+        let staging = dev.alloc_tensor(size)?;
+        let t = self.owned_mut(session, id, "tensor_id")?;
+        t.device = Some(staging);
+        t.storage = Storage::Staged { mapping };
+        Ok(())
+    }
+
+    /// Exports a device tensor as a file descriptor: (fd, offset of the tensor in it, size).
+    ///
+    /// # Errors
+    /// NOT_FOUND; FAILED_PRECONDITION for an imported tensor or a runtime that cannot export.
+    pub fn export(
+        &mut self,
+        dev: &mut Device,
+        session: u64,
+        id: u64,
+    ) -> Result<(OwnedFd, u64, u64), NpudError> {
+        let t = self.owned_mut(session, id, "tensor_id")?;
+        let (Storage::Device { shared }, Some(device)) = (&mut t.storage, t.device) else {
+            return Err(NpudError::FailedPrecondition(format!(
+                "tensor {id} is a client memfd; only daemon-allocated tensors are exported"
+            )));
+        };
+        let (fd, offset) = dev.export_tensor(device)?;
+        *shared = true;
+        Ok((fd, offset, t.size))
+    }
+
+    /// Frees a tensor.
+    ///
+    /// # Errors
+    /// NOT_FOUND.
+    pub fn free(&mut self, dev: &mut Device, session: u64, id: u64) -> Result<(), NpudError> {
+        self.owned(session, id, "tensor_id")?;
+        self.remove(dev, id);
+        Ok(())
+    }
+
+    fn remove(&mut self, dev: &mut Device, id: u64) {
+        let Some(t) = self.map.remove(&id) else {
+            return;
+        };
+        if let Some(u) = self.usage.get_mut(&t.session) {
+            u.0 = u.0.saturating_sub(1);
+            u.1 = u.1.saturating_sub(t.size);
+            if u.0 == 0 {
+                self.usage.remove(&t.session);
+            }
+        }
+        if let Some(d) = t.device
+            && let Err(e) = dev.free_tensor(d)
+        {
+            tracing::warn!(tensor = id, error = %e, "freeing device memory failed");
+        }
+    }
+
+    /// Frees every tensor of a session; returns how many.
+    pub fn release_session(&mut self, dev: &mut Device, session: u64) -> usize {
+        let ids: Vec<u64> = self
+            .map
+            .iter()
+            .filter(|(_, t)| t.session == session)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &ids {
+            self.remove(dev, *id);
+        }
+        ids.len()
+    }
+
+    /// Frees everything (shutdown).
+    pub fn clear(&mut self, dev: &mut Device) {
+        let ids: Vec<u64> = self.map.keys().copied().collect();
+        for id in ids {
+            self.remove(dev, id);
+        }
+    }
+
+    pub fn info(&self, session: u64, id: u64) -> Result<pb::TensorInfo, NpudError> {
+        let t = self.owned(session, id, "tensor_id")?;
+        let (storage, in_place) = match t.storage {
+            Storage::Device { shared: true } => (pb::TensorStorage::DeviceShared, true),
+            Storage::Device { shared: false } => (pb::TensorStorage::Device, false),
+            Storage::Staged { .. } => (pb::TensorStorage::ClientMemfdStaged, false),
+            Storage::Awaiting => (pb::TensorStorage::AwaitingImport, false),
+        };
+        Ok(pb::TensorInfo {
+            tensor_id: id,
+            size_bytes: t.size,
+            storage: storage.into(),
+            in_place,
+            name: t.name.clone(),
+        })
+    }
+
+    /// The size of a tensor, checking ownership.
+    pub fn size(&self, session: u64, id: u64, field: &str) -> Result<u64, NpudError> {
+        Ok(self.owned(session, id, field)?.size)
+    }
+
+    /// Copies bytes into a tensor (into the client's mapping for a memfd).
+    ///
+    /// # Errors
+    /// NOT_FOUND; FAILED_PRECONDITION while awaiting an import; OUT_OF_RANGE as INVALID_ARGUMENT.
+    pub fn write(
+        &mut self,
+        dev: &mut Device,
+        session: u64,
+        id: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), NpudError> {
+        let t = self.owned_mut(session, id, "tensor_id")?;
+        let start = check_range(t.size, offset, data.len() as u64, id)?;
+        match (&mut t.storage, t.device) {
+            (Storage::Staged { mapping }, _) => {
+                let m = mapping
+                    .as_mut_slice()
+                    .map_err(|e| NpudError::Internal(e.to_string()))?;
+                m[start..start + data.len()].copy_from_slice(data);
+                Ok(())
+            }
+            (Storage::Device { .. }, Some(d)) => Ok(dev.write_tensor(d, start, data)?),
+            _ => Err(awaiting(id)),
+        }
+    }
+
+    /// Copies `len` bytes out of a tensor.
+    ///
+    /// # Errors
+    /// As [`Tensors::write`].
+    pub fn read(
+        &self,
+        dev: &Device,
+        session: u64,
+        id: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, NpudError> {
+        let t = self.owned(session, id, "tensor_id")?;
+        let start = check_range(t.size, offset, len, id)?;
+        let len = to_usize(len, "length")?;
+        match (&t.storage, t.device) {
+            (Storage::Staged { mapping }, _) => Ok(mapping.as_slice()[start..start + len].to_vec()),
+            (Storage::Device { .. }, Some(d)) => {
+                let mut out = vec![0u8; len];
+                dev.read_tensor(d, start, &mut out)?;
+                Ok(out)
+            }
+            _ => Err(awaiting(id)),
+        }
+    }
+
+    /// Resolves a dispatch argument of `session`; `field` names it (`args[1]`).
+    ///
+    /// # Errors
+    /// NOT_FOUND for an unknown or foreign tensor; FAILED_PRECONDITION while awaiting an
+    /// import; INVALID_ARGUMENT for a range outside the tensor.
+    pub fn resolve(
+        &self,
+        session: u64,
+        a: &pb::TensorArg,
+        field: &str,
+    ) -> Result<Resolved, NpudError> {
+        let t = self.owned(session, a.tensor_id, &format!("{field}.tensor_id"))?;
+        let Some(device) = t.device else {
+            return Err(NpudError::FailedPrecondition(format!(
+                "{field}.tensor_id: tensor {} awaits its memfd: send it on the fd socket with \
+                 the ticket ImportTensor returned",
+                a.tensor_id
+            )));
+        };
+        let len = if a.length == 0 {
+            t.size.saturating_sub(a.offset)
+        } else {
+            a.length
+        };
+        if a.offset >= t.size || a.offset.checked_add(len).is_none_or(|end| end > t.size) {
+            return Err(NpudError::InvalidArgument(format!(
+                "{field}: bytes {}..{} are outside tensor {} of {} bytes",
+                a.offset,
+                a.offset.saturating_add(len),
+                a.tensor_id,
+                t.size
+            )));
+        }
+        Ok(Resolved {
+            arg: Arg {
+                tensor: device,
+                offset: a.offset,
+                len: Some(len),
+            },
+            len,
+            staged: matches!(t.storage, Storage::Staged { .. }).then_some(a.tensor_id),
+        })
+    }
+
+    /// Copies staged memfds into their device tensors before a dispatch.
+    pub fn stage_in(&self, dev: &mut Device, ids: &[u64]) -> Result<(), NpudError> {
+        for id in ids {
+            if let Some(Tensor {
+                storage: Storage::Staged { mapping },
+                device: Some(d),
+                ..
+            }) = self.map.get(id)
+            {
+                dev.write_tensor(*d, 0, mapping.as_slice())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies device tensors back into their staged memfds after a dispatch.
+    pub fn stage_out(&mut self, dev: &Device, ids: &[u64]) -> Result<(), NpudError> {
+        for id in ids {
+            if let Some(Tensor {
+                storage: Storage::Staged { mapping },
+                device: Some(d),
+                ..
+            }) = self.map.get_mut(id)
+            {
+                let m = mapping
+                    .as_mut_slice()
+                    .map_err(|e| NpudError::Internal(e.to_string()))?;
+                dev.read_tensor(*d, 0, m)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_range(size: u64, offset: u64, len: u64, id: u64) -> Result<usize, NpudError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => to_usize(offset, "offset"),
+        _ => Err(NpudError::InvalidArgument(format!(
+            "offset: bytes {offset}..{} are outside tensor {id} of {size} bytes",
+            offset.saturating_add(len)
+        ))),
+    }
+}
+
+fn to_usize(v: u64, field: &str) -> Result<usize, NpudError> {
+    usize::try_from(v)
+        .map_err(|_| NpudError::InvalidArgument(format!("{field}: {v} does not fit in memory")))
+}
+
+fn awaiting(id: u64) -> NpudError {
+    NpudError::FailedPrecondition(format!(
+        "tensor {id} awaits its memfd: send it on the fd socket with the ticket ImportTensor \
+         returned"
+    ))
+}
+
+fn not_found(field: &str, id: u64) -> NpudError {
+    NpudError::NotFound(format!("{field}: no tensor {id} in this session"))
+}

@@ -1,0 +1,204 @@
+//! Running one work item on the device: the deadline check, argument checks against the
+//! program's DDR patches, loading programs (evicting least-recently-used ones), staging client
+//! memfds, the chain itself, and what a device fault does (quarantine, queue recovery).
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use hsa_core::{ChainError, Dispatch, HsaError, ProgramId};
+
+use super::sched::may_start;
+use super::{WorkItem, Worker};
+use crate::error::NpudError;
+use crate::programs::Program;
+
+/// A link that failed on the device after earlier links completed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkFailure {
+    pub index: usize,
+    pub error: NpudError,
+}
+
+/// What a work item did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkDone {
+    /// Admission to the start of the device batch.
+    pub queue_ns: u64,
+    /// Doorbell to completion (or failure).
+    pub device_ns: u64,
+    pub doorbells: u32,
+    /// Links that completed.
+    pub completed: usize,
+    pub failure: Option<LinkFailure>,
+}
+
+impl Worker {
+    pub(super) fn run_item(&mut self, item: WorkItem) {
+        let now = Instant::now();
+        let result = if may_start(item.deadline, now) {
+            self.execute(&item)
+        } else {
+            Err(NpudError::DeadlineExceeded(format!(
+                "the deadline passed after {:?} in the queue; the work did not run",
+                now.duration_since(item.admitted)
+            )))
+        };
+        let _ = item.reply.send(result);
+    }
+
+    fn execute(&mut self, item: &WorkItem) -> Result<WorkDone, NpudError> {
+        let prefix = |k: usize| {
+            if item.chain {
+                format!("links[{k}].")
+            } else {
+                String::new()
+            }
+        };
+        // Check every link before anything runs.
+        let mut staged: Vec<u64> = Vec::new();
+        let mut resolved = Vec::with_capacity(item.links.len());
+        for (k, link) in item.links.iter().enumerate() {
+            let p = prefix(k);
+            if self.retired.contains(&link.program.id) {
+                return Err(NpudError::NotFound(format!(
+                    "{p}program_id: program {} was unregistered",
+                    link.program.id
+                )));
+            }
+            let mut args = Vec::with_capacity(link.args.len());
+            let mut sizes = Vec::with_capacity(link.args.len());
+            for (i, a) in link.args.iter().enumerate() {
+                let r = self
+                    .tensors
+                    .resolve(item.session, a, &format!("{p}args[{i}]"))?;
+                if let Some(id) = r.staged
+                    && !staged.contains(&id)
+                {
+                    staged.push(id);
+                }
+                sizes.push(r.len);
+                args.push(r.arg);
+            }
+            link.program.check_args(&sizes, &format!("{p}args"))?;
+            resolved.push(args);
+        }
+        let protect: HashSet<u64> = item.links.iter().map(|l| l.program.id).collect();
+        let mut dispatches = Vec::with_capacity(item.links.len());
+        for (link, args) in item.links.iter().zip(resolved) {
+            let program = self.ensure_loaded(&link.program, &protect)?;
+            dispatches.push(Dispatch { program, args });
+        }
+        self.tensors.stage_in(&mut self.dev, &staged)?;
+        let start = Instant::now();
+        let queue_ns = nanos(start.duration_since(item.admitted));
+        let result = self.dev.run_chain(&dispatches);
+        let device_ns = nanos(start.elapsed());
+        if let Err(e) = self.tensors.stage_out(&self.dev, &staged) {
+            tracing::error!(error = %e, "copying results back to a client memfd failed");
+        }
+        match result {
+            Ok(report) => Ok(WorkDone {
+                queue_ns,
+                device_ns: nanos(report.device_time),
+                doorbells: report.doorbells,
+                completed: dispatches.len(),
+                failure: None,
+            }),
+            Err(ChainError { index, error }) => {
+                let link = item.links.get(index).map(|l| l.program.as_ref());
+                match error {
+                    HsaError::Device { .. } | HsaError::Timeout { .. } => {
+                        let error = self.device_fault(link, &error);
+                        Ok(WorkDone {
+                            queue_ns,
+                            device_ns,
+                            doorbells: 0,
+                            completed: index,
+                            failure: Some(LinkFailure { index, error }),
+                        })
+                    }
+                    other => {
+                        let e = NpudError::from(other);
+                        Err(if item.chain {
+                            e.within(&format!("links[{index}]"))
+                        } else {
+                            e
+                        })
+                    }
+                }
+            }
+        }
+    }
+
+    /// A program faulted the device: quarantine it, count the fault, and report the service
+    /// NOT_SERVING while the queue is recovered (hsa-core has recreated it by the time the
+    /// chain returns; the health flip makes the recovery visible to watchers).
+    fn device_fault(&mut self, program: Option<&Program>, error: &HsaError) -> NpudError {
+        self.faults.fetch_add(1, Ordering::Relaxed);
+        let _ = self.serving.send(false);
+        let msg = match program {
+            Some(p) => {
+                self.programs.quarantine(p.id);
+                tracing::error!(program = p.id, error = %error, "a program faulted the device; quarantined it");
+                format!(
+                    "the device failed program {} ({}): {error}; the program is quarantined",
+                    p.id,
+                    p.display_name()
+                )
+            }
+            None => format!("the device failed: {error}"),
+        };
+        let _ = self.serving.send(true);
+        NpudError::Internal(msg)
+    }
+
+    /// The device id of a program, loading it (and evicting least-recently-used programs not
+    /// in `protect`) when needed.
+    fn ensure_loaded(
+        &mut self,
+        p: &Program,
+        protect: &HashSet<u64>,
+    ) -> Result<ProgramId, NpudError> {
+        if let Some(d) = self.cache.touch(p.id) {
+            return Ok(d);
+        }
+        while self.cache.is_full() {
+            let Some(v) = self.cache.victim(protect) else {
+                return Err(NpudError::ResourceExhausted(
+                    "this work uses more distinct programs than limits.max_cached_programs".into(),
+                ));
+            };
+            self.unload(v);
+        }
+        loop {
+            match self.dev.load_program(&p.pdi, &p.insts) {
+                Ok(d) => {
+                    self.cache.insert(p.id, d);
+                    self.programs.set_loaded(p.id, true);
+                    tracing::debug!(program = p.id, "loaded a program");
+                    return Ok(d);
+                }
+                Err(e @ HsaError::InvalidArgument(_)) => {
+                    return Err(NpudError::InvalidArgument(format!("program {}: {e}", p.id)));
+                }
+                Err(e) => match self.cache.victim(protect) {
+                    Some(v) => {
+                        tracing::debug!(program = v, error = %e, "device heap full; evicting");
+                        self.unload(v);
+                    }
+                    None => {
+                        return Err(NpudError::ResourceExhausted(format!(
+                            "the device heap cannot hold program {}: {e}",
+                            p.id
+                        )));
+                    }
+                },
+            }
+        }
+    }
+}
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,21 @@
+//! npud: a daemon that owns one AMD XDNA NPU through ROCm's HSA runtime (or the built-in
+//! emulator) and serves it to local and remote clients over gRPC.
+//!
+//! Modules, from the outside in: [`server`] (listeners, health, reflection, shutdown),
+//! [`service`] (the `npud.v1.Npud` handlers), [`fdsock`] (file descriptors over SCM_RIGHTS),
+//! [`sessions`] and [`conn`] (who is calling, and when they left), [`programs`] (the content-hash
+//! program store), [`executor`] (the one thread that owns the device), [`config`] and
+//! [`error`] (the one place errors become gRPC statuses).
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod conn;
+pub mod error;
+pub mod executor;
+pub mod fdsock;
+pub mod programs;
+pub mod server;
+pub mod service;
+pub mod sessions;
+pub mod stats;

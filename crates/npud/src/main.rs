@@ -1,0 +1,142 @@
+//! The `npud` binary: parse flags, load the configuration, start logging, open the device, serve.
+
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use npud::config::{Backend, Config, LogFormat, OverrideEmulator, OverrideLog, Overrides};
+use tracing_subscriber::EnvFilter;
+
+/// Owns one AMD XDNA NPU and serves it over gRPC.
+#[derive(Debug, Parser)]
+#[command(name = "npud", version)]
+struct Cli {
+    /// TOML configuration file (default: /etc/npud/npud.toml when present).
+    #[arg(long, env = "NPUD_CONFIG")]
+    config: Option<PathBuf>,
+    /// emulator (built-in software NPU) or hsa (ROCR on an NPU).
+    #[arg(long, value_parser = parse_backend)]
+    backend: Option<Backend>,
+    /// The gRPC Unix socket.
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// The fd socket.
+    #[arg(long)]
+    fd_socket: Option<PathBuf>,
+    /// Also listen on TCP, e.g. 127.0.0.1:50051.
+    #[arg(long)]
+    tcp: Option<String>,
+    /// Path of libhsa-runtime64.so (hsa backend).
+    #[arg(long)]
+    library: Option<PathBuf>,
+    /// AIE packet ABI: g2, g1b or g1a.
+    #[arg(long)]
+    packet_abi: Option<String>,
+    /// npu1 or npu2, overriding the agent name.
+    #[arg(long)]
+    generation: Option<String>,
+    /// The emulator's agent: aie2 (npu1) or aie2p (npu2).
+    #[arg(long)]
+    emulator_agent: Option<String>,
+    /// The emulator's hang timeout, in milliseconds.
+    #[arg(long)]
+    emulator_timeout_ms: Option<u64>,
+    /// How long a session outlives its last connection, in milliseconds.
+    #[arg(long)]
+    session_grace_ms: Option<u64>,
+    /// Log filter (info, debug, npud=trace, ...).
+    #[arg(long)]
+    log_level: Option<String>,
+    /// plain or json.
+    #[arg(long, value_parser = parse_log_format)]
+    log_format: Option<LogFormat>,
+    /// Write "ready" to this file once the daemon is serving.
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
+}
+
+fn parse_backend(s: &str) -> Result<Backend, String> {
+    match s {
+        "emulator" => Ok(Backend::Emulator),
+        "hsa" => Ok(Backend::Hsa),
+        _ => Err(format!("{s:?}: expected emulator or hsa")),
+    }
+}
+
+fn parse_log_format(s: &str) -> Result<LogFormat, String> {
+    match s {
+        "plain" => Ok(LogFormat::Plain),
+        "json" => Ok(LogFormat::Json),
+        _ => Err(format!("{s:?}: expected plain or json")),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let overrides = Overrides {
+        socket: cli.socket,
+        fd_socket: cli.fd_socket,
+        tcp: cli.tcp,
+        backend: cli.backend,
+        library: cli.library,
+        packet_abi: cli.packet_abi,
+        generation: cli.generation,
+        session_grace_ms: cli.session_grace_ms,
+        log: OverrideLog {
+            level: cli.log_level,
+            format: cli.log_format,
+        },
+        emulator: OverrideEmulator {
+            agent_name: cli.emulator_agent,
+            timeout_ms: cli.emulator_timeout_ms,
+        },
+    };
+    let cfg = match Config::load(cli.config.as_deref(), &overrides) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("npud: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(&cfg);
+    let (opened, serving) = match npud::server::open(&cfg) {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("npud-io")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(npud::server::run(cfg, opened, serving, cli.ready_file)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(cfg: &Config) {
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&cfg.log.level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cfg.log.format {
+        LogFormat::Plain => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

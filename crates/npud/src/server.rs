@@ -1,0 +1,309 @@
+//! Listeners, health, reflection, the session reaper, and shutdown.
+//!
+//! The daemon serves `npud.v1.Npud`, `grpc.health.v1.Health` and server reflection (v1 and
+//! v1alpha) on its Unix socket and, when configured, on TCP; the fd socket runs beside them.
+//! SIGTERM or SIGINT stops the listeners, lets requests in flight finish (for at most
+//! [`DRAIN_TIMEOUT`]), lets the executor finish its queued work and release the device, and
+//! removes the socket files.
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use npu_proto::v1::npud_server::NpudServer;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+use tonic::transport::server::Router;
+
+use crate::config::Config;
+use crate::conn::Conn;
+use crate::executor::{Executor, Opened};
+use crate::fdsock::{self, Tickets};
+use crate::programs::Programs;
+use crate::service::{NpudService, State};
+use crate::sessions::Sessions;
+
+/// How long shutdown waits for requests in flight.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the daemon could not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{what} {}: {source}", path.display())]
+    Socket {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("listening on tcp {addr}: {source}")]
+    Tcp {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("writing the ready file {}: {source}", path.display())]
+    ReadyFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("building server reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("installing signal handlers: {0}")]
+    Signal(std::io::Error),
+    #[error("serving gRPC: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves until SIGTERM or SIGINT, then shuts down cleanly.
+///
+/// # Errors
+/// [`ServeError`] when a socket cannot be bound or the server fails.
+pub async fn run(
+    cfg: Config,
+    opened: Opened,
+    serving_rx: watch::Receiver<bool>,
+    ready_file: Option<PathBuf>,
+) -> Result<(), ServeError> {
+    let generation = match opened.facts.info.generation {
+        hsa_core::Generation::Npu1 => npu_artifacts::NpuGen::Npu1,
+        hsa_core::Generation::Npu2 => npu_artifacts::NpuGen::Npu2,
+    };
+    let programs = Arc::new(Programs::new(
+        cfg.limits.max_program_bytes,
+        generation,
+        cfg.backend,
+    ));
+    let facts = opened.facts.clone();
+    let executor = opened.run(programs.clone());
+    let sessions = Arc::new(Sessions::new(
+        Duration::from_millis(cfg.session_grace_ms),
+        cfg.limits.max_sessions,
+    ));
+    let tickets = Arc::new(Tickets::default());
+    let state = Arc::new(State {
+        exec: executor.handle(),
+        sessions: sessions.clone(),
+        programs,
+        tickets: tickets.clone(),
+        facts,
+        limits: cfg.limits.clone(),
+        fd_socket: cfg.fd_socket.clone(),
+        serving: serving_rx.clone(),
+        started: Instant::now(),
+    });
+
+    let uds = bind_unix(&cfg.socket, "gRPC socket")?;
+    let fds = bind_unix(&cfg.fd_socket, "fd socket")?;
+    let tcp = match &cfg.tcp {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServeError::Tcp {
+                    addr: addr.clone(),
+                    source,
+                })?,
+        ),
+        None => None,
+    };
+
+    let stop = CancellationToken::new();
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(ServeError::Signal)?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(ServeError::Signal)?;
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = sigterm.recv() => tracing::info!("SIGTERM: shutting down"),
+                _ = sigint.recv() => tracing::info!("SIGINT: shutting down"),
+            }
+            stop.cancel();
+        });
+    }
+
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_serving::<NpudServer<NpudService>>().await;
+    {
+        let mut rx = serving_rx;
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    r = rx.changed() => if r.is_err() { break },
+                }
+                if *rx.borrow_and_update() {
+                    reporter.set_serving::<NpudServer<NpudService>>().await;
+                } else {
+                    reporter.set_not_serving::<NpudServer<NpudService>>().await;
+                }
+            }
+        });
+    }
+
+    tokio::spawn(reaper(state.clone(), stop.clone()));
+    let fd_task = tokio::spawn(fdsock::serve(
+        fds,
+        cfg.fd_socket.clone(),
+        tickets,
+        state.exec.clone(),
+        stop.clone(),
+    ));
+
+    let service = NpudService::new(state.clone());
+    let max = usize::try_from(cfg.limits.max_message_bytes).unwrap_or(usize::MAX);
+    let router = |svc: NpudService| -> Result<Router, ServeError> {
+        let v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(npu_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+        let v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(npu_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()?;
+        Ok(Server::builder()
+            .add_service(health.clone())
+            .add_service(v1)
+            .add_service(v1alpha)
+            .add_service(
+                NpudServer::new(svc)
+                    .max_decoding_message_size(max.saturating_mul(2))
+                    .max_encoding_message_size(max.saturating_mul(2)),
+            ))
+    };
+
+    let uds_sessions = sessions.clone();
+    let incoming =
+        UnixListenerStream::new(uds).map(move |r| r.map(|s| Conn::unix(s, uds_sessions.clone())));
+    let uds_server = router(service.clone())?
+        .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned());
+    let mut servers = vec![tokio::spawn(uds_server)];
+    if let Some(tcp) = tcp {
+        let local = tcp.local_addr().ok();
+        let tcp_sessions = sessions.clone();
+        let incoming =
+            TcpListenerStream::new(tcp).map(move |r| r.map(|s| Conn::tcp(s, tcp_sessions.clone())));
+        servers.push(tokio::spawn(
+            router(service.clone())?
+                .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned()),
+        ));
+        if let Some(a) = local {
+            tracing::info!("npud listening on tcp {a}");
+        }
+    }
+    tracing::info!(
+        "npud listening on unix:{} (fd socket {})",
+        cfg.socket.display(),
+        cfg.fd_socket.display()
+    );
+    if let Some(p) = &ready_file {
+        std::fs::write(p, "ready\n").map_err(|source| ServeError::ReadyFile {
+            path: p.clone(),
+            source,
+        })?;
+    }
+
+    stop.cancelled().await;
+    let drain = Instant::now() + DRAIN_TIMEOUT;
+    for s in servers {
+        let abort = s.abort_handle();
+        match tokio::time::timeout_at(drain.into(), s).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "a listener failed while draining"),
+            Ok(Err(_)) => {}
+            Err(_) => {
+                tracing::warn!("requests still in flight after {DRAIN_TIMEOUT:?}; closing them");
+                abort.abort();
+            }
+        }
+    }
+    let _ = fd_task.await;
+    drop(service);
+    executor.shutdown(Duration::from_secs(60)).await;
+    for p in [&cfg.socket, &cfg.fd_socket] {
+        if let Err(e) = std::fs::remove_file(p) {
+            tracing::warn!(socket = %p.display(), error = %e, "removing a socket file failed");
+        }
+    }
+    if let Some(p) = &ready_file {
+        let _ = std::fs::remove_file(p);
+    }
+    tracing::info!("npud stopped");
+    Ok(())
+}
+
+/// Ends sessions whose connections have been gone for the grace period.
+async fn reaper(state: Arc<State>, stop: CancellationToken) {
+    let every =
+        (state.sessions.grace() / 4).clamp(Duration::from_millis(20), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        for session in state.sessions.take_expired(Instant::now()) {
+            tracing::info!(
+                session,
+                "no connection for the grace period; ending the session"
+            );
+            NpudService::end_session(&state, session).await;
+        }
+    }
+}
+
+/// Binds a Unix socket at `path`: creates the parent directory (0755) if needed, removes a
+/// stale socket file, and makes the socket 0660.
+fn bind_unix(path: &Path, what: &'static str) -> Result<UnixListener, ServeError> {
+    let err = |source| ServeError::Socket {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+        && !dir.exists()
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .map_err(err)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    "another daemon is listening there",
+                )));
+            }
+            std::fs::remove_file(path).map_err(err)?;
+        }
+        Ok(_) => {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "a file that is not a socket is in the way",
+            )));
+        }
+        Err(_) => {}
+    }
+    let l = UnixListener::bind(path).map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err)?;
+    Ok(l)
+}
+
+/// The executor's serving flag, and the executor opened with it.
+///
+/// # Errors
+/// The executor's start error.
+pub fn open(cfg: &Config) -> Result<(Opened, watch::Receiver<bool>), crate::executor::StartError> {
+    let (tx, rx) = watch::channel(true);
+    let opened = Executor::start(cfg, tx)?;
+    Ok((opened, rx))
+}

@@ -1,0 +1,271 @@
+//! The `npud.v1.Npud` gRPC service. Each area lives in its own file (sessions and device info,
+//! programs, tensors, work, statistics); this file holds the shared state, the session check
+//! every call but four starts with, and the trait impl that routes to them. Handlers return
+//! [`NpudError`]; it becomes a `tonic::Status` only through its `From` impl.
+
+mod programs;
+mod sessions;
+mod stats;
+mod tensors;
+mod work;
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use npu_proto::v1 as pb;
+use npu_proto::v1::npud_server::Npud;
+use tokio::sync::watch;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::config::Limits;
+use crate::conn::ConnInfo;
+use crate::error::NpudError;
+use crate::executor::{Command, DeviceFacts, ExecutorHandle};
+use crate::fdsock::Tickets;
+use crate::programs::Programs;
+use crate::sessions::Sessions;
+
+/// What every handler shares.
+#[derive(Debug)]
+pub struct State {
+    pub exec: ExecutorHandle,
+    pub sessions: Arc<Sessions>,
+    pub programs: Arc<Programs>,
+    pub tickets: Arc<Tickets>,
+    pub facts: DeviceFacts,
+    pub limits: Limits,
+    pub fd_socket: PathBuf,
+    pub serving: watch::Receiver<bool>,
+    pub started: Instant,
+}
+
+/// The service tonic serves; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct NpudService {
+    state: Arc<State>,
+}
+
+/// The session a request runs in, and its connection.
+#[derive(Debug, Clone)]
+struct Caller {
+    session: u64,
+    conn: Option<ConnInfo>,
+}
+
+impl NpudService {
+    pub fn new(state: Arc<State>) -> Self {
+        Self { state }
+    }
+
+    fn caller<T>(&self, req: &Request<T>) -> Result<Caller, NpudError> {
+        let conn = req.extensions().get::<ConnInfo>().cloned();
+        let session = self
+            .state
+            .sessions
+            .authenticate(req.metadata(), conn.as_ref())?;
+        Ok(Caller { session, conn })
+    }
+
+    /// Like [`NpudService::caller`], but a request without session metadata is anonymous.
+    fn maybe_caller<T>(&self, req: &Request<T>) -> Result<Option<Caller>, NpudError> {
+        if req.metadata().get(npu_proto::SESSION_HEADER).is_none() {
+            return Ok(None);
+        }
+        self.caller(req).map(Some)
+    }
+
+    /// Ends a session and releases everything it holds.
+    pub async fn end_session(state: &State, session: u64) {
+        state.tickets.forget_session(session);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let freed = match state
+            .exec
+            .send(Command::ReleaseSession { session, reply: tx })
+            .await
+        {
+            Ok(()) => rx.await.unwrap_or(0),
+            Err(_) => 0,
+        };
+        let dropped = state.programs.release_session(session);
+        for program in &dropped {
+            let _ = state.exec.send(Command::Unload { program: *program }).await;
+        }
+        tracing::info!(
+            session,
+            tensors = freed,
+            programs_dropped = dropped.len(),
+            "session ended"
+        );
+    }
+
+    fn check_serving(&self) -> Result<(), NpudError> {
+        if *self.state.serving.borrow() {
+            Ok(())
+        } else {
+            Err(NpudError::Unavailable(
+                "the device is recovering from a fault; retry".into(),
+            ))
+        }
+    }
+}
+
+/// The deadline a request carries in `grpc-timeout`, from now.
+fn deadline<T>(req: &Request<T>) -> Option<Instant> {
+    let v = req.metadata().get("grpc-timeout")?.to_str().ok()?;
+    parse_grpc_timeout(v).map(|d| Instant::now() + d)
+}
+
+/// Parses a `grpc-timeout` value: up to 8 digits and a unit (H, M, S, m, u, n).
+fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+type Res<T> = Result<Response<T>, Status>;
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+fn ok<T>(r: Result<T, NpudError>) -> Res<T> {
+    r.map(Response::new).map_err(Status::from)
+}
+
+#[tonic::async_trait]
+impl Npud for NpudService {
+    async fn get_device_info(&self, _: Request<pb::GetDeviceInfoRequest>) -> Res<pb::DeviceInfo> {
+        ok(Ok(self.device_info().await))
+    }
+
+    async fn open_session(
+        &self,
+        req: Request<pb::OpenSessionRequest>,
+    ) -> Res<pb::OpenSessionResponse> {
+        ok(self.open_session(req))
+    }
+
+    async fn resume_session(
+        &self,
+        req: Request<pb::ResumeSessionRequest>,
+    ) -> Res<pb::ResumeSessionResponse> {
+        ok(self.resume_session(req).await)
+    }
+
+    async fn close_session(
+        &self,
+        req: Request<pb::CloseSessionRequest>,
+    ) -> Res<pb::CloseSessionResponse> {
+        ok(self.close_session(req).await)
+    }
+
+    async fn register_program(
+        &self,
+        req: Request<pb::RegisterProgramRequest>,
+    ) -> Res<pb::RegisterProgramResponse> {
+        ok(self.register_program(req))
+    }
+
+    async fn unregister_program(
+        &self,
+        req: Request<pb::UnregisterProgramRequest>,
+    ) -> Res<pb::UnregisterProgramResponse> {
+        ok(self.unregister_program(req).await)
+    }
+
+    async fn list_programs(
+        &self,
+        req: Request<pb::ListProgramsRequest>,
+    ) -> Res<pb::ListProgramsResponse> {
+        ok(self.list_programs(req))
+    }
+
+    async fn allocate_tensor(
+        &self,
+        req: Request<pb::AllocateTensorRequest>,
+    ) -> Res<pb::AllocateTensorResponse> {
+        ok(self.allocate_tensor(req).await)
+    }
+
+    async fn import_tensor(
+        &self,
+        req: Request<pb::ImportTensorRequest>,
+    ) -> Res<pb::ImportTensorResponse> {
+        ok(self.import_tensor(req).await)
+    }
+
+    async fn free_tensor(
+        &self,
+        req: Request<pb::FreeTensorRequest>,
+    ) -> Res<pb::FreeTensorResponse> {
+        ok(self.free_tensor(req).await)
+    }
+
+    async fn get_tensor_info(&self, req: Request<pb::GetTensorInfoRequest>) -> Res<pb::TensorInfo> {
+        ok(self.tensor_info(req).await)
+    }
+
+    async fn write_tensor(
+        &self,
+        req: Request<Streaming<pb::WriteTensorChunk>>,
+    ) -> Res<pb::WriteTensorResponse> {
+        ok(self.write_tensor(req).await)
+    }
+
+    type ReadTensorStream = BoxStream<pb::ReadTensorChunk>;
+
+    async fn read_tensor(
+        &self,
+        req: Request<pb::ReadTensorRequest>,
+    ) -> Res<Self::ReadTensorStream> {
+        ok(self.read_tensor(req).await)
+    }
+
+    async fn dispatch(&self, req: Request<pb::DispatchRequest>) -> Res<pb::DispatchResponse> {
+        ok(self.dispatch(req).await)
+    }
+
+    async fn chain(&self, req: Request<pb::ChainRequest>) -> Res<pb::ChainResponse> {
+        ok(self.chain(req).await)
+    }
+
+    type SubmitStream = BoxStream<pb::SubmitResponse>;
+
+    async fn submit(&self, req: Request<Streaming<pb::SubmitRequest>>) -> Res<Self::SubmitStream> {
+        ok(self.submit(req))
+    }
+
+    async fn get_statistics(&self, _: Request<pb::GetStatisticsRequest>) -> Res<pb::Statistics> {
+        ok(Ok(self.statistics().await))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse_every_unit() {
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_grpc_timeout("3S"), Some(Duration::from_secs(3)));
+        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_grpc_timeout("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(parse_grpc_timeout("9n"), Some(Duration::from_nanos(9)));
+        assert_eq!(parse_grpc_timeout("123456789S"), None);
+        assert_eq!(parse_grpc_timeout("S"), None);
+        assert_eq!(parse_grpc_timeout("5x"), None);
+        assert_eq!(parse_grpc_timeout(""), None);
+    }
+}

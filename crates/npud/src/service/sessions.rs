@@ -1,0 +1,95 @@
+//! GetDeviceInfo, OpenSession, ResumeSession, CloseSession.
+
+use npu_proto::v1 as pb;
+use tonic::Request;
+
+use super::NpudService;
+use crate::conn::ConnInfo;
+use crate::error::NpudError;
+
+impl NpudService {
+    pub(super) async fn device_info(&self) -> pb::DeviceInfo {
+        let s = &self.state;
+        let snap = s.exec.snapshot().await;
+        let info = &s.facts.info;
+        let l = &s.limits;
+        pb::DeviceInfo {
+            generation: info.generation.as_str().to_owned(),
+            agent_name: info.agent_name.clone(),
+            product_name: info.product_name.clone().unwrap_or_default(),
+            backend: s.facts.backend.as_str().to_owned(),
+            runtime_library: info.library.clone(),
+            runtime_version: info.runtime_version.clone().unwrap_or_default(),
+            packet_abi: info.packet_abi.as_str().to_owned(),
+            heap_size_bytes: info.heap_size as u64,
+            heap_used_bytes: snap.heap_used,
+            programs_loaded: snap.programs_loaded,
+            fd_export: info.fd_export,
+            daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
+            session_grace_ms: u64::try_from(s.sessions.grace().as_millis()).unwrap_or(u64::MAX),
+            sessions: u32::try_from(s.sessions.count()).unwrap_or(u32::MAX),
+            serving: *s.serving.borrow(),
+            limits: Some(pb::Limits {
+                max_sessions: l.max_sessions,
+                max_tensors_per_session: l.max_tensors_per_session,
+                max_tensor_bytes_per_session: l.max_tensor_bytes_per_session,
+                max_chain_links: l.max_chain_links,
+                max_pending_per_session: l.max_pending_per_session,
+                max_cached_programs: l.max_cached_programs,
+                max_message_bytes: l.max_message_bytes,
+            }),
+        }
+    }
+
+    pub(super) fn open_session(
+        &self,
+        req: Request<pb::OpenSessionRequest>,
+    ) -> Result<pb::OpenSessionResponse, NpudError> {
+        let conn = req.extensions().get::<ConnInfo>().cloned();
+        let name = &req.get_ref().client_name;
+        let (session_id, token) = self.state.sessions.open(name, conn.as_ref())?;
+        tracing::info!(
+            session = session_id,
+            client = %name,
+            uid = ?conn.as_ref().and_then(|c| c.uid),
+            pid = ?conn.as_ref().and_then(|c| c.pid),
+            peer = ?conn.as_ref().and_then(|c| c.addr),
+            "session opened"
+        );
+        Ok(pb::OpenSessionResponse {
+            session_id,
+            token,
+            grace_ms: u64::try_from(self.state.sessions.grace().as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+
+    pub(super) async fn resume_session(
+        &self,
+        req: Request<pb::ResumeSessionRequest>,
+    ) -> Result<pb::ResumeSessionResponse, NpudError> {
+        let conn = req.extensions().get::<ConnInfo>().cloned();
+        let r = req.get_ref();
+        let id = self
+            .state
+            .sessions
+            .attach(r.session_id, &r.token, conn.as_ref())?;
+        let snap = self.state.exec.snapshot().await;
+        let (tensors, _) = snap.usage.get(&id).copied().unwrap_or_default();
+        Ok(pb::ResumeSessionResponse {
+            session_id: id,
+            tensors,
+            programs: self.state.programs.count_for(id),
+        })
+    }
+
+    pub(super) async fn close_session(
+        &self,
+        req: Request<pb::CloseSessionRequest>,
+    ) -> Result<pb::CloseSessionResponse, NpudError> {
+        let caller = self.caller(&req)?;
+        if self.state.sessions.close(caller.session) {
+            Self::end_session(&self.state, caller.session).await;
+        }
+        Ok(pb::CloseSessionResponse {})
+    }
+}

@@ -1,0 +1,39 @@
+//! GetStatistics.
+
+use npu_proto::v1 as pb;
+
+use super::NpudService;
+
+impl NpudService {
+    pub(super) async fn statistics(&self) -> pb::Statistics {
+        let s = &self.state;
+        let snap = s.exec.snapshot().await;
+        let sessions = s
+            .sessions
+            .snapshot()
+            .into_iter()
+            .map(|x| {
+                let (tensors, tensor_bytes) = snap.usage.get(&x.id).copied().unwrap_or_default();
+                pb::SessionStatistics {
+                    session_id: x.id,
+                    client_name: x.client_name,
+                    uid: x.uid,
+                    connected: x.connected,
+                    tensors,
+                    tensor_bytes,
+                    programs: s.programs.count_for(x.id),
+                    dispatches: Some(x.stats.to_proto()),
+                }
+            })
+            .collect();
+        let (sessions_opened, sessions_ended) = s.sessions.totals();
+        pb::Statistics {
+            sessions,
+            programs: s.programs.statistics(),
+            sessions_opened,
+            sessions_ended,
+            device_faults: s.exec.faults(),
+            uptime_ms: u64::try_from(s.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! AllocateTensor, ImportTensor, FreeTensor, GetTensorInfo, WriteTensor, ReadTensor.
+
+use npu_proto::v1 as pb;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Status, Streaming};
+
+use super::{BoxStream, NpudService};
+use crate::error::NpudError;
+use crate::executor::Command;
+use crate::fdsock::Grant;
+
+/// ReadTensor's chunk size when the request leaves it 0.
+const DEFAULT_CHUNK: u64 = 1 << 20;
+/// Room for a chunk's framing within the message limit.
+const CHUNK_OVERHEAD: u64 = 1 << 10;
+
+impl NpudService {
+    pub(super) async fn allocate_tensor(
+        &self,
+        req: Request<pb::AllocateTensorRequest>,
+    ) -> Result<pb::AllocateTensorResponse, NpudError> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let session = caller.session;
+        let size = r.size_bytes;
+        let tensor_id = self
+            .state
+            .exec
+            .call(|reply| Command::Allocate {
+                session,
+                size,
+                name: r.name,
+                reply,
+            })
+            .await?;
+        let uid = caller.conn.as_ref().and_then(|c| c.uid);
+        let (fd_ticket, fd_socket) = match uid {
+            Some(uid) if self.state.facts.info.fd_export => {
+                let t = self
+                    .state
+                    .tickets
+                    .issue(session, uid, tensor_id, Grant::Export)?;
+                (t.as_bytes().to_vec(), self.fd_socket())
+            }
+            _ => (Vec::new(), String::new()),
+        };
+        Ok(pb::AllocateTensorResponse {
+            tensor_id,
+            fd_ticket,
+            fd_socket,
+            size_bytes: size,
+        })
+    }
+
+    pub(super) async fn import_tensor(
+        &self,
+        req: Request<pb::ImportTensorRequest>,
+    ) -> Result<pb::ImportTensorResponse, NpudError> {
+        let caller = self.caller(&req)?;
+        let Some(uid) = caller.conn.as_ref().and_then(|c| c.uid) else {
+            return Err(NpudError::FailedPrecondition(
+                "ImportTensor needs a local client on the Unix socket (file descriptors cannot \
+                 cross TCP); use AllocateTensor and WriteTensor"
+                    .into(),
+            ));
+        };
+        let r = req.into_inner();
+        let session = caller.session;
+        let size = r.size_bytes;
+        let tensor_id = self
+            .state
+            .exec
+            .call(|reply| Command::DeclareImport {
+                session,
+                size,
+                name: r.name,
+                reply,
+            })
+            .await?;
+        let t = self
+            .state
+            .tickets
+            .issue(session, uid, tensor_id, Grant::Import { size })?;
+        Ok(pb::ImportTensorResponse {
+            tensor_id,
+            fd_ticket: t.as_bytes().to_vec(),
+            fd_socket: self.fd_socket(),
+        })
+    }
+
+    fn fd_socket(&self) -> String {
+        self.state.fd_socket.display().to_string()
+    }
+
+    pub(super) async fn free_tensor(
+        &self,
+        req: Request<pb::FreeTensorRequest>,
+    ) -> Result<pb::FreeTensorResponse, NpudError> {
+        let caller = self.caller(&req)?;
+        let tensor = req.get_ref().tensor_id;
+        self.state
+            .exec
+            .call(|reply| Command::Free {
+                session: caller.session,
+                tensor,
+                reply,
+            })
+            .await?;
+        Ok(pb::FreeTensorResponse {})
+    }
+
+    pub(super) async fn tensor_info(
+        &self,
+        req: Request<pb::GetTensorInfoRequest>,
+    ) -> Result<pb::TensorInfo, NpudError> {
+        let caller = self.caller(&req)?;
+        let tensor = req.get_ref().tensor_id;
+        self.state
+            .exec
+            .call(|reply| Command::Info {
+                session: caller.session,
+                tensor,
+                reply,
+            })
+            .await
+    }
+
+    pub(super) async fn write_tensor(
+        &self,
+        req: Request<Streaming<pb::WriteTensorChunk>>,
+    ) -> Result<pb::WriteTensorResponse, NpudError> {
+        let caller = self.caller(&req)?;
+        let mut stream = req.into_inner();
+        let mut tensor = 0u64;
+        let mut written = 0u64;
+        let mut index = 0usize;
+        loop {
+            let chunk = match stream.message().await {
+                Ok(Some(c)) => c,
+                Ok(None) => break,
+                Err(status) => return Err(stream_error(&status, index)),
+            };
+            if tensor == 0 {
+                if chunk.tensor_id == 0 {
+                    return Err(NpudError::InvalidArgument(
+                        "tensor_id: the first chunk must name the tensor".into(),
+                    ));
+                }
+                tensor = chunk.tensor_id;
+            } else if chunk.tensor_id != 0 && chunk.tensor_id != tensor {
+                return Err(NpudError::InvalidArgument(format!(
+                    "chunks[{index}].tensor_id: {} differs from the first chunk's {tensor}",
+                    chunk.tensor_id
+                )));
+            }
+            let len = chunk.data.len() as u64;
+            self.state
+                .exec
+                .call(|reply| Command::Write {
+                    session: caller.session,
+                    tensor,
+                    offset: chunk.offset,
+                    data: chunk.data,
+                    reply,
+                })
+                .await
+                .map_err(|e| e.within(&format!("chunks[{index}]")))?;
+            written += len;
+            index += 1;
+        }
+        if tensor == 0 {
+            return Err(NpudError::InvalidArgument(
+                "the stream carried no chunk: the first chunk must name the tensor".into(),
+            ));
+        }
+        Ok(pb::WriteTensorResponse {
+            bytes_written: written,
+        })
+    }
+
+    pub(super) async fn read_tensor(
+        &self,
+        req: Request<pb::ReadTensorRequest>,
+    ) -> Result<BoxStream<pb::ReadTensorChunk>, NpudError> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let session = caller.session;
+        let tensor = r.tensor_id;
+        let size = self
+            .state
+            .exec
+            .call(|reply| Command::Size {
+                session,
+                tensor,
+                reply,
+            })
+            .await?;
+        if r.offset > size {
+            return Err(NpudError::InvalidArgument(format!(
+                "offset: {} is past the end of tensor {tensor} of {size} bytes",
+                r.offset
+            )));
+        }
+        let len = if r.length == 0 {
+            size - r.offset
+        } else {
+            r.length
+        };
+        if r.offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(NpudError::InvalidArgument(format!(
+                "length: bytes {}..{} are outside tensor {tensor} of {size} bytes",
+                r.offset,
+                r.offset.saturating_add(len)
+            )));
+        }
+        let cap = self
+            .state
+            .limits
+            .max_message_bytes
+            .saturating_sub(CHUNK_OVERHEAD);
+        let chunk = match u64::from(r.chunk_bytes) {
+            0 => DEFAULT_CHUNK,
+            c => c,
+        }
+        .min(cap)
+        .max(1);
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let exec = self.state.exec.clone();
+        let start = r.offset;
+        tokio::spawn(async move {
+            let mut at = start;
+            let end = start + len;
+            while at < end {
+                let n = chunk.min(end - at);
+                let res = exec
+                    .call(|reply| Command::Read {
+                        session,
+                        tensor,
+                        offset: at,
+                        len: n,
+                        reply,
+                    })
+                    .await;
+                let item = res
+                    .map(|data| pb::ReadTensorChunk { offset: at, data })
+                    .map_err(Status::from);
+                let failed = item.is_err();
+                if tx.send(item).await.is_err() || failed {
+                    return;
+                }
+                at += n;
+            }
+        });
+        Ok(Box::pin(ReceiverStream::new(rx)))
+    }
+}
+
+/// A broken request stream, naming the chunk it broke at. An oversized chunk is the transport's
+/// OUT_OF_RANGE; it is a size limit, so it is reported as RESOURCE_EXHAUSTED.
+fn stream_error(status: &Status, index: usize) -> NpudError {
+    let msg = format!("chunks[{index}]: {}", status.message());
+    match status.code() {
+        tonic::Code::OutOfRange | tonic::Code::ResourceExhausted => {
+            NpudError::ResourceExhausted(msg)
+        }
+        tonic::Code::Cancelled => NpudError::Unavailable(msg),
+        _ => NpudError::InvalidArgument(msg),
+    }
+}

@@ -1,0 +1,343 @@
+//! Dispatch, Chain and the Submit stream.
+//!
+//! A request is checked here against the session (programs it references, chain length), then
+//! admitted to the executor, which checks the arguments against the tensors and the program's
+//! DDR patches before anything reaches the device. Statistics are recorded when the reply
+//! arrives.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use npu_proto::v1 as pb;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Streaming};
+
+use super::{BoxStream, NpudService, deadline};
+use crate::error::NpudError;
+use crate::executor::{Command, Link, WorkDone, WorkItem};
+use crate::stats::Outcome;
+
+/// Most buffer arguments one dispatch may pass.
+const MAX_ARGS: usize = 64;
+
+type WorkReply = oneshot::Receiver<Result<WorkDone, NpudError>>;
+
+/// A submitted item on its way through the executor.
+#[derive(Debug)]
+struct Admitted {
+    rx: WorkReply,
+    programs: Vec<u64>,
+}
+
+impl NpudService {
+    fn links(
+        &self,
+        session: u64,
+        requests: &[pb::DispatchRequest],
+        chain: bool,
+    ) -> Result<Vec<Link>, NpudError> {
+        let max = self.state.limits.max_chain_links as usize;
+        if chain && requests.is_empty() {
+            return Err(NpudError::InvalidArgument(
+                "links: a chain needs at least one link".into(),
+            ));
+        }
+        if requests.len() > max {
+            return Err(NpudError::ResourceExhausted(format!(
+                "links: {} links; at most {max} (limits.max_chain_links)",
+                requests.len()
+            )));
+        }
+        requests
+            .iter()
+            .enumerate()
+            .map(|(k, d)| {
+                let prefix = if chain {
+                    format!("links[{k}].")
+                } else {
+                    String::new()
+                };
+                if d.args.len() > MAX_ARGS {
+                    return Err(NpudError::InvalidArgument(format!(
+                        "{prefix}args: {} arguments; at most {MAX_ARGS}",
+                        d.args.len()
+                    )));
+                }
+                let program = self.state.programs.for_dispatch(
+                    session,
+                    d.program_id,
+                    &format!("{prefix}program_id"),
+                )?;
+                Ok(Link {
+                    program,
+                    args: d.args.clone(),
+                })
+            })
+            .collect()
+    }
+
+    async fn admit(
+        &self,
+        session: u64,
+        links: Vec<Link>,
+        chain: bool,
+        deadline: Option<Instant>,
+    ) -> Result<Admitted, NpudError> {
+        self.check_serving()?;
+        let programs = links.iter().map(|l| l.program.id).collect();
+        let (tx, rx) = oneshot::channel();
+        self.state
+            .exec
+            .send(Command::Work(WorkItem {
+                session,
+                links,
+                chain,
+                admitted: Instant::now(),
+                deadline,
+                reply: tx,
+            }))
+            .await?;
+        Ok(Admitted { rx, programs })
+    }
+
+    async fn complete(&self, session: u64, a: Admitted) -> Result<WorkDone, NpudError> {
+        let r =
+            a.rx.await
+                .unwrap_or_else(|_| Err(NpudError::executor_gone()));
+        self.record(session, &a.programs, &r);
+        r
+    }
+
+    /// Counts a finished item against the session and its programs.
+    fn record(&self, session: u64, programs: &[u64], r: &Result<WorkDone, NpudError>) {
+        let st = &self.state;
+        let n = programs.len() as u64;
+        match r {
+            Ok(done) => {
+                let ok = done.completed.min(programs.len());
+                if ok > 0 {
+                    st.sessions.record(
+                        session,
+                        ok as u64,
+                        Outcome::Success,
+                        done.queue_ns,
+                        done.device_ns,
+                    );
+                    for (p, c) in group(&programs[..ok]) {
+                        st.programs
+                            .record(p, c, Outcome::Success, done.queue_ns, done.device_ns);
+                    }
+                }
+                if let Some(f) = &done.failure {
+                    let (q, d) = if ok == 0 {
+                        (done.queue_ns, done.device_ns)
+                    } else {
+                        (0, 0)
+                    };
+                    let code = Outcome::Fail(f.error.code_name());
+                    st.sessions.record(session, 1, code, q, d);
+                    if let Some(p) = programs.get(f.index) {
+                        st.programs.record(*p, 1, code, q, d);
+                    }
+                }
+            }
+            Err(e) => {
+                let code = Outcome::Fail(e.code_name());
+                st.sessions.record(session, n, code, 0, 0);
+                for (p, c) in group(programs) {
+                    st.programs.record(p, c, code, 0, 0);
+                }
+            }
+        }
+    }
+
+    pub(super) async fn dispatch(
+        &self,
+        req: Request<pb::DispatchRequest>,
+    ) -> Result<pb::DispatchResponse, NpudError> {
+        let caller = self.caller(&req)?;
+        let deadline = deadline(&req);
+        let links = self.links(caller.session, std::slice::from_ref(req.get_ref()), false)?;
+        let a = self.admit(caller.session, links, false, deadline).await?;
+        let done = self.complete(caller.session, a).await?;
+        dispatch_response(done)
+    }
+
+    pub(super) async fn chain(
+        &self,
+        req: Request<pb::ChainRequest>,
+    ) -> Result<pb::ChainResponse, NpudError> {
+        let caller = self.caller(&req)?;
+        let deadline = deadline(&req);
+        let links = self.links(caller.session, &req.get_ref().links, true)?;
+        let count = links.len();
+        let a = self.admit(caller.session, links, true, deadline).await?;
+        let done = self.complete(caller.session, a).await?;
+        Ok(chain_response(done, count))
+    }
+
+    pub(super) fn submit(
+        &self,
+        req: Request<Streaming<pb::SubmitRequest>>,
+    ) -> Result<BoxStream<pb::SubmitResponse>, NpudError> {
+        let caller = self.caller(&req)?;
+        let session = caller.session;
+        let mut inbound = req.into_inner();
+        let depth = (self.state.limits.max_pending_per_session as usize).max(1);
+        let (order_tx, mut order_rx) =
+            mpsc::channel::<(u64, Result<(Admitted, usize, bool), NpudError>)>(depth);
+        let (out_tx, out_rx) = mpsc::channel(depth);
+        let reader = self.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(r)) = inbound.message().await {
+                let admitted = reader.admit_submitted(session, r.work, r.timeout_ms).await;
+                if order_tx.send((r.request_id, admitted)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let writer = self.clone();
+        tokio::spawn(async move {
+            // Completions go out in submission order: each is awaited in turn.
+            while let Some((request_id, admitted)) = order_rx.recv().await {
+                let resp = match admitted {
+                    Ok((a, count, chain)) => {
+                        let r = writer.complete(session, a).await;
+                        submit_response(request_id, r, count, chain)
+                    }
+                    Err(e) => submit_error(request_id, &e),
+                };
+                if out_tx.send(Ok(resp)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Box::pin(ReceiverStream::new(out_rx)))
+    }
+
+    async fn admit_submitted(
+        &self,
+        session: u64,
+        work: Option<pb::submit_request::Work>,
+        timeout_ms: u64,
+    ) -> Result<(Admitted, usize, bool), NpudError> {
+        let deadline = (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms));
+        let (links, chain) = match work {
+            Some(pb::submit_request::Work::Dispatch(d)) => {
+                (self.links(session, std::slice::from_ref(&d), false)?, false)
+            }
+            Some(pb::submit_request::Work::Chain(c)) => {
+                (self.links(session, &c.links, true)?, true)
+            }
+            None => {
+                return Err(NpudError::InvalidArgument(
+                    "work: set dispatch or chain".into(),
+                ));
+            }
+        };
+        let count = links.len();
+        let a = self.admit(session, links, chain, deadline).await?;
+        Ok((a, count, chain))
+    }
+}
+
+fn group(programs: &[u64]) -> BTreeMap<u64, u64> {
+    let mut m = BTreeMap::new();
+    for p in programs {
+        *m.entry(*p).or_default() += 1;
+    }
+    m
+}
+
+fn dispatch_response(done: WorkDone) -> Result<pb::DispatchResponse, NpudError> {
+    match done.failure {
+        Some(f) => Err(f.error),
+        None => Ok(pb::DispatchResponse {
+            queue_ns: done.queue_ns,
+            device_ns: done.device_ns,
+        }),
+    }
+}
+
+fn chain_response(done: WorkDone, count: usize) -> pb::ChainResponse {
+    let u32_of = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+    pb::ChainResponse {
+        completed: u32_of(done.completed),
+        queue_ns: done.queue_ns,
+        device_ns: done.device_ns,
+        failure: done.failure.map(|f| pb::LinkFailure {
+            index: u32_of(f.index),
+            code: f.error.code() as i32,
+            message: f.error.message().to_owned(),
+            not_run: (f.index + 1..count).map(u32_of).collect(),
+        }),
+        doorbells: done.doorbells,
+    }
+}
+
+fn submit_response(
+    request_id: u64,
+    r: Result<WorkDone, NpudError>,
+    count: usize,
+    chain: bool,
+) -> pb::SubmitResponse {
+    let done = match r {
+        Ok(d) => d,
+        Err(e) => return submit_error(request_id, &e),
+    };
+    if chain {
+        return pb::SubmitResponse {
+            request_id,
+            code: 0,
+            message: String::new(),
+            result: Some(pb::submit_response::Result::Chain(chain_response(
+                done, count,
+            ))),
+        };
+    }
+    match dispatch_response(done) {
+        Ok(d) => pb::SubmitResponse {
+            request_id,
+            code: 0,
+            message: String::new(),
+            result: Some(pb::submit_response::Result::Dispatch(d)),
+        },
+        Err(e) => submit_error(request_id, &e),
+    }
+}
+
+fn submit_error(request_id: u64, e: &NpudError) -> pb::SubmitResponse {
+    pb::SubmitResponse {
+        request_id,
+        code: e.code() as i32,
+        message: e.message().to_owned(),
+        result: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::LinkFailure;
+
+    #[test]
+    fn a_failed_link_reports_the_links_that_did_not_run() {
+        let done = WorkDone {
+            queue_ns: 1,
+            device_ns: 2,
+            doorbells: 0,
+            completed: 10,
+            failure: Some(LinkFailure {
+                index: 10,
+                error: NpudError::Internal("fault".into()),
+            }),
+        };
+        let r = chain_response(done, 13);
+        assert_eq!(r.completed, 10);
+        let f = r.failure.unwrap();
+        assert_eq!(f.index, 10);
+        assert_eq!(f.code, tonic::Code::Internal as i32);
+        assert_eq!(f.not_run, vec![11, 12]);
+    }
+}

@@ -1,0 +1,369 @@
+//! The session registry: ids, secret tokens, uid binding, the connections that used each
+//! session, and when the last of them closed.
+//!
+//! A session ends when it is closed, or when it has had no open connection for the grace
+//! period ([`Sessions::take_expired`], polled by the reaper in `server`). The registry holds
+//! plain data behind a `std::sync::Mutex` (never held across an await); what a session owns on
+//! the device is released by the caller of [`Sessions::close`] / [`Sessions::take_expired`].
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use tonic::metadata::MetadataMap;
+
+use crate::conn::ConnInfo;
+use crate::error::NpudError;
+use crate::stats::{DispatchStats, Outcome};
+
+/// Longest client name accepted, in bytes.
+pub const MAX_NAME_BYTES: usize = 128;
+
+#[derive(Debug)]
+struct Session {
+    token: String,
+    client_name: String,
+    uid: Option<u32>,
+    conns: HashSet<u64>,
+    disconnected_at: Option<Instant>,
+    stats: DispatchStats,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    sessions: HashMap<u64, Session>,
+    next_id: u64,
+    opened: u64,
+    ended: u64,
+}
+
+/// What statistics report of one session.
+#[derive(Debug, Clone)]
+pub struct SessionSnapshot {
+    pub id: u64,
+    pub client_name: String,
+    pub uid: Option<u32>,
+    pub connected: bool,
+    pub stats: DispatchStats,
+}
+
+/// Every open session.
+#[derive(Debug)]
+pub struct Sessions {
+    inner: Mutex<Inner>,
+    grace: Duration,
+    max: u32,
+}
+
+impl Sessions {
+    pub fn new(grace: Duration, max: u32) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                next_id: 1,
+                ..Inner::default()
+            }),
+            grace,
+            max,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // The data stays consistent across a panic in another thread: every update is a
+        // single map operation.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn grace(&self) -> Duration {
+        self.grace
+    }
+
+    /// Opens a session bound to the connection's uid (on a Unix socket).
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT for a name over 128 bytes; RESOURCE_EXHAUSTED at `max_sessions`.
+    pub fn open(
+        &self,
+        client_name: &str,
+        conn: Option<&ConnInfo>,
+    ) -> Result<(u64, String), NpudError> {
+        if client_name.len() > MAX_NAME_BYTES {
+            return Err(NpudError::InvalidArgument(format!(
+                "client_name: {} bytes; at most {MAX_NAME_BYTES}",
+                client_name.len()
+            )));
+        }
+        let token = new_token()?;
+        let mut g = self.lock();
+        if g.sessions.len() >= self.max as usize {
+            return Err(NpudError::ResourceExhausted(format!(
+                "the daemon already has {} sessions (limits.max_sessions)",
+                g.sessions.len()
+            )));
+        }
+        let id = g.next_id;
+        g.next_id += 1;
+        g.opened += 1;
+        let (conns, disconnected_at) = match conn {
+            Some(c) => (HashSet::from([c.id]), None),
+            None => (HashSet::new(), Some(Instant::now())),
+        };
+        g.sessions.insert(
+            id,
+            Session {
+                token: token.clone(),
+                client_name: client_name.to_owned(),
+                uid: conn.and_then(|c| c.uid),
+                conns,
+                disconnected_at,
+                stats: DispatchStats::default(),
+            },
+        );
+        Ok((id, token))
+    }
+
+    /// The session a request's metadata names, after checking its token and the peer's uid;
+    /// the request's connection is attached to it.
+    ///
+    /// # Errors
+    /// UNAUTHENTICATED for missing or wrong metadata; PERMISSION_DENIED for another uid.
+    pub fn authenticate(
+        &self,
+        md: &MetadataMap,
+        conn: Option<&ConnInfo>,
+    ) -> Result<u64, NpudError> {
+        let text = |key: &str| md.get(key).and_then(|v| v.to_str().ok());
+        let id = text(npu_proto::SESSION_HEADER).ok_or_else(|| {
+            NpudError::Unauthenticated(format!(
+                "missing {} metadata: call OpenSession first",
+                npu_proto::SESSION_HEADER
+            ))
+        })?;
+        let id: u64 = id.trim().parse().map_err(|_| {
+            NpudError::Unauthenticated(format!(
+                "{}: {id:?} is not a session id",
+                npu_proto::SESSION_HEADER
+            ))
+        })?;
+        let token = text(npu_proto::TOKEN_HEADER).ok_or_else(|| {
+            NpudError::Unauthenticated(format!(
+                "missing {} metadata: send the token OpenSession returned",
+                npu_proto::TOKEN_HEADER
+            ))
+        })?;
+        self.attach(id, token, conn)
+    }
+
+    /// Checks a session's token and the peer's uid, and attaches the connection.
+    ///
+    /// # Errors
+    /// As [`Sessions::authenticate`].
+    pub fn attach(&self, id: u64, token: &str, conn: Option<&ConnInfo>) -> Result<u64, NpudError> {
+        let mut g = self.lock();
+        let bad = || {
+            NpudError::Unauthenticated(format!(
+                "session {id}: unknown session or wrong token (sessions end after their grace \
+                 period without a connection)"
+            ))
+        };
+        let s = g.sessions.get_mut(&id).ok_or_else(bad)?;
+        if !same_token(&s.token, token) {
+            return Err(bad());
+        }
+        if let (Some(bound), Some(peer)) = (s.uid, conn.and_then(|c| c.uid))
+            && bound != peer
+        {
+            return Err(NpudError::PermissionDenied(format!(
+                "session {id} belongs to uid {bound}; this peer is uid {peer}"
+            )));
+        }
+        if let Some(c) = conn
+            && s.conns.insert(c.id)
+        {
+            s.disconnected_at = None;
+        }
+        Ok(id)
+    }
+
+    /// Removes a session; returns whether it existed.
+    pub fn close(&self, id: u64) -> bool {
+        let mut g = self.lock();
+        let existed = g.sessions.remove(&id).is_some();
+        if existed {
+            g.ended += 1;
+        }
+        existed
+    }
+
+    /// A connection closed: sessions it was the last connection of start their grace period.
+    pub fn connection_closed(&self, conn: u64) {
+        let mut g = self.lock();
+        let now = Instant::now();
+        for s in g.sessions.values_mut() {
+            if s.conns.remove(&conn) && s.conns.is_empty() {
+                s.disconnected_at = Some(now);
+            }
+        }
+    }
+
+    /// Removes and returns the sessions that have been without a connection for the grace
+    /// period at `now`.
+    pub fn take_expired(&self, now: Instant) -> Vec<u64> {
+        let mut g = self.lock();
+        let expired: Vec<u64> = g
+            .sessions
+            .iter()
+            .filter(|(_, s)| {
+                s.disconnected_at
+                    .is_some_and(|t| now.saturating_duration_since(t) >= self.grace)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &expired {
+            g.sessions.remove(id);
+            g.ended += 1;
+        }
+        expired
+    }
+
+    /// Counts a finished work item against its session.
+    pub fn record(&self, id: u64, links: u64, outcome: Outcome, queue_ns: u64, device_ns: u64) {
+        if let Some(s) = self.lock().sessions.get_mut(&id) {
+            s.stats.record(links, outcome, queue_ns, device_ns);
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.lock().sessions.len()
+    }
+
+    /// (opened, ended) since start.
+    pub fn totals(&self) -> (u64, u64) {
+        let g = self.lock();
+        (g.opened, g.ended)
+    }
+
+    pub fn snapshot(&self) -> Vec<SessionSnapshot> {
+        let g = self.lock();
+        let mut v: Vec<SessionSnapshot> = g
+            .sessions
+            .iter()
+            .map(|(id, s)| SessionSnapshot {
+                id: *id,
+                client_name: s.client_name.clone(),
+                uid: s.uid,
+                connected: !s.conns.is_empty(),
+                stats: s.stats.clone(),
+            })
+            .collect();
+        v.sort_by_key(|s| s.id);
+        v
+    }
+
+    /// Every session id (for shutdown).
+    pub fn ids(&self) -> Vec<u64> {
+        self.lock().sessions.keys().copied().collect()
+    }
+}
+
+/// 16 random bytes as 32 lowercase hex characters.
+fn new_token() -> Result<String, NpudError> {
+    let mut b = [0u8; 16];
+    let mut filled = 0;
+    while filled < b.len() {
+        match rustix::rand::getrandom(&mut b[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                return Err(NpudError::Internal(format!(
+                    "getrandom failed making a session token: {e}"
+                )));
+            }
+        }
+    }
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// Compares tokens in time independent of where they differ.
+fn same_token(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::metadata::MetadataValue;
+
+    fn conn(id: u64, uid: u32) -> ConnInfo {
+        ConnInfo {
+            id,
+            uid: Some(uid),
+            pid: None,
+            addr: None,
+        }
+    }
+
+    fn md(id: u64, token: &str) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        m.insert(
+            npu_proto::SESSION_HEADER,
+            MetadataValue::try_from(id.to_string()).unwrap(),
+        );
+        m.insert(
+            npu_proto::TOKEN_HEADER,
+            MetadataValue::try_from(token).unwrap(),
+        );
+        m
+    }
+
+    #[test]
+    fn tokens_are_32_hex_and_checked() {
+        let s = Sessions::new(Duration::from_secs(1), 4);
+        let (id, token) = s.open("t", Some(&conn(1, 1000))).unwrap();
+        assert_eq!(token.len(), 32);
+        assert!(token.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(
+            s.authenticate(&md(id, &token), Some(&conn(1, 1000))),
+            Ok(id)
+        );
+        let e = s
+            .authenticate(&md(id, "00000000000000000000000000000000"), None)
+            .unwrap_err();
+        assert!(matches!(e, NpudError::Unauthenticated(_)));
+        let e = s.authenticate(&MetadataMap::new(), None).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "missing npud-session metadata: call OpenSession first"
+        );
+        let e = s
+            .authenticate(&md(id, &token), Some(&conn(2, 1001)))
+            .unwrap_err();
+        assert!(matches!(e, NpudError::PermissionDenied(_)), "{e}");
+    }
+
+    #[test]
+    fn grace_starts_when_the_last_connection_closes() {
+        let s = Sessions::new(Duration::from_millis(100), 4);
+        let (id, token) = s.open("t", Some(&conn(1, 5))).unwrap();
+        s.attach(id, &token, Some(&conn(2, 5))).unwrap();
+        s.connection_closed(1);
+        let later = Instant::now() + Duration::from_secs(10);
+        assert!(s.take_expired(later).is_empty(), "conn 2 is still open");
+        s.connection_closed(2);
+        assert!(s.take_expired(Instant::now()).is_empty(), "within grace");
+        assert_eq!(s.take_expired(later), vec![id]);
+        assert_eq!(s.totals(), (1, 1));
+    }
+
+    #[test]
+    fn max_sessions_is_resource_exhausted() {
+        let s = Sessions::new(Duration::from_secs(1), 1);
+        s.open("a", None).unwrap();
+        let e = s.open("b", None).unwrap_err();
+        assert!(matches!(e, NpudError::ResourceExhausted(_)));
+        assert!(e.message().contains("limits.max_sessions"));
+    }
+}

@@ -1,0 +1,99 @@
+//! Dispatch counters, kept per session and per program in the shape of Triton's statistics
+//! extension: cumulative (count, nanoseconds) pairs, so a client computes interval averages by
+//! subtracting two snapshots.
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use npu_proto::v1 as pb;
+
+/// What one dispatch (or one chain link) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Completed.
+    Success,
+    /// Refused or failed, with the gRPC code name.
+    Fail(&'static str),
+}
+
+/// Counters for one session or one program.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DispatchStats {
+    success: (u64, u64),
+    fail: (u64, u64),
+    queue: (u64, u64),
+    execute: (u64, u64),
+    errors: BTreeMap<&'static str, u64>,
+    last_unix_ms: u64,
+}
+
+impl DispatchStats {
+    /// Records `links` dispatches that shared one queue wait and one device run.
+    ///
+    /// `queue_ns` and `device_ns` are the whole item's; they are counted once per item so the
+    /// totals stay wall-clock time, while the counts are per link.
+    pub fn record(&mut self, links: u64, outcome: Outcome, queue_ns: u64, device_ns: u64) {
+        let total = queue_ns.saturating_add(device_ns);
+        match outcome {
+            Outcome::Success => add(&mut self.success, links, total),
+            Outcome::Fail(code) => {
+                add(&mut self.fail, links, total);
+                *self.errors.entry(code).or_default() += links;
+            }
+        }
+        if device_ns > 0 || outcome == Outcome::Success {
+            add(&mut self.queue, links, queue_ns);
+            add(&mut self.execute, links, device_ns);
+        }
+        self.last_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+    }
+
+    /// The counters as the API reports them.
+    pub fn to_proto(&self) -> pb::DispatchStatistics {
+        let d = |(count, ns): (u64, u64)| Some(pb::Duration { count, ns });
+        pb::DispatchStatistics {
+            success: d(self.success),
+            fail: d(self.fail),
+            queue: d(self.queue),
+            execute: d(self.execute),
+            errors: self
+                .errors
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect(),
+            last_dispatch_unix_ms: self.last_unix_ms,
+        }
+    }
+}
+
+fn add(slot: &mut (u64, u64), count: u64, ns: u64) {
+    slot.0 = slot.0.saturating_add(count);
+    slot.1 = slot.1.saturating_add(ns);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_links_and_errors_by_code() {
+        let mut s = DispatchStats::default();
+        s.record(1, Outcome::Success, 10, 100);
+        s.record(64, Outcome::Success, 5, 50);
+        s.record(1, Outcome::Fail("DEADLINE_EXCEEDED"), 7, 0);
+        s.record(3, Outcome::Fail("INTERNAL"), 1, 2);
+        let p = s.to_proto();
+        assert_eq!(p.success.unwrap().count, 65);
+        assert_eq!(p.success.unwrap().ns, 165);
+        assert_eq!(p.fail.unwrap().count, 4);
+        assert_eq!(p.errors["DEADLINE_EXCEEDED"], 1);
+        assert_eq!(p.errors["INTERNAL"], 3);
+        // A refused item never reached the device: no queue or execute time.
+        assert_eq!(p.queue.unwrap().count, 68);
+        assert_eq!(p.execute.unwrap().ns, 152);
+        assert!(p.last_dispatch_unix_ms > 0);
+    }
+}

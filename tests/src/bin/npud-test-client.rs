@@ -1,0 +1,111 @@
+//! A separate client process for npud's end-to-end tests.
+//!
+//! `npud-test-client share SOCKET SEED`: opens a session, registers vector_scalar_add (+1 on
+//! 1024 i32), allocates its two tensors through the fd socket, writes the input through its own
+//! mapping, dispatches, checks the output in place in its mapping, and prints one JSON line
+//! `{"pass":true,...}`. Exits 1 with `{"pass":false,"error":...}` otherwise.
+//!
+//! `npud-test-client hold SOCKET`: opens a session, registers the same program, allocates two
+//! tensors, prints `{"held":true,"session":N,"program":P}` and sleeps until killed.
+
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use npu_artifacts::emu::{DType, EmuDesign};
+use npu_proto::v1 as pb;
+use npud_e2e::{Session, connect_unix};
+
+const N: u32 = 1024;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let r = match (args.get(1).map(String::as_str), args.get(2)) {
+        (Some("share"), Some(sock)) => {
+            let seed = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0);
+            share(PathBuf::from(sock), seed).await
+        }
+        (Some("hold"), Some(sock)) => hold(PathBuf::from(sock)).await,
+        _ => Err("usage: npud-test-client share SOCKET SEED | hold SOCKET".into()),
+    };
+    match r {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("{}", serde_json::json!({ "pass": false, "error": e }));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn share(sock: PathBuf, seed: i32) -> Result<serde_json::Value, String> {
+    let client = npu_proto::v1::npud_client::NpudClient::new(connect_unix(&sock).await);
+    let mut s = Session::open(client, &format!("share-{seed}"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let design = EmuDesign::vector_scalar_add(N, DType::I32, 1);
+    let reg = s.register(&design).await.map_err(|e| e.to_string())?;
+    let bytes = u64::from(N) * 4;
+    let mut input = s.alloc_mapped(bytes).await?;
+    let output = s.alloc_mapped(bytes).await?;
+    let values: Vec<i32> = (0..N as i32)
+        .map(|i| i.wrapping_mul(7).wrapping_add(seed))
+        .collect();
+    input
+        .map
+        .as_mut_slice_of::<i32>()
+        .map_err(|e| e.to_string())?
+        .copy_from_slice(&values);
+    let d = s
+        .dispatch(reg.program_id, &[input.id, output.id])
+        .await
+        .map_err(|e| e.to_string())?;
+    let out = output.map.as_slice_of::<i32>().map_err(|e| e.to_string())?;
+    for (i, (o, v)) in out.iter().zip(&values).enumerate() {
+        if *o != v.wrapping_add(1) {
+            return Err(format!("out[{i}] = {o}, expected {}", v.wrapping_add(1)));
+        }
+    }
+    let info = s
+        .client
+        .get_tensor_info(s.req(pb::GetTensorInfoRequest {
+            tensor_id: output.id,
+        }))
+        .await
+        .map_err(|e| e.to_string())?
+        .into_inner();
+    if !info.in_place || info.storage() != pb::TensorStorage::DeviceShared {
+        return Err(format!("output tensor is not shared in place: {info:?}"));
+    }
+    Ok(serde_json::json!({
+        "pass": true,
+        "session": s.id,
+        "program": reg.program_id,
+        "content_hash": reg.content_hash,
+        "newly_stored": reg.newly_stored,
+        "device_ns": d.device_ns,
+    }))
+}
+
+async fn hold(sock: PathBuf) -> Result<serde_json::Value, String> {
+    let client = npu_proto::v1::npud_client::NpudClient::new(connect_unix(&sock).await);
+    let mut s = Session::open(client, "hold")
+        .await
+        .map_err(|e| e.to_string())?;
+    let design = EmuDesign::vector_scalar_add(N, DType::I32, 1);
+    let reg = s.register(&design).await.map_err(|e| e.to_string())?;
+    let a = s.alloc_mapped(u64::from(N) * 4).await?;
+    let b = s.alloc_mapped(u64::from(N) * 4).await?;
+    println!(
+        "{}",
+        serde_json::json!({ "held": true, "session": s.id, "program": reg.program_id, "tensors": [a.id, b.id] })
+    );
+    loop {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+}

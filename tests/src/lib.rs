@@ -1,0 +1,448 @@
+//! Harness for npud's end-to-end tests: start the real `npud` binary on the emulator in a
+//! temporary directory, connect to it, and drive it through a small session client.
+//!
+//! The `npud` binary is looked up beside the test executable (`target/<profile>/npud`);
+//! `cargo test --workspace` and `cargo nextest run -p npud -p npud-e2e` build it.
+
+#![forbid(unsafe_code)]
+
+use std::fs::File;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use npu_artifacts::NpuGen;
+use npu_artifacts::emu::EmuDesign;
+use npu_fd::Mapping;
+use npu_fd::wire::{Ticket, client};
+use npu_proto::v1 as pb;
+use npu_proto::v1::npud_client::NpudClient;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Status};
+
+/// The path of a binary built beside the test executable.
+///
+/// # Panics
+/// When it is not there (build it with `cargo build -p npud`).
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable has a path");
+    for dir in exe.ancestors().skip(1) {
+        let candidate = dir.join(name);
+        if candidate.is_file() {
+            return candidate;
+        }
+        if dir.file_name().is_some_and(|n| n == "target") {
+            break;
+        }
+    }
+    panic!(
+        "no {name} binary near {}: run `cargo build -p npud` (or `cargo nextest run -p npud -p npud-e2e`)",
+        exe.display()
+    );
+}
+
+/// How to start a daemon.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub grace_ms: u64,
+    pub tcp: bool,
+    /// `NPUD_*` variables, e.g. `("NPUD_LIMITS__MAX_CHAIN_LINKS", "8")`.
+    pub env: Vec<(String, String)>,
+    pub args: Vec<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            grace_ms: 10_000,
+            tcp: false,
+            env: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+}
+
+impl Options {
+    #[must_use]
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.push((k.to_owned(), v.to_owned()));
+        self
+    }
+}
+
+/// A running `npud`, stopped (SIGTERM, then SIGKILL) on drop.
+#[derive(Debug)]
+pub struct Daemon {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub fd_socket: PathBuf,
+    pub tcp: Option<SocketAddr>,
+    stderr: PathBuf,
+}
+
+impl Daemon {
+    /// Starts a daemon and waits until it writes its ready file.
+    ///
+    /// # Panics
+    /// When it does not become ready within 30 s (with its stderr in the message).
+    pub fn start(opts: Options) -> Daemon {
+        let dir = tempfile::Builder::new()
+            .prefix("npud")
+            .tempdir_in("/tmp")
+            .expect("a temporary directory in /tmp");
+        let socket = dir.path().join("s");
+        let fd_socket = dir.path().join("f");
+        let ready = dir.path().join("ready");
+        let stderr = dir.path().join("stderr");
+        let tcp = opts.tcp.then(free_port);
+        let mut cmd = Command::new(binary("npud"));
+        cmd.arg("--backend")
+            .arg("emulator")
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--fd-socket")
+            .arg(&fd_socket)
+            .arg("--ready-file")
+            .arg(&ready)
+            .arg("--session-grace-ms")
+            .arg(opts.grace_ms.to_string())
+            .arg("--log-level")
+            .arg("npud=debug,info")
+            .args(&opts.args)
+            .env_remove("RUST_LOG")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&stderr).expect("a stderr file"));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("NPUD_") || k.starts_with("HSA_SIM_") {
+                cmd.env_remove(k);
+            }
+        }
+        if let Some(a) = tcp {
+            cmd.arg("--tcp").arg(a.to_string());
+        }
+        for (k, v) in &opts.env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("npud starts");
+        let mut d = Daemon {
+            child: Some(child),
+            dir,
+            socket,
+            fd_socket,
+            tcp,
+            stderr,
+        };
+        let until = Instant::now() + Duration::from_secs(30);
+        while !ready.exists() {
+            if let Some(c) = d.child.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                panic!(
+                    "npud exited with {status} before it was ready:\n{}",
+                    d.stderr()
+                );
+            }
+            assert!(
+                Instant::now() < until,
+                "npud not ready in 30 s:\n{}",
+                d.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    /// What the daemon wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// A gRPC client on the Unix socket.
+    pub async fn connect(&self) -> NpudClient<Channel> {
+        NpudClient::new(self.channel().await)
+    }
+
+    /// A channel on the Unix socket.
+    pub async fn channel(&self) -> Channel {
+        connect_unix(&self.socket).await
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Sends SIGTERM and waits for the exit (SIGKILL after 20 s).
+    pub fn terminate(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        signal(&child, rustix::process::Signal::TERM);
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(s)) = child.try_wait() {
+                return Some(s);
+            }
+            if Instant::now() > until {
+                let _ = child.kill();
+                return child.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+/// Sends `sig` to a child process.
+pub fn signal(child: &Child, sig: rustix::process::Signal) {
+    let _ = rustix::process::kill_process(rustix::process::Pid::from_child(child), sig);
+}
+
+fn free_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+    l.local_addr().expect("a bound address")
+}
+
+/// A gRPC channel on a Unix socket.
+///
+/// # Panics
+/// When the socket does not accept.
+pub async fn connect_unix(path: &Path) -> Channel {
+    Endpoint::try_from(format!("unix:{}", path.display()))
+        .expect("a unix endpoint")
+        .connect()
+        .await
+        .expect("connect to npud's socket")
+}
+
+/// A session: the client and the metadata every call carries.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub client: NpudClient<Channel>,
+    pub id: u64,
+    pub token: String,
+    pub fd_socket: Option<PathBuf>,
+}
+
+/// A tensor the client maps, and its id.
+#[derive(Debug)]
+pub struct Mapped {
+    pub id: u64,
+    pub map: Mapping,
+    /// Kept so an imported memfd lives as long as the test wants.
+    pub fd: OwnedFd,
+}
+
+impl Session {
+    /// Opens a session.
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn open(mut client: NpudClient<Channel>, name: &str) -> Result<Session, Status> {
+        let r = client
+            .open_session(pb::OpenSessionRequest {
+                client_name: name.to_owned(),
+            })
+            .await?
+            .into_inner();
+        Ok(Session {
+            client,
+            id: r.session_id,
+            token: r.token,
+            fd_socket: None,
+        })
+    }
+
+    /// A request carrying this session's metadata.
+    pub fn req<T>(&self, msg: T) -> Request<T> {
+        with_session(msg, self.id, &self.token)
+    }
+
+    /// The device's generation.
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn generation(&mut self) -> Result<NpuGen, Status> {
+        let info = self
+            .client
+            .get_device_info(pb::GetDeviceInfoRequest {})
+            .await?
+            .into_inner();
+        Ok(if info.generation == "npu1" {
+            NpuGen::Npu1
+        } else {
+            NpuGen::Npu2
+        })
+    }
+
+    /// Registers an emulated design for the device's generation.
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn register(&mut self, d: &EmuDesign) -> Result<pb::RegisterProgramResponse, Status> {
+        let g = self.generation().await?;
+        self.register_bytes(d.to_pdi(), d.insts(g), d.kernel.name())
+            .await
+    }
+
+    /// Registers raw bytes.
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn register_bytes(
+        &mut self,
+        pdi: Vec<u8>,
+        insts: Vec<u8>,
+        name: &str,
+    ) -> Result<pb::RegisterProgramResponse, Status> {
+        let req = self.req(pb::RegisterProgramRequest {
+            pdi,
+            insts,
+            name: name.to_owned(),
+        });
+        Ok(self.client.register_program(req).await?.into_inner())
+    }
+
+    /// Allocates a tensor and maps it through the fd socket.
+    ///
+    /// # Errors
+    /// The daemon's status or the fd socket's refusal, as text.
+    pub async fn alloc_mapped(&mut self, size: u64) -> Result<Mapped, String> {
+        let req = self.req(pb::AllocateTensorRequest {
+            size_bytes: size,
+            name: String::new(),
+        });
+        let r = self
+            .client
+            .allocate_tensor(req)
+            .await
+            .map_err(|s| s.to_string())?
+            .into_inner();
+        if r.fd_ticket.is_empty() {
+            return Err("AllocateTensor returned no fd ticket".into());
+        }
+        let ticket = Ticket::from_slice(&r.fd_ticket).map_err(|e| e.to_string())?;
+        let sock = StdUnixStream::connect(&r.fd_socket).map_err(|e| e.to_string())?;
+        let (fd, offset, len) = client::redeem_export(&sock, &ticket).map_err(|e| e.to_string())?;
+        let len = usize::try_from(len).map_err(|e| e.to_string())?;
+        let map =
+            Mapping::new(std::os::fd::AsFd::as_fd(&fd), offset, len).map_err(|e| e.to_string())?;
+        Ok(Mapped {
+            id: r.tensor_id,
+            map,
+            fd,
+        })
+    }
+
+    /// Declares an import of `declared` bytes and sends `fd` for it.
+    ///
+    /// Returns the tensor id, and the fd socket's answer (`Err` with its message when refused).
+    ///
+    /// # Errors
+    /// The daemon's status for ImportTensor, as text.
+    pub async fn import(
+        &mut self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        declared: u64,
+    ) -> Result<(u64, Result<(), String>), String> {
+        let req = self.req(pb::ImportTensorRequest {
+            size_bytes: declared,
+            name: String::new(),
+        });
+        let r = self
+            .client
+            .import_tensor(req)
+            .await
+            .map_err(|s| s.to_string())?
+            .into_inner();
+        let ticket = Ticket::from_slice(&r.fd_ticket).map_err(|e| e.to_string())?;
+        let sock = StdUnixStream::connect(&r.fd_socket).map_err(|e| e.to_string())?;
+        let sent = client::import(&sock, &ticket, fd).map_err(|e| e.to_string());
+        Ok((r.tensor_id, sent))
+    }
+
+    /// Dispatches `program` over whole tensors.
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn dispatch(
+        &mut self,
+        program: u64,
+        tensors: &[u64],
+    ) -> Result<pb::DispatchResponse, Status> {
+        let req = self.req(dispatch_request(program, tensors));
+        Ok(self.client.dispatch(req).await?.into_inner())
+    }
+
+    /// Runs a chain.
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn chain(
+        &mut self,
+        links: Vec<pb::DispatchRequest>,
+    ) -> Result<pb::ChainResponse, Status> {
+        let req = self.req(pb::ChainRequest { links });
+        Ok(self.client.chain(req).await?.into_inner())
+    }
+
+    /// Statistics (no session needed).
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn statistics(&mut self) -> Result<pb::Statistics, Status> {
+        Ok(self
+            .client
+            .get_statistics(pb::GetStatisticsRequest {})
+            .await?
+            .into_inner())
+    }
+}
+
+/// A request with session metadata.
+pub fn with_session<T>(msg: T, id: u64, token: &str) -> Request<T> {
+    let mut r = Request::new(msg);
+    if let Ok(v) = id.to_string().parse() {
+        r.metadata_mut().insert(npu_proto::SESSION_HEADER, v);
+    }
+    if let Ok(v) = token.parse() {
+        r.metadata_mut().insert(npu_proto::TOKEN_HEADER, v);
+    }
+    r
+}
+
+/// A dispatch over whole tensors.
+pub fn dispatch_request(program: u64, tensors: &[u64]) -> pb::DispatchRequest {
+    pb::DispatchRequest {
+        program_id: program,
+        args: tensors
+            .iter()
+            .map(|t| pb::TensorArg {
+                tensor_id: *t,
+                offset: 0,
+                length: 0,
+            })
+            .collect(),
+    }
+}
+
+/// i32 values as little-endian bytes.
+pub fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Little-endian bytes as i32 values.
+pub fn bytes_i32(b: &[u8]) -> Vec<i32> {
+    b.chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
