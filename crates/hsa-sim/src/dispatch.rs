@@ -344,7 +344,9 @@ fn decode_g1(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError
 }
 
 /// Reads a G1 payload. Payloads inside registered memory are bounds-checked; the G1 ABI lets
-/// a payload live in any host memory, so other addresses are read as ROCR reads them.
+/// a payload live in any host memory, so other addresses are read through
+/// `process_vm_readv`, which fails on an unmapped address where ROCR would fault (and where
+/// that call is not allowed, read directly, as ROCR does).
 fn read_payload(rt: &Runtime, addr: u64, len: u64) -> Result<Vec<u8>, SimError> {
     let mem = rt.memory();
     if let Some(r) = mem.resolve(addr) {
@@ -359,18 +361,30 @@ fn read_payload(rt: &Runtime, addr: u64, len: u64) -> Result<Vec<u8>, SimError> 
         });
     }
     let n = usize::try_from(len).unwrap_or(0);
-    let mut v = vec![0u8; n];
-    // SAFETY: the G1 packet ABI makes `payload_data` a host pointer to `8 + 4·count` readable
-    // bytes, which the client guarantees as it does for ROCR (which reads it the same way). The
-    // copy creates no reference to that memory.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            crate::memory::addr_to_usize(addr) as *const u8,
-            v.as_mut_ptr(),
-            n,
-        )
-    };
-    Ok(v)
+    match crate::memory::read_process_memory(addr, n) {
+        Ok(v) => Ok(v),
+        Err(e) if e.raw_os_error() == Some(libc::EFAULT) => Err(bad_format(format!(
+            "payload_data {addr:#x} does not point at {len} readable bytes (real ROCR would \
+             fault reading it)"
+        ))),
+        Err(e) => {
+            tracing::debug!(
+                "hsa-sim: process_vm_readv unavailable ({e}); reading the payload directly"
+            );
+            let mut v = vec![0u8; n];
+            // SAFETY: the G1 packet ABI makes `payload_data` a host pointer to `8 + 4·count`
+            // readable bytes, which the client guarantees as it does for ROCR (which reads it
+            // the same way). The copy creates no reference to that memory.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    crate::memory::addr_to_usize(addr) as *const u8,
+                    v.as_mut_ptr(),
+                    n,
+                )
+            };
+            Ok(v)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -594,3 +594,21 @@ fn a_queue_without_a_callback_fails_quietly() {
         assert_eq!(hsa_queue_destroy(q), Status::ERROR_INVALID_QUEUE);
     }
 }
+
+#[test]
+fn a_g1_payload_may_live_in_any_host_memory_but_must_be_readable() {
+    let sim = Sim::new(PacketAbi::G1b);
+    let sig = sim.signal(1);
+    let d = valid(&sim, sig);
+    let mut p = g1_packet(&sim, &d);
+    // The same payload, copied into plain host memory the runtime never allocated.
+    let host: Vec<u8> = read(p.payload_data, 8 + 4 * 11);
+    p.payload_data = host.as_ptr() as u64;
+    let q = sim.queue();
+    q.submit(&[g1_bytes(&p)]);
+    assert_eq!(q.errors(), vec![], "{:?}", last_error());
+    assert_eq!(load_signal(sig), 0);
+    p.payload_data = 0x10;
+    let detail = fails_with(&sim, g1_bytes(&p), Status::ERROR_INVALID_PACKET_FORMAT);
+    assert!(detail.contains("readable"), "{detail}");
+}

@@ -37,6 +37,32 @@ pub(crate) fn addr_to_usize(addr: u64) -> usize {
     addr as usize
 }
 
+/// Copies `len` bytes at `addr` from anywhere in this process, failing with `EFAULT` instead
+/// of faulting when the range is not readable (`process_vm_readv` on the own process).
+///
+/// # Errors
+/// The OS error (`EFAULT` for an unreadable range, `EPERM`/`ENOSYS` where the call is not
+/// allowed); a short read is reported as `EFAULT`.
+pub(crate) fn read_process_memory(addr: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut v = vec![0u8; len];
+    let local = libc::iovec {
+        iov_base: v.as_mut_ptr().cast(),
+        iov_len: len,
+    };
+    let remote = libc::iovec {
+        iov_base: addr_to_usize(addr) as *mut c_void,
+        iov_len: len,
+    };
+    // SAFETY: `local` describes our own writable buffer of exactly `len` bytes; the kernel only
+    // reads `remote`, checking it and returning EFAULT rather than faulting on a bad range.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    match usize::try_from(n) {
+        Err(_) => Err(std::io::Error::last_os_error()),
+        Ok(n) if n == len => Ok(v),
+        Ok(_) => Err(std::io::Error::from_raw_os_error(libc::EFAULT)),
+    }
+}
+
 /// A range this process mapped; unmapped on drop.
 #[derive(Debug)]
 pub(crate) struct Mapping {
@@ -432,6 +458,20 @@ impl Memory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn process_memory_reads_fail_instead_of_faulting() {
+        let v: Vec<u8> = (0..100).collect();
+        assert_eq!(read_process_memory(v.as_ptr() as u64, 100).unwrap(), v);
+        // Page zero is never mapped.
+        match read_process_memory(8, 16) {
+            Err(e) => assert!(matches!(
+                e.raw_os_error(),
+                Some(libc::EFAULT | libc::EPERM | libc::ENOSYS)
+            )),
+            Ok(_) => panic!("address 8 was readable"),
+        }
+    }
 
     #[test]
     fn heap_is_64_mib_aligned_and_first_fit_at_32_kib() {

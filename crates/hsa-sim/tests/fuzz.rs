@@ -1,0 +1,116 @@
+//! Random packets through the doorbell: whatever the bytes, the emulator answers with a
+//! status (or runs the packet) and never crashes, and a failure always suspends the queue at
+//! the failing packet.
+
+#![allow(clippy::cast_possible_truncation)]
+
+mod common;
+
+use common::*;
+use hsa_core::sys::{AieDispatchPacket, ErtBits, ErtPacket, Signal, Status};
+use hsa_sim::*;
+use npu_artifacts::emu::{DType, EmuDesign};
+use proptest::prelude::*;
+
+/// Addresses worth trying: null, small garbage, high garbage, and offsets into live buffers.
+fn address(bases: Vec<u64>) -> impl Strategy<Value = u64> {
+    prop_oneof![
+        Just(0u64),
+        0u64..0x10000,
+        any::<u64>(),
+        (prop::sample::select(bases), 0u64..8192).prop_map(|(b, o)| b + o),
+    ]
+}
+
+const STATUSES: [Status; 8] = [
+    Status::ERROR,
+    Status::ERROR_INVALID_ARGUMENT,
+    Status::ERROR_INVALID_ALLOCATION,
+    Status::ERROR_INVALID_SIGNAL,
+    Status::ERROR_OUT_OF_RESOURCES,
+    Status::ERROR_INVALID_PACKET_FORMAT,
+    Status::AMD_ERROR_NOT_SUPPORTED,
+    Status::SUCCESS,
+];
+
+fn check(q: &TestQueue) {
+    match q.errors().as_slice() {
+        [] => assert_eq!(q.read_index(), 1),
+        [st] => {
+            assert!(STATUSES.contains(st), "{st:?}");
+            assert!(q.suspended());
+            assert_eq!(q.read_index(), 0);
+        }
+        more => panic!("{more:?}"),
+    }
+}
+
+#[test]
+fn random_g2_packets_are_refused_or_run() {
+    let sim = Sim::new(PacketAbi::G2);
+    let d = Dispatch::new(
+        sim.load(&EmuDesign::vector_scalar_add(256, DType::I32, 1)),
+        &[(sim.alloc(DATA, 1024), 1024), (sim.alloc(DATA, 1024), 1024)],
+        Signal::default(),
+    );
+    let kernarg = sim.kernargs(&d.args);
+    let bases = vec![d.pdi, d.insts, d.args[0].0, d.args[1].0, kernarg];
+    let strategy = (
+        address(bases.clone()),
+        address(bases.clone()),
+        address(bases.clone()),
+        0u16..4,
+        0u64..2048,
+        any::<u16>(),
+        0u16..3,
+    );
+    proptest!(ProptestConfig::with_cases(128), |(pdi in strategy.0, insts in strategy.1,
+            kernarg in strategy.2, n in strategy.3, size in strategy.4, header in strategy.5,
+            opcode in strategy.6)| {
+        let p = AieDispatchPacket {
+            header: header & 0x1F01,
+            opcode,
+            insts_addr_low: insts as u32,
+            insts_addr_high: (insts >> 32) as u32,
+            num_kernargs: n,
+            kernarg_address: kernarg,
+            insts_size: size,
+            pdi_addr: pdi,
+            ..Default::default()
+        };
+        let q = sim.queue();
+        q.submit(&[g2_bytes(&p)]);
+        check(&q);
+    });
+}
+
+#[test]
+fn random_g1_packets_are_refused_or_run() {
+    let sim = Sim::new(PacketAbi::G1b);
+    let d = Dispatch::new(
+        sim.load(&EmuDesign::vector_scalar_add(256, DType::I32, 1)),
+        &[(sim.alloc(DATA, 1024), 1024), (sim.alloc(DATA, 1024), 1024)],
+        Signal::default(),
+    );
+    let good = g1_packet(&sim, &d);
+    let bases = vec![d.pdi, d.insts, good.payload_data];
+    proptest!(ProptestConfig::with_cases(128), |(payload in address(bases.clone()),
+            count in 0u32..20, opcode in 0u32..24, state in 0u32..12, words in prop::collection::vec(any::<u32>(), 12))| {
+        // Scribble over the good payload's data words, then point the packet somewhere.
+        let mut bytes = read(good.payload_data, 8 + 4 * 11);
+        for (i, w) in words.iter().enumerate().take(11) {
+            if w % 3 == 0 {
+                bytes[8 + 4 * i..12 + 4 * i].copy_from_slice(&w.to_le_bytes());
+            }
+        }
+        write(good.payload_data, &bytes);
+        let p = ErtPacket {
+            ert: ErtBits { state, count, opcode, ..Default::default() }.pack(),
+            payload_data: payload,
+            ..good
+        };
+        let q = sim.queue();
+        q.submit(&[g1_bytes(&p)]);
+        check(&q);
+    });
+}
