@@ -1,17 +1,15 @@
-//! Agents, pools, vmem and dmabuf export through the C functions, and the counters.
+//! Agents, pools, regions, pool allocations and dmabuf export through the C functions, and
+//! the counters.
 
 #![allow(clippy::cast_possible_truncation)]
 
 mod common;
 
 use std::ffi::{c_int, c_void};
-use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 
 use common::*;
-use hsa_core::sys::{
-    AccessDesc, AccessPermission, AgentInfo, MemoryPool, MemoryType, PoolInfo, Status, VmemHandle,
-    global_flag,
-};
+use hsa_core::sys::{AgentInfo, MemoryPool, MemoryType, PoolInfo, Status, VmemHandle, global_flag};
 use hsa_sim::*;
 use npu_artifacts::emu::{DType, EmuDesign};
 use rustix::mm::{MapFlags, ProtFlags};
@@ -124,121 +122,6 @@ fn the_three_aie_pools_have_rocrs_flags_granules_and_sizes() {
     assert_eq!(st, Status::AMD_ERROR_INVALID_MEMORY_POOL);
 }
 
-fn set_access(va: *mut c_void, size: usize, descs: &[AccessDesc]) -> Status {
-    // SAFETY: `descs` is a live slice of `len` descriptors.
-    unsafe { hsa_amd_vmem_set_access(va, size, descs.as_ptr(), descs.len()) }
-}
-
-#[test]
-fn vmem_teardown_needs_access_revoked_first_and_counters_balance() {
-    let sim = Sim::new(PacketAbi::G2);
-    let before = counters();
-    let size = 4 * page();
-    // SAFETY: (whole block) out-pointers are live locals; addresses come from the runtime.
-    unsafe {
-        let mut h = VmemHandle::default();
-        assert_eq!(
-            hsa_amd_vmem_handle_create(sim.pools[DATA], size + 1, MemoryType::PINNED, 0, &mut h),
-            Status::ERROR_INVALID_ARGUMENT
-        );
-        assert_eq!(
-            hsa_amd_vmem_handle_create(sim.pools[DATA], size, MemoryType::PINNED, 0, &mut h),
-            Status::SUCCESS
-        );
-        let mut va: *mut c_void = std::ptr::null_mut();
-        assert_eq!(
-            hsa_amd_vmem_address_reserve_align(&mut va, size, 0, 1 << 20, 1),
-            Status::SUCCESS
-        );
-        assert_eq!(va as usize % (1 << 20), 0);
-        assert_eq!(hsa_amd_vmem_map(va, size, 0, h, 0), Status::SUCCESS);
-        assert_eq!(
-            hsa_amd_vmem_map(va, size, 0, h, 0),
-            Status::ERROR_INVALID_ARGUMENT,
-            "already mapped"
-        );
-        let rw = [
-            AccessDesc {
-                permissions: AccessPermission::RW,
-                agent_handle: sim.cpu,
-            },
-            AccessDesc {
-                permissions: AccessPermission::RW,
-                agent_handle: sim.aie,
-            },
-        ];
-        assert_eq!(set_access(va, size, &rw), Status::SUCCESS);
-        let mut perm = AccessPermission::NONE;
-        assert_eq!(
-            hsa_amd_vmem_get_access(va, &mut perm, sim.aie),
-            Status::SUCCESS
-        );
-        assert_eq!(perm, AccessPermission::RW);
-        write(va as u64 + 100, b"hello");
-        assert_eq!(read(va as u64 + 100, 5), b"hello");
-
-        // Wrong order: unmap with access granted, free with a live mapping.
-        assert_eq!(hsa_amd_vmem_unmap(va, size), Status::ERROR);
-        assert!(
-            last_error().unwrap().contains("revoke"),
-            "{:?}",
-            last_error()
-        );
-        assert_eq!(
-            hsa_amd_vmem_address_free(va, size),
-            Status::ERROR_RESOURCE_FREE
-        );
-        assert!(
-            last_error().unwrap().contains("unmap them first"),
-            "{:?}",
-            last_error()
-        );
-
-        // IRON's order.
-        let none = [
-            AccessDesc {
-                permissions: AccessPermission::NONE,
-                agent_handle: sim.cpu,
-            },
-            AccessDesc {
-                permissions: AccessPermission::NONE,
-                agent_handle: sim.aie,
-            },
-        ];
-        assert_eq!(set_access(va, size, &none), Status::SUCCESS);
-        assert_eq!(hsa_amd_vmem_unmap(va, size), Status::SUCCESS);
-        assert_eq!(hsa_amd_vmem_address_free(va, size), Status::SUCCESS);
-        assert_eq!(hsa_amd_vmem_handle_release(h), Status::SUCCESS);
-        assert_eq!(
-            hsa_amd_vmem_handle_release(h),
-            Status::ERROR_INVALID_ALLOCATION
-        );
-        // What ROCR's Runtime::VMemory* return for ranges it does not know.
-        assert_eq!(
-            hsa_amd_vmem_unmap(va, size),
-            Status::ERROR_INVALID_ALLOCATION,
-            "not reserved"
-        );
-        assert_eq!(
-            hsa_amd_vmem_address_free(va, size),
-            Status::ERROR_INVALID_ALLOCATION
-        );
-        let mut perm = AccessPermission::RW;
-        let st = hsa_amd_vmem_get_access(va, &mut perm, sim.cpu);
-        assert_eq!(st, Status::ERROR_INVALID_ALLOCATION);
-    }
-    let delta = counters().since(&before);
-    assert_eq!(
-        (
-            delta.vmem_handles_created,
-            delta.mappings_created,
-            delta.reservations_created
-        ),
-        (1, 1, 1)
-    );
-    assert!(delta.balanced(), "{:?}", delta.unbalanced());
-}
-
 /// Maps `len` bytes of `fd` from `offset` (a page multiple) in a second, independent mapping.
 fn map_fd(fd: BorrowedFd<'_>, offset: u64, len: usize) -> *mut u8 {
     // SAFETY: a fresh shared mapping at a kernel-chosen address.
@@ -312,54 +195,6 @@ fn an_exported_dmabuf_mapped_elsewhere_sees_the_same_bytes() {
 }
 
 #[test]
-fn a_vmem_handle_exported_as_a_shareable_fd_shares_its_bytes() {
-    let sim = Sim::new(PacketAbi::G2);
-    let size = page();
-    // SAFETY: (whole block) out-pointers are live locals; the fd is owned once exported.
-    unsafe {
-        let mut h = VmemHandle::default();
-        assert_eq!(
-            hsa_amd_vmem_handle_create(sim.pools[KERNARG], size, MemoryType::PINNED, 0, &mut h),
-            Status::SUCCESS
-        );
-        let mut va: *mut c_void = std::ptr::null_mut();
-        assert_eq!(
-            hsa_amd_vmem_address_reserve_align(&mut va, size, 0, 0, 1),
-            Status::SUCCESS
-        );
-        assert_eq!(hsa_amd_vmem_map(va, size, 0, h, 0), Status::SUCCESS);
-        let mut fd: c_int = -1;
-        assert_eq!(
-            hsa_amd_vmem_export_shareable_handle(&mut fd, h, 0),
-            Status::SUCCESS
-        );
-        let fd = OwnedFd::from_raw_fd(fd);
-        let m = map_fd(std::os::fd::AsFd::as_fd(&fd), 0, size);
-        write(va as u64, b"shared");
-        assert_eq!(std::slice::from_raw_parts(m, 6), b"shared");
-        rustix::mm::munmap(m.cast(), size).unwrap();
-        // Import gives a second handle over the same memory.
-        let mut h2 = VmemHandle::default();
-        assert_eq!(
-            hsa_amd_vmem_import_shareable_handle(std::os::fd::AsRawFd::as_raw_fd(&fd), &mut h2),
-            Status::SUCCESS
-        );
-        let mut va2: *mut c_void = std::ptr::null_mut();
-        assert_eq!(
-            hsa_amd_vmem_address_reserve_align(&mut va2, size, 0, 0, 1),
-            Status::SUCCESS
-        );
-        assert_eq!(hsa_amd_vmem_map(va2, size, 0, h2, 0), Status::SUCCESS);
-        assert_eq!(read(va2 as u64, 6), b"shared");
-        for (v, hh) in [(va, h), (va2, h2)] {
-            assert_eq!(hsa_amd_vmem_unmap(v, size), Status::SUCCESS);
-            assert_eq!(hsa_amd_vmem_address_free(v, size), Status::SUCCESS);
-            assert_eq!(hsa_amd_vmem_handle_release(hh), Status::SUCCESS);
-        }
-    }
-}
-
-#[test]
 fn a_full_create_destroy_cycle_balances_the_counters() {
     let before = counters();
     {
@@ -402,80 +237,6 @@ fn the_c_counters_symbol_matches_the_rust_snapshot() {
     // SAFETY: null is refused.
     let st = unsafe { hsa_sim_counters(std::ptr::null_mut()) };
     assert_eq!(st, Status::ERROR_INVALID_ARGUMENT);
-}
-
-#[test]
-fn set_access_and_unmap_walk_contiguous_mappings() {
-    let sim = Sim::new(PacketAbi::G2);
-    let p = page();
-    // SAFETY: (whole block) out-pointers are live locals; ranges come from the reservation.
-    unsafe {
-        let mut h = VmemHandle::default();
-        let st = hsa_amd_vmem_handle_create(sim.pools[DATA], 2 * p, MemoryType::PINNED, 0, &mut h);
-        assert_eq!(st, Status::SUCCESS);
-        let mut va: *mut c_void = std::ptr::null_mut();
-        // Sizes are rounded up to pages; free repeats the size asked for.
-        assert_eq!(
-            hsa_amd_vmem_address_reserve_align(&mut va, 4 * p - 1, 0, 0, 1),
-            Status::SUCCESS
-        );
-        let at = |i: usize| va.cast::<u8>().add(i * p).cast::<c_void>();
-        // Two adjacent mappings of the two halves of the handle, then a gap, then one more.
-        assert_eq!(hsa_amd_vmem_map(at(0), p, 0, h, 0), Status::SUCCESS);
-        assert_eq!(hsa_amd_vmem_map(at(1), p, p, h, 0), Status::SUCCESS);
-        assert_eq!(hsa_amd_vmem_map(at(3), p, 0, h, 0), Status::SUCCESS);
-        let rw = [AccessDesc {
-            permissions: AccessPermission::RW,
-            agent_handle: sim.aie,
-        }];
-        assert_eq!(set_access(at(0), 2 * p, &rw), Status::SUCCESS);
-        assert_eq!(
-            set_access(at(0), 4 * p, &rw),
-            Status::ERROR_INVALID_ALLOCATION,
-            "the gap"
-        );
-        let bogus = [AccessDesc {
-            permissions: AccessPermission::RW,
-            agent_handle: hsa_core::sys::Agent { handle: 5 },
-        }];
-        assert_eq!(set_access(at(0), p, &bogus), Status::ERROR_INVALID_AGENT);
-        let mut perm = AccessPermission::NONE;
-        assert_eq!(
-            hsa_amd_vmem_get_access(at(1), &mut perm, sim.aie),
-            Status::SUCCESS
-        );
-        assert_eq!(perm, AccessPermission::RW);
-        // Unmapping both at once needs the access revoked on both.
-        assert_eq!(hsa_amd_vmem_unmap(at(0), 2 * p), Status::ERROR);
-        let none = [AccessDesc {
-            permissions: AccessPermission::NONE,
-            agent_handle: sim.aie,
-        }];
-        assert_eq!(set_access(at(0), 2 * p, &none), Status::SUCCESS);
-        assert_eq!(
-            hsa_amd_vmem_unmap(at(0), p + 1),
-            Status::ERROR_INVALID_ALLOCATION,
-            "mid-mapping end"
-        );
-        assert_eq!(hsa_amd_vmem_unmap(at(0), 2 * p), Status::SUCCESS);
-        assert_eq!(
-            hsa_amd_vmem_unmap(at(2), p),
-            Status::ERROR_INVALID_ALLOCATION,
-            "nothing there"
-        );
-        assert_eq!(
-            hsa_amd_vmem_address_free(va, 4 * p - 1),
-            Status::ERROR_RESOURCE_FREE
-        );
-        assert_eq!(hsa_amd_vmem_unmap(at(3), p), Status::SUCCESS);
-        assert_eq!(
-            hsa_amd_vmem_address_free(va, 4 * p),
-            Status::ERROR_INVALID_ARGUMENT,
-            "wrong size"
-        );
-        assert_eq!(hsa_amd_vmem_address_free(va, 4 * p - 1), Status::SUCCESS);
-        assert_eq!(hsa_amd_vmem_handle_release(h), Status::SUCCESS);
-    }
 }
 
 unsafe extern "C" fn push_region(r: Region, data: *mut c_void) -> Status {

@@ -13,7 +13,7 @@ use hsa_core::sys::{
     QueueType, Signal, SignalCondition, Status, WaitState, ert_payload_count, ert_state,
 };
 use hsa_sim::*;
-use npu_artifacts::emu::EmuDesign;
+use npu_artifacts::emu::{DType, EmuDesign};
 
 /// Pool indexes in the AIE agent's list.
 pub const KERNARG: usize = 0;
@@ -398,4 +398,25 @@ pub fn bytes_i32(b: &[u8]) -> Vec<i32> {
 pub fn io_i32(sim: &Sim, input: &[i32]) -> (u64, u64) {
     let bytes = i32_bytes(input);
     (sim.put(DATA, &bytes), sim.alloc(DATA, bytes.len()))
+}
+
+pub fn add_one() -> EmuDesign {
+    EmuDesign::vector_scalar_add(256, DType::I32, 1)
+}
+
+/// A valid add-one dispatch (256 × i32) and its buffers.
+pub fn valid(sim: &Sim, sig: hsa_core::sys::Signal) -> Dispatch {
+    let (a, b) = io_i32(sim, &[5; 256]);
+    Dispatch::new(sim.load(&add_one()), &[(a, 1024), (b, 1024)], sig)
+}
+
+/// Submits one packet and returns the single status the callback saw, checking that the
+/// queue is suspended with the read index left at the packet.
+pub fn fails_with(sim: &Sim, packet: [u8; 64], want: Status) -> String {
+    let q = sim.queue();
+    q.submit(&[packet]);
+    assert_eq!(q.errors(), vec![want], "{:?}", last_error());
+    assert!(q.suspended());
+    assert_eq!(q.read_index(), 0);
+    last_error().unwrap()
 }
