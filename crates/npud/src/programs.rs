@@ -305,18 +305,20 @@ impl Programs {
         id: u64,
         field: &str,
     ) -> Result<Arc<Program>, NpudError> {
-        let g = self.lock();
+        let mut g = self.lock();
         let e = g
             .entries
-            .get(&id)
+            .get_mut(&id)
             .filter(|e| e.refs.contains(&session))
             .ok_or_else(|| not_found(field, id))?;
         if e.quarantined {
-            return Err(NpudError::FailedPrecondition(format!(
+            let err = NpudError::FailedPrecondition(format!(
                 "{field}: program {id} ({}) is quarantined: it faulted the device; register a \
                  fixed design",
                 e.program.display_name()
-            )));
+            ));
+            e.stats.record(1, Outcome::Fail(err.code_name()), 0, 0);
+            return Err(err);
         }
         Ok(e.program.clone())
     }

@@ -154,6 +154,13 @@ impl NpudService {
                 )));
             }
             let len = chunk.data.len() as u64;
+            let max = self.state.limits.max_message_bytes;
+            if len > max {
+                return Err(NpudError::ResourceExhausted(format!(
+                    "chunks[{index}].data: {len} bytes; at most {max} per chunk \
+                     (limits.max_message_bytes)"
+                )));
+            }
             self.state
                 .exec
                 .call(|reply| Command::Write {

@@ -109,6 +109,13 @@ impl NpudService {
         r
     }
 
+    /// Counts work refused before admission against the session.
+    fn refused(&self, session: u64, links: u64, e: &NpudError) {
+        self.state
+            .sessions
+            .record(session, links, Outcome::Fail(e.code_name()), 0, 0);
+    }
+
     /// Counts a finished item against the session and its programs.
     fn record(&self, session: u64, programs: &[u64], r: &Result<WorkDone, NpudError>) {
         let st = &self.state;
@@ -158,7 +165,9 @@ impl NpudService {
     ) -> Result<pb::DispatchResponse, NpudError> {
         let caller = self.caller(&req)?;
         let deadline = deadline(&req);
-        let links = self.links(caller.session, std::slice::from_ref(req.get_ref()), false)?;
+        let links = self
+            .links(caller.session, std::slice::from_ref(req.get_ref()), false)
+            .inspect_err(|e| self.refused(caller.session, 1, e))?;
         let a = self.admit(caller.session, links, false, deadline).await?;
         let done = self.complete(caller.session, a).await?;
         dispatch_response(done)
@@ -170,7 +179,10 @@ impl NpudService {
     ) -> Result<pb::ChainResponse, NpudError> {
         let caller = self.caller(&req)?;
         let deadline = deadline(&req);
-        let links = self.links(caller.session, &req.get_ref().links, true)?;
+        let requested = req.get_ref().links.len().max(1) as u64;
+        let links = self
+            .links(caller.session, &req.get_ref().links, true)
+            .inspect_err(|e| self.refused(caller.session, requested, e))?;
         let count = links.len();
         let a = self.admit(caller.session, links, true, deadline).await?;
         let done = self.complete(caller.session, a).await?;
@@ -206,7 +218,10 @@ impl NpudService {
                         let r = writer.complete(session, a).await;
                         submit_response(request_id, r, count, chain)
                     }
-                    Err(e) => submit_error(request_id, &e),
+                    Err(e) => {
+                        writer.refused(session, 1, &e);
+                        submit_error(request_id, &e)
+                    }
                 };
                 if out_tx.send(Ok(resp)).await.is_err() {
                     break;

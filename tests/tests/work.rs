@@ -1,0 +1,275 @@
+//! Chains (64 links; a fault part way), quarantine, the Submit stream, deadlines.
+
+#![forbid(unsafe_code)]
+
+use npu_artifacts::emu::{DType, EmuDesign};
+use npu_proto::v1 as pb;
+use npud_e2e::{Daemon, Options, Session, bytes_i32, dispatch_request, i32_bytes};
+use tokio_stream::StreamExt;
+
+const N: u32 = 1024;
+const BYTES: u64 = N as u64 * 4;
+
+async fn setup(d: &Daemon) -> (Session, u64, npud_e2e::Mapped, npud_e2e::Mapped) {
+    let mut s = Session::open(d.connect().await, "work").await.unwrap();
+    let reg = s
+        .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
+        .await
+        .unwrap();
+    let a = s.alloc_mapped(BYTES).await.unwrap();
+    let b = s.alloc_mapped(BYTES).await.unwrap();
+    (s, reg.program_id, a, b)
+}
+
+/// Link k reads a and writes b when k is even, the other way round when odd.
+fn alternating(program: u64, a: u64, b: u64, k: usize) -> pb::DispatchRequest {
+    if k.is_multiple_of(2) {
+        dispatch_request(program, &[a, b])
+    } else {
+        dispatch_request(program, &[b, a])
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_of_64_links_adds_64() {
+    let d = Daemon::start(Options::default());
+    let (mut s, p, mut a, b) = setup(&d).await;
+    let input: Vec<i32> = (0..N as i32).map(|i| i * 5 - 300).collect();
+    a.map
+        .as_mut_slice_of::<i32>()
+        .unwrap()
+        .copy_from_slice(&input);
+    let links = (0..64).map(|k| alternating(p, a.id, b.id, k)).collect();
+    let r = s.chain(links).await.unwrap();
+    assert_eq!(r.completed, 64);
+    assert!(r.failure.is_none(), "{r:?}");
+    assert_eq!(r.doorbells, 2, "64 packets ring at most every 32");
+    // Link 63 is odd: it wrote a.
+    let want: Vec<i32> = input.iter().map(|v| v + 64).collect();
+    assert_eq!(a.map.as_slice_of::<i32>().unwrap(), &want[..]);
+    let want_b: Vec<i32> = input.iter().map(|v| v + 63).collect();
+    assert_eq!(b.map.as_slice_of::<i32>().unwrap(), &want_b[..]);
+    let st = s.statistics().await.unwrap();
+    let mine = st.sessions.iter().find(|x| x.session_id == s.id).unwrap();
+    assert_eq!(mine.dispatches.as_ref().unwrap().success.unwrap().count, 64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_whose_10th_link_faults_reports_index_10_and_the_rest_did_not_run() {
+    let d = Daemon::start(Options::default());
+    let (mut s, p, mut a, b) = setup(&d).await;
+    let fault = s.register(&EmuDesign::fault(N * 4)).await.unwrap();
+    a.map.as_mut_slice_of::<i32>().unwrap().fill(7);
+    let links: Vec<pb::DispatchRequest> = (0..16)
+        .map(|k| {
+            if k == 10 {
+                dispatch_request(fault.program_id, &[a.id, b.id])
+            } else {
+                alternating(p, a.id, b.id, k)
+            }
+        })
+        .collect();
+    let r = s.chain(links).await.unwrap();
+    assert_eq!(r.completed, 10);
+    let f = r.failure.expect("the chain reports its failing link");
+    assert_eq!(f.index, 10);
+    assert_eq!(f.code, tonic::Code::Internal as i32);
+    assert!(f.message.contains("quarantined"), "{}", f.message);
+    assert_eq!(f.not_run, (11..16).collect::<Vec<u32>>());
+    // Links 0..10 ran (link 9 wrote a); links 11.. did not (they would have changed a again).
+    assert!(a.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 17));
+
+    // The faulting program is quarantined; the others keep working.
+    let e = s
+        .dispatch(fault.program_id, &[a.id, b.id])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(e.message().contains("is quarantined"), "{e:?}");
+    s.dispatch(p, &[a.id, b.id]).await.unwrap();
+    assert!(b.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 18));
+
+    let st = s.statistics().await.unwrap();
+    assert_eq!(st.device_faults, 1);
+    let fp = st
+        .programs
+        .iter()
+        .find(|x| x.program_id == fault.program_id)
+        .unwrap();
+    assert!(fp.quarantined);
+    let errors = &fp.dispatches.as_ref().unwrap().errors;
+    assert_eq!(errors.get("INTERNAL"), Some(&1), "{errors:?}");
+    assert_eq!(errors.get("FAILED_PRECONDITION"), Some(&1), "{errors:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_completes_in_submission_order_with_request_ids() {
+    let d = Daemon::start(Options::default());
+    let (mut s, p, mut a, b) = setup(&d).await;
+    a.map.as_mut_slice_of::<i32>().unwrap().fill(0);
+    let (tx, rx) = tokio::sync::mpsc::channel(128);
+    let outbound = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let mut inbound = s.client.submit(s.req(outbound)).await.unwrap().into_inner();
+    let count = 100u64;
+    for i in 0..count {
+        let work = if i % 10 == 9 {
+            pb::submit_request::Work::Chain(pb::ChainRequest {
+                links: vec![
+                    dispatch_request(p, &[a.id, b.id]),
+                    dispatch_request(p, &[b.id, a.id]),
+                ],
+            })
+        } else {
+            pb::submit_request::Work::Dispatch(dispatch_request(p, &[a.id, b.id]))
+        };
+        tx.send(pb::SubmitRequest {
+            request_id: 1000 + i,
+            work: Some(work),
+            timeout_ms: 0,
+        })
+        .await
+        .unwrap();
+    }
+    // One refused item in the middle of the stream does not end it.
+    tx.send(pb::SubmitRequest {
+        request_id: 5,
+        work: Some(pb::submit_request::Work::Dispatch(dispatch_request(
+            999,
+            &[a.id],
+        ))),
+        timeout_ms: 0,
+    })
+    .await
+    .unwrap();
+    drop(tx);
+    let mut ids = Vec::new();
+    while let Some(r) = inbound.next().await {
+        let r = r.unwrap();
+        if r.request_id == 5 {
+            assert_eq!(r.code, tonic::Code::NotFound as i32);
+            assert!(r.message.starts_with("program_id: "), "{}", r.message);
+        } else {
+            assert_eq!(r.code, 0, "{r:?}");
+            assert!(r.result.is_some());
+        }
+        ids.push(r.request_id);
+    }
+    let mut want: Vec<u64> = (1000..1000 + count).collect();
+    want.push(5);
+    assert_eq!(ids, want);
+    // Single dispatches write b only; each of the 10 chains adds 2 to a.
+    assert!(a.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_whose_deadline_passed_in_the_queue_does_not_run() {
+    let d = Daemon::start(Options {
+        args: vec!["--emulator-timeout-ms".into(), "400".into()],
+        ..Options::default()
+    });
+    let (mut s, p, a, b) = setup(&d).await;
+    let hang = s.register(&EmuDesign::hang(N * 4)).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let mut inbound = s
+        .client
+        .submit(s.req(tokio_stream::wrappers::ReceiverStream::new(rx)))
+        .await
+        .unwrap()
+        .into_inner();
+    let item = |id, program, timeout_ms| pb::SubmitRequest {
+        request_id: id,
+        work: Some(pb::submit_request::Work::Dispatch(dispatch_request(
+            program,
+            &[a.id, b.id],
+        ))),
+        timeout_ms,
+    };
+    tx.send(item(1, hang.program_id, 0)).await.unwrap();
+    tx.send(item(2, p, 50)).await.unwrap();
+    tx.send(item(3, p, 0)).await.unwrap();
+    drop(tx);
+    let r1 = inbound.next().await.unwrap().unwrap();
+    assert_eq!(r1.code, tonic::Code::Internal as i32, "{r1:?}");
+    let r2 = inbound.next().await.unwrap().unwrap();
+    assert_eq!(r2.request_id, 2);
+    assert_eq!(r2.code, tonic::Code::DeadlineExceeded as i32, "{r2:?}");
+    assert!(r2.message.contains("did not run"), "{}", r2.message);
+    let r3 = inbound.next().await.unwrap().unwrap();
+    assert_eq!(r3.code, 0, "{r3:?}");
+    let st = s.statistics().await.unwrap();
+    let mine = st.sessions.iter().find(|x| x.session_id == s.id).unwrap();
+    let errors = &mine.dispatches.as_ref().unwrap().errors;
+    assert_eq!(errors.get("DEADLINE_EXCEEDED"), Some(&1), "{errors:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_and_read_through_the_api_round_trip_in_chunks() {
+    let d = Daemon::start(Options::default().env("NPUD_LIMITS__MAX_MESSAGE_BYTES", "65536"));
+    let mut s = Session::open(d.connect().await, "bytes").await.unwrap();
+    let size: u64 = 256 * 1024;
+    let elements: i32 = 64 * 1024;
+    let t = s
+        .client
+        .allocate_tensor(s.req(pb::AllocateTensorRequest {
+            size_bytes: size,
+            name: "big".into(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let values: Vec<i32> = (0..elements).map(|i| i ^ 0x5a5a).collect();
+    let bytes = i32_bytes(&values);
+    let chunks: Vec<pb::WriteTensorChunk> = bytes
+        .chunks(32 * 1024)
+        .enumerate()
+        .map(|(i, c)| pb::WriteTensorChunk {
+            tensor_id: if i == 0 { t.tensor_id } else { 0 },
+            offset: (i * 32 * 1024) as u64,
+            data: c.to_vec(),
+        })
+        .collect();
+    let w = s
+        .client
+        .write_tensor(s.req(tokio_stream::iter(chunks)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(w.bytes_written, size);
+    let mut stream = s
+        .client
+        .read_tensor(s.req(pb::ReadTensorRequest {
+            tensor_id: t.tensor_id,
+            offset: 0,
+            length: 0,
+            chunk_bytes: 0,
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut back = Vec::new();
+    let mut n = 0;
+    while let Some(c) = stream.next().await {
+        let c = c.unwrap();
+        assert_eq!(c.offset, back.len() as u64);
+        back.extend_from_slice(&c.data);
+        n += 1;
+    }
+    assert!(
+        n >= 4,
+        "a 256 KiB tensor under a 64 KiB message limit comes in chunks ({n})"
+    );
+    assert_eq!(bytes_i32(&back), values);
+
+    // A chunk larger than the message limit is refused as a size limit.
+    let e = s
+        .client
+        .write_tensor(s.req(tokio_stream::iter(vec![pb::WriteTensorChunk {
+            tensor_id: t.tensor_id,
+            offset: 0,
+            data: vec![0; 100 * 1024],
+        }])))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("limits.max_message_bytes"), "{e:?}");
+}
