@@ -18,7 +18,14 @@ fn open(abi: PacketAbi) -> Device {
         ..Default::default()
     });
     let api = HsaApi::from_static(hsa_sim::fns(), "hsa-sim");
-    Device::open(api, DeviceOptions { packet_abi: abi, ..Default::default() }).expect("emulator opens")
+    Device::open(
+        api,
+        DeviceOptions {
+            packet_abi: abi,
+            ..Default::default()
+        },
+    )
+    .expect("emulator opens")
 }
 
 fn bench(c: &mut Criterion) {
@@ -30,16 +37,23 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("in_process");
     for (name, design) in [
         ("noop", EmuDesign::noop(2, 4096)),
-        ("vector_scalar_add_1024xi32", EmuDesign::vector_scalar_add(1024, DType::I32, 1)),
+        (
+            "vector_scalar_add_1024xi32",
+            EmuDesign::vector_scalar_add(1024, DType::I32, 1),
+        ),
     ] {
-        let prog = dev.load_program(&design.to_pdi(), &design.insts(generation)).unwrap();
+        let prog = dev
+            .load_program(&design.to_pdi(), &design.insts(generation))
+            .unwrap();
         let a = dev.alloc_tensor(4096).unwrap();
         let b = dev.alloc_tensor(4096).unwrap();
         let one = Dispatch::new(prog, [a, b]);
         group.bench_function(format!("{name}/dispatch"), |bench| {
             bench.iter(|| dev.dispatch(&one).unwrap());
         });
-        let chain: Vec<Dispatch> = (0..32).map(|i| Dispatch::new(prog, if i % 2 == 0 { [a, b] } else { [b, a] })).collect();
+        let chain: Vec<Dispatch> = (0..32)
+            .map(|i| Dispatch::new(prog, if i % 2 == 0 { [a, b] } else { [b, a] }))
+            .collect();
         group.bench_function(format!("{name}/chain32"), |bench| {
             bench.iter(|| dev.run_chain(&chain).unwrap());
         });

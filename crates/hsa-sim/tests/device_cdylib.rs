@@ -51,9 +51,19 @@ fn discovery_finds_the_cdylib_under_rocm_path_and_vector_scalar_add_passes() {
         let api = discover(root.path());
         assert_eq!(
             api.source(),
-            &ApiSource::Loaded { path: root.path().join("lib/libhsa-runtime64.so"), root: RootKind::RocmPath }
+            &ApiSource::Loaded {
+                path: root.path().join("lib/libhsa-runtime64.so"),
+                root: RootKind::RocmPath
+            }
         );
-        let mut dev = Device::open(api, DeviceOptions { packet_abi: abi, ..Default::default() }).unwrap();
+        let mut dev = Device::open(
+            api,
+            DeviceOptions {
+                packet_abi: abi,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         assert_eq!(dev.info().agent_name, "aie2");
         assert_eq!(dev.info().generation, hsa_core::Generation::Npu1);
         vector_scalar_add_passes(&mut dev);
@@ -69,20 +79,30 @@ fn create_and_destroy_counts_balance_after_the_device_is_dropped() {
     let api = discover(root.path());
     // The cdylib's own counters, read through its extra C symbol.
     // SAFETY: the same library discovery already loaded; loading it again only takes a reference.
-    let lib = unsafe { libloading::Library::new(root.path().join("lib/libhsa-runtime64.so")) }.unwrap();
+    let lib =
+        unsafe { libloading::Library::new(root.path().join("lib/libhsa-runtime64.so")) }.unwrap();
     let read_counters = || {
         let mut c = hsa_sim::Counters::default();
         // SAFETY: the symbol is `extern "C" fn(*mut Counters)` in the emulator, and `c` is a
         // valid Counters with the same #[repr(C)] layout (same crate, same build).
         unsafe {
-            let f = lib.get::<unsafe extern "C" fn(*mut hsa_sim::Counters)>("hsa_sim_counters").unwrap();
+            let f = lib
+                .get::<unsafe extern "C" fn(*mut hsa_sim::Counters)>("hsa_sim_counters")
+                .unwrap();
             f(&mut c);
         }
         c
     };
     let before = read_counters();
     {
-        let mut dev = Device::open(api, DeviceOptions { packet_abi: hsa_core::PacketAbi::G1a, ..Default::default() }).unwrap();
+        let mut dev = Device::open(
+            api,
+            DeviceOptions {
+                packet_abi: hsa_core::PacketAbi::G1a,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         add_one_chain(&mut dev, 100);
         let mid = read_counters().since(&before);
         assert!(!mid.balanced(), "objects are live while the device is open");
@@ -127,72 +147,145 @@ fn a_client_driving_the_c_abi_like_iron_runs_vector_scalar_add_and_a_chain() {
     unsafe {
         iron.ok("hsa_init", (f.init)());
         let (mut freq, mut max_wait) = (0u64, 0u64);
-        iron.ok("timestamp frequency", (f.system_get_info)(SystemInfo::TIMESTAMP_FREQUENCY, (&raw mut freq).cast()));
-        iron.ok("signal max wait", (f.system_get_info)(SystemInfo::SIGNAL_MAX_WAIT, (&raw mut max_wait).cast()));
+        iron.ok(
+            "timestamp frequency",
+            (f.system_get_info)(SystemInfo::TIMESTAMP_FREQUENCY, (&raw mut freq).cast()),
+        );
+        iron.ok(
+            "signal max wait",
+            (f.system_get_info)(SystemInfo::SIGNAL_MAX_WAIT, (&raw mut max_wait).cast()),
+        );
         assert!(freq > 0 && max_wait > 0);
 
         let mut agents: Vec<Agent> = Vec::new();
-        iron.ok("iterate agents", (f.iterate_agents)(Some(push_agent), (&raw mut agents).cast()));
+        iron.ok(
+            "iterate agents",
+            (f.iterate_agents)(Some(push_agent), (&raw mut agents).cast()),
+        );
         let kind = |a: Agent| {
             let mut d = 0u32;
-            iron.ok("device", (f.agent_get_info)(a, AgentInfo::DEVICE, (&raw mut d).cast()));
+            iron.ok(
+                "device",
+                (f.agent_get_info)(a, AgentInfo::DEVICE, (&raw mut d).cast()),
+            );
             d
         };
-        let aie = *agents.iter().find(|&&a| kind(a) == 3).expect("an AIE agent");
+        let aie = *agents
+            .iter()
+            .find(|&&a| kind(a) == 3)
+            .expect("an AIE agent");
         let cpu = *agents.iter().find(|&&a| kind(a) == 0).expect("a CPU agent");
         let mut name = [0u8; 64];
-        iron.ok("name", (f.agent_get_info)(aie, AgentInfo::NAME, name.as_mut_ptr().cast()));
-        let name = std::str::from_utf8(&name[..name.iter().position(|&b| b == 0).unwrap()]).unwrap();
+        iron.ok(
+            "name",
+            (f.agent_get_info)(aie, AgentInfo::NAME, name.as_mut_ptr().cast()),
+        );
+        let name =
+            std::str::from_utf8(&name[..name.iter().position(|&b| b == 0).unwrap()]).unwrap();
         let generation = NpuGen::from_agent_name(name).expect("aie2 or aie2p");
         let mut qmin = 0u32;
-        iron.ok("queue min size", (f.agent_get_info)(aie, AgentInfo::QUEUE_MIN_SIZE, (&raw mut qmin).cast()));
+        iron.ok(
+            "queue min size",
+            (f.agent_get_info)(aie, AgentInfo::QUEUE_MIN_SIZE, (&raw mut qmin).cast()),
+        );
         assert_eq!(qmin, 64);
 
         let mut pools: Vec<MemoryPool> = Vec::new();
-        iron.ok("pools", (f.agent_iterate_memory_pools)(aie, Some(push_pool), (&raw mut pools).cast()));
+        iron.ok(
+            "pools",
+            (f.agent_iterate_memory_pools)(aie, Some(push_pool), (&raw mut pools).cast()),
+        );
         let info = |p: MemoryPool, attr: PoolInfo| {
             let mut v = 0u64;
-            iron.ok("pool info", (f.memory_pool_get_info)(p, attr, (&raw mut v).cast()));
+            iron.ok(
+                "pool info",
+                (f.memory_pool_get_info)(p, attr, (&raw mut v).cast()),
+            );
             v
         };
         let usable = |p: MemoryPool| {
-            info(p, PoolInfo::SEGMENT) as u32 == 0 && info(p, PoolInfo::GLOBAL_FLAGS) & 4 != 0
+            info(p, PoolInfo::SEGMENT) == 0 && info(p, PoolInfo::GLOBAL_FLAGS) & 4 != 0
         };
-        let data = *pools.iter().find(|&&p| usable(p) && info(p, PoolInfo::RUNTIME_ALLOC_REC_GRANULE) != 0).unwrap();
-        let heap = *pools.iter().find(|&&p| usable(p) && info(p, PoolInfo::RUNTIME_ALLOC_REC_GRANULE) == 0).unwrap();
+        let data = *pools
+            .iter()
+            .find(|&&p| usable(p) && info(p, PoolInfo::RUNTIME_ALLOC_REC_GRANULE) != 0)
+            .unwrap();
+        let heap = *pools
+            .iter()
+            .find(|&&p| usable(p) && info(p, PoolInfo::RUNTIME_ALLOC_REC_GRANULE) == 0)
+            .unwrap();
         let granule = usize::try_from(info(data, PoolInfo::RUNTIME_ALLOC_GRANULE)).unwrap();
 
         // vmem_alloc as IRON does it.
         let vmem_alloc = |size: usize| -> *mut u8 {
             let size = size.div_ceil(granule) * granule;
             let mut h = VmemHandle::default();
-            iron.ok("handle", (f.vmem_handle_create.unwrap())(data, size, MemoryType::PINNED, 0, &mut h));
+            iron.ok(
+                "handle",
+                (f.vmem_handle_create.unwrap())(data, size, MemoryType::PINNED, 0, &mut h),
+            );
             let mut va: *mut c_void = std::ptr::null_mut();
-            iron.ok("reserve", (f.vmem_address_reserve_align.unwrap())(&mut va, size, 0, 0, VMEM_ADDRESS_NO_REGISTER));
+            iron.ok(
+                "reserve",
+                (f.vmem_address_reserve_align.unwrap())(
+                    &mut va,
+                    size,
+                    0,
+                    0,
+                    VMEM_ADDRESS_NO_REGISTER,
+                ),
+            );
             iron.ok("map", (f.vmem_map.unwrap())(va, size, 0, h, 0));
             let desc = [
-                AccessDesc { permissions: AccessPermission::RW, agent_handle: cpu },
-                AccessDesc { permissions: AccessPermission::RW, agent_handle: aie },
+                AccessDesc {
+                    permissions: AccessPermission::RW,
+                    agent_handle: cpu,
+                },
+                AccessDesc {
+                    permissions: AccessPermission::RW,
+                    agent_handle: aie,
+                },
             ];
-            iron.ok("set access", (f.vmem_set_access.unwrap())(va, size, desc.as_ptr(), 2));
+            iron.ok(
+                "set access",
+                (f.vmem_set_access.unwrap())(va, size, desc.as_ptr(), 2),
+            );
             va.cast()
         };
 
         let mut q: *mut Queue = std::ptr::null_mut();
-        iron.ok("queue", (f.queue_create)(aie, qmin, QueueType::SINGLE, None, std::ptr::null_mut(), 0, 0, &mut q));
+        iron.ok(
+            "queue",
+            (f.queue_create)(
+                aie,
+                qmin,
+                QueueType::SINGLE,
+                None,
+                std::ptr::null_mut(),
+                0,
+                0,
+                &mut q,
+            ),
+        );
         let size = u64::from((*q).size);
         let ring = (*q).base_address.cast::<AieDispatchPacket>();
         let doorbell = (*q).doorbell_signal;
-        let kernargs = vmem_alloc(256 * size as usize);
+        let kernargs = vmem_alloc(256 * usize::try_from(size).unwrap());
         let mut sig = Signal::default();
-        iron.ok("signal", (f.signal_create)(0, 0, std::ptr::null(), &mut sig));
+        iron.ok(
+            "signal",
+            (f.signal_create)(0, 0, std::ptr::null(), &mut sig),
+        );
 
         // load: PDI and insts into the device heap with a plain memmove.
         let design = EmuDesign::vector_scalar_add(1024, DType::I32, 1);
         let (pdi, insts) = (design.to_pdi(), design.insts(generation));
         let heap_copy = |bytes: &[u8]| {
             let mut p: *mut c_void = std::ptr::null_mut();
-            iron.ok("heap alloc", (f.memory_pool_allocate)(heap, bytes.len(), 0, &mut p));
+            iron.ok(
+                "heap alloc",
+                (f.memory_pool_allocate)(heap, bytes.len(), 0, &mut p),
+            );
             std::ptr::copy(bytes.as_ptr(), p.cast(), bytes.len());
             p as u64
         };
@@ -206,11 +299,14 @@ fn a_client_driving_the_c_abi_like_iron_runs_vector_scalar_add_and_a_chain() {
             let wr = (f.queue_load_write_index_relaxed)(q);
             let start = Instant::now();
             while wr - (f.queue_load_read_index_scacquire)(q) >= size {
-                assert!(start.elapsed() < Duration::from_secs(5), "ring full and never drained");
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "ring full and never drained"
+                );
                 std::thread::yield_now();
             }
             let wr = (f.queue_add_write_index_relaxed)(q, 1);
-            let slot = (wr % size) as usize;
+            let slot = usize::try_from(wr % size).unwrap();
             let ka = kernargs.add(slot * 256).cast::<u64>();
             ka.write(src as u64);
             ka.add(1).write(dst as u64);
@@ -236,11 +332,20 @@ fn a_client_driving_the_c_abi_like_iron_runs_vector_scalar_add_and_a_chain() {
         let wait = || {
             let start = Instant::now();
             loop {
-                let v = (f.signal_wait_scacquire)(sig, SignalCondition::EQ, 0, freq / 100, WaitState::BLOCKED);
+                let v = (f.signal_wait_scacquire)(
+                    sig,
+                    SignalCondition::EQ,
+                    0,
+                    freq / 100,
+                    WaitState::BLOCKED,
+                );
                 if v == 0 {
                     break;
                 }
-                assert!(start.elapsed() < Duration::from_secs(5), "signal stuck at {v}");
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "signal stuck at {v}"
+                );
             }
         };
 
@@ -267,7 +372,10 @@ fn a_client_driving_the_c_abi_like_iron_runs_vector_scalar_add_and_a_chain() {
         assert_eq!((f.queue_load_read_index_scacquire)(q), last + 1);
         // 100 add-ones starting from bufs[0] (still the input), ending in bufs[0] (100 is even).
         let out = std::slice::from_raw_parts(bufs[0].cast::<i32>(), 1024);
-        assert!(out.iter().zip(&input).all(|(o, i)| *o == i + 100), "chain result");
+        assert!(
+            out.iter().zip(&input).all(|(o, i)| *o == i + 100),
+            "chain result"
+        );
         // IRON never releases the queue, the kernarg pool or the signal, and never calls
         // hsa_shut_down: the runtime must tolerate that. Balance the init for later tests.
         iron.ok("shut down", (f.shut_down)());
