@@ -42,7 +42,7 @@ const IRON: [&str; 24] = [
 ];
 
 /// Other entry points the emulator exports.
-const EXTRA: [&str; 16] = [
+const EXTRA: [&str; 18] = [
     "hsa_sim_last_error",
     "hsa_sim_counters",
     "hsa_signal_load_relaxed",
@@ -59,6 +59,8 @@ const EXTRA: [&str; 16] = [
     "hsa_region_get_info",
     "hsa_memory_allocate",
     "hsa_memory_free",
+    "hsa_amd_memory_lock",
+    "hsa_amd_memory_unlock",
 ];
 
 fn cdylib() -> PathBuf {

@@ -403,3 +403,24 @@ fn null_pointers_and_unknown_handles_are_refused_without_crashing() {
         assert!(hsa_sim_last_error(std::ptr::null_mut(), 0) > 0);
     }
 }
+
+#[test]
+fn locking_user_memory_works_for_the_cpu_only() {
+    let sim = Sim::new(PacketAbi::G2);
+    let mut buf = vec![0u8; 4096];
+    let host = buf.as_mut_ptr().cast::<c_void>();
+    let mut agent_ptr: *mut c_void = std::ptr::null_mut();
+    // SAFETY: (whole block) live locals; nothing is pinned or written through.
+    unsafe {
+        assert_eq!(
+            hsa_amd_memory_lock(host, 4096, &sim.aie, 1, &mut agent_ptr),
+            Status::ERROR_INVALID_AGENT
+        );
+        assert_eq!(
+            hsa_amd_memory_lock(host, 4096, &sim.cpu, 1, &mut agent_ptr),
+            Status::SUCCESS
+        );
+        assert_eq!(agent_ptr, host);
+        assert_eq!(hsa_amd_memory_unlock(host), Status::SUCCESS);
+    }
+}

@@ -162,3 +162,53 @@ pub unsafe extern "C" fn hsa_amd_portable_close_dmabuf(dmabuf: c_int) -> Status 
         Status::SUCCESS
     })
 }
+
+/// `hsa_amd_memory_lock`: as in ROCR, naming the AIE agent fails with `INVALID_AGENT` (the
+/// AIE driver cannot use locked user memory); with CPU agents only it succeeds and
+/// `*agent_ptr` is `host_ptr`. Nothing is pinned: the emulator has no device to pin for.
+///
+/// # Safety
+/// `agents` is valid for `num_agent` reads (or null when it is 0); `agent_ptr` is null (the
+/// call fails) or valid for one pointer write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hsa_amd_memory_lock(
+    host_ptr: *mut c_void,
+    size: usize,
+    agents: *const Agent,
+    num_agent: c_int,
+    agent_ptr: *mut *mut c_void,
+) -> Status {
+    guard(|| {
+        let rt = match runtime() {
+            Ok(rt) => rt,
+            Err(st) => return st,
+        };
+        let n = usize::try_from(num_agent).unwrap_or(0);
+        if host_ptr.is_null() || size == 0 || agent_ptr.is_null() || (n > 0 && agents.is_null()) {
+            return Status::ERROR_INVALID_ARGUMENT;
+        }
+        for i in 0..n {
+            // SAFETY: `agents` is valid for `num_agent` reads by the contract.
+            let a = unsafe { agents.add(i).read_unaligned() };
+            if rt.agent_kind(a) != Some(AgentKind::Cpu) {
+                return Status::ERROR_INVALID_AGENT;
+            }
+        }
+        // SAFETY: `agent_ptr` is non-null and valid for one pointer write by the contract.
+        unsafe { agent_ptr.write(host_ptr) };
+        Status::SUCCESS
+    })
+}
+
+/// `hsa_amd_memory_unlock`: the counterpart of [`hsa_amd_memory_lock`]; nothing to undo.
+///
+/// # Safety
+/// Always safe; `unsafe` only as part of the C ABI.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hsa_amd_memory_unlock(host_ptr: *mut c_void) -> Status {
+    guard(|| match runtime() {
+        Ok(_) if host_ptr.is_null() => Status::ERROR_INVALID_ARGUMENT,
+        Ok(_) => Status::SUCCESS,
+        Err(st) => st,
+    })
+}
