@@ -273,6 +273,7 @@ pub(crate) fn run(design: &EmuDesign, inputs: &[Vec<u8>]) -> Result<Option<Vec<u
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
 mod tests {
     use super::*;
 
@@ -340,6 +341,109 @@ mod tests {
                 assert_eq!(c[i * n + j], want);
             }
         }
+    }
+
+    /// Elementwise kernels for every dtype against arithmetic done independently: integers
+    /// in i64 then truncated to the width (two's-complement wrapping), floats in f32.
+    #[test]
+    fn elementwise_kernels_cover_every_dtype() {
+        fn ints<T: Pod>(n: usize, seed: i64, conv: impl Fn(i64) -> T) -> Vec<u8> {
+            let v: Vec<T> = (0..n as i64)
+                .map(|i| conv((i * 7919 + seed) * 104_729 - 3_000_000))
+                .collect();
+            encode(&v)
+        }
+        macro_rules! check_int {
+            ($t:ty, $d:expr) => {{
+                let n = 97;
+                let (a, b) = (ints::<$t>(n, 1, |x| x as $t), ints::<$t>(n, 5, |x| x as $t));
+                let (xa, xb) = (decode::<$t>(&a, n), decode::<$t>(&b, n));
+                let add = run(
+                    &EmuDesign::vector_vector_add(n as u32, $d),
+                    &[a.clone(), b.clone()],
+                );
+                let want: Vec<$t> = xa
+                    .iter()
+                    .zip(&xb)
+                    .map(|(p, q)| (*p as i64 + *q as i64) as $t)
+                    .collect();
+                assert_eq!(
+                    decode::<$t>(&add.unwrap().unwrap(), n),
+                    want,
+                    "add {:?}",
+                    $d
+                );
+                let mul = run(&EmuDesign::vector_mul(n as u32, $d), &[a.clone(), b]);
+                let want: Vec<$t> = xa
+                    .iter()
+                    .zip(&xb)
+                    .map(|(p, q)| (*p as i64).wrapping_mul(*q as i64) as $t)
+                    .collect();
+                assert_eq!(
+                    decode::<$t>(&mul.unwrap().unwrap(), n),
+                    want,
+                    "mul {:?}",
+                    $d
+                );
+                let vsa = run(&EmuDesign::vector_scalar_add(n as u32, $d, 3), std::slice::from_ref(&a));
+                let want: Vec<$t> = xa.iter().map(|p| (*p as i64 + 3) as $t).collect();
+                assert_eq!(
+                    decode::<$t>(&vsa.unwrap().unwrap(), n),
+                    want,
+                    "vsa {:?}",
+                    $d
+                );
+                let relu = run(&EmuDesign::relu(n as u32, $d), &[a]);
+                let want: Vec<$t> = xa
+                    .iter()
+                    .map(|p| if (*p as i64) < 0 { 0 as $t } else { *p })
+                    .collect();
+                assert_eq!(
+                    decode::<$t>(&relu.unwrap().unwrap(), n),
+                    want,
+                    "relu {:?}",
+                    $d
+                );
+            }};
+        }
+        check_int!(u8, DType::U8);
+        check_int!(i8, DType::I8);
+        check_int!(i16, DType::I16);
+        check_int!(i32, DType::I32);
+        check_int!(u32, DType::U32);
+
+        let n = 64;
+        let fa: Vec<f32> = (0..n).map(|i| i as f32 * 0.37 - 9.0).collect();
+        let fb: Vec<f32> = (0..n).map(|i| 5.5 - i as f32 * 0.21).collect();
+        let out = run(
+            &EmuDesign::vector_mul(n as u32, DType::F32),
+            &[encode(&fa), encode(&fb)],
+        );
+        let want: Vec<f32> = fa.iter().zip(&fb).map(|(p, q)| p * q).collect();
+        assert_eq!(decode::<f32>(&out.unwrap().unwrap(), n), want);
+        let (ha, hb): (Vec<bf16>, Vec<bf16>) = (
+            fa.iter().map(|x| bf16::from_f32(*x)).collect(),
+            fb.iter().map(|x| bf16::from_f32(*x)).collect(),
+        );
+        let out = run(
+            &EmuDesign::vector_vector_add(n as u32, DType::Bf16),
+            &[encode(&ha), encode(&hb)],
+        );
+        let want: Vec<bf16> = ha
+            .iter()
+            .zip(&hb)
+            .map(|(p, q)| bf16::from_f32(p.to_f32() + q.to_f32()))
+            .collect();
+        assert_eq!(decode::<bf16>(&out.unwrap().unwrap(), n), want);
+        let out = run(
+            &EmuDesign::vector_scalar_add(n as u32, DType::Bf16, -2),
+            &[encode(&ha)],
+        );
+        let want: Vec<bf16> = ha
+            .iter()
+            .map(|p| bf16::from_f32(p.to_f32() - 2.0))
+            .collect();
+        assert_eq!(decode::<bf16>(&out.unwrap().unwrap(), n), want);
     }
 
     #[test]
