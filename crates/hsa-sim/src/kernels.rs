@@ -385,7 +385,10 @@ mod tests {
                     "mul {:?}",
                     $d
                 );
-                let vsa = run(&EmuDesign::vector_scalar_add(n as u32, $d, 3), std::slice::from_ref(&a));
+                let vsa = run(
+                    &EmuDesign::vector_scalar_add(n as u32, $d, 3),
+                    std::slice::from_ref(&a),
+                );
                 let want: Vec<$t> = xa.iter().map(|p| (*p as i64 + 3) as $t).collect();
                 assert_eq!(
                     decode::<$t>(&vsa.unwrap().unwrap(), n),
