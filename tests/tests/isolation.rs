@@ -228,3 +228,49 @@ async fn a_killed_client_loses_its_tensors_and_program_references_after_the_grac
             .all(|v| *v == 100)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_resumes_on_a_new_connection_within_the_grace_period() {
+    let d = Daemon::start(Options {
+        grace_ms: 3000,
+        ..Options::default()
+    });
+    let (id, token, tensor) = {
+        let mut s = Session::open(d.connect().await, "first").await.unwrap();
+        let t = s.alloc_mapped(BYTES).await.unwrap();
+        s.register(&vsa()).await.unwrap();
+        (s.id, s.token.clone(), t.id)
+    };
+    // The first connection is gone; a new one resumes the session and finds its handles.
+    let mut client = d.connect().await;
+    let r = client
+        .resume_session(pb::ResumeSessionRequest {
+            session_id: id,
+            token: token.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((r.session_id, r.tensors, r.programs), (id, 1, 1));
+    let info = client
+        .get_tensor_info(with_session(
+            pb::GetTensorInfoRequest { tensor_id: tensor },
+            id,
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.size_bytes, BYTES);
+    let st = client
+        .get_statistics(pb::GetStatisticsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        st.sessions
+            .iter()
+            .any(|s| s.session_id == id && s.connected)
+    );
+    assert_eq!(st.sessions_ended, 0);
+}

@@ -196,3 +196,31 @@ async fn sigterm_exits_zero_and_removes_both_sockets() {
     assert!(log.contains("SIGTERM: shutting down"), "{log}");
     assert!(log.contains("released the NPU"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_file_sets_limits_and_json_logs_are_json() {
+    let cfg = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        cfg.path(),
+        "[limits]\nmax_chain_links = 5\nmax_sessions = 7\n[log]\nformat = \"json\"\n",
+    )
+    .unwrap();
+    let d = Daemon::start(Options {
+        args: vec!["--config".into(), cfg.path().display().to_string()],
+        ..Options::default()
+    });
+    let info = NpudClient::new(d.channel().await)
+        .get_device_info(pb::GetDeviceInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let l = info.limits.unwrap();
+    assert_eq!((l.max_chain_links, l.max_sessions), (5, 7));
+    let log = d.stderr();
+    let listening = log
+        .lines()
+        .find(|l| l.contains("npud listening on unix:"))
+        .unwrap_or_else(|| panic!("no listening line in {log}"));
+    let v: serde_json::Value = serde_json::from_str(listening).expect("a JSON log line");
+    assert_eq!(v["level"], "INFO");
+}

@@ -273,3 +273,106 @@ async fn write_and_read_through_the_api_round_trip_in_chunks() {
     assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
     assert!(e.message().contains("limits.max_message_bytes"), "{e:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn programs_are_evicted_least_recently_used_and_reloaded_on_demand() {
+    let d = Daemon::start(Options::default().env("NPUD_LIMITS__MAX_CACHED_PROGRAMS", "2"));
+    let (mut s, p1, mut a, b) = setup(&d).await;
+    let p2 = s
+        .register(&EmuDesign::vector_scalar_add(N, DType::I32, 2))
+        .await
+        .unwrap()
+        .program_id;
+    let p3 = s
+        .register(&EmuDesign::vector_scalar_add(N, DType::I32, 3))
+        .await
+        .unwrap()
+        .program_id;
+    a.map.as_mut_slice_of::<i32>().unwrap().fill(10);
+    for (p, want) in [(p1, 11), (p2, 12), (p3, 13), (p1, 11)] {
+        s.dispatch(p, &[a.id, b.id]).await.unwrap();
+        assert!(
+            b.map
+                .as_slice_of::<i32>()
+                .unwrap()
+                .iter()
+                .all(|v| *v == want)
+        );
+    }
+    let st = s.statistics().await.unwrap();
+    let by_id = |id| st.programs.iter().find(|x| x.program_id == id).unwrap();
+    // p1 was evicted by p3 (least recently used), then reloaded; p2 went out for it.
+    assert_eq!((by_id(p1).loads, by_id(p1).loaded), (2, true));
+    assert_eq!((by_id(p2).loads, by_id(p2).loaded), (1, false));
+    assert_eq!((by_id(p3).loads, by_id(p3).loaded), (1, true));
+    let info = s
+        .client
+        .get_device_info(pb::GetDeviceInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.programs_loaded, 2);
+    assert!(info.heap_used_bytes > 0);
+
+    // Unregistering the last reference unloads and drops it.
+    s.client
+        .unregister_program(s.req(pb::UnregisterProgramRequest { program_id: p3 }))
+        .await
+        .unwrap();
+    let e = s.dispatch(p3, &[a.id, b.id]).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    let st = s.statistics().await.unwrap();
+    assert!(st.programs.iter().all(|x| x.program_id != p3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_session_queue_is_resource_exhausted() {
+    let d = Daemon::start(Options {
+        args: vec!["--emulator-timeout-ms".into(), "300".into()],
+        ..Options::default().env("NPUD_LIMITS__MAX_PENDING_PER_SESSION", "2")
+    });
+    let (mut s, p, a, b) = setup(&d).await;
+    let hang = s.register(&EmuDesign::hang(N * 4)).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let mut inbound = s
+        .client
+        .submit(s.req(tokio_stream::wrappers::ReceiverStream::new(rx)))
+        .await
+        .unwrap()
+        .into_inner();
+    let item = |id, program| pb::SubmitRequest {
+        request_id: id,
+        work: Some(pb::submit_request::Work::Dispatch(dispatch_request(
+            program,
+            &[a.id, b.id],
+        ))),
+        timeout_ms: 0,
+    };
+    tx.send(item(0, hang.program_id)).await.unwrap();
+    for i in 1..=3 {
+        tx.send(item(i, p)).await.unwrap();
+    }
+    drop(tx);
+    let mut exhausted = Vec::new();
+    while let Some(r) = inbound.next().await {
+        let r = r.unwrap();
+        if r.code == tonic::Code::ResourceExhausted as i32 {
+            assert!(
+                r.message.contains("limits.max_pending_per_session"),
+                "{r:?}"
+            );
+            exhausted.push(r.request_id);
+        }
+    }
+    assert!(!exhausted.is_empty(), "a third queued item is refused");
+    // Another session is not affected by this one's full queue.
+    let mut other = Session::open(d.connect().await, "other").await.unwrap();
+    let q = other
+        .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
+        .await
+        .unwrap()
+        .program_id;
+    let x = other.alloc_mapped(BYTES).await.unwrap();
+    let y = other.alloc_mapped(BYTES).await.unwrap();
+    other.dispatch(q, &[x.id, y.id]).await.unwrap();
+}

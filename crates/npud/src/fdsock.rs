@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use npu_fd::wire::{self, Op, Response, Status, Ticket, server};
+use npu_fd::wire::{Op, Response, Status, Ticket, server};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 
@@ -249,13 +249,6 @@ fn refusal(e: &NpudError) -> Response {
         NpudError::NotFound(_) => Status::UNKNOWN_TICKET,
         _ => Status::INTERNAL,
     };
-    let mut msg = e.message().to_owned();
-    if msg.len() > wire::MAX_MESSAGE_LEN {
-        let mut cut = wire::MAX_MESSAGE_LEN;
-        while !msg.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        msg.truncate(cut);
-    }
-    Response::error(status, msg)
+    // The frame keeps the first 224 bytes of the message.
+    Response::error(status, e.message())
 }

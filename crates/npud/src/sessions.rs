@@ -169,12 +169,18 @@ impl Sessions {
         if !same_token(&s.token, token) {
             return Err(bad());
         }
-        if let (Some(bound), Some(peer)) = (s.uid, conn.and_then(|c| c.uid))
-            && bound != peer
-        {
-            return Err(NpudError::PermissionDenied(format!(
-                "session {id} belongs to uid {bound}; this peer is uid {peer}"
-            )));
+        match (s.uid, conn.map(|c| c.uid)) {
+            (Some(bound), Some(Some(peer))) if bound != peer => {
+                return Err(NpudError::PermissionDenied(format!(
+                    "session {id} belongs to uid {bound}; this peer is uid {peer}"
+                )));
+            }
+            (Some(bound), Some(None)) => {
+                return Err(NpudError::PermissionDenied(format!(
+                    "session {id} belongs to local uid {bound}: use it on the Unix socket"
+                )));
+            }
+            _ => {}
         }
         if let Some(c) = conn
             && s.conns.insert(c.id)
@@ -341,6 +347,14 @@ mod tests {
         let e = s
             .authenticate(&md(id, &token), Some(&conn(2, 1001)))
             .unwrap_err();
+        assert!(matches!(e, NpudError::PermissionDenied(_)), "{e}");
+        let tcp = ConnInfo {
+            id: 3,
+            uid: None,
+            pid: None,
+            addr: None,
+        };
+        let e = s.authenticate(&md(id, &token), Some(&tcp)).unwrap_err();
         assert!(matches!(e, NpudError::PermissionDenied(_)), "{e}");
     }
 
