@@ -9,9 +9,10 @@
 //!   and, for every buffer argument the DDR patches use, the byte offsets it is patched with and
 //!   the smallest buffer that fits. [`txn::TxnProgram::check_buffers`] refuses a dispatch with too
 //!   few or too small buffers before it reaches the device. [`txn::listing`] explains a stream op
-//!   by op (for `npuctl inspect`).
+//!   by op (for `npuctl inspect`); [`txn::explain`] does so for a refused stream too.
 //! - [`pdi`]: `main.pdi`. [`pdi::identify`] recognizes a partial PDI ("PPDI") and verifies its
-//!   header checksums, recognizes an xclbin (see [`xclbin`]) and reads emulated designs.
+//!   header checksums, recognizes an xclbin (see [`xclbin`], which also finds and verifies the PDI
+//!   its `AIE_PARTITION` section embeds) and reads emulated designs.
 //! - [`emu`]: the emulated-design format, a small `main.pdi` that names a reference kernel for the
 //!   software NPU (hsa-sim), with a writer for whole design directories.
 //! - [`design`]: design directories (`main.pdi` + `insts.bin`, also under `build/`), and

@@ -445,3 +445,19 @@ fn errors_name_the_file_when_wrapped() {
         "build/insts.bin: insts.bin is 4 bytes; expected at least 16 (the TXN header is 4 words)"
     );
 }
+
+#[test]
+fn long_streams_walk_in_one_pass() {
+    // 200k one-word ops: the walk advances at least a word per op, so it ends after 200k steps.
+    let noops = vec![[5u32]; 200_000];
+    let ops: Vec<&[u32]> = noops.iter().map(|w| &w[..]).collect();
+    let p = TxnProgram::parse(&cur(&ops)).unwrap();
+    assert_eq!(p.op_count, 200_000);
+    // A header that claims far more ops than the bytes can hold fails without allocating for them.
+    let mut b = cur(&[&[5]]);
+    b[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert_eq!(
+        err(&b),
+        "TXN header (byte offset 8) declares 4294967295 ops but the stream ends at byte offset 20 after 1 ops"
+    );
+}
