@@ -376,3 +376,71 @@ async fn a_full_session_queue_is_resource_exhausted() {
     let y = other.alloc_mapped(BYTES).await.unwrap();
     other.dispatch(q, &[x.id, y.id]).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_served_round_robin() {
+    let d = Daemon::start(Options {
+        args: vec!["--emulator-timeout-ms".into(), "300".into()],
+        ..Options::default()
+    });
+    // Session a queues three long items (each a different hanging design, failed by the
+    // emulator's watchdog); session b's dispatch arrives while a's first one runs.
+    let mut a = Session::open(d.connect().await, "a").await.unwrap();
+    let size: u32 = 3 * 4096;
+    let mut hangs = Vec::new();
+    for k in 1..=3 {
+        hangs.push(
+            a.register(&EmuDesign::hang(k * 4096))
+                .await
+                .unwrap()
+                .program_id,
+        );
+    }
+    let x = a.alloc_mapped(u64::from(size)).await.unwrap();
+    let y = a.alloc_mapped(u64::from(size)).await.unwrap();
+    let (mut b, p, bx, by) = setup(&d).await;
+
+    let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let mut inbound = a
+        .client
+        .submit(a.req(tokio_stream::wrappers::ReceiverStream::new(rx)))
+        .await
+        .unwrap()
+        .into_inner();
+    for (i, h) in hangs.iter().enumerate() {
+        tx.send(pb::SubmitRequest {
+            request_id: i as u64 + 1,
+            work: Some(pb::submit_request::Work::Dispatch(dispatch_request(
+                *h,
+                &[x.id, y.id],
+            ))),
+            timeout_ms: 0,
+        })
+        .await
+        .unwrap();
+    }
+    drop(tx);
+    let a_events = events_tx.clone();
+    let reader = tokio::spawn(async move {
+        while let Some(r) = inbound.next().await {
+            let r = r.unwrap();
+            assert_eq!(r.code, tonic::Code::Internal as i32, "{r:?}");
+            a_events.send(format!("a{}", r.request_id)).unwrap();
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    b.dispatch(p, &[bx.id, by.id]).await.unwrap();
+    events_tx.send("b".into()).unwrap();
+    reader.await.unwrap();
+    drop(events_tx);
+    let mut order = Vec::new();
+    while let Some(e) = events.recv().await {
+        order.push(e);
+    }
+    // Served first-come-first-served, b would wait for all of a's items. Round-robin runs it
+    // after at most one more of a's (a2 may have re-entered the rotation before b arrived).
+    assert_eq!(order.len(), 4, "{order:?}");
+    assert_eq!(order[0], "a1", "{order:?}");
+    assert_eq!(order[3], "a3", "b is not served last: {order:?}");
+}

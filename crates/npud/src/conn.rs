@@ -31,13 +31,6 @@ pub struct ConnInfo {
     pub addr: Option<SocketAddr>,
 }
 
-impl ConnInfo {
-    /// Whether the peer is on this host's Unix socket (and can receive file descriptors).
-    pub fn is_local(&self) -> bool {
-        self.uid.is_some()
-    }
-}
-
 #[derive(Debug)]
 enum Stream {
     Unix(UnixStream),
@@ -58,18 +51,13 @@ impl Conn {
     /// Wraps an accepted Unix stream, reading the peer's credentials.
     pub fn unix(s: UnixStream, sessions: Arc<Sessions>) -> Self {
         let cred = s.peer_cred().ok();
+        // A Unix peer whose credentials cannot be read is still local; it gets u32::MAX, which
+        // is no real user's uid, so it can use no other user's session.
         let info = ConnInfo {
             id: NEXT_CONN.fetch_add(1, Ordering::Relaxed),
-            uid: cred.map(|c| c.uid()),
+            uid: Some(cred.map_or(u32::MAX, |c| c.uid())),
             pid: cred.and_then(|c| c.pid()),
             addr: None,
-        };
-        // A Unix peer is always local even if SO_PEERCRED failed; an unreadable uid would make
-        // every session check fail, so refuse such a peer its uid binding instead: u32::MAX
-        // matches no real user.
-        let info = ConnInfo {
-            uid: Some(info.uid.unwrap_or(u32::MAX)),
-            ..info
         };
         Self {
             stream: Stream::Unix(s),

@@ -323,6 +323,11 @@ impl Programs {
         Ok(e.program.clone())
     }
 
+    /// Whether `id` is quarantined (work queued before its fault is refused when it comes up).
+    pub fn is_quarantined(&self, id: u64) -> bool {
+        self.lock().entries.get(&id).is_some_and(|e| e.quarantined)
+    }
+
     pub fn quarantine(&self, id: u64) {
         if let Some(e) = self.lock().entries.get_mut(&id) {
             e.quarantined = true;

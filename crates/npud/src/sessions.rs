@@ -264,11 +264,6 @@ impl Sessions {
         v.sort_by_key(|s| s.id);
         v
     }
-
-    /// Every session id (for shutdown).
-    pub fn ids(&self) -> Vec<u64> {
-        self.lock().sessions.keys().copied().collect()
-    }
 }
 
 /// 16 random bytes as 32 lowercase hex characters.

@@ -181,13 +181,6 @@ impl ExecutorHandle {
         rx.await.map_err(|_| NpudError::executor_gone())?
     }
 
-    /// Sends a command that does not wait (used from synchronous contexts).
-    pub fn try_send(&self, cmd: Command) {
-        if self.tx.try_send(cmd).is_err() {
-            tracing::warn!("the executor's queue is full or closed; a release was dropped");
-        }
-    }
-
     pub async fn snapshot(&self) -> Snapshot {
         let (tx, rx) = oneshot::channel();
         if self.send(Command::Snapshot { reply: tx }).await.is_err() {

@@ -66,6 +66,14 @@ impl Worker {
                     link.program.id
                 )));
             }
+            if self.programs.is_quarantined(link.program.id) {
+                return Err(NpudError::FailedPrecondition(format!(
+                    "{p}program_id: program {} ({}) is quarantined: it faulted the device while \
+                     this work was queued",
+                    link.program.id,
+                    link.program.display_name()
+                )));
+            }
             let mut args = Vec::with_capacity(link.args.len());
             let mut sizes = Vec::with_capacity(link.args.len());
             for (i, a) in link.args.iter().enumerate() {
