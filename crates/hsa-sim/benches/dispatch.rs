@@ -10,11 +10,7 @@ use npu_artifacts::emu::{DType, EmuDesign};
 
 fn open(abi: PacketAbi) -> Device {
     hsa_sim::set_config(hsa_sim::SimConfig {
-        packet_abi: match abi {
-            PacketAbi::G2 => hsa_sim::PacketAbi::G2,
-            PacketAbi::G1b => hsa_sim::PacketAbi::G1b,
-            PacketAbi::G1a => hsa_sim::PacketAbi::G1a,
-        },
+        packet_abi: abi,
         ..Default::default()
     });
     let api = HsaApi::from_static(hsa_sim::fns(), "hsa-sim");

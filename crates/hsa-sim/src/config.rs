@@ -67,29 +67,9 @@ impl From<NpuGen> for AieGeneration {
     }
 }
 
-/// The AIE packet ABI the emulated ROCR speaks (`rocr-aie.md` §0).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum PacketAbi {
-    /// `hsa_amd_aie_kernel_dispatch_packet_t`, the current ABI.
-    G2,
-    /// The vendor ERT packet with `AmdFormat` 200 and a completion signal at offset 48.
-    G1b,
-    /// The vendor ERT packet with `AmdFormat` 3 and no completion signal (ROCm 7.0); its ring
-    /// does not wrap.
-    G1a,
-}
-
-impl PacketAbi {
-    /// Parses `g2`, `g1b` or `g1a`.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "g2" => Some(Self::G2),
-            "g1b" => Some(Self::G1b),
-            "g1a" => Some(Self::G1a),
-            _ => None,
-        }
-    }
-}
+/// The AIE packet ABI the emulated ROCR speaks: the binding's own type, so the two cannot
+/// disagree on what `g2`, `g1b` and `g1a` mean.
+pub use hsa_core::PacketAbi;
 
 /// The emulator's configuration, fixed for the life of one initialisation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,7 +108,7 @@ impl SimConfig {
             }
         }
         if let Some(v) = get("HSA_SIM_PACKET_ABI") {
-            match PacketAbi::parse(&v) {
+            match v.trim().parse::<PacketAbi>().ok() {
                 Some(p) => cfg.packet_abi = p,
                 None => {
                     tracing::warn!(value = %v, "HSA_SIM_PACKET_ABI is not g2, g1b or g1a; using g2")

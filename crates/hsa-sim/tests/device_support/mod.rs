@@ -14,14 +14,6 @@ use npu_artifacts::emu::{DType, EmuDesign};
 
 pub const ABIS: [PacketAbi; 3] = [PacketAbi::G2, PacketAbi::G1b, PacketAbi::G1a];
 
-pub fn sim_abi(abi: PacketAbi) -> hsa_sim::PacketAbi {
-    match abi {
-        PacketAbi::G2 => hsa_sim::PacketAbi::G2,
-        PacketAbi::G1b => hsa_sim::PacketAbi::G1b,
-        PacketAbi::G1a => hsa_sim::PacketAbi::G1a,
-    }
-}
-
 pub fn npu_gen(g: Generation) -> NpuGen {
     match g {
         Generation::Npu1 => NpuGen::Npu1,
@@ -33,7 +25,7 @@ pub fn npu_gen(g: Generation) -> NpuGen {
 pub fn open_static(abi: PacketAbi, opts: DeviceOptions) -> Device {
     hsa_sim::set_config(SimConfig {
         agent: AieGeneration::Aie2p,
-        packet_abi: sim_abi(abi),
+        packet_abi: abi,
         timeout: Duration::from_millis(300),
     });
     let api = HsaApi::from_static(hsa_sim::fns(), "hsa-sim");
