@@ -339,11 +339,9 @@ fn open_device(cfg: &Config) -> Result<Device, StartError> {
         Backend::Emulator => {
             let agent = hsa_sim::AieGeneration::from_agent_name(&cfg.emulator.agent_name)
                 .unwrap_or(hsa_sim::AieGeneration::Aie2p);
-            let packet_abi =
-                hsa_sim::PacketAbi::parse(&cfg.packet_abi).unwrap_or(hsa_sim::PacketAbi::G2);
             hsa_sim::set_config(hsa_sim::SimConfig {
                 agent,
-                packet_abi,
+                packet_abi: cfg.device_options().packet_abi,
                 timeout: Duration::from_millis(cfg.emulator.timeout_ms),
             });
             Ok(HsaApi::from_static(hsa_sim::fns(), "hsa-sim (emulator)"))
