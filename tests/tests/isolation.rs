@@ -274,3 +274,61 @@ async fn a_session_resumes_on_a_new_connection_within_the_grace_period() {
     );
     assert_eq!(st.sessions_ended, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unix_session_and_its_tickets_are_bound_to_the_peers_uid() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !rustix::process::getuid().is_root() {
+        eprintln!("skipped: needs root to run a client under another uid");
+        return;
+    }
+    let d = Daemon::start(Options::default());
+    let mut s = Session::open(d.connect().await, "root").await.unwrap();
+    let r = s
+        .client
+        .allocate_tensor(s.req(pb::AllocateTensorRequest {
+            size_bytes: 64,
+            name: String::new(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let ticket = npu_fd::wire::Ticket::from_slice(&r.fd_ticket).unwrap();
+    // Let another user reach the sockets.
+    std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for p in [&d.socket, &d.fd_socket] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    let out = Command::new(binary("npud-test-client"))
+        .arg("foreign")
+        .arg(&d.socket)
+        .arg(&d.fd_socket)
+        .arg(s.id.to_string())
+        .arg(&s.token)
+        .arg(ticket.to_string())
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(v["code"], "PermissionDenied", "{v}");
+    assert_eq!(
+        v["message"],
+        format!("session {} belongs to uid 0; this peer is uid 65534", s.id)
+    );
+    let redeem = v["redeem"].as_str().unwrap();
+    assert!(
+        redeem.contains("the ticket was issued to uid 0; this peer is uid 65534"),
+        "{redeem}"
+    );
+    // The owner can still redeem it: a refused attempt does not consume the ticket.
+    let sock = std::os::unix::net::UnixStream::connect(&d.fd_socket).unwrap();
+    npu_fd::wire::client::redeem_export(&sock, &ticket).unwrap();
+}

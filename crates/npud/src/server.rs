@@ -91,7 +91,8 @@ pub async fn run(
         tickets: tickets.clone(),
         facts,
         limits: cfg.limits.clone(),
-        fd_socket: cfg.fd_socket.clone(),
+        // Clients are told this path; they may run in another directory.
+        fd_socket: std::path::absolute(&cfg.fd_socket).unwrap_or_else(|_| cfg.fd_socket.clone()),
         serving: serving_rx.clone(),
         started: Instant::now(),
     });

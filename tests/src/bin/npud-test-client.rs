@@ -7,6 +7,9 @@
 //!
 //! `npud-test-client hold SOCKET`: opens a session, registers the same program, allocates two
 //! tensors, prints `{"held":true,"session":N,"program":P}` and sleeps until killed.
+//!
+//! `npud-test-client foreign SOCKET FD_SOCKET SESSION TOKEN TICKET`: uses another process's
+//! session and export ticket (run under another uid) and prints what the daemon answered.
 
 #![forbid(unsafe_code)]
 
@@ -29,7 +32,12 @@ async fn main() -> ExitCode {
             share(PathBuf::from(sock), seed).await
         }
         (Some("hold"), Some(sock)) => hold(PathBuf::from(sock)).await,
-        _ => Err("usage: npud-test-client share SOCKET SEED | hold SOCKET".into()),
+        (Some("foreign"), Some(sock)) if args.len() == 7 => {
+            foreign(PathBuf::from(sock), &args[3], &args[4], &args[5], &args[6]).await
+        }
+        _ => Err("usage: npud-test-client share SOCKET SEED | hold SOCKET | \
+             foreign SOCKET FD_SOCKET SESSION TOKEN TICKET"
+            .into()),
     };
     match r {
         Ok(line) => {
@@ -108,4 +116,34 @@ async fn hold(sock: PathBuf) -> Result<serde_json::Value, String> {
     loop {
         tokio::time::sleep(Duration::from_secs(3600)).await;
     }
+}
+
+async fn foreign(
+    sock: PathBuf,
+    fd_socket: &str,
+    session: &str,
+    token: &str,
+    ticket: &str,
+) -> Result<serde_json::Value, String> {
+    let mut client = npu_proto::v1::npud_client::NpudClient::new(connect_unix(&sock).await);
+    let session: u64 = session.parse().map_err(|_| "SESSION is not a number")?;
+    let req = npud_e2e::with_session(
+        pb::AllocateTensorRequest {
+            size_bytes: 64,
+            name: String::new(),
+        },
+        session,
+        token,
+    );
+    let (code, message) = match client.allocate_tensor(req).await {
+        Ok(_) => ("OK".to_owned(), String::new()),
+        Err(s) => (format!("{:?}", s.code()), s.message().to_owned()),
+    };
+    let ticket: npu_fd::wire::Ticket = ticket.parse().map_err(|e| format!("{e}"))?;
+    let fd_sock = std::os::unix::net::UnixStream::connect(fd_socket).map_err(|e| e.to_string())?;
+    let redeem = match npu_fd::wire::client::redeem_export(&fd_sock, &ticket) {
+        Ok(_) => "redeemed".to_owned(),
+        Err(e) => e.to_string(),
+    };
+    Ok(serde_json::json!({ "code": code, "message": message, "redeem": redeem }))
 }
