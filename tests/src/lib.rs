@@ -173,9 +173,11 @@ impl Daemon {
         connect_unix(&self.socket).await
     }
 
-    /// The daemon's process id.
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, Child::id)
+    /// Sends the daemon a signal without waiting.
+    pub fn send_signal(&self, sig: rustix::process::Signal) {
+        if let Some(c) = &self.child {
+            signal(c, sig);
+        }
     }
 
     /// Sends SIGTERM and waits for the exit (SIGKILL after 20 s).

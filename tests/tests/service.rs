@@ -224,3 +224,38 @@ async fn a_config_file_sets_limits_and_json_logs_are_json() {
     let v: serde_json::Value = serde_json::from_str(listening).expect("a JSON log line");
     assert_eq!(v["level"], "INFO");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_work_in_flight_finish() {
+    let mut d = Daemon::start(Options {
+        args: vec!["--emulator-timeout-ms".into(), "600".into()],
+        ..Options::default()
+    });
+    let mut s = Session::open(d.connect().await, "drain").await.unwrap();
+    let slow = s.register(&EmuDesign::hang(4096)).await.unwrap().program_id;
+    let a = s.alloc_mapped(4096).await.unwrap();
+    let b = s.alloc_mapped(4096).await.unwrap();
+    let mut s2 = s.clone();
+    let (ia, ib) = (a.id, b.id);
+    let running = tokio::spawn(async move { s2.dispatch(slow, &[ia, ib]).await });
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    d.send_signal(rustix::process::Signal::TERM);
+    // The dispatch that was running when SIGTERM came is answered by the device (the emulated
+    // watchdog fails it), not cut off by the shutdown.
+    let e = running.await.unwrap().unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Internal, "{e:?}");
+    assert!(e.message().contains("quarantined"), "{e:?}");
+    drop((s, a, b));
+    let status = tokio::task::spawn_blocking(move || {
+        let st = d.terminate();
+        (st, d)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        status.0.and_then(|s| s.code()),
+        Some(0),
+        "{}",
+        status.1.stderr()
+    );
+}
