@@ -283,6 +283,51 @@ mod tests {
     }
 
     #[test]
+    fn malformed_pdi_is_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        EmuDesign::relu(16, DType::F32)
+            .write_dir(tmp.path(), NpuGen::Npu1)
+            .unwrap();
+        let pdi = tmp.path().join("main.pdi");
+        let mut bytes = std::fs::read(&pdi).unwrap();
+        bytes[56] ^= 1;
+        std::fs::write(&pdi, bytes).unwrap();
+        let e = Design::open(tmp.path()).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "{}: emulated design: checksum (byte offset 76) is",
+                pdi.display()
+            )),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn files_split_across_dir_and_build_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let build = tmp.path().join("build");
+        std::fs::create_dir(&build).unwrap();
+        let d = EmuDesign::relu(16, DType::I16);
+        std::fs::write(tmp.path().join("main.pdi"), d.to_pdi()).unwrap();
+        std::fs::write(build.join("insts.bin"), d.insts(NpuGen::Npu1)).unwrap();
+        let e = Design::open(tmp.path()).unwrap_err().to_string();
+        let t = tmp.path().display();
+        assert!(
+            e.contains(&format!(
+                "{t}/main.pdi and {t}/build/insts.bin are in different directories; expected both in one"
+            )),
+            "{e}"
+        );
+        let e = Design::open(&tmp.path().join("nope"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(": not a directory (neither main.pdi nor insts.bin found)"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn check_pair_compares_an_emulated_design_with_its_insts() {
         let d = EmuDesign::vector_vector_add(64, DType::I32);
         let (kind, program) = check_pair(&d.to_pdi(), &d.insts(NpuGen::Npu1)).unwrap();
