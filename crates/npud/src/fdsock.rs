@@ -197,6 +197,7 @@ async fn connection(stream: UnixStream, tickets: Arc<Tickets>, exec: ExecutorHan
                 match r {
                     Ok((fd, offset, size)) => {
                         tickets.consume(&request.ticket);
+                        tracing::debug!(tensor = issued.tensor, uid, "exported a tensor's fd");
                         server::write_response(
                             &stream,
                             &Response::exported(offset, size),
@@ -225,6 +226,7 @@ async fn connection(stream: UnixStream, tickets: Arc<Tickets>, exec: ExecutorHan
                         match r {
                             Ok(()) => {
                                 tickets.consume(&request.ticket);
+                                tracing::debug!(tensor = issued.tensor, uid, "imported a memfd");
                                 server::write_response(&stream, &Response::ok(), None).await
                             }
                             Err(e) => server::write_response(&stream, &refusal(&e), None).await,

@@ -44,6 +44,19 @@ impl Worker {
                 now.duration_since(item.admitted)
             )))
         };
+        match &result {
+            Ok(done) => tracing::debug!(
+                session = item.session,
+                links = item.links.len(),
+                completed = done.completed,
+                queue_ns = done.queue_ns,
+                device_ns = done.device_ns,
+                "work done"
+            ),
+            Err(e) => {
+                tracing::debug!(session = item.session, code = e.code_name(), error = %e, "work refused")
+            }
+        }
         let _ = item.reply.send(result);
     }
 
