@@ -444,3 +444,42 @@ async fn sessions_are_served_round_robin() {
     assert_eq!(order[0], "a1", "{order:?}");
     assert_eq!(order[3], "a3", "b is not served last: {order:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_timeout_that_expires_in_the_queue_keeps_the_dispatch_from_running() {
+    let d = Daemon::start(Options {
+        args: vec!["--emulator-timeout-ms".into(), "400".into()],
+        ..Options::default()
+    });
+    let (mut s, p, mut a, b) = setup(&d).await;
+    let hang = s
+        .register(&EmuDesign::hang(N * 4))
+        .await
+        .unwrap()
+        .program_id;
+    a.map.as_mut_slice_of::<i32>().unwrap().fill(5);
+    let mut s2 = s.clone();
+    let (ia, ib) = (a.id, b.id);
+    let blocker = tokio::spawn(async move { s2.dispatch(hang, &[ia, ib]).await });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let mut req = s.req(dispatch_request(p, &[a.id, b.id]));
+    req.set_timeout(std::time::Duration::from_millis(50));
+    let e = s.client.dispatch(req).await.unwrap_err();
+    assert!(
+        matches!(
+            e.code(),
+            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        blocker.await.unwrap().unwrap_err().code(),
+        tonic::Code::Internal
+    );
+    // The hang left b as it was; the timed-out dispatch (5 + 1 into b) never ran.
+    assert!(b.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v != 6));
+    let st = s.statistics().await.unwrap();
+    let mine = st.sessions.iter().find(|x| x.session_id == s.id).unwrap();
+    let errors = &mine.dispatches.as_ref().unwrap().errors;
+    assert_eq!(errors.get("DEADLINE_EXCEEDED"), Some(&1), "{errors:?}");
+}

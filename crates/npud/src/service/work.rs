@@ -101,12 +101,19 @@ impl NpudService {
         Ok(Admitted { rx, programs })
     }
 
+    /// Waits for an admitted item. The wait runs in its own task, so the item is counted in
+    /// statistics even when the caller gives up first (a `grpc-timeout` that expires while the
+    /// item is queued drops the handler; the executor then refuses the item).
     async fn complete(&self, session: u64, a: Admitted) -> Result<WorkDone, NpudError> {
-        let r =
-            a.rx.await
-                .unwrap_or_else(|_| Err(NpudError::executor_gone()));
-        self.record(session, &a.programs, &r);
-        r
+        let svc = self.clone();
+        tokio::spawn(async move {
+            let Admitted { rx, programs } = a;
+            let r = rx.await.unwrap_or_else(|_| Err(NpudError::executor_gone()));
+            svc.record(session, &programs, &r);
+            r
+        })
+        .await
+        .unwrap_or_else(|e| Err(NpudError::Internal(format!("waiting for work: {e}"))))
     }
 
     /// Counts work refused before admission against the session.
