@@ -72,6 +72,35 @@ fn discovery_finds_the_cdylib_under_rocm_path_and_vector_scalar_add_passes() {
 }
 
 #[test]
+fn the_cdylib_opened_by_path_passes_vector_scalar_add_for_each_packet_abi() {
+    let _g = hsa_sim::serial_test_guard();
+    let path = cdylib_path();
+    for abi in ABIS {
+        set_env(abi);
+        let api = HsaApi::open(&path).expect("the cdylib loads and exports every required symbol");
+        assert!(
+            api.fns().missing_optional().is_empty(),
+            "{:?}",
+            api.fns().missing_optional()
+        );
+        let mut dev = Device::open(
+            api,
+            DeviceOptions {
+                packet_abi: abi,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(
+            dev.info().library.contains("libhsa_sim.so"),
+            "{}",
+            dev.info().library
+        );
+        vector_scalar_add_passes(&mut dev);
+    }
+}
+
+#[test]
 fn create_and_destroy_counts_balance_after_the_device_is_dropped() {
     let _g = hsa_sim::serial_test_guard();
     let root = rocm_root();
