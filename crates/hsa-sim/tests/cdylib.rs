@@ -3,8 +3,9 @@
 
 #![allow(clippy::cast_possible_truncation)]
 
+mod device_support;
+
 use std::ffi::{c_char, c_void};
-use std::path::PathBuf;
 
 use hsa_core::sys::{
     AIE_DISPATCH_COUNT, AIE_DISPATCH_HEADER, Agent, AgentInfo, AieDispatchPacket, HsaFns,
@@ -63,23 +64,9 @@ const EXTRA: [&str; 18] = [
     "hsa_amd_memory_unlock",
 ];
 
-fn cdylib() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let mut dir = exe.parent().map(PathBuf::from);
-    while let Some(d) = dir {
-        for cand in [d.join("libhsa_sim.so"), d.join("deps/libhsa_sim.so")] {
-            if cand.is_file() {
-                return cand;
-            }
-        }
-        dir = d.parent().map(PathBuf::from);
-    }
-    panic!("libhsa_sim.so not found near {}", exe.display());
-}
-
 fn open() -> libloading::Library {
     // SAFETY: loading the emulator runs no initialisers beyond Rust's own statics.
-    unsafe { libloading::Library::new(cdylib()) }.unwrap()
+    unsafe { libloading::Library::new(device_support::cdylib_path()) }.unwrap()
 }
 
 #[test]
