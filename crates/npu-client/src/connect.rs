@@ -1,0 +1,315 @@
+//! Where the daemon is: address parsing, the default socket path, and opening a channel.
+//!
+//! Accepted addresses:
+//!
+//! | Form | Transport |
+//! |---|---|
+//! | `/path/npud.sock`, `./npud.sock`, `unix:/path`, `unix:///path` | the Unix socket (local: tensors shared by fd) |
+//! | `http://127.0.0.1:50051`, `http://[::1]:50051`, `http://localhost:50051` | plaintext TCP, loopback only (remote: tensor bytes through the API) |
+//! | `https://host:port` | TLS over TCP (remote); server certificate checked against the system roots or a CA given in [`ConnectOptions`] |
+//!
+//! With no address, `NPUD_ADDR` is used, and without that the daemon's default socket:
+//! `/run/npud/npud.sock` for root, `$XDG_RUNTIME_DIR/npud/npud.sock` otherwise, and
+//! `/tmp/npud-<uid>/npud.sock` when `XDG_RUNTIME_DIR` is unset or empty (npud's own default).
+//!
+//! Plaintext `http://` to a host that is not loopback is refused unless
+//! [`ConnectOptions::allow_plaintext_remote`] is set: session tokens and tensor bytes would cross
+//! the network in the clear.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+use crate::ClientError;
+
+/// The environment variable naming the daemon's address.
+pub const ADDR_ENV: &str = "NPUD_ADDR";
+
+/// A parsed daemon address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Address {
+    /// A Unix socket path.
+    Unix(PathBuf),
+    /// Plaintext gRPC over TCP (`http://host:port`).
+    Http(String),
+    /// TLS gRPC over TCP (`https://host:port`).
+    Https(String),
+}
+
+impl Address {
+    /// Parses an address (see the [module docs](self)).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Address`] for an empty address, an unknown scheme, or an `http`/`https`
+    /// URI without a host.
+    pub fn parse(text: &str) -> Result<Address, ClientError> {
+        let bad = |reason: &str| ClientError::Address {
+            address: text.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let t = text.trim();
+        if t.is_empty() {
+            return Err(bad("empty address"));
+        }
+        if let Some(rest) = t.strip_prefix("unix://") {
+            return Ok(Address::Unix(PathBuf::from(rest)));
+        }
+        if let Some(rest) = t.strip_prefix("unix:") {
+            return Ok(Address::Unix(PathBuf::from(rest)));
+        }
+        for (scheme, https) in [("http://", false), ("https://", true)] {
+            if let Some(rest) = t.strip_prefix(scheme) {
+                let authority = rest.split('/').next().unwrap_or("");
+                if authority.is_empty() {
+                    return Err(bad("no host after the scheme"));
+                }
+                let uri = format!("{scheme}{authority}");
+                return Ok(if https {
+                    Address::Https(uri)
+                } else {
+                    Address::Http(uri)
+                });
+            }
+        }
+        if t.contains("://") {
+            return Err(bad(
+                "unknown scheme; expected a socket path, unix:PATH, http://HOST:PORT or https://HOST:PORT",
+            ));
+        }
+        Ok(Address::Unix(PathBuf::from(t)))
+    }
+
+    /// The address from `explicit`, else `NPUD_ADDR`, else the daemon's default socket.
+    ///
+    /// # Errors
+    ///
+    /// As [`Address::parse`].
+    pub fn resolve(explicit: Option<&str>) -> Result<Address, ClientError> {
+        match explicit {
+            Some(a) => Address::parse(a),
+            None => match std::env::var(ADDR_ENV) {
+                Ok(a) if !a.trim().is_empty() => Address::parse(&a),
+                _ => Ok(Address::Unix(default_socket())),
+            },
+        }
+    }
+
+    /// Whether tensors can be shared by fd (a Unix socket on this host).
+    #[must_use]
+    pub fn is_local(&self) -> bool {
+        matches!(self, Address::Unix(_))
+    }
+
+    /// The host part of an `http`/`https` address.
+    fn host(&self) -> Option<&str> {
+        let uri = match self {
+            Address::Unix(_) => return None,
+            Address::Http(u) => u.strip_prefix("http://")?,
+            Address::Https(u) => u.strip_prefix("https://")?,
+        };
+        if let Some(rest) = uri.strip_prefix('[') {
+            return rest.split(']').next();
+        }
+        uri.rsplit_once(':').map_or(Some(uri), |(h, _)| Some(h))
+    }
+
+    fn is_loopback(&self) -> bool {
+        match self.host() {
+            None => true,
+            Some("localhost") => true,
+            Some(h) => h.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback()),
+        }
+    }
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Address::Unix(p) => write!(f, "unix:{}", p.display()),
+            Address::Http(u) | Address::Https(u) => f.write_str(u),
+        }
+    }
+}
+
+/// The daemon's default gRPC socket, computed exactly as npud computes it.
+#[must_use]
+pub fn default_socket() -> PathBuf {
+    let uid = rustix::process::getuid();
+    let dir = if uid.is_root() {
+        PathBuf::from("/run/npud")
+    } else {
+        match std::env::var_os("XDG_RUNTIME_DIR") {
+            Some(d) if !d.is_empty() => PathBuf::from(d).join("npud"),
+            _ => PathBuf::from(format!("/tmp/npud-{}", uid.as_raw())),
+        }
+    };
+    dir.join("npud.sock")
+}
+
+/// How a [`crate::Client`] connects and how long it waits.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// A name for the daemon's logs and statistics (at most 128 bytes).
+    pub client_name: String,
+    /// Limit on establishing a connection.
+    pub connect_timeout: Duration,
+    /// Limit on any one call, including a dispatch's time in the daemon's queue.
+    pub call_timeout: Duration,
+    /// How long to keep trying to reconnect after the connection dropped before giving up.
+    pub reconnect_timeout: Duration,
+    /// Allow `http://` to a host that is not loopback.
+    pub allow_plaintext_remote: bool,
+    /// PEM of a CA to trust for `https://`, instead of the system's roots.
+    pub tls_ca_pem: Option<Vec<u8>>,
+    /// The server name to check the certificate against, when it differs from the host.
+    pub tls_domain: Option<String>,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            client_name: default_client_name(),
+            connect_timeout: Duration::from_secs(5),
+            call_timeout: Duration::from_secs(60),
+            reconnect_timeout: Duration::from_secs(5),
+            allow_plaintext_remote: false,
+            tls_ca_pem: None,
+            tls_domain: None,
+        }
+    }
+}
+
+fn default_client_name() -> String {
+    let exe = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "npu-client".to_owned());
+    let mut name = format!("{exe}[{}]", std::process::id());
+    name.truncate(128);
+    name
+}
+
+/// Builds the endpoint for an address, with the options' timeouts and TLS.
+pub(crate) fn endpoint(addr: &Address, opts: &ConnectOptions) -> Result<Endpoint, ClientError> {
+    let bad = |reason: String| ClientError::Address {
+        address: addr.to_string(),
+        reason,
+    };
+    if let Address::Http(_) = addr
+        && !opts.allow_plaintext_remote
+        && !addr.is_loopback()
+    {
+        return Err(bad(
+            "plaintext http:// is allowed to loopback only; use https:// (or allow_plaintext_remote)"
+                .into(),
+        ));
+    }
+    let ep = Endpoint::from_shared(addr.to_string()).map_err(|e| bad(e.to_string()))?;
+    let mut ep = ep
+        .connect_timeout(opts.connect_timeout)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(20))
+        .keep_alive_timeout(Duration::from_secs(10));
+    if let Address::Https(_) = addr {
+        let mut tls = ClientTlsConfig::new();
+        tls = match &opts.tls_ca_pem {
+            Some(pem) => tls.ca_certificate(Certificate::from_pem(pem)),
+            None => tls.with_native_roots(),
+        };
+        if let Some(d) = &opts.tls_domain {
+            tls = tls.domain_name(d.clone());
+        }
+        ep = ep.tls_config(tls).map_err(|e| bad(format!("TLS: {e}")))?;
+    }
+    Ok(ep)
+}
+
+/// Opens a channel, bounded by the connect timeout.
+pub(crate) async fn open_channel(
+    addr: &Address,
+    opts: &ConnectOptions,
+) -> Result<Channel, ClientError> {
+    let ep = endpoint(addr, opts)?;
+    let failed = |message: String| ClientError::Connect {
+        address: addr.to_string(),
+        message,
+    };
+    match tokio::time::timeout(opts.connect_timeout, ep.connect()).await {
+        Ok(Ok(ch)) => Ok(ch),
+        Ok(Err(e)) => Err(failed(error_chain(&e))),
+        Err(_) => Err(failed(format!(
+            "no connection within {:?}",
+            opts.connect_timeout
+        ))),
+    }
+}
+
+/// An error and its sources, joined with ": ".
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forms_parse() {
+        assert_eq!(
+            Address::parse("/run/npud/npud.sock").unwrap(),
+            Address::Unix("/run/npud/npud.sock".into())
+        );
+        assert_eq!(
+            Address::parse("unix:/tmp/s").unwrap(),
+            Address::Unix("/tmp/s".into())
+        );
+        assert_eq!(
+            Address::parse("unix:///tmp/s").unwrap(),
+            Address::Unix("/tmp/s".into())
+        );
+        assert_eq!(
+            Address::parse("http://127.0.0.1:5/").unwrap(),
+            Address::Http("http://127.0.0.1:5".into())
+        );
+        assert_eq!(
+            Address::parse("https://npu.example:443").unwrap(),
+            Address::Https("https://npu.example:443".into())
+        );
+        assert!(Address::parse("ftp://x").is_err());
+        assert!(Address::parse("http://").is_err());
+        assert!(Address::parse("  ").is_err());
+    }
+
+    #[test]
+    fn loopback_is_recognized() {
+        for a in ["http://127.0.0.1:1", "http://[::1]:1", "http://localhost:1"] {
+            assert!(Address::parse(a).unwrap().is_loopback(), "{a}");
+        }
+        assert!(!Address::parse("http://10.0.0.1:1").unwrap().is_loopback());
+        let e = endpoint(
+            &Address::parse("http://10.0.0.1:1").unwrap(),
+            &ConnectOptions::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("loopback only"), "{e}");
+    }
+
+    #[test]
+    fn default_socket_ends_in_npud_sock() {
+        let p = default_socket();
+        assert!(p.ends_with("npud/npud.sock") || p.to_string_lossy().contains("/tmp/npud-"));
+    }
+}

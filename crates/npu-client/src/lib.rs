@@ -1,0 +1,64 @@
+//! The client library for npud, the daemon that owns an AMD XDNA NPU.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), npu_client::ClientError> {
+//! use npu_client::{Client, Program};
+//!
+//! let client = Client::connect(None).await?; // NPUD_ADDR, else the daemon's default socket
+//! let program = Program::from_dir("build/vector_scalar_add")?; // main.pdi + insts.bin
+//! let mut input = client.alloc::<i32>(1024).await?;
+//! let output = client.alloc::<i32>(1024).await?;
+//! for (i, x) in input.as_mut_slice().iter_mut().enumerate() {
+//!     *x = i as i32 + 1;
+//! }
+//! let timing = client.dispatch(&program, &[&input, &output]).await?;
+//! assert_eq!(output.as_slice()[0], 2);
+//! println!("queued {:?}, ran {:?}", timing.queue, timing.device);
+//! # Ok(()) }
+//! ```
+//!
+//! - [`Client`]: a connection with a session ([`connect`] for addresses and options; the
+//!   session resumes by itself after a dropped connection, see [`session`](crate#sessions)).
+//! - [`Program`]: `main.pdi` + `insts.bin`, registered once per session and reused.
+//! - [`Tensor<T>`]: typed memory shared with the device by fd on a local connection, staged
+//!   through the API on a remote one, with the same results (see [`tensor`]).
+//! - [`Client::dispatch`] and [`Client::chain`] run work; [`DispatchResult`] and [`ChainResult`]
+//!   carry the daemon's queue and device times.
+//! - [`blocking::Client`]: the same without async.
+//! - [`Operator`]: device information, statistics and every stored program, without a session.
+//!
+//! # Sessions
+//!
+//! Every call has a timeout. After a transport error the client reconnects and resumes its
+//! session (`ResumeSession`) within [`ConnectOptions::reconnect_timeout`], then retries the call
+//! once; if the daemon no longer knows the session (it restarted), calls fail with
+//! [`ClientError::SessionLost`]. Programs and tensors are not recreated behind the caller's back.
+//!
+//! Linux only (memfd, `SCM_RIGHTS`).
+
+#![forbid(unsafe_code)]
+
+pub mod blocking;
+mod client;
+pub mod connect;
+mod dispatch;
+mod error;
+mod program;
+mod session;
+pub mod tensor;
+
+pub use client::{Client, Operator};
+pub use connect::{Address, ConnectOptions};
+pub use dispatch::{ChainBuilder, ChainResult, DispatchResult, LinkFailure};
+pub use error::{ClientError, code_name};
+pub use program::{Program, ProgramInfo};
+pub use tensor::{Element, Tensor, TensorArg};
+
+/// The generated API types (`DeviceInfo`, `Statistics`, ...), as the daemon sends them.
+pub use npu_proto::v1 as proto;
+
+/// bfloat16, an element type of tensors.
+pub use half::bf16;
+/// The design artifacts crate, for writing emulated designs.
+pub use npu_artifacts as artifacts;
+pub use npu_artifacts::NpuGen;

@@ -1,0 +1,373 @@
+//! The connection and the session it carries: metadata, timeouts, reconnecting and resuming.
+//!
+//! # Contract
+//!
+//! - Every call is bounded: connecting by [`ConnectOptions::connect_timeout`], each call by
+//!   [`ConnectOptions::call_timeout`] (also sent to the daemon as the gRPC deadline, so queued
+//!   work whose deadline passed is not started), and reconnecting by
+//!   [`ConnectOptions::reconnect_timeout`]. Nothing waits forever.
+//! - Session calls carry `npud-session` and `npud-token` metadata, added by an interceptor.
+//! - When a call fails in the transport (the connection dropped, the daemon is not there), the
+//!   client opens a new connection, calls `ResumeSession`, and retries the call once. A call is
+//!   therefore sent at most twice; a dispatch whose first request reached the daemon before the
+//!   connection dropped may run twice, which gives the same results for designs whose outputs do
+//!   not alias their inputs (IRON's examples).
+//! - When the daemon no longer knows the session (it restarted, or the grace period passed:
+//!   `UNAUTHENTICATED` from any session call or from the resume), the call returns
+//!   [`ClientError::SessionLost`] and so does every later call. The client never re-registers
+//!   programs or re-creates tensors behind the caller's back: their contents are gone.
+//! - An `UNAVAILABLE` the daemon itself sends (the device recovers, the daemon drains) is returned
+//!   as [`ClientError::Daemon`], not retried.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use npu_proto::v1 as pb;
+use npu_proto::v1::npud_client::NpudClient;
+use tonic::metadata::{AsciiMetadataValue, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Status};
+
+use crate::ClientError;
+use crate::connect::{Address, ConnectOptions, open_channel};
+use crate::program::ProgramInfo;
+
+/// The gRPC client type every call uses.
+pub(crate) type Rpc = NpudClient<InterceptedService<Channel, SessionAuth>>;
+
+/// Largest message the client decodes (ReadTensor chunks are 1 MiB by default).
+const MAX_DECODE_BYTES: usize = 256 << 20;
+
+/// Adds the session metadata and the call deadline to every request.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionAuth {
+    session: Option<(AsciiMetadataValue, AsciiMetadataValue)>,
+    timeout: Duration,
+}
+
+impl Interceptor for SessionAuth {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some((id, token)) = &self.session {
+            req.metadata_mut()
+                .insert(npu_proto::SESSION_HEADER, id.clone());
+            req.metadata_mut()
+                .insert(npu_proto::TOKEN_HEADER, token.clone());
+        }
+        req.set_timeout(self.timeout);
+        Ok(req)
+    }
+}
+
+/// A session: its id and token.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionKey {
+    pub id: u64,
+    pub token: String,
+}
+
+/// What a connection shares with its tensors and programs.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub addr: Address,
+    pub opts: ConnectOptions,
+    channel: Mutex<(u64, Channel)>,
+    reconnecting: tokio::sync::Mutex<()>,
+    pub session: Option<SessionKey>,
+    lost: AtomicBool,
+    /// The runtime that frees tensors dropped outside async code.
+    pub runtime: tokio::runtime::Handle,
+    /// Program registrations of this session, by [`crate::Program`] key.
+    pub programs: tokio::sync::Mutex<HashMap<u64, ProgramInfo>>,
+    pub device: pb::DeviceInfo,
+    reconnects: AtomicU64,
+}
+
+impl Inner {
+    /// Connects; with `client_name`, opens a session too.
+    pub(crate) async fn connect(
+        addr: Address,
+        opts: ConnectOptions,
+        open_session: bool,
+    ) -> Result<Arc<Inner>, ClientError> {
+        let channel = open_channel(&addr, &opts).await?;
+        let mut plain = plain_client(channel.clone(), &opts);
+        let device = bounded(&opts, "GetDeviceInfo", async {
+            plain.get_device_info(pb::GetDeviceInfoRequest {}).await
+        })
+        .await?
+        .into_inner();
+        let session = if open_session {
+            let r = bounded(&opts, "OpenSession", async {
+                plain
+                    .open_session(pb::OpenSessionRequest {
+                        client_name: opts.client_name.clone(),
+                    })
+                    .await
+            })
+            .await?
+            .into_inner();
+            Some(SessionKey {
+                id: r.session_id,
+                token: r.token,
+            })
+        } else {
+            None
+        };
+        Ok(Arc::new(Inner {
+            addr,
+            opts,
+            channel: Mutex::new((0, channel)),
+            reconnecting: tokio::sync::Mutex::new(()),
+            session,
+            lost: AtomicBool::new(false),
+            runtime: tokio::runtime::Handle::current(),
+            programs: tokio::sync::Mutex::new(HashMap::new()),
+            device,
+            reconnects: AtomicU64::new(0),
+        }))
+    }
+
+    pub(crate) fn session_id(&self) -> u64 {
+        self.session.as_ref().map_or(0, |s| s.id)
+    }
+
+    /// How many times the client reconnected and resumed its session.
+    pub(crate) fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+
+    fn current(&self) -> (u64, Channel) {
+        self.channel
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn rpc(&self, channel: Channel, anonymous: bool) -> Rpc {
+        let session = if anonymous {
+            None
+        } else {
+            self.session.as_ref().and_then(|s| {
+                let id: AsciiMetadataValue = MetadataValue::try_from(s.id.to_string()).ok()?;
+                let token: AsciiMetadataValue = MetadataValue::try_from(s.token.as_str()).ok()?;
+                Some((id, token))
+            })
+        };
+        NpudClient::with_interceptor(
+            channel,
+            SessionAuth {
+                session,
+                timeout: self.opts.call_timeout,
+            },
+        )
+        .max_decoding_message_size(MAX_DECODE_BYTES)
+        .max_encoding_message_size(MAX_DECODE_BYTES)
+    }
+
+    fn lost_error(&self, call: &'static str, message: String) -> ClientError {
+        self.lost.store(true, Ordering::SeqCst);
+        ClientError::SessionLost {
+            session: self.session_id(),
+            call,
+            message,
+        }
+    }
+
+    /// Runs a session call (see the module docs for retries and errors).
+    pub(crate) async fn call<T, F, Fut>(&self, name: &'static str, f: F) -> Result<T, ClientError>
+    where
+        F: Fn(Rpc) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        self.call_as(name, false, f).await
+    }
+
+    /// Runs a call without session metadata (device info, statistics, the operator's listing).
+    pub(crate) async fn call_anonymous<T, F, Fut>(
+        &self,
+        name: &'static str,
+        f: F,
+    ) -> Result<T, ClientError>
+    where
+        F: Fn(Rpc) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        self.call_as(name, true, f).await
+    }
+
+    async fn call_as<T, F, Fut>(
+        &self,
+        name: &'static str,
+        anonymous: bool,
+        f: F,
+    ) -> Result<T, ClientError>
+    where
+        F: Fn(Rpc) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        if !anonymous && self.lost.load(Ordering::SeqCst) {
+            return Err(self.lost_error(name, "an earlier call found the session gone".to_owned()));
+        }
+        let mut retried = false;
+        loop {
+            let (epoch, channel) = self.current();
+            let outcome =
+                tokio::time::timeout(self.opts.call_timeout, f(self.rpc(channel, anonymous))).await;
+            let status = match outcome {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(status)) => status,
+                Err(_) => {
+                    return Err(ClientError::Timeout {
+                        call: name,
+                        timeout: self.opts.call_timeout,
+                    });
+                }
+            };
+            if status.code() == Code::Unauthenticated && !anonymous && self.session.is_some() {
+                return Err(self.lost_error(name, status.message().to_owned()));
+            }
+            if is_transport(&status) && !retried {
+                retried = true;
+                self.recover(epoch, name).await?;
+                continue;
+            }
+            if is_transport(&status) {
+                return Err(ClientError::Connect {
+                    address: self.addr.to_string(),
+                    message: format!("{name}: {}", crate::connect::error_chain(&status)),
+                });
+            }
+            return Err(ClientError::daemon(name, &status));
+        }
+    }
+
+    /// Drops the current connection and opens a new one, resuming the session on it.
+    ///
+    /// `epoch` is the connection the caller saw fail: when another task already replaced it,
+    /// this returns at once.
+    pub(crate) async fn recover(&self, epoch: u64, call: &'static str) -> Result<(), ClientError> {
+        let _guard = self.reconnecting.lock().await;
+        if self.current().0 != epoch {
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.opts.reconnect_timeout;
+        let mut backoff = Duration::from_millis(25);
+        let mut last;
+        loop {
+            match open_channel(&self.addr, &self.opts).await {
+                Ok(channel) => match self.resume(channel.clone(), call).await {
+                    Ok(()) => {
+                        *self.channel.lock().unwrap_or_else(PoisonError::into_inner) =
+                            (epoch + 1, channel);
+                        self.reconnects.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(session = self.session_id(), "reconnected");
+                        return Ok(());
+                    }
+                    Err(Resume::Lost(e)) => return Err(e),
+                    Err(Resume::Retry(m)) => last = m,
+                },
+                Err(e) => last = e.to_string(),
+            }
+            if Instant::now() + backoff > deadline {
+                return Err(ClientError::Connect {
+                    address: self.addr.to_string(),
+                    message: format!(
+                        "{call}: the connection dropped and no new one could be made within \
+                         {:?} ({last})",
+                        self.opts.reconnect_timeout
+                    ),
+                });
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    async fn resume(&self, channel: Channel, call: &'static str) -> Result<(), Resume> {
+        let Some(s) = &self.session else {
+            return Ok(());
+        };
+        let mut c = plain_client(channel, &self.opts);
+        let req = pb::ResumeSessionRequest {
+            session_id: s.id,
+            token: s.token.clone(),
+        };
+        match tokio::time::timeout(self.opts.call_timeout, c.resume_session(req)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(st)) if matches!(st.code(), Code::Unauthenticated | Code::NotFound) => Err(
+                Resume::Lost(self.lost_error(call, format!("ResumeSession: {}", st.message()))),
+            ),
+            Ok(Err(st)) => Err(Resume::Retry(crate::connect::error_chain(&st))),
+            Err(_) => Err(Resume::Retry("ResumeSession timed out".into())),
+        }
+    }
+
+    /// Forces a new connection and resumes the session on it.
+    pub(crate) async fn reconnect(&self) -> Result<(), ClientError> {
+        let (epoch, _) = self.current();
+        self.recover(epoch, "reconnect").await
+    }
+
+    /// Closes the session on the daemon; later calls fail with [`ClientError::SessionLost`].
+    pub(crate) async fn close(&self) -> Result<(), ClientError> {
+        if self.session.is_none() || self.lost.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let r = self
+            .call("CloseSession", |mut c| async move {
+                c.close_session(pb::CloseSessionRequest {})
+                    .await
+                    .map(tonic::Response::into_inner)
+            })
+            .await;
+        self.lost.store(true, Ordering::SeqCst);
+        r.map(|_| ())
+    }
+}
+
+enum Resume {
+    Lost(ClientError),
+    Retry(String),
+}
+
+fn plain_client(channel: Channel, opts: &ConnectOptions) -> Rpc {
+    NpudClient::with_interceptor(
+        channel,
+        SessionAuth {
+            session: None,
+            timeout: opts.call_timeout,
+        },
+    )
+    .max_decoding_message_size(MAX_DECODE_BYTES)
+}
+
+/// A call before the session exists: bounded, errors kept.
+async fn bounded<T>(
+    opts: &ConnectOptions,
+    call: &'static str,
+    fut: impl Future<Output = Result<T, Status>>,
+) -> Result<T, ClientError> {
+    match tokio::time::timeout(opts.call_timeout, fut).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(st)) => Err(ClientError::daemon(call, &st)),
+        Err(_) => Err(ClientError::Timeout {
+            call,
+            timeout: opts.call_timeout,
+        }),
+    }
+}
+
+/// Whether a status came from the transport (connection refused, reset, closed) rather than
+/// from the daemon. Statuses the daemon sends carry no source error; the transport's do.
+fn is_transport(status: &Status) -> bool {
+    use std::error::Error as _;
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled
+    ) && status.source().is_some()
+}

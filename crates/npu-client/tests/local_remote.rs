@@ -1,0 +1,203 @@
+//! The same code over the Unix socket (tensors shared by fd) and over TCP (tensors staged through
+//! the API) gives the same results, and the results IRON's examples expect.
+
+mod common;
+
+use common::Daemon;
+use npu_client::artifacts::emu::{DType, EmuDesign};
+use npu_client::{Client, ClientError, Program};
+
+/// Inputs and outputs of one run of every case, as bytes.
+async fn run_all(address: &str) -> Result<(bool, Vec<Vec<u8>>), ClientError> {
+    let client = Client::connect(Some(address)).await?;
+    let g = client.generation();
+    let mut out = Vec::new();
+
+    // vector_scalar_add: out = in + 1 over arange(1, 1025).
+    let vsa = Program::emulated(&EmuDesign::vector_scalar_add(1024, DType::I32, 1), g)?;
+    let input: Vec<i32> = (1..=1024).collect();
+    let a = client.tensor_from(&input).await?;
+    let b = client.alloc::<i32>(1024).await?;
+    client.dispatch(&vsa, &[&a, &b]).await?;
+    assert_eq!(b.as_slice(), (2..=1025).collect::<Vec<i32>>().as_slice());
+    out.push(bytemuck::cast_slice(b.as_slice()).to_vec());
+
+    // vector_vector_add: c = a + b.
+    let vva = Program::emulated(&EmuDesign::vector_vector_add(256, DType::I32), g)?;
+    let x: Vec<i32> = (0..256).map(|i| (i * 37) % 100).collect();
+    let y: Vec<i32> = (0..256).map(|i| (i * 11) % 100).collect();
+    let (tx, ty, tz) = (
+        client.tensor_from(&x).await?,
+        client.tensor_from(&y).await?,
+        client.alloc::<i32>(256).await?,
+    );
+    client.dispatch(&vva, &[&tx, &ty, &tz]).await?;
+    let want: Vec<i32> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
+    assert_eq!(tz.as_slice(), want.as_slice());
+    out.push(bytemuck::cast_slice(tz.as_slice()).to_vec());
+
+    // matmul i16 -> i32, 32x32x32, tensors of different element types in one call.
+    let n = 32_usize;
+    let mm = Program::emulated(&EmuDesign::matmul(32, 32, 32, DType::I16, DType::I32), g)?;
+    let ma: Vec<i16> = (0..n * n)
+        .map(|i| i16::try_from(i % 17).unwrap() - 8)
+        .collect();
+    let mb: Vec<i16> = (0..n * n)
+        .map(|i| i16::try_from(i % 13).unwrap() - 6)
+        .collect();
+    let (ta, tb, tc) = (
+        client.tensor_from(&ma).await?,
+        client.tensor_from(&mb).await?,
+        client.alloc::<i32>(n * n).await?,
+    );
+    client.dispatch(&mm, &[&ta, &tb, &tc]).await?;
+    let mut want = vec![0_i32; n * n];
+    for r in 0..n {
+        for c in 0..n {
+            want[r * n + c] = (0..n)
+                .map(|k| i32::from(ma[r * n + k]) * i32::from(mb[k * n + c]))
+                .sum();
+        }
+    }
+    assert_eq!(tc.as_slice(), want.as_slice());
+    out.push(bytemuck::cast_slice(tc.as_slice()).to_vec());
+
+    // A chain, IRON's runlist test: out0 = in + 1, out1 = out0 + 1.
+    let mut cin = client.alloc::<i32>(1024).await?;
+    cin.copy_from_slice(&input)?;
+    let (c0, c1) = (
+        client.alloc::<i32>(1024).await?,
+        client.alloc::<i32>(1024).await?,
+    );
+    let r = client
+        .chain()
+        .then(&vsa, &[&cin, &c0])
+        .then(&vsa, &[&c0, &c1])
+        .run()
+        .await?
+        .ok()?;
+    assert_eq!(r.completed, 2);
+    assert_eq!(c0.as_slice()[0], 2);
+    assert_eq!(c1.as_slice(), (3..=1026).collect::<Vec<i32>>().as_slice());
+    out.push(bytemuck::cast_slice(c0.as_slice()).to_vec());
+    out.push(bytemuck::cast_slice(c1.as_slice()).to_vec());
+
+    // Writing an input again and dispatching again uses the new values.
+    cin.as_mut_slice().fill(100);
+    client.dispatch(&vsa, &[&cin, &c0]).await?;
+    assert!(c0.as_slice().iter().all(|&v| v == 101));
+    out.push(bytemuck::cast_slice(c0.as_slice()).to_vec());
+
+    let shared = a.is_shared();
+    client.close().await?;
+    Ok((shared, out))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_and_remote_give_identical_results() {
+    let d = Daemon::start();
+    let (local_shared, local) = run_all(&d.unix()).await.expect("local run");
+    let (remote_shared, remote) = run_all(&d.http()).await.expect("remote run");
+    assert!(local_shared, "tensors over the Unix socket are fd-shared");
+    assert!(!remote_shared, "tensors over TCP are staged");
+    assert_eq!(local.len(), remote.len());
+    for (i, (l, r)) in local.iter().zip(&remote).enumerate() {
+        assert_eq!(l, r, "case {i} differs between local and remote");
+    }
+}
+
+#[test]
+fn blocking_facade_runs_a_dispatch_and_a_chain() {
+    let d = Daemon::start();
+    for address in [d.unix(), d.http()] {
+        let client = npu_client::blocking::Client::connect(Some(&address)).expect("connect");
+        let p = Program::emulated(
+            &EmuDesign::vector_scalar_add(64, DType::U32, 5),
+            client.generation(),
+        )
+        .expect("program");
+        let a = client.tensor_from(&[7_u32; 64]).expect("a");
+        let b = client.alloc::<u32>(64).expect("b");
+        let c = client.alloc::<u32>(64).expect("c");
+        client.dispatch(&p, &[&a, &b]).expect("dispatch");
+        assert!(b.as_slice().iter().all(|&v| v == 12), "{address}");
+        let r = client
+            .chain()
+            .then(&p, &[&a, &b])
+            .then(&p, &[&b, &c])
+            .run()
+            .expect("chain");
+        assert!(r.failure.is_none());
+        assert!(c.as_slice().iter().all(|&v| v == 17), "{address}");
+        client.close().expect("close");
+    }
+}
+
+#[tokio::test]
+async fn daemon_errors_keep_code_and_message() {
+    let d = Daemon::start();
+    let client = Client::connect(Some(&d.unix())).await.expect("connect");
+    let p = Program::emulated(
+        &EmuDesign::vector_vector_add(64, DType::I32),
+        client.generation(),
+    )
+    .expect("program");
+    let a = client.alloc::<i32>(64).await.expect("a");
+    let small = client.alloc::<i32>(8).await.expect("small");
+    let e = client
+        .dispatch(&p, &[&a, &a, &small])
+        .await
+        .expect_err("a too-small output");
+    assert_eq!(e.code(), Some(tonic::Code::InvalidArgument), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("Dispatch failed (INVALID_ARGUMENT): "),
+        "{e}"
+    );
+    assert!(
+        e.daemon_message().is_some_and(|m| m.contains("args[2]")),
+        "{e}"
+    );
+
+    let other = Client::connect(Some(&d.unix()))
+        .await
+        .expect("second session");
+    let e = other
+        .dispatch(&p, &[&a, &a, &a])
+        .await
+        .expect_err("a tensor of another session");
+    assert!(e.to_string().contains("belongs to another session"), "{e}");
+}
+
+#[tokio::test]
+async fn a_chain_failing_on_the_device_reports_the_link() {
+    let d = Daemon::start();
+    let client = Client::connect(Some(&d.http())).await.expect("connect");
+    let g = client.generation();
+    let ok = Program::emulated(&EmuDesign::passthrough(64), g).expect("passthrough");
+    let bad = Program::emulated(&EmuDesign::fault(64), g).expect("fault");
+    let a = client.tensor_from(&[3_u8; 64]).await.expect("a");
+    let b = client.alloc::<u8>(64).await.expect("b");
+    let t = client.alloc::<u8>(64).await.expect("trace");
+    let r = client
+        .chain()
+        .then(&ok, &[&a, &b, &t])
+        .then(&bad, &[&a, &b])
+        .then(&ok, &[&a, &b, &t])
+        .run()
+        .await
+        .expect("the chain call itself succeeds");
+    let f = r.failure.clone().expect("link 1 failed");
+    assert_eq!((r.completed, f.index, f.not_run.clone()), (1, 1, vec![2]));
+    assert_eq!(f.code, tonic::Code::Internal);
+    assert!(
+        b.as_slice().iter().all(|&v| v == 3),
+        "link 0 ran and was downloaded"
+    );
+    let e = r.ok().expect_err("ok() turns the failure into an error");
+    assert!(
+        e.to_string()
+            .starts_with("chain link 1 failed (INTERNAL): "),
+        "{e}"
+    );
+}
