@@ -1,1 +1,96 @@
-fn main() {}
+//! `npuctl`: the command for npud's operators and users.
+//!
+//! Tables for people, `--json` for scripts. `NPUD_ADDR` (or `--addr`) selects the daemon.
+
+#![forbid(unsafe_code)]
+
+mod demo;
+mod emu_design;
+mod inspect;
+mod output;
+mod programs;
+mod run;
+mod sessions;
+mod status;
+mod worker;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use npu_client::{ConnectOptions, Operator};
+
+/// Operate and use npud, the daemon that owns the NPU.
+#[derive(Debug, Parser)]
+#[command(name = "npuctl", version)]
+struct Cli {
+    /// The daemon's address: a socket path, unix:PATH, http://127.0.0.1:PORT or https://HOST:PORT
+    /// (default: the daemon's default socket).
+    #[arg(long, global = true, env = "NPUD_ADDR")]
+    addr: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Device, backend, sessions, programs, heap use and counters.
+    Status,
+    /// Open sessions and their counters.
+    Sessions,
+    /// Stored programs and their counters.
+    Programs,
+    /// Summarize a design directory (main.pdi + insts.bin) and list its instruction stream.
+    Inspect(inspect::Args),
+    /// Write an emulated design (main.pdi + insts.bin) for the emulator.
+    EmuDesign(emu_design::Args),
+    /// Run a design once over files: inputs, then outputs, in the design's argument order.
+    Run(run::Args),
+    /// Start npud on the emulator, run the examples through it, and stop it.
+    Demo(demo::Args),
+    /// One of the demo's concurrent client processes.
+    #[command(name = "__demo-worker", hide = true)]
+    DemoWorker(worker::Args),
+}
+
+/// What a subcommand returns: success, or a message for stderr.
+type CmdResult = Result<(), String>;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let addr = cli.addr.as_deref();
+    let result = match cli.command {
+        Command::Status => status::run(addr, cli.json).await,
+        Command::Sessions => sessions::run(addr, cli.json).await,
+        Command::Programs => programs::run(addr, cli.json).await,
+        Command::Inspect(a) => inspect::run(&a, cli.json),
+        Command::EmuDesign(a) => emu_design::run(&a, addr, cli.json).await,
+        Command::Run(a) => run::run(&a, addr, cli.json).await,
+        Command::Demo(a) => demo::run(&a).await,
+        Command::DemoWorker(a) => worker::run(&a).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("npuctl: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A session-less connection for the operator views.
+async fn operator(addr: Option<&str>) -> Result<Operator, String> {
+    Operator::connect(addr, ConnectOptions::default())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The path of a file next to this executable.
+fn sibling(name: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    Some(exe.parent()?.join(name))
+}

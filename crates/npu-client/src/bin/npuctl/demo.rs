@@ -1,0 +1,561 @@
+//! `npuctl demo`: the whole job in one command.
+//!
+//! Starts `npud --backend emulator` on private sockets, writes emulated designs, runs
+//! vector_scalar_add, vector_vector_add and a matmul over the Unix socket (tensors shared by fd),
+//! a chain, the same over TCP (tensors staged through the API) with identical results, several
+//! client processes at once (npuctl itself, re-executed), shows the daemon's statistics, stops
+//! the daemon with SIGTERM and prints `PASS!`. Any failure prints `FAIL!` and exits non-zero.
+//!
+//! The `npud` binary is taken from `--npud`, beside this executable (where cargo puts both),
+//! `$NPUD_BIN`, or `PATH`; when none has it and a cargo workspace is above the current
+//! directory, it is built with `cargo build -p npud` for this executable's profile.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use npu_client::artifacts::emu::{DType, EmuDesign};
+use npu_client::{Client, ClientError, NpuGen, Program};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Concurrent client processes.
+    #[arg(long, default_value_t = 4)]
+    clients: u32,
+    /// Dispatches each client process runs.
+    #[arg(long, default_value_t = 16)]
+    dispatches: u32,
+    /// The npud binary (default: beside npuctl, $NPUD_BIN, PATH, or built with cargo).
+    #[arg(long)]
+    npud: Option<PathBuf>,
+    /// Keep the demo's directory (designs and the daemon's log) instead of removing it.
+    #[arg(long)]
+    keep: bool,
+}
+
+const STEPS: u32 = 7;
+
+pub async fn run(a: &Args) -> crate::CmdResult {
+    let npud = find_npud(a.npud.as_deref())?;
+    let dir = tempfile::Builder::new()
+        .prefix("npuctl-demo")
+        .tempdir_in("/tmp")
+        .map_err(|e| format!("a directory in /tmp: {e}"))?;
+    let mut daemon = Daemon::start(&npud, dir.path())?;
+    let result = steps(a, &mut daemon, dir.path()).await;
+    match result {
+        Ok(()) => {
+            println!("\nPASS!\n");
+            if a.keep {
+                println!("kept {}", dir.keep().display());
+            }
+            Ok(())
+        }
+        Err(e) => {
+            daemon.kill();
+            let log = std::fs::read_to_string(dir.path().join("npud.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            eprintln!("npud's last log lines:");
+            for l in tail.iter().rev() {
+                eprintln!("  {l}");
+            }
+            println!("\nFAIL! {e}\n");
+            if a.keep {
+                println!("kept {}", dir.keep().display());
+            }
+            Err("the demo failed".into())
+        }
+    }
+}
+
+async fn steps(a: &Args, daemon: &mut Daemon, dir: &Path) -> Result<(), String> {
+    let e = |e: ClientError| e.to_string();
+    let sock = daemon.socket.display().to_string();
+    let tcp = format!("http://{}", daemon.tcp);
+
+    let client = Client::connect(Some(&sock)).await.map_err(e)?;
+    let info = client.device();
+    step(
+        1,
+        &format!(
+            "started npud {} ({}): {} device ({}) on unix:{}, also on {tcp}, in {:?}",
+            info.daemon_version,
+            npud_display(&daemon.binary),
+            info.generation,
+            info.backend,
+            sock,
+            daemon.started
+        ),
+    );
+
+    let g = client.generation();
+    let designs = write_designs(dir, g)?;
+    step(
+        2,
+        &format!(
+            "wrote emulated designs for {g} in {}: vector_scalar_add (1024 x i32, +1), \
+             vector_vector_add (1024 x i32), matmul (64x64x64, i16 -> i32)",
+            dir.join("designs").display()
+        ),
+    );
+
+    let local = examples(&client, &designs).await?;
+    step(
+        3,
+        &format!(
+            "over the Unix socket, tensors shared by fd: {}",
+            local.summary
+        ),
+    );
+    for l in &local.lines {
+        println!("      {l}");
+    }
+
+    let vsa = Program::from_dir(&designs[0]).map_err(e)?;
+    let input: Vec<i32> = (1..=1024).collect();
+    let a0 = client.tensor_from(&input).await.map_err(e)?;
+    let (o0, o1) = (
+        client.alloc::<i32>(1024).await.map_err(e)?,
+        client.alloc::<i32>(1024).await.map_err(e)?,
+    );
+    let r = client
+        .chain()
+        .then(&vsa, &[&a0, &o0])
+        .then(&vsa, &[&o0, &o1])
+        .run()
+        .await
+        .map_err(e)?
+        .ok()
+        .map_err(e)?;
+    let chain_ok = o0.as_slice().iter().zip(&input).all(|(o, i)| *o == i + 1)
+        && o1.as_slice().iter().zip(&input).all(|(o, i)| *o == i + 2);
+    if !chain_ok {
+        return Err("the chain's outputs are wrong".into());
+    }
+    step(
+        4,
+        &format!(
+            "chain of {} links (IRON's runlist: out0 = in + 1, out1 = out0 + 1) on {} doorbell \
+             ring(s), device {:?}: outputs right",
+            r.completed, r.doorbells, r.device
+        ),
+    );
+
+    let remote_client = Client::connect(Some(&tcp)).await.map_err(e)?;
+    let remote = examples(&remote_client, &designs).await?;
+    if remote.outputs != local.outputs {
+        return Err("TCP (staged) and Unix-socket (fd-shared) results differ".into());
+    }
+    step(
+        5,
+        &format!(
+            "over TCP, tensors staged through the API: {}; identical to the fd-shared results",
+            remote.summary
+        ),
+    );
+    remote_client.close().await.map_err(e)?;
+
+    let lines = workers(a, &sock, &designs[0]).await?;
+    step(
+        6,
+        &format!(
+            "{} client processes at once on one daemon, {} dispatches each:",
+            a.clients, a.dispatches
+        ),
+    );
+    for l in &lines {
+        println!("      {l}");
+    }
+
+    println!("\ndaemon statistics (this demo's session still open):");
+    crate::status::run(Some(&sock), false).await?;
+    crate::programs::run(Some(&sock), false).await?;
+    crate::sessions::run(Some(&sock), false).await?;
+    println!();
+    drop((a0, o0, o1));
+    client.close().await.map_err(e)?;
+
+    let (ok, how) = daemon.stop();
+    if !ok {
+        return Err(format!("npud did not stop cleanly: {how}"));
+    }
+    step(7, &format!("stopped npud with SIGTERM: {how}"));
+    Ok(())
+}
+
+fn step(n: u32, text: &str) {
+    println!("[{n}/{STEPS}] {text}");
+}
+
+fn npud_display(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn write_designs(dir: &Path, g: NpuGen) -> Result<Vec<PathBuf>, String> {
+    let designs = [
+        (
+            "vector_scalar_add",
+            EmuDesign::vector_scalar_add(1024, DType::I32, 1),
+        ),
+        (
+            "vector_vector_add",
+            EmuDesign::vector_vector_add(1024, DType::I32),
+        ),
+        (
+            "matmul",
+            EmuDesign::matmul(64, 64, 64, DType::I16, DType::I32),
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, d) in designs {
+        let p = dir.join("designs").join(name);
+        std::fs::create_dir_all(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        d.write_dir(&p, g).map_err(|e| e.to_string())?;
+        out.push(p);
+    }
+    Ok(out)
+}
+
+struct Examples {
+    summary: String,
+    lines: Vec<String>,
+    outputs: Vec<Vec<u8>>,
+}
+
+/// vector_scalar_add, vector_vector_add and matmul, each checked against the host.
+async fn examples(client: &Client, designs: &[PathBuf]) -> Result<Examples, String> {
+    let e = |e: ClientError| e.to_string();
+    let (vsa, vva, mm) = (
+        Program::from_dir(&designs[0]).map_err(e)?,
+        Program::from_dir(&designs[1]).map_err(e)?,
+        Program::from_dir(&designs[2]).map_err(e)?,
+    );
+    let mut lines = Vec::new();
+    let mut outputs = Vec::new();
+
+    let input: Vec<i32> = (1..=1024).collect();
+    let a = client.tensor_from(&input).await.map_err(e)?;
+    let b = client.alloc::<i32>(1024).await.map_err(e)?;
+    let r = client.dispatch(&vsa, &[&a, &b]).await.map_err(e)?;
+    check(
+        b.as_slice().iter().zip(&input).all(|(o, i)| *o == i + 1),
+        "vector_scalar_add",
+    )?;
+    lines.push(format!(
+        "vector_scalar_add: out[i] = in[i] + 1 for 1024 elements: right (queue {:?}, device {:?})",
+        r.queue, r.device
+    ));
+    outputs.push(bytes(b.as_slice()));
+
+    let x: Vec<i32> = (0..1024).map(|i| (i * 7919) % 100).collect();
+    let y: Vec<i32> = (0..1024).map(|i| (i * 104_729) % 100).collect();
+    let (tx, ty, tz) = (
+        client.tensor_from(&x).await.map_err(e)?,
+        client.tensor_from(&y).await.map_err(e)?,
+        client.alloc::<i32>(1024).await.map_err(e)?,
+    );
+    let r = client.dispatch(&vva, &[&tx, &ty, &tz]).await.map_err(e)?;
+    check(
+        tz.as_slice()
+            .iter()
+            .zip(x.iter().zip(&y))
+            .all(|(c, (p, q))| *c == p + q),
+        "vector_vector_add",
+    )?;
+    lines.push(format!(
+        "vector_vector_add: c = a + b for 1024 elements: right (device {:?})",
+        r.device
+    ));
+    outputs.push(bytes(tz.as_slice()));
+
+    let n = 64_usize;
+    let ma: Vec<i16> = (0..n * n)
+        .map(|i| i16::try_from(i % 31).unwrap_or(0) - 15)
+        .collect();
+    let mb: Vec<i16> = (0..n * n)
+        .map(|i| i16::try_from(i % 23).unwrap_or(0) - 11)
+        .collect();
+    let (ta, tb, tc) = (
+        client.tensor_from(&ma).await.map_err(e)?,
+        client.tensor_from(&mb).await.map_err(e)?,
+        client.alloc::<i32>(n * n).await.map_err(e)?,
+    );
+    let r = client.dispatch(&mm, &[&ta, &tb, &tc]).await.map_err(e)?;
+    let mut want = vec![0_i32; n * n];
+    for row in 0..n {
+        for col in 0..n {
+            want[row * n + col] = (0..n)
+                .map(|k| i32::from(ma[row * n + k]) * i32::from(mb[k * n + col]))
+                .sum();
+        }
+    }
+    check(tc.as_slice() == want.as_slice(), "matmul")?;
+    lines.push(format!(
+        "matmul: C = A @ B, 64x64x64, i16 -> i32: right (device {:?})",
+        r.device
+    ));
+    outputs.push(bytes(tc.as_slice()));
+    Ok(Examples {
+        summary: "3 designs, every output right".into(),
+        lines,
+        outputs,
+    })
+}
+
+fn bytes<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+fn check(ok: bool, what: &str) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{what}: the outputs are wrong"))
+    }
+}
+
+/// Runs the client processes at once and returns their lines.
+async fn workers(a: &Args, sock: &str, design: &Path) -> Result<Vec<String>, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("finding npuctl itself: {e}"))?;
+    let bar = ProgressBar::new(u64::from(a.clients));
+    bar.set_style(
+        ProgressStyle::with_template("      {spinner} client processes {pos}/{len} [{bar:30}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut running = Vec::new();
+    for id in 1..=a.clients {
+        let child = tokio::process::Command::new(&exe)
+            .arg("__demo-worker")
+            .arg("--socket")
+            .arg(sock)
+            .arg("--design")
+            .arg(design)
+            .arg("--id")
+            .arg(id.to_string())
+            .arg("--dispatches")
+            .arg(a.dispatches.to_string())
+            .env_remove("NPUD_ADDR")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("starting client process {id}: {e}"))?;
+        running.push((id, child));
+    }
+    let mut lines = Vec::new();
+    let mut failed = Vec::new();
+    for (id, child) in running {
+        let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+            .await
+            .map_err(|_| format!("client process {id} did not finish in 120 s"))?
+            .map_err(|e| format!("client process {id}: {e}"))?;
+        bar.inc(1);
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        if !out.status.success() {
+            failed.push(format!(
+                "client {id} exited with {}: {text} {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        lines.push(text);
+    }
+    bar.finish_and_clear();
+    if failed.is_empty() {
+        Ok(lines)
+    } else {
+        Err(failed.join("; "))
+    }
+}
+
+/// The daemon the demo runs.
+struct Daemon {
+    child: Option<Child>,
+    binary: PathBuf,
+    socket: PathBuf,
+    tcp: std::net::SocketAddr,
+    started: Duration,
+}
+
+impl Daemon {
+    fn start(binary: &Path, dir: &Path) -> Result<Daemon, String> {
+        let tcp = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("a free loopback port: {e}"))?;
+        let socket = dir.join("npud.sock");
+        let ready = dir.join("ready");
+        let log_path = dir.join("npud.log");
+        let log =
+            std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+        let spinner = ProgressBar::new_spinner();
+        spinner.set_message(format!("starting {}", binary.display()));
+        spinner.enable_steady_tick(Duration::from_millis(100));
+        let t0 = Instant::now();
+        let mut cmd = Command::new(binary);
+        cmd.args(["--backend", "emulator"])
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--fd-socket")
+            .arg(dir.join("npud.fd.sock"))
+            .arg("--tcp")
+            .arg(tcp.to_string())
+            .arg("--ready-file")
+            .arg(&ready)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("NPUD_") || k.starts_with("HSA_SIM_") {
+                cmd.env_remove(k);
+            }
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", binary.display()))?;
+        let mut d = Daemon {
+            child: Some(child),
+            binary: binary.to_path_buf(),
+            socket,
+            tcp,
+            started: Duration::ZERO,
+        };
+        let until = t0 + Duration::from_secs(30);
+        while !ready.exists() {
+            if let Some(Ok(Some(status))) = d.child.as_mut().map(Child::try_wait) {
+                spinner.finish_and_clear();
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                return Err(format!(
+                    "npud exited with {status} before it was ready:\n{log}"
+                ));
+            }
+            if Instant::now() > until {
+                spinner.finish_and_clear();
+                return Err("npud was not ready within 30 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        spinner.finish_and_clear();
+        d.started = t0.elapsed();
+        Ok(d)
+    }
+
+    /// SIGTERM and wait (at most 30 s); whether it exited 0, and how.
+    fn stop(&mut self) -> (bool, String) {
+        let Some(mut c) = self.child.take() else {
+            return (false, "not running".into());
+        };
+        let pid = rustix::process::Pid::from_child(&c);
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let t0 = Instant::now();
+        loop {
+            match c.try_wait() {
+                Ok(Some(s)) => {
+                    let socket_gone = !self.socket.exists();
+                    return (
+                        s.success() && socket_gone,
+                        format!(
+                            "exited with {s} after {:?}{}",
+                            t0.elapsed(),
+                            if socket_gone {
+                                ", socket removed"
+                            } else {
+                                ", socket left behind"
+                            }
+                        ),
+                    );
+                }
+                Ok(None) if t0.elapsed() < Duration::from_secs(30) => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                _ => {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    return (false, "did not exit within 30 s of SIGTERM; killed".into());
+                }
+            }
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Finds the npud binary, building it when it is nowhere and a cargo workspace is at hand.
+fn find_npud(explicit: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(p) = explicit {
+        return if p.is_file() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(format!("--npud {}: no such file", p.display()))
+        };
+    }
+    if let Some(p) = crate::sibling("npud").filter(|p| p.is_file()) {
+        return Ok(p);
+    }
+    if let Some(p) = std::env::var_os("NPUD_BIN")
+        .map(PathBuf::from)
+        .filter(|p| p.is_file())
+    {
+        return Ok(p);
+    }
+    if let Some(paths) = std::env::var_os("PATH") {
+        for d in std::env::split_paths(&paths) {
+            let p = d.join("npud");
+            if p.is_file() {
+                return Ok(p);
+            }
+        }
+    }
+    let cwd = std::env::current_dir().map_err(|e| e.to_string())?;
+    let root = cwd
+        .ancestors()
+        .find(|d| {
+            std::fs::read_to_string(d.join("Cargo.toml")).is_ok_and(|t| t.contains("[workspace]"))
+        })
+        .ok_or(
+            "no npud binary beside npuctl, in $NPUD_BIN or on PATH, and no cargo workspace \
+             above this directory to build it in",
+        )?;
+    let release = crate::sibling("npud")
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .is_some_and(|d| d.ends_with("release"));
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args(["build", "-p", "npud", "--bin", "npud"])
+        .current_dir(root);
+    if release {
+        cmd.arg("--release");
+    }
+    println!(
+        "npuctl demo: building npud first (cargo build{} -p npud in {})",
+        if release { " --release" } else { "" },
+        root.display()
+    );
+    let status = cmd
+        .status()
+        .map_err(|e| format!("running cargo to build npud: {e}"))?;
+    if !status.success() {
+        return Err(format!("cargo build -p npud failed ({status})"));
+    }
+    let profile = if release { "release" } else { "debug" };
+    [
+        crate::sibling("npud"),
+        Some(root.join("target").join(profile).join("npud")),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|p| p.is_file())
+    .ok_or_else(|| "cargo built npud but it is not where npuctl looked".into())
+}

@@ -1,0 +1,121 @@
+//! `npuctl emu-design KERNEL --out DIR`: write an emulated design for the emulator.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use npu_client::artifacts::emu::{DType, EmuDesign, EmuKernel};
+use npu_client::{ConnectOptions, NpuGen, Operator};
+use serde_json::json;
+
+use crate::output;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// passthrough, vector_scalar_add, vector_vector_add, vector_mul, relu, matmul, noop,
+    /// fault or hang.
+    kernel: String,
+    /// Directory to write main.pdi and insts.bin into (created if missing).
+    #[arg(long)]
+    out: PathBuf,
+    /// Elements (elementwise kernels), the matrix size n×n×n (matmul), or bytes per buffer
+    /// (passthrough, noop, fault, hang). Default: 1024; 64 for matmul; 4096 for byte kernels.
+    #[arg(long)]
+    n: Option<u32>,
+    /// Element type: u8, i8, i16, i32, u32, f32, bf16 (default i32; matmul: i16->i32, bf16 gives
+    /// bf16->f32).
+    #[arg(long)]
+    dtype: Option<String>,
+    /// vector_scalar_add's addend (default 1).
+    #[arg(long)]
+    scalar: Option<i64>,
+    /// npu1 or npu2 (default: the daemon's, or npu2 when no daemon answers).
+    #[arg(long)]
+    generation: Option<String>,
+}
+
+pub async fn run(a: &Args, addr: Option<&str>, json: bool) -> crate::CmdResult {
+    let kernel: EmuKernel = a.kernel.parse().map_err(|e| format!("{e}"))?;
+    let dtype = a
+        .dtype
+        .as_deref()
+        .map(str::parse::<DType>)
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let n = a.n.unwrap_or(match kernel {
+        EmuKernel::Matmul => 64,
+        EmuKernel::Passthrough | EmuKernel::Noop | EmuKernel::Fault | EmuKernel::Hang => 4096,
+        _ => 1024,
+    });
+    let mut design = EmuDesign::by_name(kernel.name(), n, dtype).map_err(|e| e.to_string())?;
+    if let Some(s) = a.scalar {
+        design.scalar = s;
+        design.validate().map_err(|e| e.to_string())?;
+    }
+    let (generation, why) = generation(a.generation.as_deref(), addr).await?;
+    std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    let files = design
+        .write_dir(&a.out, generation)
+        .map_err(|e| e.to_string())?;
+    if json {
+        output::print_json(&json!({
+            "kernel": kernel.name(),
+            "dtype_in": design.dtype_in.name(),
+            "dtype_out": design.dtype_out.name(),
+            "m": design.m, "k": design.k, "n": design.n, "scalar": design.scalar,
+            "generation": match generation { NpuGen::Npu1 => "npu1", NpuGen::Npu2 => "npu2" },
+            "arg_bytes": design.arg_sizes(),
+            "pdi": files.pdi_path.display().to_string(),
+            "insts": files.insts_path.display().to_string(),
+        }));
+        return Ok(());
+    }
+    println!(
+        "wrote {} ({}->{}, buffers of {:?} bytes) for {generation} ({why}):\n  {}\n  {}",
+        kernel,
+        design.dtype_in,
+        design.dtype_out,
+        design.arg_sizes(),
+        files.pdi_path.display(),
+        files.insts_path.display()
+    );
+    Ok(())
+}
+
+/// The generation to write for, and why.
+async fn generation(
+    explicit: Option<&str>,
+    addr: Option<&str>,
+) -> Result<(NpuGen, String), String> {
+    if let Some(g) = explicit {
+        return match g {
+            "npu1" => Ok((NpuGen::Npu1, "--generation".into())),
+            "npu2" => Ok((NpuGen::Npu2, "--generation".into())),
+            _ => Err(format!("--generation {g:?}: expected npu1 or npu2")),
+        };
+    }
+    let opts = ConnectOptions {
+        connect_timeout: Duration::from_secs(1),
+        call_timeout: Duration::from_secs(2),
+        ..ConnectOptions::default()
+    };
+    match Operator::connect(addr, opts).await {
+        Ok(op) => match op.device_info().await {
+            Ok(info) if info.generation == "npu1" => Ok((
+                NpuGen::Npu1,
+                format!("the daemon's device at {}", op.address()),
+            )),
+            Ok(_) => Ok((
+                NpuGen::Npu2,
+                format!("the daemon's device at {}", op.address()),
+            )),
+            Err(_) => Ok((
+                NpuGen::Npu2,
+                "no daemon answered; the emulator's default".into(),
+            )),
+        },
+        Err(_) => Ok((
+            NpuGen::Npu2,
+            "no daemon answered; the emulator's default".into(),
+        )),
+    }
+}

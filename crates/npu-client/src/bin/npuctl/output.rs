@@ -1,0 +1,186 @@
+//! Tables, JSON renderings of the daemon's messages, and units.
+
+use comfy_table::{ContentArrangement, Table, presets};
+use npu_client::proto as pb;
+use serde_json::{Value, json};
+
+/// A table with npuctl's look.
+pub fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(presets::UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(header.iter().copied());
+    t
+}
+
+/// A two-column table of names and values, without borders.
+pub fn kv_table(rows: Vec<(&str, String)>) -> Table {
+    let mut t = Table::new();
+    t.load_preset(presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Dynamic);
+    for (k, v) in rows {
+        t.add_row(vec![format!("{k}:"), v]);
+    }
+    t
+}
+
+/// Prints a value as pretty JSON.
+pub fn print_json(v: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    );
+}
+
+/// Bytes for people: `4.0 KiB`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Nanoseconds for people.
+pub fn ns(n: u64) -> String {
+    format!("{:?}", std::time::Duration::from_nanos(n))
+}
+
+/// Mean of a duration counter, for people.
+pub fn mean(d: Option<&pb::Duration>) -> String {
+    match d {
+        Some(d) if d.count > 0 => ns(d.ns / d.count),
+        _ => "-".into(),
+    }
+}
+
+pub fn count(d: Option<&pb::Duration>) -> u64 {
+    d.map_or(0, |d| d.count)
+}
+
+pub fn duration_json(d: Option<&pb::Duration>) -> Value {
+    let d = d.cloned().unwrap_or_default();
+    json!({ "count": d.count, "ns": d.ns })
+}
+
+pub fn limits_json(l: Option<&pb::Limits>) -> Value {
+    let l = l.cloned().unwrap_or_default();
+    json!({
+        "max_sessions": l.max_sessions,
+        "max_tensors_per_session": l.max_tensors_per_session,
+        "max_tensor_bytes_per_session": l.max_tensor_bytes_per_session,
+        "max_chain_links": l.max_chain_links,
+        "max_pending_per_session": l.max_pending_per_session,
+        "max_cached_programs": l.max_cached_programs,
+        "max_message_bytes": l.max_message_bytes,
+    })
+}
+
+/// `DeviceInfo`, every field, with the proto's field names.
+pub fn device_json(d: &pb::DeviceInfo) -> Value {
+    json!({
+        "generation": d.generation,
+        "agent_name": d.agent_name,
+        "product_name": d.product_name,
+        "backend": d.backend,
+        "runtime_library": d.runtime_library,
+        "runtime_version": d.runtime_version,
+        "packet_abi": d.packet_abi,
+        "heap_size_bytes": d.heap_size_bytes,
+        "heap_used_bytes": d.heap_used_bytes,
+        "programs_loaded": d.programs_loaded,
+        "fd_export": d.fd_export,
+        "daemon_version": d.daemon_version,
+        "session_grace_ms": d.session_grace_ms,
+        "sessions": d.sessions,
+        "serving": d.serving,
+        "limits": limits_json(d.limits.as_ref()),
+    })
+}
+
+pub fn dispatches_json(d: Option<&pb::DispatchStatistics>) -> Value {
+    let d = d.cloned().unwrap_or_default();
+    let mut errors: Vec<_> = d.errors.iter().collect();
+    errors.sort();
+    json!({
+        "success": duration_json(d.success.as_ref()),
+        "fail": duration_json(d.fail.as_ref()),
+        "queue": duration_json(d.queue.as_ref()),
+        "execute": duration_json(d.execute.as_ref()),
+        "errors": errors.into_iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        "last_dispatch_unix_ms": d.last_dispatch_unix_ms,
+    })
+}
+
+pub fn session_json(s: &pb::SessionStatistics) -> Value {
+    json!({
+        "session_id": s.session_id,
+        "client_name": s.client_name,
+        "uid": s.uid,
+        "connected": s.connected,
+        "tensors": s.tensors,
+        "tensor_bytes": s.tensor_bytes,
+        "programs": s.programs,
+        "dispatches": dispatches_json(s.dispatches.as_ref()),
+    })
+}
+
+pub fn summary_json(s: Option<&pb::ProgramSummary>) -> Value {
+    let s = s.cloned().unwrap_or_default();
+    json!({
+        "generation": s.generation,
+        "arg_count": s.arg_count,
+        "min_arg_bytes": s.min_arg_bytes,
+        "kind": s.kind,
+        "insts_bytes": s.insts_bytes,
+        "pdi_bytes": s.pdi_bytes,
+        "columns": s.columns,
+        "op_count": s.op_count,
+    })
+}
+
+pub fn program_stats_json(p: &pb::ProgramStatistics) -> Value {
+    json!({
+        "program_id": p.program_id,
+        "name": p.name,
+        "content_hash": p.content_hash,
+        "references": p.references,
+        "loaded": p.loaded,
+        "quarantined": p.quarantined,
+        "loads": p.loads,
+        "dispatches": dispatches_json(p.dispatches.as_ref()),
+    })
+}
+
+/// `Statistics`, every field, with the proto's field names.
+pub fn statistics_json(s: &pb::Statistics) -> Value {
+    json!({
+        "sessions": s.sessions.iter().map(session_json).collect::<Vec<_>>(),
+        "programs": s.programs.iter().map(program_stats_json).collect::<Vec<_>>(),
+        "sessions_opened": s.sessions_opened,
+        "sessions_ended": s.sessions_ended,
+        "device_faults": s.device_faults,
+        "uptime_ms": s.uptime_ms,
+    })
+}
+
+/// Dispatch totals over every program.
+pub fn totals(s: &pb::Statistics) -> (u64, u64, u64, u64) {
+    let mut t = (0, 0, 0, 0);
+    for p in &s.programs {
+        if let Some(d) = &p.dispatches {
+            t.0 += count(d.success.as_ref());
+            t.1 += count(d.fail.as_ref());
+            t.2 += d.queue.as_ref().map_or(0, |x| x.ns);
+            t.3 += d.execute.as_ref().map_or(0, |x| x.ns);
+        }
+    }
+    t
+}

@@ -1,0 +1,127 @@
+//! `npuctl run DESIGN_DIR --input FILE... --output FILE...`: run a design over files.
+//!
+//! Buffers are passed in the design's argument order: the inputs (each as big as its file), then
+//! the outputs (each as big as the design's instruction stream needs that argument to be, or
+//! `--output-bytes`). Arguments the design patches beyond those (IRON's trace slot) get scratch
+//! buffers of their minimum size.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use npu_client::{Client, Program, Tensor};
+use serde_json::json;
+
+use crate::output;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The design directory.
+    dir: PathBuf,
+    /// Input files, raw bytes, in argument order.
+    #[arg(long = "input", num_args = 1..)]
+    inputs: Vec<PathBuf>,
+    /// Output files to write, in argument order after the inputs.
+    #[arg(long = "output", num_args = 1..)]
+    outputs: Vec<PathBuf>,
+    /// Size of each output in bytes (default: what the design needs).
+    #[arg(long)]
+    output_bytes: Option<u64>,
+    /// Run this many times (the outputs of the last run are written).
+    #[arg(long, default_value_t = 1)]
+    iterations: u32,
+}
+
+pub async fn run(a: &Args, addr: Option<&str>, json: bool) -> crate::CmdResult {
+    let program = Program::from_dir(&a.dir).map_err(|e| e.to_string())?;
+    let client = Client::connect(addr).await.map_err(|e| e.to_string())?;
+    let need = program.txn().min_arg_sizes();
+    let mut tensors: Vec<Tensor<u8>> = Vec::new();
+    for path in &a.inputs {
+        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let t = client
+            .tensor_from(&bytes)
+            .await
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        tensors.push(t);
+    }
+    let mut extra = Vec::new();
+    let first_out = tensors.len();
+    for i in first_out..need.len().max(first_out + a.outputs.len()) {
+        let size = match (i - first_out < a.outputs.len(), a.output_bytes) {
+            (true, Some(b)) => b,
+            _ => need.get(i).copied().unwrap_or(4),
+        };
+        let len = usize::try_from(size).map_err(|e| e.to_string())?;
+        tensors.push(client.alloc::<u8>(len).await.map_err(|e| e.to_string())?);
+        if i - first_out >= a.outputs.len() {
+            extra.push(i);
+        }
+    }
+    let bar = if a.iterations > 1 && !json {
+        let b = ProgressBar::new(u64::from(a.iterations));
+        b.set_style(
+            ProgressStyle::with_template("{spinner} {msg} {pos}/{len} [{bar:30}] {per_sec}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b.set_message(program.name().to_owned());
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let args: Vec<&dyn npu_client::TensorArg> = tensors
+        .iter()
+        .map(|t| t as &dyn npu_client::TensorArg)
+        .collect();
+    let (mut queue, mut device) = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..a.iterations {
+        let r = client
+            .dispatch(&program, &args)
+            .await
+            .map_err(|e| e.to_string())?;
+        queue += r.queue;
+        device += r.device;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    for (path, t) in a.outputs.iter().zip(&tensors[first_out..]) {
+        std::fs::write(path, t.as_slice()).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let n = a.iterations.max(1);
+    if json {
+        output::print_json(&json!({
+            "program": program.name(),
+            "iterations": a.iterations,
+            "shared": client.is_local(),
+            "queue_ns_mean": u64::try_from((queue / n).as_nanos()).unwrap_or(u64::MAX),
+            "device_ns_mean": u64::try_from((device / n).as_nanos()).unwrap_or(u64::MAX),
+            "outputs": a.outputs.iter().zip(&tensors[first_out..]).map(|(p, t)| json!({
+                "path": p.display().to_string(), "bytes": t.size_bytes(),
+            })).collect::<Vec<_>>(),
+            "scratch_args": extra,
+        }));
+    } else {
+        println!(
+            "ran {} {}x on {} ({}): mean queue {:?}, mean device {:?}",
+            program.name(),
+            a.iterations,
+            client.address(),
+            if client.is_local() {
+                "fd-shared tensors"
+            } else {
+                "staged tensors"
+            },
+            queue / n,
+            device / n
+        );
+        for (p, t) in a.outputs.iter().zip(&tensors[first_out..]) {
+            println!("  wrote {} ({} bytes)", p.display(), t.size_bytes());
+        }
+        if !extra.is_empty() {
+            println!("  scratch buffers for args {extra:?}");
+        }
+    }
+    drop(args);
+    drop(tensors);
+    client.close().await.map_err(|e| e.to_string())
+}

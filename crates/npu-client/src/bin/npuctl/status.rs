@@ -1,0 +1,110 @@
+//! `npuctl status`: device, backend, sessions, programs, heap use and counters.
+
+use serde_json::json;
+
+use crate::output::{self, bytes, device_json, kv_table, ns, statistics_json};
+
+pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
+    let op = crate::operator(addr).await?;
+    let info = op.device_info().await.map_err(|e| e.to_string())?;
+    let stats = op.statistics().await.map_err(|e| e.to_string())?;
+    if json {
+        output::print_json(&json!({
+            "address": op.address().to_string(),
+            "device": device_json(&info),
+            "statistics": statistics_json(&stats),
+        }));
+        return Ok(());
+    }
+    let (ok, failed, queue_ns, device_ns) = output::totals(&stats);
+    let product = if info.product_name.is_empty() {
+        String::new()
+    } else {
+        format!(", {}", info.product_name)
+    };
+    let heap_pct = if info.heap_size_bytes > 0 {
+        format!(
+            " ({:.1}%)",
+            100.0 * info.heap_used_bytes as f64 / info.heap_size_bytes as f64
+        )
+    } else {
+        String::new()
+    };
+    let rows: Vec<(&str, String)> = vec![
+        (
+            "daemon",
+            format!("npud {} at {}", info.daemon_version, op.address()),
+        ),
+        (
+            "device",
+            format!("{} ({}{product})", info.generation, info.agent_name),
+        ),
+        (
+            "backend",
+            format!("{}, packet ABI {}", info.backend, info.packet_abi),
+        ),
+        (
+            "runtime",
+            if info.runtime_version.is_empty() {
+                info.runtime_library.clone()
+            } else {
+                format!("{} ({})", info.runtime_library, info.runtime_version)
+            },
+        ),
+        (
+            "serving",
+            if info.serving {
+                "yes"
+            } else {
+                "no (recovering)"
+            }
+            .into(),
+        ),
+        (
+            "sessions",
+            format!(
+                "{} open ({} opened, {} ended since start; grace {} ms)",
+                info.sessions, stats.sessions_opened, stats.sessions_ended, info.session_grace_ms
+            ),
+        ),
+        (
+            "programs",
+            format!(
+                "{} stored, {} loaded",
+                stats.programs.len(),
+                info.programs_loaded
+            ),
+        ),
+        (
+            "heap",
+            format!(
+                "{} of {}{heap_pct}",
+                bytes(info.heap_used_bytes),
+                bytes(info.heap_size_bytes)
+            ),
+        ),
+        (
+            "tensors",
+            if info.fd_export {
+                "shared by fd with local clients".into()
+            } else {
+                "staged through the API".into()
+            },
+        ),
+        (
+            "dispatches",
+            format!(
+                "{ok} ok, {failed} failed; queue {} total, device {} total",
+                ns(queue_ns),
+                ns(device_ns)
+            ),
+        ),
+        ("device faults", stats.device_faults.to_string()),
+        (
+            "uptime",
+            format!("{:?}", std::time::Duration::from_millis(stats.uptime_ms)),
+        ),
+    ];
+    println!("{}", kv_table(rows));
+    Ok(())
+}
