@@ -76,6 +76,18 @@ pub enum HsaError {
         symbol: &'static str,
     },
 
+    /// The device heap (PDIs and instruction streams) has no room for a program: unload one
+    /// and try again.
+    #[error(
+        "the device heap has no room for {needed} more bytes ({used} of {size} in use): {reason}"
+    )]
+    HeapFull {
+        needed: usize,
+        used: usize,
+        size: usize,
+        reason: String,
+    },
+
     /// A caller-supplied value is out of range.
     #[error("{0}")]
     InvalidArgument(String),

@@ -201,3 +201,35 @@ fn bad_handles_and_ranges_are_refused_before_anything_is_enqueued() {
     let e = dev.load_program(b"pdi", &[0u8; 6]).unwrap_err();
     assert!(e.to_string().contains("multiple of 4"), "{e}");
 }
+
+#[test]
+fn a_full_device_heap_is_reported_as_such_and_unloading_makes_room() {
+    let _g = hsa_sim::serial_test_guard();
+    let mut dev = open_static(hsa_core::PacketAbi::G2, DeviceOptions::default());
+    let design = EmuDesign::vector_scalar_add(1024, DType::I32, 1);
+    let insts = design.insts(npu_gen(dev.info().generation));
+    // 8 MiB PDIs fill the 64 MiB heap in a few loads, while hsa-core keeps every instruction
+    // buffer out of the windows ROCR's device-address mask gets wrong.
+    let big = vec![0u8; 8 << 20];
+    let mut loaded = Vec::new();
+    let err = loop {
+        match dev.load_program(&big, &insts) {
+            Ok(p) => loaded.push(p),
+            Err(e) => break e,
+        }
+        assert!(loaded.len() < 16, "the heap never filled");
+    };
+    assert!(matches!(err, HsaError::HeapFull { .. }), "{err}");
+    assert!(
+        err.to_string().starts_with("the device heap has no room"),
+        "{err}"
+    );
+    assert!(
+        (4..8).contains(&loaded.len()),
+        "{} programs fit",
+        loaded.len()
+    );
+    dev.unload_program(loaded.pop().unwrap()).unwrap();
+    dev.load_program(&big, &insts)
+        .expect("room after an unload");
+}

@@ -22,7 +22,7 @@ pub use encode::PacketAbi;
 use crate::api::HsaApi;
 use crate::error::HsaError;
 use crate::sys::{
-    AIE_QUEUE_SIZE, Agent, AgentInfo, DEVICE_HEAP_ALIGNMENT, DEVICE_HEAP_SIZE, DeviceType,
+    AIE_QUEUE_SIZE, Agent, AgentInfo, DEVICE_HEAP_ALIGNMENT, DEVICE_HEAP_SIZE, DeviceType, Status,
     SystemInfo,
 };
 use discover::PoolChoice;
@@ -293,7 +293,8 @@ impl Device {
     ///
     /// # Errors
     /// [`HsaError::InvalidArgument`] for an empty PDI or an instruction stream that is empty or
-    /// not a whole number of 32-bit words; the allocation's error when the heap is full.
+    /// not a whole number of 32-bit words; [`HsaError::HeapFull`] when the device heap has no
+    /// room (unload a program and retry); the runtime's error otherwise.
     pub fn load_program(&mut self, pdi: &[u8], insts: &[u8]) -> Result<ProgramId, HsaError> {
         if pdi.is_empty() {
             return Err(HsaError::InvalidArgument("the PDI is empty".into()));
@@ -305,8 +306,26 @@ impl Device {
             )));
         }
         let api = self.rt.api.clone();
-        let pdi_mem = PoolAlloc::new(&api, self.pools.heap.pool, pdi.len())?;
-        let insts_mem = alloc_insts(&api, &self.pools, insts.len())?;
+        let heap_full = |reason: String| HsaError::HeapFull {
+            needed: round_up(pdi.len(), DEVICE_HEAP_ALIGNMENT)
+                + round_up(insts.len(), DEVICE_HEAP_ALIGNMENT),
+            used: self.heap_used,
+            size: self.info.heap_size,
+            reason,
+        };
+        let out_of_heap = |e: HsaError| match e.status() {
+            Some(Status::ERROR_OUT_OF_RESOURCES | Status::ERROR_INVALID_ALLOCATION) => {
+                heap_full(e.to_string())
+            }
+            _ => e,
+        };
+        // Instructions first: they are small and must stay out of the windows ROCR's address
+        // mask gets wrong, which is easiest while the low heap is free.
+        let insts_mem = alloc_insts(&api, &self.pools, insts.len()).map_err(|e| match e {
+            HsaError::InvalidArgument(reason) => heap_full(reason),
+            e => out_of_heap(e),
+        })?;
+        let pdi_mem = PoolAlloc::new(&api, self.pools.heap.pool, pdi.len()).map_err(out_of_heap)?;
         // SAFETY: both allocations are at least as long as the slices copied into them, and
         // fresh device-heap memory cannot overlap caller memory.
         unsafe {
@@ -512,20 +531,35 @@ impl Device {
 /// correctly. ROCR turns an instruction VA into a device address as
 /// `0x04000000 | (va & 0x02FFFFFF)`, which clears bit 24: a buffer at a heap offset in
 /// [16, 32) or [48, 64) MiB would be given the wrong device address (read from ROCR's source;
-/// unverified on hardware). Such placements are held while allocating again, then released.
+/// unverified on hardware). A placement there is held, the rest of that window is filled so the
+/// next try lands past it, and both are released once a good placement is found.
 fn alloc_insts(api: &Arc<HsaApi>, pools: &PoolChoice, len: usize) -> Result<PoolAlloc, HsaError> {
+    const BAD_BIT: u64 = 0x0100_0000;
     let mut held = Vec::new();
     for _ in 0..8 {
         let a = PoolAlloc::new(api, pools.heap.pool, len)?;
-        let offset = a.addr() & (DEVICE_HEAP_SIZE as u64 - 1);
-        if offset & 0x0100_0000 == 0 && (offset + len as u64 - 1) & 0x0100_0000 == 0 {
+        let start = a.addr() & (DEVICE_HEAP_SIZE as u64 - 1);
+        let end = start + len as u64 - 1;
+        if start & BAD_BIT == 0 && end & BAD_BIT == 0 {
             return Ok(a);
         }
         tracing::debug!(
-            offset,
+            offset = start,
             "instruction buffer landed where ROCR's address mask is wrong; retrying"
         );
+        // Where the bad window this buffer touches ends.
+        let window_end = (end | (BAD_BIT - 1)) + 1;
+        let used = round_up(len, DEVICE_HEAP_ALIGNMENT) as u64;
         held.push(a);
+        if let Some(rest) = window_end.checked_sub(start + used).filter(|&r| r > 0)
+            && let Ok(filler) = PoolAlloc::new(
+                api,
+                pools.heap.pool,
+                usize::try_from(rest).unwrap_or(usize::MAX),
+            )
+        {
+            held.push(filler);
+        }
     }
     Err(HsaError::InvalidArgument(
         "no device-heap placement for the instruction stream below 16 MiB or in [32, 48) MiB"

@@ -200,10 +200,7 @@ impl Worker {
                     tracing::debug!(program = p.id, "loaded a program");
                     return Ok(d);
                 }
-                Err(e @ HsaError::InvalidArgument(_)) => {
-                    return Err(NpudError::InvalidArgument(format!("program {}: {e}", p.id)));
-                }
-                Err(e) => match self.cache.victim(protect) {
+                Err(e @ HsaError::HeapFull { .. }) => match self.cache.victim(protect) {
                     Some(v) => {
                         tracing::debug!(program = v, error = %e, "device heap full; evicting");
                         self.unload(v);
@@ -215,6 +212,10 @@ impl Worker {
                         )));
                     }
                 },
+                Err(e @ HsaError::InvalidArgument(_)) => {
+                    return Err(NpudError::InvalidArgument(format!("program {}: {e}", p.id)));
+                }
+                Err(e) => return Err(NpudError::from(e)),
             }
         }
     }
