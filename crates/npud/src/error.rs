@@ -147,6 +147,7 @@ impl From<hsa_core::HsaError> for NpudError {
             H::InvalidArgument(_) => Self::InvalidArgument(e.to_string()),
             H::UnknownHandle { .. } => Self::NotFound(e.to_string()),
             H::Unsupported { .. } => Self::FailedPrecondition(e.to_string()),
+            H::HeapFull { .. } => Self::ResourceExhausted(e.to_string()),
             H::Call { call, .. } if call.contains("allocate") || call.contains("vmem") => {
                 Self::ResourceExhausted(format!("the device is out of memory: {e}"))
             }
