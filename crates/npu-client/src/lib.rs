@@ -18,7 +18,7 @@
 //! ```
 //!
 //! - [`Client`]: a connection with a session ([`connect`] for addresses and options; the
-//!   session resumes by itself after a dropped connection, see [`session`](crate#sessions)).
+//!   session resumes by itself after a dropped connection, see [Sessions](crate#sessions)).
 //! - [`Program`]: `main.pdi` + `insts.bin`, registered once per session and reused.
 //! - [`Tensor<T>`]: typed memory shared with the device by fd on a local connection, staged
 //!   through the API on a remote one, with the same results (see [`tensor`]).

@@ -77,6 +77,7 @@ pub struct Tensor<T: Element> {
 }
 
 /// The untyped part of a tensor, shared with dispatch.
+#[doc(hidden)]
 #[derive(Debug)]
 pub struct RawTensor {
     pub(crate) id: u64,
