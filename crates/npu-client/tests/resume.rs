@@ -111,10 +111,12 @@ async fn an_explicit_reconnect_resumes_the_session() {
     assert_eq!(client.programs().await.expect("programs").len(), 1);
 }
 
-/// A TCP proxy whose connections can be cut, to drop the client's connection under it.
+/// A TCP proxy whose connections can be cut, to drop the client's connection under it, and
+/// that can refuse new ones for a while (closing them at once).
 struct Proxy {
     addr: std::net::SocketAddr,
     conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    refusing: Arc<std::sync::atomic::AtomicBool>,
     accept: JoinHandle<()>,
 }
 
@@ -123,9 +125,15 @@ impl Proxy {
         let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = l.local_addr().expect("addr");
         let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let refusing = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let c = conns.clone();
+        let r = refusing.clone();
         let accept = tokio::spawn(async move {
             while let Ok((mut down, _)) = l.accept().await {
+                if r.load(std::sync::atomic::Ordering::SeqCst) {
+                    drop(down);
+                    continue;
+                }
                 let task = tokio::spawn(async move {
                     if let Ok(mut up) = TcpStream::connect(upstream).await {
                         let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
@@ -137,6 +145,7 @@ impl Proxy {
         Proxy {
             addr,
             conns,
+            refusing,
             accept,
         }
     }
@@ -205,4 +214,32 @@ async fn a_dropped_connection_resumes_transparently() {
             .map(|s| s.count),
         Some(4)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_outlived_its_grace_period_is_lost() {
+    let d = Daemon::start_with_grace(200);
+    let proxy = Proxy::start(d.tcp).await;
+    let opts = ConnectOptions {
+        reconnect_timeout: Duration::from_secs(3),
+        ..ConnectOptions::default()
+    };
+    let client = Client::connect_with(Some(&format!("http://{}", proxy.addr)), opts)
+        .await
+        .expect("connect through the proxy");
+    let _a = client.alloc::<u8>(64).await.expect("a");
+    proxy
+        .refusing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    proxy.cut();
+    // No connection for longer than the grace period: the daemon ends the session.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    proxy
+        .refusing
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let e = bounded("a call after the grace period", client.alloc::<u8>(64))
+        .await
+        .expect_err("the session ended");
+    assert!(matches!(e, ClientError::SessionLost { .. }), "{e}");
+    assert!(e.to_string().contains("grace period"), "{e}");
 }
