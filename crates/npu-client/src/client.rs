@@ -250,7 +250,16 @@ impl Operator {
     /// # Errors
     ///
     /// As [`Client::connect`].
-    pub async fn connect(
+    pub async fn connect(address: Option<&str>) -> Result<Operator, ClientError> {
+        Self::connect_with(address, ConnectOptions::default()).await
+    }
+
+    /// Like [`Operator::connect`], with options.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::connect`].
+    pub async fn connect_with(
         address: Option<&str>,
         opts: ConnectOptions,
     ) -> Result<Operator, ClientError> {

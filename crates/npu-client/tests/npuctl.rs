@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 
 use common::Daemon;
 use npu_client::artifacts::emu::{DType, EmuDesign};
-use npu_client::{ConnectOptions, Operator, Program, blocking};
+use npu_client::{Operator, Program, blocking};
 use serde_json::Value;
 
 fn npuctl(args: &[&str]) -> Output {
@@ -50,9 +50,7 @@ fn status_json_matches_what_the_daemon_reports() {
     let v = json_of(&npuctl(&["status", "--json", "--addr", &d.unix()]));
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let (info, stats) = rt.block_on(async {
-        let op = Operator::connect(Some(&d.unix()), ConnectOptions::default())
-            .await
-            .expect("operator");
+        let op = Operator::connect(Some(&d.unix())).await.expect("operator");
         (
             op.device_info().await.expect("info"),
             op.statistics().await.expect("statistics"),

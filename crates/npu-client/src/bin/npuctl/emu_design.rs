@@ -98,7 +98,7 @@ async fn generation(
         call_timeout: Duration::from_secs(2),
         ..ConnectOptions::default()
     };
-    match Operator::connect(addr, opts).await {
+    match Operator::connect_with(addr, opts).await {
         Ok(op) => match op.device_info().await {
             Ok(info) if info.generation == "npu1" => Ok((
                 NpuGen::Npu1,

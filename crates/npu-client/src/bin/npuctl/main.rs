@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use npu_client::{ConnectOptions, Operator};
+use npu_client::Operator;
 
 /// Operate and use npud, the daemon that owns the NPU.
 #[derive(Debug, Parser)]
@@ -84,9 +84,7 @@ async fn main() -> ExitCode {
 
 /// A session-less connection for the operator views.
 async fn operator(addr: Option<&str>) -> Result<Operator, String> {
-    Operator::connect(addr, ConnectOptions::default())
-        .await
-        .map_err(|e| e.to_string())
+    Operator::connect(addr).await.map_err(|e| e.to_string())
 }
 
 /// The path of a file next to this executable.
