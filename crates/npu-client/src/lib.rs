@@ -62,3 +62,31 @@ pub use half::bf16;
 /// The design artifacts crate, for writing emulated designs.
 pub use npu_artifacts as artifacts;
 pub use npu_artifacts::NpuGen;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>(_: T) {}
+
+    #[test]
+    fn handles_cross_threads() {
+        send_sync::<Client>();
+        send_sync::<Operator>();
+        send_sync::<blocking::Client>();
+        send_sync::<Program>();
+        send_sync::<Tensor<i32>>();
+        send_sync::<Tensor<bf16>>();
+    }
+
+    /// Compiles only if the futures can be spawned on a multi-threaded runtime.
+    #[allow(dead_code)]
+    fn futures_are_send(c: &Client, p: &Program, a: &Tensor<i32>, b: &Tensor<i16>) {
+        send(c.dispatch(p, &[a, b]));
+        send(c.chain().then(p, &[a, b]).run());
+        send(c.alloc::<f32>(4));
+        send(c.register(p));
+        send(a.download());
+    }
+}
