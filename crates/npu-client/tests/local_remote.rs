@@ -5,7 +5,7 @@ mod common;
 
 use common::Daemon;
 use npu_client::artifacts::emu::{DType, EmuDesign};
-use npu_client::{Client, ClientError, Program};
+use npu_client::{Client, ClientError, Program, bf16};
 
 /// Inputs and outputs of one run of every case, as bytes.
 async fn run_all(address: &str) -> Result<(bool, Vec<Vec<u8>>), ClientError> {
@@ -61,6 +61,46 @@ async fn run_all(address: &str) -> Result<(bool, Vec<Vec<u8>>), ClientError> {
     }
     assert_eq!(tc.as_slice(), want.as_slice());
     out.push(bytemuck::cast_slice(tc.as_slice()).to_vec());
+
+    // matmul bf16 -> f32, 16x16x16: IRON's tolerance (abs 0.5, rel 0.05).
+    let m = 16_usize;
+    let bmm = Program::emulated(&EmuDesign::matmul(16, 16, 16, DType::Bf16, DType::F32), g)?;
+    let fa: Vec<f32> = (0..m * m)
+        .map(|i| f32::from(u8::try_from(i % 16).unwrap()) / 4.0)
+        .collect();
+    let fb: Vec<f32> = (0..m * m)
+        .map(|i| f32::from(u8::try_from(i % 7).unwrap()) / 2.0)
+        .collect();
+    let ba: Vec<bf16> = fa.iter().copied().map(bf16::from_f32).collect();
+    let bb: Vec<bf16> = fb.iter().copied().map(bf16::from_f32).collect();
+    let (t1, t2, t3) = (
+        client.tensor_from(&ba).await?,
+        client.tensor_from(&bb).await?,
+        client.alloc::<f32>(m * m).await?,
+    );
+    client.dispatch(&bmm, &[&t1, &t2, &t3]).await?;
+    for r in 0..m {
+        for c in 0..m {
+            let want: f32 = (0..m)
+                .map(|k| ba[r * m + k].to_f32() * bb[k * m + c].to_f32())
+                .sum();
+            let got = t3.as_slice()[r * m + c];
+            assert!(
+                (got - want).abs() < 0.5_f32.max(0.05 * (got.abs() + want.abs())),
+                "C[{r}][{c}] = {got}, expected {want}"
+            );
+        }
+    }
+    out.push(bytemuck::cast_slice(t3.as_slice()).to_vec());
+
+    // relu over i8.
+    let relu = Program::emulated(&EmuDesign::relu(64, DType::I8), g)?;
+    let v: Vec<i8> = (0..64).map(|i| i8::try_from(i).unwrap() - 32).collect();
+    let (r1, r2) = (client.tensor_from(&v).await?, client.alloc::<i8>(64).await?);
+    client.dispatch(&relu, &[&r1, &r2]).await?;
+    let want: Vec<i8> = v.iter().map(|x| (*x).max(0)).collect();
+    assert_eq!(r2.as_slice(), want.as_slice());
+    out.push(bytemuck::cast_slice(r2.as_slice()).to_vec());
 
     // A chain, IRON's runlist test: out0 = in + 1, out1 = out0 + 1.
     let mut cin = client.alloc::<i32>(1024).await?;
