@@ -1,0 +1,72 @@
+//! `npuctl-bench` (run as `npuctl bench`): measures npud against its floors and prints a table,
+//! or JSON with `--json`.
+
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use npu_bench::run::{Options, run};
+
+/// Measures what sharing the NPU through npud costs, side by side with the floors.
+#[derive(Debug, Parser)]
+#[command(name = "npuctl bench", version)]
+struct Cli {
+    /// Few iterations per row: every row, in seconds (figures are indicative only).
+    #[arg(long)]
+    quick: bool,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// A running daemon's Unix socket (`unix:PATH` or a path) instead of starting one.
+    #[arg(long)]
+    addr: Option<String>,
+    /// That daemon's TCP address (host:port), for row 4.
+    #[arg(long, requires = "addr")]
+    tcp: Option<String>,
+    /// That daemon's process id, for row 8 (resident memory).
+    #[arg(long, requires = "addr")]
+    pid: Option<u32>,
+    /// Measured iterations of the single-dispatch rows (default 20000; 300 with --quick).
+    #[arg(long)]
+    iterations: Option<usize>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let addr = cli.addr.as_deref().map(|a| {
+        PathBuf::from(
+            a.strip_prefix("unix://")
+                .or_else(|| a.strip_prefix("unix:"))
+                .unwrap_or(a),
+        )
+    });
+    let opts = Options {
+        quick: cli.quick,
+        addr,
+        tcp: cli.tcp,
+        pid: cli.pid,
+        iterations: cli.iterations,
+    };
+    match run(&opts) {
+        Ok(report) => {
+            if cli.json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => {
+                        eprintln!("npuctl bench: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            } else {
+                print!("{}", report.to_table());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("npuctl bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

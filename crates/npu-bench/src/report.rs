@@ -1,0 +1,267 @@
+//! The report: rows, memory, and the ratios the goals are stated in, as a table for people and
+//! as JSON (the same content).
+
+use comfy_table::{CellAlignment, ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
+use serde::Serialize;
+
+use crate::stats::Summary;
+
+/// Keys of the rows the ratios use.
+pub mod keys {
+    pub const RAW_ECHO: &str = "raw_echo";
+    pub const TONIC_ECHO: &str = "tonic_echo";
+    pub const NPUD_UNIX: &str = "npud_unix";
+    pub const CHAIN32_LINK: &str = "chain32_per_link";
+    pub const PIPELINED: &str = "pipelined_per_dispatch";
+    pub const FD_4K: &str = "fd_4KiB";
+    pub const FD_64M: &str = "fd_64MiB";
+    pub const CLIENTS_1: &str = "clients_1";
+    pub const CLIENTS_16: &str = "clients_16";
+    pub const RSS_IDLE: &str = "rss_idle";
+}
+
+/// One timed row.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// The row's number in the issue ("1", "1b", "5", ...).
+    pub row: String,
+    /// A unique key (`npud_unix`, `chain32_per_link`, `inline_16MiB`, ...).
+    pub key: String,
+    /// What it measures.
+    pub name: String,
+    /// Encoded request size in bytes, where the row sends one message per operation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message_bytes: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clients: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub links: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensor_bytes: Option<u64>,
+    #[serde(flatten)]
+    pub summary: Summary,
+}
+
+impl Row {
+    #[must_use]
+    pub fn new(row: &str, key: &str, name: &str, summary: Summary) -> Row {
+        Row {
+            row: row.to_owned(),
+            key: key.to_owned(),
+            name: name.to_owned(),
+            message_bytes: None,
+            clients: None,
+            links: None,
+            tensor_bytes: None,
+            summary,
+        }
+    }
+}
+
+/// The daemon's resident memory at one point.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryRow {
+    pub row: String,
+    pub key: String,
+    pub name: String,
+    /// VmRSS from /proc/<pid>/status, KiB.
+    pub rss_kib: u64,
+    pub sessions: usize,
+    pub tensors_per_session: usize,
+    pub tensor_bytes: u64,
+}
+
+/// A goal, stated as a ratio (or a bound) between rows of this run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratio {
+    pub name: String,
+    /// How the value is computed, in row keys.
+    pub formula: String,
+    pub value: f64,
+    /// "<=" or ">=" (value against target), or "within" (|value - 1| against target).
+    pub goal: String,
+    pub target: f64,
+    pub met: bool,
+}
+
+/// Where the run happened.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cores: usize,
+    /// /proc/loadavg when the run started and when it ended.
+    pub loadavg_start: String,
+    pub loadavg_end: String,
+    /// "release" or "debug": how this tool was built.
+    pub build: String,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub quick: bool,
+    pub machine: Machine,
+    /// The daemon measured: its address (and where it came from).
+    pub daemon: String,
+    pub rows: Vec<Row>,
+    pub memory: Vec<MemoryRow>,
+    pub ratios: Vec<Ratio>,
+    /// Rows that could not run, with the reason (e.g. no TCP address for a given daemon).
+    pub skipped: Vec<String>,
+}
+
+impl Report {
+    fn row(&self, key: &str) -> Option<&Summary> {
+        self.rows.iter().find(|r| r.key == key).map(|r| &r.summary)
+    }
+
+    /// Computes the ratios the goals are stated in, from the rows present.
+    pub fn compute_ratios(&mut self) {
+        let mut out = Vec::new();
+        let p50 = |k: &str| self.row(k).map(|s| s.p50_us);
+        let mut push = |name: &str, formula: &str, value: Option<f64>, goal: &str, target: f64| {
+            if let Some(value) = value.filter(|v| v.is_finite()) {
+                let met = match goal {
+                    "<=" => value <= target,
+                    ">=" => value >= target,
+                    // "within": |value - 1| <= target.
+                    _ => (value - 1.0).abs() <= target,
+                };
+                out.push(Ratio {
+                    name: name.to_owned(),
+                    formula: formula.to_owned(),
+                    value,
+                    goal: goal.to_owned(),
+                    target,
+                    met,
+                });
+            }
+        };
+        let div = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
+        push(
+            "npud unary dispatch over the bare tonic echo",
+            "p50(npud_unix) / p50(tonic_echo)",
+            div(p50(keys::NPUD_UNIX), p50(keys::TONIC_ECHO)),
+            "<=",
+            1.25,
+        );
+        push(
+            "pipelined dispatch over the raw echo",
+            "p50(pipelined_per_dispatch) / p50(raw_echo)",
+            div(p50(keys::PIPELINED), p50(keys::RAW_ECHO)),
+            "<=",
+            3.0,
+        );
+        push(
+            "chain-32 link over a single dispatch",
+            "p50(chain32_per_link) / p50(npud_unix)",
+            div(p50(keys::CHAIN32_LINK), p50(keys::NPUD_UNIX)),
+            "<=",
+            0.125,
+        );
+        push(
+            "64 MiB over 4 KiB, shared by fd",
+            "p50(fd_64MiB) / p50(fd_4KiB)",
+            div(p50(keys::FD_64M), p50(keys::FD_4K)),
+            "within",
+            0.10,
+        );
+        let thr = |k: &str| self.row(k).map(|s| s.throughput_per_s);
+        let p99 = |k: &str| self.row(k).map(|s| s.p99_us);
+        push(
+            "16 clients' throughput over 1 client's",
+            "throughput(clients_16) / throughput(clients_1)",
+            div(thr(keys::CLIENTS_16), thr(keys::CLIENTS_1)),
+            ">=",
+            1.5,
+        );
+        push(
+            "16 clients' p99 over 1 client's",
+            "p99(clients_16) / p99(clients_1)",
+            div(p99(keys::CLIENTS_16), p99(keys::CLIENTS_1)),
+            "<=",
+            4.0,
+        );
+        let idle = self
+            .memory
+            .iter()
+            .find(|m| m.key == keys::RSS_IDLE)
+            .map(|m| crate::stats::f64_of(m.rss_kib) / 1024.0);
+        push(
+            "idle resident memory, MiB",
+            "rss_kib(rss_idle) / 1024",
+            idle,
+            "<=",
+            30.0,
+        );
+        self.ratios = out;
+    }
+
+    /// The report as aligned tables.
+    #[must_use]
+    pub fn to_table(&self) -> String {
+        let mut t = Table::new();
+        t.load_preset(UTF8_FULL_CONDENSED)
+            .set_content_arrangement(ContentArrangement::Disabled)
+            .set_header([
+                "row", "key", "measures", "p50 µs", "p99 µs", "mean µs", "ops/s", "n",
+            ]);
+        for r in &self.rows {
+            let s = &r.summary;
+            t.add_row([
+                r.row.clone(),
+                r.key.clone(),
+                r.name.clone(),
+                format!("{:.1}", s.p50_us),
+                format!("{:.1}", s.p99_us),
+                format!("{:.1}", s.mean_us),
+                format!("{:.0}", s.throughput_per_s),
+                s.samples.to_string(),
+            ]);
+        }
+        for c in 3..8 {
+            if let Some(col) = t.column_mut(c) {
+                col.set_cell_alignment(CellAlignment::Right);
+            }
+        }
+        let mut m = Table::new();
+        m.load_preset(UTF8_FULL_CONDENSED)
+            .set_header(["row", "key", "measures", "VmRSS MiB"]);
+        for r in &self.memory {
+            m.add_row([
+                r.row.clone(),
+                r.key.clone(),
+                r.name.clone(),
+                format!("{:.1}", crate::stats::f64_of(r.rss_kib) / 1024.0),
+            ]);
+        }
+        let mut g = Table::new();
+        g.load_preset(UTF8_FULL_CONDENSED)
+            .set_header(["goal", "formula", "value", "target", "met"]);
+        for r in &self.ratios {
+            g.add_row([
+                r.name.clone(),
+                r.formula.clone(),
+                format!("{:.3}", r.value),
+                if r.goal == "within" {
+                    format!("1 ± {}", r.target)
+                } else {
+                    format!("{} {}", r.goal, r.target)
+                },
+                if r.met { "yes" } else { "NO" }.to_owned(),
+            ]);
+        }
+        let mut s = format!(
+            "npuctl bench{}: {} ({} build, {} cores; load {} -> {})\n{t}\n{m}\n{g}\n",
+            if self.quick { " --quick" } else { "" },
+            self.daemon,
+            self.machine.build,
+            self.machine.cores,
+            self.machine.loadavg_start,
+            self.machine.loadavg_end,
+        );
+        for k in &self.skipped {
+            s.push_str(&format!("skipped: {k}\n"));
+        }
+        s
+    }
+}

@@ -1,0 +1,353 @@
+//! One run: start (or find) the daemon, run every row in order, and build the report.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::client::{Iters, Session, connect_tcp, connect_unix};
+use crate::daemon::{Daemon, rss_kib};
+use crate::floors::{EchoServer, raw_echo, tonic_stream, tonic_unary};
+use crate::inproc::InProcess;
+use crate::load;
+use crate::report::{Machine, MemoryRow, Report, Row, keys};
+use crate::rows::Ready;
+use crate::{BenchError, Result};
+
+/// Pipeline depth of rows 1c and 9.
+pub const DEPTH: usize = 16;
+/// Tensor sizes of row 6.
+pub const SIZES: [(u64, &str); 4] = [
+    (4 << 10, "4KiB"),
+    (1 << 20, "1MiB"),
+    (16 << 20, "16MiB"),
+    (64 << 20, "64MiB"),
+];
+/// Client counts of row 7.
+pub const CLIENTS: [usize; 4] = [1, 4, 16, 64];
+/// Row 8: sessions, tensors per session, bytes per tensor.
+pub const HOLD: (usize, usize, u64) = (64, 16, 4096);
+
+/// What to run against.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Few iterations per row (a smoke test; figures are indicative only).
+    pub quick: bool,
+    /// A running daemon's Unix socket instead of starting one.
+    pub addr: Option<PathBuf>,
+    /// That daemon's TCP address (`host:port`), for row 4.
+    pub tcp: Option<String>,
+    /// That daemon's process id, for row 8.
+    pub pid: Option<u32>,
+    /// Measured iterations of the single-operation rows (default 20000, 300 with `quick`).
+    pub iterations: Option<usize>,
+}
+
+/// Where the daemon is.
+struct Target {
+    socket: PathBuf,
+    tcp: Option<String>,
+    pid: Option<u32>,
+    started: Option<Daemon>,
+    describe: String,
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// Runs every row.
+///
+/// # Errors
+/// When the daemon cannot be started or reached, or a row fails.
+pub fn run(opts: &Options) -> Result<Report> {
+    let loadavg_start = loadavg();
+    let mut target = match &opts.addr {
+        Some(socket) => Target {
+            socket: socket.clone(),
+            tcp: opts.tcp.clone(),
+            pid: opts.pid,
+            started: None,
+            describe: format!("npud at unix:{}", socket.display()),
+        },
+        None => {
+            let d = Daemon::start()?;
+            Target {
+                socket: d.socket.clone(),
+                tcp: Some(d.tcp.clone()),
+                pid: d.pid(),
+                describe: format!(
+                    "npud --backend emulator ({}), started on unix:{} and {}",
+                    d.binary.display(),
+                    d.socket.display(),
+                    d.tcp
+                ),
+                started: Some(d),
+            }
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("bench-client")
+        .build()?;
+    let measured = opts
+        .iterations
+        .unwrap_or(if opts.quick { 300 } else { 20_000 });
+    let it = Iters {
+        warmup: (measured / 10).max(20),
+        measured,
+    };
+    let mut report = Report {
+        quick: opts.quick,
+        machine: Machine {
+            cores: std::thread::available_parallelism().map_or(1, usize::from),
+            loadavg_start,
+            loadavg_end: String::new(),
+            build: if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            }
+            .into(),
+        },
+        daemon: target.describe.clone(),
+        rows: Vec::new(),
+        memory: Vec::new(),
+        ratios: Vec::new(),
+        skipped: Vec::new(),
+    };
+    let result = rt.block_on(all_rows(&mut report, &mut target, it));
+    if let Some(mut d) = target.started.take() {
+        if let Err(e) = &result {
+            eprintln!("npud's log:\n{}", d.log());
+            return Err(BenchError(e.to_string()));
+        }
+        d.stop();
+    }
+    result?;
+    report.machine.loadavg_end = loadavg();
+    report.compute_ratios();
+    Ok(report)
+}
+
+async fn all_rows(report: &mut Report, target: &mut Target, it: Iters) -> Result<()> {
+    // Row 8, idle: before anything else touches the daemon.
+    let hold_row = |key: &str,
+                    name: &str,
+                    rss_kib: u64,
+                    (sessions, tensors, bytes): (usize, usize, u64)| MemoryRow {
+        row: "8".into(),
+        key: key.into(),
+        name: name.into(),
+        rss_kib,
+        sessions,
+        tensors_per_session: tensors,
+        tensor_bytes: bytes,
+    };
+    match target.pid {
+        Some(pid) => report.memory.push(hold_row(
+            keys::RSS_IDLE,
+            "npud resident memory, idle (just started)",
+            rss_kib(pid)?,
+            (0, 0, 0),
+        )),
+        None => report
+            .skipped
+            .push("row 8: no process id for the given daemon (--pid)".into()),
+    }
+
+    let unix = Ready::new(
+        Session::open(connect_unix(&target.socket).await?, "bench-unix").await?,
+        true,
+    )
+    .await?;
+    let size = unix.message_bytes();
+    let dir = tempfile::Builder::new().prefix("npub").tempdir_in("/tmp")?;
+
+    // Row 1: the raw floor.
+    let raw_dir = dir.path().to_path_buf();
+    let raw = tokio::task::spawn_blocking(move || raw_echo(&raw_dir, size, it))
+        .await
+        .map_err(|e| BenchError(e.to_string()))??;
+    let mut r = Row::new(
+        "1",
+        keys::RAW_ECHO,
+        "raw echo over a Unix socket (no gRPC)",
+        raw,
+    );
+    r.message_bytes = Some(size);
+    report.rows.push(r);
+
+    // Rows 1b and 1c: the bare tonic service, on as many threads as npud's runtime has.
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let echo = EchoServer::start(dir.path(), cores)?;
+    let mut r = Row::new(
+        "1b",
+        keys::TONIC_ECHO,
+        "bare tonic unary echo over a Unix socket",
+        tonic_unary(&echo, size, it).await?,
+    );
+    r.message_bytes = Some(size);
+    report.rows.push(r);
+    let p = tonic_stream(&echo, size, DEPTH, it).await?;
+    let mut r = Row::new(
+        "1c",
+        "tonic_stream_per_message",
+        "bare tonic bidi stream echo, 16 in flight: per message",
+        p.per_op,
+    );
+    r.message_bytes = Some(size.max(8));
+    report.rows.push(r);
+    drop(echo);
+
+    // Row 2: in-process.
+    let inproc = tokio::task::spawn_blocking(move || {
+        let mut d = InProcess::open()?;
+        let one = d.dispatch(it)?;
+        let chain = d.chain(32, it.scaled_down(8))?;
+        Ok::<_, BenchError>((one, chain))
+    })
+    .await
+    .map_err(|e| BenchError(e.to_string()))??;
+    report.rows.push(Row::new(
+        "2",
+        "inproc_dispatch",
+        "in-process dispatch through hsa-core on the emulator",
+        inproc.0,
+    ));
+    let mut r = Row::new(
+        "2",
+        "inproc_chain32_per_link",
+        "in-process chain of 32: per link",
+        inproc.1.1,
+    );
+    r.links = Some(32);
+    report.rows.push(r);
+
+    // Row 3: npud over the Unix socket.
+    let mut r = Row::new(
+        "3",
+        keys::NPUD_UNIX,
+        "npud dispatch over a Unix socket, one client",
+        unix.dispatches(it).await?,
+    );
+    r.message_bytes = Some(size);
+    report.rows.push(r);
+
+    // Row 4: over TCP.
+    match &target.tcp {
+        Some(addr) => {
+            let tcp = Ready::new(
+                Session::open(connect_tcp(addr).await?, "bench-tcp").await?,
+                false,
+            )
+            .await?;
+            let mut r = Row::new(
+                "4",
+                "npud_tcp",
+                "npud dispatch over TCP loopback, one client",
+                tcp.dispatches(it).await?,
+            );
+            r.message_bytes = Some(tcp.message_bytes());
+            report.rows.push(r);
+            let mut s = tcp.session.clone();
+            load::close(&mut s).await;
+        }
+        None => report
+            .skipped
+            .push("row 4: no TCP address for the given daemon (--tcp)".into()),
+    }
+
+    // Row 5: chains.
+    for links in [8usize, 32] {
+        let (chain, link) = unix.chains(links, it.scaled_down(links / 4)).await?;
+        let mut r = Row::new(
+            "5",
+            &format!("chain{links}_per_chain"),
+            &format!("npud chain of {links} over a Unix socket: per chain"),
+            chain,
+        );
+        r.links = Some(links);
+        report.rows.push(r);
+        let mut r = Row::new(
+            "5",
+            &format!("chain{links}_per_link"),
+            &format!("npud chain of {links}: per link"),
+            link,
+        );
+        r.links = Some(links);
+        report.rows.push(r);
+    }
+
+    // Row 9: pipelined submission.
+    let p = unix.pipelined(DEPTH, it).await?;
+    let mut r = Row::new(
+        "9",
+        keys::PIPELINED,
+        "npud Submit stream, 16 in flight: per dispatch",
+        p.per_op,
+    );
+    r.message_bytes = Some(size);
+    report.rows.push(r);
+    report.rows.push(Row::new(
+        "9",
+        "pipelined_latency",
+        "npud Submit stream, 16 in flight: submit to completion",
+        p.latency,
+    ));
+
+    // Row 6: tensor sizes, by fd and inline.
+    for (bytes, label) in SIZES {
+        let mut r = Row::new(
+            "6",
+            &format!("fd_{label}"),
+            &format!("dispatch over two {label} tensors shared by fd"),
+            unix.fd_sized(bytes, it.scaled_down(4)).await?,
+        );
+        r.tensor_bytes = Some(bytes);
+        report.rows.push(r);
+    }
+    for (bytes, label) in SIZES {
+        // Inline moves 2 × bytes per operation: fewer iterations for big tensors.
+        let div = usize::try_from((bytes >> 12).max(4)).unwrap_or(usize::MAX);
+        let mut r = Row::new(
+            "6",
+            &format!("inline_{label}"),
+            &format!("write {label} inline, dispatch, read {label} inline"),
+            unix.inline_sized(bytes, it.scaled_down(div)).await?,
+        );
+        r.tensor_bytes = Some(bytes);
+        report.rows.push(r);
+    }
+
+    // Row 7: concurrent clients.
+    for n in CLIENTS {
+        let mut r = Row::new(
+            "7",
+            &format!("clients_{n}"),
+            &format!("{n} concurrent clients, one dispatch each at a time: aggregate"),
+            load::clients(&target.socket, n, it).await?,
+        );
+        r.clients = Some(n);
+        report.rows.push(r);
+    }
+    let mut s = unix.session.clone();
+    load::close(&mut s).await;
+
+    // Row 8, loaded.
+    if let Some(pid) = target.pid {
+        let (sessions, tensors, bytes) = HOLD;
+        let mut held = load::hold(&target.socket, sessions, tensors, bytes).await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        report.memory.push(hold_row(
+            "rss_64_sessions_16_tensors",
+            "npud resident memory with 64 sessions of 16 tensors (4 KiB)",
+            rss_kib(pid)?,
+            HOLD,
+        ));
+        for s in &mut held {
+            load::close(s).await;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,135 @@
+//! The CI smoke test: `npuctl-bench --quick --json`, run as a process against the npud it
+//! starts itself, reports every row with sane fields. No timing is asserted.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn field<'a>(v: &'a Value, k: &str) -> &'a Value {
+    v.get(k).unwrap_or_else(|| panic!("no {k:?} in {v}"))
+}
+
+fn number(v: &Value, k: &str) -> f64 {
+    field(v, k)
+        .as_f64()
+        .unwrap_or_else(|| panic!("{k:?} is not a number in {v}"))
+}
+
+#[test]
+fn quick_json_has_every_row_with_sane_fields() {
+    let out = Command::new(env!("CARGO_BIN_EXE_npuctl-bench"))
+        .args(["--quick", "--json", "--iterations", "64"])
+        .output()
+        .expect("npuctl-bench runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "npuctl-bench failed:\n{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(field(&report, "quick"), &Value::Bool(true));
+    assert!(number(field(&report, "machine"), "cores") >= 1.0);
+
+    let rows = field(&report, "rows").as_array().expect("rows is a list");
+    let keys: Vec<&str> = rows
+        .iter()
+        .map(|r| field(r, "key").as_str().expect("key is text"))
+        .collect();
+    let mut expected = vec![
+        "raw_echo",
+        "tonic_echo",
+        "tonic_stream_per_message",
+        "inproc_dispatch",
+        "inproc_chain32_per_link",
+        "npud_unix",
+        "npud_tcp",
+        "chain8_per_chain",
+        "chain8_per_link",
+        "chain32_per_chain",
+        "chain32_per_link",
+        "pipelined_per_dispatch",
+        "pipelined_latency",
+    ];
+    let sized: Vec<String> = ["fd", "inline"]
+        .iter()
+        .flat_map(|w| {
+            ["4KiB", "1MiB", "16MiB", "64MiB"]
+                .iter()
+                .map(move |s| format!("{w}_{s}"))
+        })
+        .chain([1, 4, 16, 64].iter().map(|n| format!("clients_{n}")))
+        .collect();
+    expected.extend(sized.iter().map(String::as_str));
+    for k in &expected {
+        assert!(keys.contains(k), "row {k} missing; rows: {keys:?}");
+    }
+    let rows_of_issue: Vec<&str> = rows
+        .iter()
+        .map(|r| field(r, "row").as_str().expect("row is text"))
+        .collect();
+    for n in ["1", "1b", "2", "3", "4", "5", "6", "7", "9"] {
+        assert!(rows_of_issue.contains(&n), "no row numbered {n}");
+    }
+    for r in rows {
+        let samples = number(r, "samples");
+        assert!(samples >= 1.0, "no samples in {r}");
+        let (p50, p99, mean) = (
+            number(r, "p50_us"),
+            number(r, "p99_us"),
+            number(r, "mean_us"),
+        );
+        assert!(p50 > 0.0 && p50.is_finite(), "p50 in {r}");
+        assert!(p99 >= p50, "p99 below p50 in {r}");
+        assert!(mean > 0.0 && mean.is_finite(), "mean in {r}");
+        assert!(number(r, "throughput_per_s") > 0.0, "throughput in {r}");
+    }
+
+    let memory = field(&report, "memory")
+        .as_array()
+        .expect("memory is a list");
+    let mem_keys: Vec<&str> = memory
+        .iter()
+        .map(|m| field(m, "key").as_str().expect("key is text"))
+        .collect();
+    assert_eq!(mem_keys, ["rss_idle", "rss_64_sessions_16_tensors"]);
+    for m in memory {
+        assert!(number(m, "rss_kib") > 0.0, "rss in {m}");
+    }
+
+    let ratios = field(&report, "ratios")
+        .as_array()
+        .expect("ratios is a list");
+    assert_eq!(ratios.len(), 7, "ratios: {ratios:?}");
+    for r in ratios {
+        assert!(number(r, "value").is_finite(), "ratio value in {r}");
+        assert!(field(r, "met").is_boolean(), "met in {r}");
+    }
+    assert!(
+        field(&report, "skipped")
+            .as_array()
+            .is_some_and(Vec::is_empty),
+        "nothing is skipped against a daemon started here"
+    );
+}
+
+#[test]
+fn the_table_names_the_goals() {
+    let out = Command::new(env!("CARGO_BIN_EXE_npuctl-bench"))
+        .args(["--quick", "--iterations", "32"])
+        .output()
+        .expect("npuctl-bench runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "raw_echo",
+        "tonic_echo",
+        "npud_unix",
+        "clients_64",
+        "rss_idle",
+        "p50(npud_unix) / p50(tonic_echo)",
+    ] {
+        assert!(table.contains(needle), "{needle} not in:\n{table}");
+    }
+}
