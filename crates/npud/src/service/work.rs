@@ -101,19 +101,18 @@ impl NpudService {
         Ok(Admitted { rx, programs })
     }
 
-    /// Waits for an admitted item. The wait runs in its own task, so the item is counted in
-    /// statistics even when the caller gives up first (a `grpc-timeout` that expires while the
-    /// item is queued drops the handler; the executor then refuses the item).
+    /// Waits for an admitted item and counts it in statistics. The wait runs in the caller's
+    /// task; if the caller gives up first (a `grpc-timeout` that expires while the item is
+    /// queued drops the handler; the executor then refuses the item), a task takes the wait
+    /// over, so the item is counted all the same.
     async fn complete(&self, session: u64, a: Admitted) -> Result<WorkDone, NpudError> {
-        let svc = self.clone();
-        tokio::spawn(async move {
-            let Admitted { rx, programs } = a;
-            let r = rx.await.unwrap_or_else(|_| Err(NpudError::executor_gone()));
-            svc.record(session, &programs, &r);
-            r
-        })
+        Pending {
+            svc: self.clone(),
+            session,
+            admitted: Some(a),
+        }
+        .wait()
         .await
-        .unwrap_or_else(|e| Err(NpudError::Internal(format!("waiting for work: {e}"))))
     }
 
     /// Counts work refused before admission against the session.
@@ -261,6 +260,53 @@ impl NpudService {
         let count = links.len();
         let a = self.admit(session, links, chain, deadline).await?;
         Ok((a, count, chain))
+    }
+}
+
+/// An admitted item whose reply is awaited; see [`NpudService::complete`].
+#[derive(Debug)]
+struct Pending {
+    svc: NpudService,
+    session: u64,
+    /// Taken once the reply has been counted.
+    admitted: Option<Admitted>,
+}
+
+impl Pending {
+    async fn wait(mut self) -> Result<WorkDone, NpudError> {
+        let Some(a) = self.admitted.as_mut() else {
+            return Err(NpudError::Internal(
+                "waiting twice for one work item".into(),
+            ));
+        };
+        let r = (&mut a.rx)
+            .await
+            .unwrap_or_else(|_| Err(NpudError::executor_gone()));
+        if let Some(a) = self.admitted.take() {
+            self.svc.record(self.session, &a.programs, &r);
+        }
+        r
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(Admitted { rx, programs }) = self.admitted.take() else {
+            return;
+        };
+        let (svc, session) = (self.svc.clone(), self.session);
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let r = rx.await.unwrap_or_else(|_| Err(NpudError::executor_gone()));
+                    svc.record(session, &programs, &r);
+                });
+            }
+            Err(_) => tracing::warn!(
+                session,
+                "a work item's caller left outside the runtime; it is not counted"
+            ),
+        }
     }
 }
 
