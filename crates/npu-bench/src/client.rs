@@ -309,10 +309,9 @@ impl Session {
     ///
     /// # Errors
     /// The daemon's status.
-    pub async fn dispatch(&mut self, d: &pb::DispatchRequest) -> Result<()> {
+    pub async fn dispatch(&mut self, d: &pb::DispatchRequest) -> Result<pb::DispatchResponse> {
         let req = self.req(d.clone());
-        self.client.dispatch(req).await?;
-        Ok(())
+        Ok(self.client.dispatch(req).await?.into_inner())
     }
 }
 

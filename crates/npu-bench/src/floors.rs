@@ -1,8 +1,8 @@
 //! The floors: what local IPC and a bare gRPC service cost on this machine before any work.
 //!
-//! - Row 1, [`raw_echo`]: a length-prefixed request/response echo over a Unix stream socket,
+//! - Row 1, [`RawEcho`]: a length-prefixed request/response echo over a Unix stream socket,
 //!   blocking std sockets on both sides, no gRPC.
-//! - Row 1b, [`EchoServer`] + [`tonic_unary`]: a tonic unary echo over a Unix socket with
+//! - Row 1b, [`EchoServer`] + [`TonicEcho`]: a tonic unary echo over a Unix socket with
 //!   nothing behind it, served on its own multi-threaded runtime (as npud serves), called from
 //!   the same client runtime the npud rows use.
 //! - Row 1c, [`tonic_stream`]: the same service's bidirectional stream with a fixed number of
@@ -12,72 +12,107 @@ use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::client::{Iters, Pipelined, pipelined};
+use crate::client::{Iters, Pipelined, pipelined, time_loop};
 use crate::echo_pb::EchoMessage;
 use crate::echo_pb::echo_client::EchoClient;
 use crate::echo_pb::echo_server::{Echo, EchoServer as EchoService};
-use crate::stats::{Summary, nanos, summarize};
+use crate::stats::nanos;
 use crate::{BenchError, Result};
 
-/// Row 1: `it` round trips of a `size`-byte payload (plus a 4-byte length) over a Unix socket
-/// in `dir`.
-///
-/// # Errors
-/// Socket errors.
-pub fn raw_echo(dir: &Path, size: usize, it: Iters) -> Result<Summary> {
-    let path = dir.join("raw");
-    let listener = UnixListener::bind(&path)?;
-    let server = std::thread::Builder::new().name("raw-echo".into()).spawn(
-        move || -> std::io::Result<()> {
-            let (mut s, _) = listener.accept()?;
-            let mut frame = Vec::new();
-            loop {
-                let mut len = [0u8; 4];
-                if s.read_exact(&mut len).is_err() {
-                    return Ok(());
+/// Row 1: a client and an echo server thread on a Unix socket in `dir`, exchanging
+/// `size`-byte payloads behind a 4-byte length.
+#[derive(Debug)]
+pub struct RawEcho {
+    stream: UnixStream,
+    frame: Vec<u8>,
+    back: Vec<u8>,
+    path: PathBuf,
+    server: Option<JoinHandle<()>>,
+}
+
+impl RawEcho {
+    /// Binds the socket, starts the server thread and connects.
+    ///
+    /// # Errors
+    /// Socket errors.
+    pub fn start(dir: &Path, size: usize) -> Result<RawEcho> {
+        let path = dir.join("raw");
+        let listener = UnixListener::bind(&path)?;
+        let server = std::thread::Builder::new()
+            .name("raw-echo".into())
+            .spawn(move || {
+                let Ok((mut s, _)) = listener.accept() else {
+                    return;
+                };
+                let mut frame = Vec::new();
+                loop {
+                    let mut len = [0u8; 4];
+                    if s.read_exact(&mut len).is_err() {
+                        return;
+                    }
+                    let n = u32::from_le_bytes(len) as usize;
+                    frame.clear();
+                    frame.extend_from_slice(&len);
+                    frame.resize(4 + n, 0);
+                    if s.read_exact(&mut frame[4..]).is_err() || s.write_all(&frame).is_err() {
+                        return;
+                    }
                 }
-                let n = u32::from_le_bytes(len) as usize;
-                frame.clear();
-                frame.extend_from_slice(&len);
-                frame.resize(4 + n, 0);
-                s.read_exact(&mut frame[4..])?;
-                s.write_all(&frame)?;
-            }
-        },
-    )?;
-    let mut s = UnixStream::connect(&path)?;
-    let len = u32::try_from(size).map_err(|e| BenchError(e.to_string()))?;
-    let mut frame = len.to_le_bytes().to_vec();
-    frame.extend(std::iter::repeat_n(0xA5u8, size));
-    let mut back = vec![0u8; frame.len()];
-    let mut round = || -> Result<()> {
-        s.write_all(&frame)?;
-        s.read_exact(&mut back)?;
+            })?;
+        let stream = UnixStream::connect(&path)?;
+        let len = u32::try_from(size).map_err(|e| BenchError(e.to_string()))?;
+        let mut frame = len.to_le_bytes().to_vec();
+        frame.extend(std::iter::repeat_n(0xA5u8, size));
+        let back = vec![0u8; frame.len()];
+        Ok(RawEcho {
+            stream,
+            frame,
+            back,
+            path,
+            server: Some(server),
+        })
+    }
+
+    /// `it` round trips: the samples (ns) and the measured wall time.
+    ///
+    /// # Errors
+    /// Socket errors.
+    pub fn measure(&mut self, it: Iters) -> Result<(Vec<u64>, Duration)> {
+        for _ in 0..it.warmup {
+            self.round()?;
+        }
+        let mut ns = Vec::with_capacity(it.measured);
+        let start = Instant::now();
+        for _ in 0..it.measured {
+            let t = Instant::now();
+            self.round()?;
+            ns.push(nanos(t.elapsed()));
+        }
+        Ok((ns, start.elapsed()))
+    }
+
+    fn round(&mut self) -> Result<()> {
+        self.stream.write_all(&self.frame)?;
+        self.stream.read_exact(&mut self.back)?;
         Ok(())
-    };
-    for _ in 0..it.warmup {
-        round()?;
     }
-    let mut ns = Vec::with_capacity(it.measured);
-    let start = Instant::now();
-    for _ in 0..it.measured {
-        let t = Instant::now();
-        round()?;
-        ns.push(nanos(t.elapsed()));
+}
+
+impl Drop for RawEcho {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        if let Some(t) = self.server.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
     }
-    let wall = start.elapsed();
-    drop(s);
-    let _ = server.join();
-    let _ = std::fs::remove_file(&path);
-    let n = ns.len() as u64;
-    Ok(summarize(ns, n, wall))
 }
 
 #[derive(Debug, Default)]
@@ -163,24 +198,42 @@ impl Drop for EchoServer {
     }
 }
 
-/// Row 1b: unary echoes of a `size`-byte payload.
-///
-/// # Errors
-/// Transport errors.
-pub async fn tonic_unary(server: &EchoServer, size: usize, it: Iters) -> Result<Summary> {
-    let client = EchoClient::new(crate::client::connect_unix(&server.path).await?);
-    let msg = EchoMessage {
-        payload: vec![0xA5; size],
-    };
-    crate::client::timed(it, || {
-        let mut c = client.clone();
-        let m = msg.clone();
-        async move {
-            c.echo(m).await?;
-            Ok(())
-        }
-    })
-    .await
+/// Row 1b: a client of the echo service sending `size`-byte payloads.
+#[derive(Debug, Clone)]
+pub struct TonicEcho {
+    client: EchoClient<tonic::transport::Channel>,
+    msg: EchoMessage,
+}
+
+impl TonicEcho {
+    /// Connects to `server`.
+    ///
+    /// # Errors
+    /// Transport errors.
+    pub async fn connect(server: &EchoServer, size: usize) -> Result<TonicEcho> {
+        Ok(TonicEcho {
+            client: EchoClient::new(crate::client::connect_unix(&server.path).await?),
+            msg: EchoMessage {
+                payload: vec![0xA5; size],
+            },
+        })
+    }
+
+    /// `it` unary echoes: the samples (ns) and the measured wall time.
+    ///
+    /// # Errors
+    /// Transport errors.
+    pub async fn measure(&self, it: Iters) -> Result<(Vec<u64>, Duration)> {
+        time_loop(it, || {
+            let mut c = self.client.clone();
+            let m = self.msg.clone();
+            async move {
+                c.echo(m).await?;
+                Ok(())
+            }
+        })
+        .await
+    }
 }
 
 /// Row 1c: the echo stream with `depth` messages in flight.

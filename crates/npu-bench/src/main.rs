@@ -31,6 +31,10 @@ struct Cli {
     /// Measured iterations of the single-dispatch rows (default 20000; 300 with --quick).
     #[arg(long)]
     iterations: Option<usize>,
+    /// Only these sections (comma-separated): floors, inproc, tcp, chains, pipelined, sizes,
+    /// clients, memory. Row 3 always runs. Ratios need the rows they name.
+    #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(npu_bench::run::SECTIONS))]
+    only: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -48,6 +52,7 @@ fn main() -> ExitCode {
         tcp: cli.tcp,
         pid: cli.pid,
         iterations: cli.iterations,
+        only: cli.only,
     };
     match run(&opts) {
         Ok(report) => {

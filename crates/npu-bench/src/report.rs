@@ -40,6 +40,12 @@ pub struct Row {
     pub tensor_bytes: Option<u64>,
     #[serde(flatten)]
     pub summary: Summary,
+    /// The daemon's own mean queue time (admission to device start) over these dispatches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon_queue_us: Option<f64>,
+    /// The daemon's own mean device time over these dispatches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon_device_us: Option<f64>,
 }
 
 impl Row {
@@ -54,6 +60,8 @@ impl Row {
             links: None,
             tensor_bytes: None,
             summary,
+            daemon_queue_us: None,
+            daemon_device_us: None,
         }
     }
 }
@@ -216,6 +224,18 @@ impl Report {
                 format!("{:.1}", s.mean_us),
                 format!("{:.0}", s.throughput_per_s),
                 s.samples.to_string(),
+            ]);
+        }
+        if let Some(r) = self.rows.iter().find(|r| r.daemon_queue_us.is_some()) {
+            t.add_row([
+                String::new(),
+                String::new(),
+                format!(
+                    "  {}: the daemon's own mean queue {:.1} µs, device {:.1} µs",
+                    r.key,
+                    r.daemon_queue_us.unwrap_or_default(),
+                    r.daemon_device_us.unwrap_or_default()
+                ),
             ]);
         }
         for c in 3..8 {

@@ -23,6 +23,28 @@ pub struct Ready {
     pub request: pb::DispatchRequest,
     /// Kept mapped for the session's life (fd-shared tensors, on a Unix socket).
     _mapped: Vec<crate::client::Mapped>,
+    /// What the daemon reported for the measured dispatches of [`Ready::dispatches`].
+    pub reported: std::sync::Mutex<Reported>,
+}
+
+/// The daemon's own queue and device times, summed over dispatches.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Reported {
+    pub dispatches: u64,
+    pub queue_ns: u64,
+    pub device_ns: u64,
+}
+
+impl Reported {
+    /// Mean (queue, device) in µs.
+    #[must_use]
+    pub fn means_us(&self) -> (f64, f64) {
+        let n = crate::stats::f64_of(self.dispatches.max(1)) * 1000.0;
+        (
+            crate::stats::f64_of(self.queue_ns) / n,
+            crate::stats::f64_of(self.device_ns) / n,
+        )
+    }
 }
 
 impl Ready {
@@ -49,6 +71,7 @@ impl Ready {
             program,
             request: dispatch_request(program, &ids),
             _mapped: mapped,
+            reported: std::sync::Mutex::default(),
         })
     }
 
@@ -62,14 +85,30 @@ impl Ready {
     ///
     /// # Errors
     /// The daemon's refusal.
-    pub async fn dispatches(&self, it: Iters) -> Result<Summary> {
+    pub async fn dispatches(&self, it: Iters) -> Result<(Vec<u64>, std::time::Duration)> {
         let s = &self.session;
         let d = &self.request;
-        timed(it, || {
+        let sum = &std::cell::Cell::new(Reported::default());
+        let r = time_loop(it, || {
             let mut s = s.clone();
-            async move { s.dispatch(d).await }
+            async move {
+                let r = s.dispatch(d).await?;
+                let mut g = sum.get();
+                g.dispatches += 1;
+                g.queue_ns += r.queue_ns;
+                g.device_ns += r.device_ns;
+                sum.set(g);
+                Ok(())
+            }
         })
-        .await
+        .await?;
+        let sum = sum.get();
+        if let Ok(mut g) = self.reported.lock() {
+            g.dispatches += sum.dispatches;
+            g.queue_ns += sum.queue_ns;
+            g.device_ns += sum.device_ns;
+        }
+        Ok(r)
     }
 
     /// Row 5: chains of `links` links; (per chain, per link).
@@ -147,7 +186,7 @@ impl Ready {
         let r = timed(it, || {
             let mut s = s.clone();
             let d = &d;
-            async move { s.dispatch(d).await }
+            async move { s.dispatch(d).await.map(drop) }
         })
         .await;
         free(&mut s, &[a.id, b.id]).await;

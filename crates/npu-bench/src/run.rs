@@ -5,11 +5,12 @@ use std::time::Duration;
 
 use crate::client::{Iters, Session, connect_tcp, connect_unix};
 use crate::daemon::{Daemon, rss_kib};
-use crate::floors::{EchoServer, raw_echo, tonic_stream, tonic_unary};
+use crate::floors::{EchoServer, RawEcho, TonicEcho, tonic_stream};
 use crate::inproc::InProcess;
 use crate::load;
 use crate::report::{Machine, MemoryRow, Report, Row, keys};
 use crate::rows::Ready;
+use crate::stats::Acc;
 use crate::{BenchError, Result};
 
 /// Pipeline depth of rows 1c and 9.
@@ -39,6 +40,8 @@ pub struct Options {
     pub pid: Option<u32>,
     /// Measured iterations of the single-operation rows (default 20000, 300 with `quick`).
     pub iterations: Option<usize>,
+    /// Only these sections ([`SECTIONS`]); row 3 always runs. Empty: all.
+    pub only: Vec<String>,
 }
 
 /// Where the daemon is.
@@ -116,7 +119,7 @@ pub fn run(opts: &Options) -> Result<Report> {
         ratios: Vec::new(),
         skipped: Vec::new(),
     };
-    let result = rt.block_on(all_rows(&mut report, &mut target, it));
+    let result = rt.block_on(all_rows(&mut report, &mut target, it, &opts.only));
     if let Some(mut d) = target.started.take() {
         if let Err(e) = &result {
             eprintln!("npud's log:\n{}", d.log());
@@ -130,12 +133,24 @@ pub fn run(opts: &Options) -> Result<Report> {
     Ok(report)
 }
 
-async fn all_rows(report: &mut Report, target: &mut Target, it: Iters) -> Result<()> {
-    // Row 8, idle: before anything else touches the daemon.
-    let hold_row = |key: &str,
-                    name: &str,
-                    rss_kib: u64,
-                    (sessions, tensors, bytes): (usize, usize, u64)| MemoryRow {
+/// Sections of the run, for `--only`.
+pub const SECTIONS: [&str; 8] = [
+    "floors",
+    "inproc",
+    "tcp",
+    "chains",
+    "pipelined",
+    "sizes",
+    "clients",
+    "memory",
+];
+
+/// Rounds the side-by-side rows (1, 1b, 3) alternate over.
+const ROUNDS: usize = 10;
+
+fn memory_row(key: &str, name: &str, rss_kib: u64, hold: (usize, usize, u64)) -> MemoryRow {
+    let (sessions, tensors, bytes) = hold;
+    MemoryRow {
         row: "8".into(),
         key: key.into(),
         name: name.into(),
@@ -143,65 +158,194 @@ async fn all_rows(report: &mut Report, target: &mut Target, it: Iters) -> Result
         sessions,
         tensors_per_session: tensors,
         tensor_bytes: bytes,
-    };
-    match target.pid {
-        Some(pid) => report.memory.push(hold_row(
-            keys::RSS_IDLE,
-            "npud resident memory, idle (just started)",
-            rss_kib(pid)?,
-            (0, 0, 0),
-        )),
-        None => report
-            .skipped
-            .push("row 8: no process id for the given daemon (--pid)".into()),
     }
+}
 
+async fn all_rows(
+    report: &mut Report,
+    target: &mut Target,
+    it: Iters,
+    only: &[String],
+) -> Result<()> {
+    let want = |s: &str| only.is_empty() || only.iter().any(|o| o == s);
+    // Row 8, idle: before anything else touches the daemon.
+    if want("memory") {
+        match target.pid {
+            Some(pid) => report.memory.push(memory_row(
+                keys::RSS_IDLE,
+                "npud resident memory, idle (just started)",
+                rss_kib(pid)?,
+                (0, 0, 0),
+            )),
+            None => report
+                .skipped
+                .push("row 8: no process id for the given daemon (--pid)".into()),
+        }
+    }
     let unix = Ready::new(
         Session::open(connect_unix(&target.socket).await?, "bench-unix").await?,
         true,
     )
     .await?;
-    let size = unix.message_bytes();
     let dir = tempfile::Builder::new().prefix("npub").tempdir_in("/tmp")?;
+    side_by_side(report, &unix, dir.path(), it, want("floors")).await?;
+    if want("floors") {
+        let echo = EchoServer::start(dir.path(), cores())?;
+        let size = unix.message_bytes();
+        let p = tonic_stream(&echo, size, DEPTH, it).await?;
+        let mut r = Row::new(
+            "1c",
+            "tonic_stream_per_message",
+            "bare tonic bidi stream echo, 16 in flight: per message",
+            p.per_op,
+        );
+        r.message_bytes = Some(size.max(8));
+        report.rows.push(r);
+    }
+    if want("inproc") {
+        inproc(report, it).await?;
+    }
+    if want("tcp") {
+        tcp(report, target, it).await?;
+    }
+    if want("chains") {
+        chains(report, &unix, it).await?;
+    }
+    if want("pipelined") {
+        let p = unix.pipelined(DEPTH, it).await?;
+        let mut r = Row::new(
+            "9",
+            keys::PIPELINED,
+            "npud Submit stream, 16 in flight: per dispatch",
+            p.per_op,
+        );
+        r.message_bytes = Some(unix.message_bytes());
+        report.rows.push(r);
+        report.rows.push(Row::new(
+            "9",
+            "pipelined_latency",
+            "npud Submit stream, 16 in flight: submit to completion",
+            p.latency,
+        ));
+    }
+    if want("sizes") {
+        sizes(report, &unix, it).await?;
+    }
+    if want("clients") {
+        for n in CLIENTS {
+            let mut r = Row::new(
+                "7",
+                &format!("clients_{n}"),
+                &format!("{n} concurrent clients, one dispatch each at a time: aggregate"),
+                load::clients(&target.socket, n, it).await?,
+            );
+            r.clients = Some(n);
+            report.rows.push(r);
+        }
+    }
+    let mut s = unix.session.clone();
+    load::close(&mut s).await;
+    if want("memory")
+        && let Some(pid) = target.pid
+    {
+        let (sessions, tensors, bytes) = HOLD;
+        let mut held = load::hold(&target.socket, sessions, tensors, bytes).await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        report.memory.push(memory_row(
+            "rss_64_sessions_16_tensors",
+            "npud resident memory with 64 sessions of 16 tensors (4 KiB)",
+            rss_kib(pid)?,
+            HOLD,
+        ));
+        for s in &mut held {
+            load::close(s).await;
+        }
+    }
+    Ok(())
+}
 
-    // Row 1: the raw floor.
-    let raw_dir = dir.path().to_path_buf();
-    let raw = tokio::task::spawn_blocking(move || raw_echo(&raw_dir, size, it))
-        .await
-        .map_err(|e| BenchError(e.to_string()))??;
-    let mut r = Row::new(
-        "1",
-        keys::RAW_ECHO,
-        "raw echo over a Unix socket (no gRPC)",
-        raw,
-    );
-    r.message_bytes = Some(size);
-    report.rows.push(r);
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
 
-    // Rows 1b and 1c: the bare tonic service, on as many threads as npud's runtime has.
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let echo = EchoServer::start(dir.path(), cores)?;
-    let mut r = Row::new(
-        "1b",
-        keys::TONIC_ECHO,
-        "bare tonic unary echo over a Unix socket",
-        tonic_unary(&echo, size, it).await?,
-    );
-    r.message_bytes = Some(size);
-    report.rows.push(r);
-    let p = tonic_stream(&echo, size, DEPTH, it).await?;
-    let mut r = Row::new(
-        "1c",
-        "tonic_stream_per_message",
-        "bare tonic bidi stream echo, 16 in flight: per message",
-        p.per_op,
-    );
-    r.message_bytes = Some(size.max(8));
-    report.rows.push(r);
+/// Rows 1, 1b and 3, measured in turn over [`ROUNDS`] rounds so that a change in the machine's
+/// load during the run falls on all three alike. Without the floors, row 3 alone.
+async fn side_by_side(
+    report: &mut Report,
+    unix: &Ready,
+    dir: &std::path::Path,
+    it: Iters,
+    floors: bool,
+) -> Result<()> {
+    let size = unix.message_bytes();
+    let round = Iters {
+        warmup: it.warmup / ROUNDS + 1,
+        measured: (it.measured / ROUNDS).max(1),
+    };
+    let (mut raw_acc, mut echo_acc, mut npud_acc) =
+        (Acc::default(), Acc::default(), Acc::default());
+    let echo = if floors {
+        Some(EchoServer::start(dir, cores())?)
+    } else {
+        None
+    };
+    let mut raw = match floors {
+        true => Some(RawEcho::start(dir, size)?),
+        false => None,
+    };
+    let tonic = match &echo {
+        Some(e) => Some(TonicEcho::connect(e, size).await?),
+        None => None,
+    };
+    for _ in 0..ROUNDS {
+        if let Some(raw) = raw.as_mut() {
+            raw_acc.add(raw.measure(round)?);
+        }
+        if let Some(t) = &tonic {
+            echo_acc.add(t.measure(round).await?);
+        }
+        npud_acc.add(unix.dispatches(round).await?);
+    }
+    drop(raw);
+    drop(tonic);
     drop(echo);
+    if floors {
+        let mut r = Row::new(
+            "1",
+            keys::RAW_ECHO,
+            "raw echo over a Unix socket (no gRPC)",
+            raw_acc.summary(),
+        );
+        r.message_bytes = Some(size);
+        report.rows.push(r);
+        let mut r = Row::new(
+            "1b",
+            keys::TONIC_ECHO,
+            "bare tonic unary echo over a Unix socket",
+            echo_acc.summary(),
+        );
+        r.message_bytes = Some(size);
+        report.rows.push(r);
+    }
+    let mut r = Row::new(
+        "3",
+        keys::NPUD_UNIX,
+        "npud dispatch over a Unix socket, one client",
+        npud_acc.summary(),
+    );
+    r.message_bytes = Some(size);
+    if let Ok(g) = unix.reported.lock() {
+        let (q, d) = g.means_us();
+        r.daemon_queue_us = Some(q);
+        r.daemon_device_us = Some(d);
+    }
+    report.rows.push(r);
+    Ok(())
+}
 
-    // Row 2: in-process.
-    let inproc = tokio::task::spawn_blocking(move || {
+/// Row 2: in-process, on a blocking thread.
+async fn inproc(report: &mut Report, it: Iters) -> Result<()> {
+    let (one, chain) = tokio::task::spawn_blocking(move || {
         let mut d = InProcess::open()?;
         let one = d.dispatch(it)?;
         let chain = d.chain(32, it.scaled_down(8))?;
@@ -213,52 +357,49 @@ async fn all_rows(report: &mut Report, target: &mut Target, it: Iters) -> Result
         "2",
         "inproc_dispatch",
         "in-process dispatch through hsa-core on the emulator",
-        inproc.0,
+        one,
     ));
     let mut r = Row::new(
         "2",
         "inproc_chain32_per_link",
         "in-process chain of 32: per link",
-        inproc.1.1,
+        chain.1,
     );
     r.links = Some(32);
     report.rows.push(r);
+    Ok(())
+}
 
-    // Row 3: npud over the Unix socket.
-    let mut r = Row::new(
-        "3",
-        keys::NPUD_UNIX,
-        "npud dispatch over a Unix socket, one client",
-        unix.dispatches(it).await?,
-    );
-    r.message_bytes = Some(size);
-    report.rows.push(r);
-
-    // Row 4: over TCP.
-    match &target.tcp {
-        Some(addr) => {
-            let tcp = Ready::new(
-                Session::open(connect_tcp(addr).await?, "bench-tcp").await?,
-                false,
-            )
-            .await?;
-            let mut r = Row::new(
-                "4",
-                "npud_tcp",
-                "npud dispatch over TCP loopback, one client",
-                tcp.dispatches(it).await?,
-            );
-            r.message_bytes = Some(tcp.message_bytes());
-            report.rows.push(r);
-            let mut s = tcp.session.clone();
-            load::close(&mut s).await;
-        }
-        None => report
+/// Row 4: a session over TCP with device tensors.
+async fn tcp(report: &mut Report, target: &Target, it: Iters) -> Result<()> {
+    let Some(addr) = &target.tcp else {
+        report
             .skipped
-            .push("row 4: no TCP address for the given daemon (--tcp)".into()),
-    }
+            .push("row 4: no TCP address for the given daemon (--tcp)".into());
+        return Ok(());
+    };
+    let tcp = Ready::new(
+        Session::open(connect_tcp(addr).await?, "bench-tcp").await?,
+        false,
+    )
+    .await?;
+    let mut acc = Acc::default();
+    acc.add(tcp.dispatches(it).await?);
+    let mut r = Row::new(
+        "4",
+        "npud_tcp",
+        "npud dispatch over TCP loopback, one client",
+        acc.summary(),
+    );
+    r.message_bytes = Some(tcp.message_bytes());
+    report.rows.push(r);
+    let mut s = tcp.session.clone();
+    load::close(&mut s).await;
+    Ok(())
+}
 
-    // Row 5: chains.
+/// Row 5: chains of 8 and 32.
+async fn chains(report: &mut Report, unix: &Ready, it: Iters) -> Result<()> {
     for links in [8usize, 32] {
         let (chain, link) = unix.chains(links, it.scaled_down(links / 4)).await?;
         let mut r = Row::new(
@@ -278,25 +419,11 @@ async fn all_rows(report: &mut Report, target: &mut Target, it: Iters) -> Result
         r.links = Some(links);
         report.rows.push(r);
     }
+    Ok(())
+}
 
-    // Row 9: pipelined submission.
-    let p = unix.pipelined(DEPTH, it).await?;
-    let mut r = Row::new(
-        "9",
-        keys::PIPELINED,
-        "npud Submit stream, 16 in flight: per dispatch",
-        p.per_op,
-    );
-    r.message_bytes = Some(size);
-    report.rows.push(r);
-    report.rows.push(Row::new(
-        "9",
-        "pipelined_latency",
-        "npud Submit stream, 16 in flight: submit to completion",
-        p.latency,
-    ));
-
-    // Row 6: tensor sizes, by fd and inline.
+/// Row 6: tensor sizes, by fd and inline.
+async fn sizes(report: &mut Report, unix: &Ready, it: Iters) -> Result<()> {
     for (bytes, label) in SIZES {
         let mut r = Row::new(
             "6",
@@ -318,36 +445,6 @@ async fn all_rows(report: &mut Report, target: &mut Target, it: Iters) -> Result
         );
         r.tensor_bytes = Some(bytes);
         report.rows.push(r);
-    }
-
-    // Row 7: concurrent clients.
-    for n in CLIENTS {
-        let mut r = Row::new(
-            "7",
-            &format!("clients_{n}"),
-            &format!("{n} concurrent clients, one dispatch each at a time: aggregate"),
-            load::clients(&target.socket, n, it).await?,
-        );
-        r.clients = Some(n);
-        report.rows.push(r);
-    }
-    let mut s = unix.session.clone();
-    load::close(&mut s).await;
-
-    // Row 8, loaded.
-    if let Some(pid) = target.pid {
-        let (sessions, tensors, bytes) = HOLD;
-        let mut held = load::hold(&target.socket, sessions, tensors, bytes).await?;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        report.memory.push(hold_row(
-            "rss_64_sessions_16_tensors",
-            "npud resident memory with 64 sessions of 16 tensors (4 KiB)",
-            rss_kib(pid)?,
-            HOLD,
-        ));
-        for s in &mut held {
-            load::close(s).await;
-        }
     }
     Ok(())
 }

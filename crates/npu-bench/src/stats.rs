@@ -71,6 +71,28 @@ fn usize_of(v: f64) -> usize {
     v as usize
 }
 
+/// Samples gathered over several rounds (rows measured in turn, side by side).
+#[derive(Debug, Default)]
+pub struct Acc {
+    ns: Vec<u64>,
+    wall: Duration,
+}
+
+impl Acc {
+    /// Adds one round's samples and wall time.
+    pub fn add(&mut self, (ns, wall): (Vec<u64>, Duration)) {
+        self.ns.extend(ns);
+        self.wall += wall;
+    }
+
+    /// One operation per sample.
+    #[must_use]
+    pub fn summary(self) -> Summary {
+        let n = self.ns.len() as u64;
+        summarize(self.ns, n, self.wall)
+    }
+}
+
 /// Divides every sample by `k` (per-link figures of a chain).
 #[must_use]
 pub fn per(ns: &[u64], k: u64) -> Vec<u64> {
