@@ -222,3 +222,23 @@ fn demo_runs_everything_and_passes() {
         assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
     }
 }
+
+#[test]
+fn bench_runs_the_benchmark_binary_with_the_arguments_passed_through() {
+    let o = npuctl(&["bench", "--", "--help"]);
+    let out = stdout(&o);
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("--quick"), "npuctl-bench's own help: {out}");
+    let o = npuctl(&["bench", "--bench-bin", "/nonexistent/npuctl-bench"]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("--bench-bin /nonexistent/npuctl-bench: no such file"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -495,67 +495,13 @@ impl Drop for Daemon {
 
 /// Finds the npud binary, building it when it is nowhere and a cargo workspace is at hand.
 fn find_npud(explicit: Option<&Path>) -> Result<PathBuf, String> {
-    if let Some(p) = explicit {
-        return if p.is_file() {
-            Ok(p.to_path_buf())
-        } else {
-            Err(format!("--npud {}: no such file", p.display()))
-        };
-    }
-    if let Some(p) = crate::sibling("npud").filter(|p| p.is_file()) {
-        return Ok(p);
-    }
-    if let Some(p) = std::env::var_os("NPUD_BIN")
-        .map(PathBuf::from)
-        .filter(|p| p.is_file())
-    {
-        return Ok(p);
-    }
-    if let Some(paths) = std::env::var_os("PATH") {
-        for d in std::env::split_paths(&paths) {
-            let p = d.join("npud");
-            if p.is_file() {
-                return Ok(p);
-            }
-        }
-    }
-    let cwd = std::env::current_dir().map_err(|e| e.to_string())?;
-    let root = cwd
-        .ancestors()
-        .find(|d| {
-            std::fs::read_to_string(d.join("Cargo.toml")).is_ok_and(|t| t.contains("[workspace]"))
-        })
-        .ok_or(
-            "no npud binary beside npuctl, in $NPUD_BIN or on PATH, and no cargo workspace \
-             above this directory to build it in",
-        )?;
-    let release = crate::sibling("npud")
-        .and_then(|p| p.parent().map(Path::to_path_buf))
-        .is_some_and(|d| d.ends_with("release"));
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.args(["build", "-p", "npud", "--bin", "npud"])
-        .current_dir(root);
-    if release {
-        cmd.arg("--release");
-    }
-    println!(
-        "npuctl demo: building npud first (cargo build{} -p npud in {})",
-        if release { " --release" } else { "" },
-        root.display()
-    );
-    let status = cmd
-        .status()
-        .map_err(|e| format!("running cargo to build npud: {e}"))?;
-    if !status.success() {
-        return Err(format!("cargo build -p npud failed ({status})"));
-    }
-    let profile = if release { "release" } else { "debug" };
-    [
-        crate::sibling("npud"),
-        Some(root.join("target").join(profile).join("npud")),
-    ]
-    .into_iter()
-    .flatten()
-    .find(|p| p.is_file())
-    .ok_or_else(|| "cargo built npud but it is not where npuctl looked".into())
+    crate::locate::find_binary(
+        &crate::locate::Binary {
+            name: "npud",
+            package: "npud",
+            env: "NPUD_BIN",
+            flag: "--npud",
+        },
+        explicit,
+    )
 }

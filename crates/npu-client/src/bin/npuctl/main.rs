@@ -4,9 +4,11 @@
 
 #![forbid(unsafe_code)]
 
+mod bench;
 mod demo;
 mod emu_design;
 mod inspect;
+mod locate;
 mod output;
 mod programs;
 mod run;
@@ -49,6 +51,8 @@ enum Command {
     EmuDesign(emu_design::Args),
     /// Run a design once over files: inputs, then outputs, in the design's argument order.
     Run(run::Args),
+    /// Measure npud against its floors (raw echo, bare gRPC, in-process) in one run.
+    Bench(bench::Args),
     /// Start npud on the emulator, run the examples through it, and stop it.
     Demo(demo::Args),
     /// One of the demo's concurrent client processes.
@@ -70,6 +74,7 @@ async fn main() -> ExitCode {
         Command::Inspect(a) => inspect::run(&a, cli.json),
         Command::EmuDesign(a) => emu_design::run(&a, addr, cli.json).await,
         Command::Run(a) => run::run(&a, addr, cli.json).await,
+        Command::Bench(a) => bench::run(&a, addr, cli.json),
         Command::Demo(a) => demo::run(&a).await,
         Command::DemoWorker(a) => worker::run(&a).await,
     };

@@ -1,0 +1,50 @@
+//! `npuctl bench`: runs `npuctl-bench` (crate `npu-bench`), the instrument that measures npud
+//! against its floors, passing the arguments through. `--json` and `--addr` given to npuctl are
+//! passed on too.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::CmdResult;
+use crate::locate::{Binary, find_binary};
+
+/// `npuctl bench [--quick] [...]`: see `npuctl bench --help`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The npuctl-bench binary (default: beside npuctl, $NPUCTL_BENCH_BIN, PATH, or built).
+    #[arg(long)]
+    bench_bin: Option<PathBuf>,
+    /// Arguments for npuctl-bench (`--quick`, `--only ROWS`, ...; `npuctl bench -- --help`).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
+}
+
+pub fn run(a: &Args, addr: Option<&str>, json: bool) -> CmdResult {
+    let bin = find_binary(
+        &Binary {
+            name: "npuctl-bench",
+            package: "npu-bench",
+            env: "NPUCTL_BENCH_BIN",
+            flag: "--bench-bin",
+        },
+        a.bench_bin.as_deref(),
+    )?;
+    let mut cmd = Command::new(&bin);
+    cmd.args(&a.args);
+    if json && !a.args.iter().any(|x| x == "--json") {
+        cmd.arg("--json");
+    }
+    if let Some(addr) = addr
+        && !a.args.iter().any(|x| x == "--addr")
+    {
+        cmd.args(["--addr", addr]);
+    }
+    let status = cmd
+        .status()
+        .map_err(|e| format!("running {}: {e}", bin.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{} exited with {status}", bin.display()))
+    }
+}
