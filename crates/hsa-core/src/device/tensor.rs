@@ -1,0 +1,202 @@
+//! Tensors: device memory for buffer arguments, readable and writable by the host and
+//! exportable as a file descriptor.
+
+use std::os::fd::{FromRawFd, OwnedFd};
+
+use super::resource::{PoolAlloc, VmemAlloc};
+use super::{Device, TensorBacking, TensorId, round_up};
+use crate::error::HsaError;
+
+/// A tensor's memory.
+#[derive(Debug)]
+pub(super) enum TensorMem {
+    Pool(PoolAlloc),
+    Vmem(VmemAlloc),
+}
+
+#[derive(Debug)]
+pub(super) struct Tensor {
+    pub(super) mem: TensorMem,
+    /// Bytes the caller asked for.
+    pub(super) size: usize,
+}
+
+impl Tensor {
+    pub(super) fn ptr(&self) -> *mut u8 {
+        match &self.mem {
+            TensorMem::Pool(p) => p.ptr(),
+            TensorMem::Vmem(v) => v.ptr(),
+        }
+    }
+}
+
+/// What a caller may know of a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub size: usize,
+    /// The host VA of its first byte (also what kernel arguments point at).
+    pub addr: u64,
+    pub backing: TensorBacking,
+}
+
+impl Device {
+    /// Allocates `size` bytes of tensor memory, zeroed.
+    ///
+    /// # Errors
+    /// [`HsaError::InvalidArgument`] for size 0; the runtime's allocation error.
+    pub fn alloc_tensor(&mut self, size: usize) -> Result<TensorId, HsaError> {
+        if size == 0 {
+            return Err(HsaError::InvalidArgument(
+                "a tensor must have at least one byte".into(),
+            ));
+        }
+        let api = self.rt.api.clone();
+        let mem = match self.opts.tensor_backing {
+            TensorBacking::Pool => {
+                TensorMem::Pool(PoolAlloc::new(&api, self.pools.data.pool, size)?)
+            }
+            TensorBacking::Vmem => {
+                let rounded = round_up(size, self.pools.data.granule.max(1));
+                TensorMem::Vmem(VmemAlloc::new(
+                    &api,
+                    self.pools.data.pool,
+                    rounded,
+                    self.cpu,
+                    self.aie,
+                )?)
+            }
+        };
+        let t = Tensor { mem, size };
+        // SAFETY: the allocation holds at least `size` bytes and nothing else refers to it yet.
+        unsafe { std::ptr::write_bytes(t.ptr(), 0, size) };
+        let id = TensorId(self.next_id());
+        self.tensors.insert(id, t);
+        Ok(id)
+    }
+
+    /// Frees a tensor.
+    ///
+    /// # Errors
+    /// [`HsaError::UnknownHandle`] for an id this device did not give out.
+    pub fn free_tensor(&mut self, id: TensorId) -> Result<(), HsaError> {
+        self.tensors
+            .remove(&id)
+            .map(drop)
+            .ok_or(HsaError::UnknownHandle {
+                kind: "tensor",
+                id: id.0,
+            })
+    }
+
+    pub(super) fn tensor(&self, id: TensorId) -> Result<&Tensor, HsaError> {
+        self.tensors.get(&id).ok_or(HsaError::UnknownHandle {
+            kind: "tensor",
+            id: id.0,
+        })
+    }
+
+    /// Size, address and backing of a tensor.
+    ///
+    /// # Errors
+    /// [`HsaError::UnknownHandle`] for an id this device did not give out.
+    pub fn tensor_info(&self, id: TensorId) -> Result<TensorInfo, HsaError> {
+        let t = self.tensor(id)?;
+        let backing = match t.mem {
+            TensorMem::Pool(_) => TensorBacking::Pool,
+            TensorMem::Vmem(_) => TensorBacking::Vmem,
+        };
+        Ok(TensorInfo {
+            size: t.size,
+            addr: t.ptr() as u64,
+            backing,
+        })
+    }
+
+    fn range(&self, id: TensorId, offset: usize, len: usize) -> Result<*mut u8, HsaError> {
+        let t = self.tensor(id)?;
+        match offset.checked_add(len) {
+            Some(end) if end <= t.size => {
+                // SAFETY: `offset + len <= size`, so the result stays inside the allocation.
+                Ok(unsafe { t.ptr().add(offset) })
+            }
+            _ => Err(HsaError::InvalidArgument(format!(
+                "bytes {offset}..{} are outside tensor {} of {} bytes",
+                offset.saturating_add(len),
+                id.0,
+                t.size
+            ))),
+        }
+    }
+
+    /// Copies `data` into a tensor at `offset`.
+    ///
+    /// # Errors
+    /// [`HsaError::UnknownHandle`], or [`HsaError::InvalidArgument`] when the range does not fit.
+    pub fn write_tensor(
+        &mut self,
+        id: TensorId,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), HsaError> {
+        let dst = self.range(id, offset, data.len())?;
+        // SAFETY: `range` checked that `dst..dst+len` lies inside the tensor; the caller's slice
+        // is not device memory, so the two do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        Ok(())
+    }
+
+    /// Copies bytes out of a tensor at `offset` into `out`.
+    ///
+    /// # Errors
+    /// [`HsaError::UnknownHandle`], or [`HsaError::InvalidArgument`] when the range does not fit.
+    pub fn read_tensor(&self, id: TensorId, offset: usize, out: &mut [u8]) -> Result<(), HsaError> {
+        let src = self.range(id, offset, out.len())?;
+        // SAFETY: as in `write_tensor`, in the other direction.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Exports a tensor's memory as a file descriptor another process can map, with the byte
+    /// offset of the tensor inside it. On the emulator this is a memfd; on ROCR, a dmabuf
+    /// (whether an amdxdna dmabuf can be mapped by another process is unverified on hardware).
+    ///
+    /// # Errors
+    /// [`HsaError::Unsupported`] when the runtime cannot export; the runtime's error otherwise.
+    pub fn export_tensor(&self, id: TensorId) -> Result<(OwnedFd, u64), HsaError> {
+        let t = self.tensor(id)?;
+        let api = &self.rt.api;
+        let mut fd: i32 = -1;
+        let mut offset: u64 = 0;
+        match (
+            &t.mem,
+            api.fns().vmem_export_shareable_handle,
+            api.fns().portable_export_dmabuf,
+        ) {
+            (TensorMem::Vmem(v), Some(export), _) => {
+                // SAFETY: `fd` is a valid out-pointer and the handle is live.
+                let st = unsafe { export(&mut fd, v.handle(), 0) };
+                api.check("hsa_amd_vmem_export_shareable_handle", st)?;
+            }
+            (_, _, Some(export)) => {
+                // SAFETY: `t.ptr()..+size` is a live allocation of this runtime; the
+                // out-pointers are valid.
+                let st =
+                    unsafe { export(t.ptr().cast_const().cast(), t.size, &mut fd, &mut offset) };
+                api.check("hsa_amd_portable_export_dmabuf", st)?;
+            }
+            _ => {
+                return Err(HsaError::Unsupported {
+                    operation: "exporting a tensor as a file descriptor",
+                    symbol: "hsa_amd_portable_export_dmabuf",
+                });
+            }
+        }
+        if fd < 0 {
+            return Err(HsaError::InvalidArgument(format!(
+                "the runtime exported an invalid descriptor {fd}"
+            )));
+        }
+        // SAFETY: on success the runtime hands over a new descriptor that nothing else owns.
+        Ok((unsafe { OwnedFd::from_raw_fd(fd) }, offset))
+    }
+}
