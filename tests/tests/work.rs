@@ -71,6 +71,7 @@ async fn a_chain_whose_10th_link_faults_reports_index_10_and_the_rest_did_not_ru
         .collect();
     let r = s.chain(links).await.unwrap();
     assert_eq!(r.completed, 10);
+    assert_eq!(r.doorbells, 1, "the failing batch was rung once");
     let f = r.failure.expect("the chain reports its failing link");
     assert_eq!(f.index, 10);
     assert_eq!(f.code, tonic::Code::Internal as i32);

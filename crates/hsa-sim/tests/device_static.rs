@@ -111,6 +111,14 @@ fn a_fault_in_link_10_stops_the_chain_there_and_the_queue_recovers() {
         assert_eq!(err.index, 10, "{abi}: {err}");
         assert!(matches!(err.error, HsaError::Device { .. }), "{abi}: {err}");
         assert_eq!(
+            err.report.doorbells, 1,
+            "{abi}: the failed batch was rung once"
+        );
+        assert_eq!(
+            err.report.queue_recreations, 1,
+            "{abi}: and the queue renewed after it"
+        );
+        assert_eq!(
             read_i32s(&dev, bufs[10], 4)[0],
             10,
             "{abi}: links before 10 ran"

@@ -59,7 +59,7 @@ impl Dispatch {
     }
 }
 
-/// What a successful chain cost.
+/// What a chain cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ChainReport {
     /// Time from the first packet's enqueue to the last completion.
@@ -77,6 +77,9 @@ pub struct ChainReport {
 pub struct ChainError {
     pub index: usize,
     pub error: HsaError,
+    /// What the chain cost up to the failure (all zero when a link was refused before anything
+    /// was enqueued).
+    pub report: ChainReport,
 }
 
 impl Device {
@@ -101,27 +104,36 @@ impl Device {
             .iter()
             .enumerate()
             .map(|(index, l)| {
-                self.describe(l)
-                    .map_err(|error| ChainError { index, error })
+                self.describe(l).map_err(|error| ChainError {
+                    index,
+                    error,
+                    report: ChainReport::default(),
+                })
             })
             .collect::<Result<_, _>>()?;
         let mut report = ChainReport::default();
         let start = Instant::now();
         for (b, batch) in descs.chunks(MAX_PACKETS_PER_DOORBELL).enumerate() {
             let first = b * MAX_PACKETS_PER_DOORBELL;
-            self.prepare_queue(batch, &mut report)
-                .map_err(|error| ChainError {
+            if let Err(error) = self.prepare_queue(batch, &mut report) {
+                report.device_time = start.elapsed();
+                return Err(ChainError {
                     index: first,
                     error,
-                })?;
+                    report,
+                });
+            }
             if let Err((k, error)) = self.run_batch(batch) {
+                report.doorbells += 1;
                 self.mark_queue_failed();
                 if let Err(e) = self.prepare_queue(&[], &mut report) {
                     tracing::error!(error = %e, "recreating the queue after a failure failed");
                 }
+                report.device_time = start.elapsed();
                 return Err(ChainError {
                     index: first + k,
                     error,
+                    report,
                 });
             }
             report.doorbells += 1;

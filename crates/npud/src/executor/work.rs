@@ -114,7 +114,6 @@ impl Worker {
         let start = Instant::now();
         let queue_ns = nanos(start.duration_since(item.admitted));
         let result = self.dev.run_chain(&dispatches);
-        let device_ns = nanos(start.elapsed());
         if let Err(e) = self.tensors.stage_out(&self.dev, &staged) {
             tracing::error!(error = %e, "copying results back to a client memfd failed");
         }
@@ -126,15 +125,19 @@ impl Worker {
                 completed: dispatches.len(),
                 failure: None,
             }),
-            Err(ChainError { index, error }) => {
+            Err(ChainError {
+                index,
+                error,
+                report,
+            }) => {
                 let link = item.links.get(index).map(|l| l.program.as_ref());
                 match error {
                     HsaError::Device { .. } | HsaError::Timeout { .. } => {
                         let error = self.device_fault(link, &error);
                         Ok(WorkDone {
                             queue_ns,
-                            device_ns,
-                            doorbells: 0,
+                            device_ns: nanos(report.device_time),
+                            doorbells: report.doorbells,
                             completed: index,
                             failure: Some(LinkFailure { index, error }),
                         })
