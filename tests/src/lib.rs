@@ -52,6 +52,9 @@ pub struct Options {
     /// `NPUD_*` variables, e.g. `("NPUD_LIMITS__MAX_CHAIN_LINKS", "8")`.
     pub env: Vec<(String, String)>,
     pub args: Vec<String>,
+    /// Start it through `npud-socket-activate`, as systemd's socket activation would: the two
+    /// Unix sockets are bound by that wrapper and passed as fds 3 and 4 (names `npud`, `fd`).
+    pub socket_activated: bool,
 }
 
 impl Default for Options {
@@ -61,6 +64,7 @@ impl Default for Options {
             tcp: false,
             env: Vec::new(),
             args: Vec::new(),
+            socket_activated: false,
         }
     }
 }
@@ -99,7 +103,18 @@ impl Daemon {
         let ready = dir.path().join("ready");
         let stderr = dir.path().join("stderr");
         let tcp = opts.tcp.then(free_port);
-        let mut cmd = Command::new(binary("npud"));
+        let mut cmd = if opts.socket_activated {
+            let mut c = Command::new(binary("npud-socket-activate"));
+            c.arg("--listen")
+                .arg(&socket)
+                .arg("--listen")
+                .arg(&fd_socket)
+                .args(["--names", "npud:fd", "--"])
+                .arg(binary("npud"));
+            c
+        } else {
+            Command::new(binary("npud"))
+        };
         cmd.arg("--backend")
             .arg("emulator")
             .arg("--socket")
@@ -119,7 +134,12 @@ impl Daemon {
             .stdout(Stdio::null())
             .stderr(File::create(&stderr).expect("a stderr file"));
         for (k, _) in std::env::vars() {
-            if k.starts_with("NPUD_") || k.starts_with("HSA_SIM_") {
+            if k.starts_with("NPUD_")
+                || k.starts_with("HSA_SIM_")
+                || k.starts_with("LISTEN_")
+                || k.starts_with("WATCHDOG_")
+                || k == "NOTIFY_SOCKET"
+            {
                 cmd.env_remove(k);
             }
         }

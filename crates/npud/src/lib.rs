@@ -5,7 +5,8 @@
 //! [`service`] (the `npud.v1.Npud` handlers), [`fdsock`] (file descriptors over SCM_RIGHTS),
 //! [`sessions`] and [`conn`] (who is calling, and when they left), [`programs`] (the content-hash
 //! program store), [`executor`] (the one thread that owns the device), [`config`] and
-//! [`error`] (the one place errors become gRPC statuses).
+//! [`error`] (the one place errors become gRPC statuses), [`systemd`] (socket activation,
+//! readiness, the watchdog).
 
 #![forbid(unsafe_code)]
 
@@ -19,3 +20,4 @@ pub mod server;
 pub mod service;
 pub mod sessions;
 pub mod stats;
+pub mod systemd;

@@ -27,6 +27,7 @@ use crate::fdsock::{self, Tickets};
 use crate::programs::Programs;
 use crate::service::{NpudService, State};
 use crate::sessions::Sessions;
+use crate::systemd::{self, Activated};
 
 /// How long shutdown waits for requests in flight.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -56,6 +57,8 @@ pub enum ServeError {
     Signal(std::io::Error),
     #[error("serving gRPC: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Activation(#[from] systemd::ActivationError),
 }
 
 /// Serves until SIGTERM or SIGINT, then shuts down cleanly.
@@ -63,11 +66,69 @@ pub enum ServeError {
 /// # Errors
 /// [`ServeError`] when a socket cannot be bound or the server fails.
 pub async fn run(
-    cfg: Config,
+    mut cfg: Config,
     opened: Opened,
     serving_rx: watch::Receiver<bool>,
     ready_file: Option<PathBuf>,
 ) -> Result<(), ServeError> {
+    // Sockets systemd passed are used as they are, and their files are left to systemd.
+    let activated = Activated::from_env()?;
+    let mut owned_files: Vec<PathBuf> = Vec::new();
+    let uds = match activated.grpc {
+        Some(l) => {
+            if let Some(p) = l
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+            {
+                cfg.socket = p;
+            }
+            from_std_unix(l, &cfg.socket, "gRPC socket")?
+        }
+        None => {
+            owned_files.push(cfg.socket.clone());
+            bind_unix(&cfg.socket, "gRPC socket")?
+        }
+    };
+    let fds = match activated.fd {
+        Some(l) => {
+            // Tell clients where systemd put it.
+            if let Some(p) = l
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+            {
+                cfg.fd_socket = p;
+            }
+            from_std_unix(l, &cfg.fd_socket, "fd socket")?
+        }
+        None => {
+            owned_files.push(cfg.fd_socket.clone());
+            bind_unix(&cfg.fd_socket, "fd socket")?
+        }
+    };
+    let tcp = match (activated.tcp, &cfg.tcp) {
+        (Some(l), _) => Some(
+            l.set_nonblocking(true)
+                .and_then(|()| TcpListener::from_std(l))
+                .map_err(|source| ServeError::Tcp {
+                    addr: "(from systemd)".into(),
+                    source,
+                })?,
+        ),
+        (None, Some(addr)) => {
+            Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| ServeError::Tcp {
+                        addr: addr.clone(),
+                        source,
+                    })?,
+            )
+        }
+        (None, None) => None,
+    };
+
     let generation = match opened.facts.info.generation {
         hsa_core::Generation::Npu1 => npu_artifacts::NpuGen::Npu1,
         hsa_core::Generation::Npu2 => npu_artifacts::NpuGen::Npu2,
@@ -97,20 +158,6 @@ pub async fn run(
         started: Instant::now(),
     });
 
-    let uds = bind_unix(&cfg.socket, "gRPC socket")?;
-    let fds = bind_unix(&cfg.fd_socket, "fd socket")?;
-    let tcp = match &cfg.tcp {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| ServeError::Tcp {
-                    addr: addr.clone(),
-                    source,
-                })?,
-        ),
-        None => None,
-    };
-
     let stop = CancellationToken::new();
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(ServeError::Signal)?;
@@ -123,6 +170,7 @@ pub async fn run(
                 _ = sigterm.recv() => tracing::info!("SIGTERM: shutting down"),
                 _ = sigint.recv() => tracing::info!("SIGINT: shutting down"),
             }
+            systemd::stopping();
             stop.cancel();
         });
     }
@@ -148,6 +196,7 @@ pub async fn run(
     }
 
     tokio::spawn(reaper(state.clone(), stop.clone()));
+    tokio::spawn(systemd::watchdog(state.exec.clone(), stop.clone()));
     let fd_task = tokio::spawn(fdsock::serve(
         fds,
         cfg.fd_socket.clone(),
@@ -208,6 +257,7 @@ pub async fn run(
             source,
         })?;
     }
+    systemd::ready(&format!("serving on unix:{}", cfg.socket.display()));
 
     stop.cancelled().await;
     let drain = Instant::now() + DRAIN_TIMEOUT;
@@ -226,7 +276,7 @@ pub async fn run(
     let _ = fd_task.await;
     drop(service);
     executor.shutdown(Duration::from_secs(60)).await;
-    for p in [&cfg.socket, &cfg.fd_socket] {
+    for p in &owned_files {
         if let Err(e) = std::fs::remove_file(p) {
             tracing::warn!(socket = %p.display(), error = %e, "removing a socket file failed");
         }
@@ -297,6 +347,21 @@ fn bind_unix(path: &Path, what: &'static str) -> Result<UnixListener, ServeError
     let l = UnixListener::bind(path).map_err(err)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err)?;
     Ok(l)
+}
+
+/// A listener systemd passed, made non-blocking for tokio.
+fn from_std_unix(
+    l: std::os::unix::net::UnixListener,
+    path: &Path,
+    what: &'static str,
+) -> Result<UnixListener, ServeError> {
+    l.set_nonblocking(true)
+        .and_then(|()| UnixListener::from_std(l))
+        .map_err(|source| ServeError::Socket {
+            what,
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// The executor's serving flag, and the executor opened with it.
