@@ -44,6 +44,8 @@ unsafe impl Sync for QueueDesc {}
 pub(crate) struct QueueState {
     /// Distinct PDI addresses loaded on this queue (the CU mask has 32 bits).
     pub pdis: Vec<u64>,
+    /// Programs this queue has already identified and walked (see [`crate::rules`]).
+    pub parsed: crate::rules::ParsedPrograms,
 }
 
 /// One live queue.

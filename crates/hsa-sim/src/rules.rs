@@ -38,7 +38,7 @@ fn device_error(detail: String) -> SimError {
 /// `INVALID_ALLOCATION` naming `what`, the address and the reason.
 pub(crate) fn kernel_buffer(
     mem: &Memory,
-    what: &str,
+    what: impl std::fmt::Display,
     addr: u64,
     len: u64,
 ) -> Result<Resolved, SimError> {
@@ -86,11 +86,10 @@ fn hang(q: &QueueObj, mem: MutexGuard<'_, Memory>, why: String) -> SimError {
     ))
 }
 
-/// Identifies the PDI at `addr`, whose length is the rest of its allocation.
-fn design_of(mem: &Memory, addr: u64, r: &Resolved) -> Result<EmuDesign, SimError> {
-    // The packet does not carry the PDI's length. An emulated PDI is a fixed-size header
-    // (its allocation is page-rounded, so read just that); any other image is the rest of its
-    // allocation.
+/// The bytes of the PDI at `addr`: an emulated PDI's fixed-size header, or the rest of the
+/// allocation for any other image (the packet does not carry the PDI's length; an emulated
+/// PDI's allocation is page-rounded, so read just the header).
+fn pdi_bytes(mem: &Memory, addr: u64, r: &Resolved) -> Vec<u8> {
     let remaining = r.remaining(addr);
     let emulated = mem
         .read(addr, MAGIC.len() as u64)
@@ -100,8 +99,12 @@ fn design_of(mem: &Memory, addr: u64, r: &Resolved) -> Result<EmuDesign, SimErro
     } else {
         remaining
     };
-    let bytes = mem.read(addr, len).unwrap_or_default();
-    match identify(&bytes) {
+    mem.read(addr, len).unwrap_or_default()
+}
+
+/// Identifies the PDI at `addr` from its bytes.
+fn design_of(addr: u64, bytes: &[u8]) -> Result<EmuDesign, SimError> {
+    match identify(bytes) {
         Ok(PdiKind::Emulated(d)) => Ok(d),
         Ok(PdiKind::Partial(_)) => Err(SimError::new(
             Status::AMD_ERROR_NOT_SUPPORTED,
@@ -120,6 +123,44 @@ fn design_of(mem: &Memory, addr: u64, r: &Resolved) -> Result<EmuDesign, SimErro
         Err(e) => Err(device_error(format!(
             "device error: the PDI at {addr:#x} is not a loadable image: {e}"
         ))),
+    }
+}
+
+/// Programs a queue has identified and walked, remembered by their bytes.
+///
+/// The device reads the PDI and the instruction stream at every dispatch, so the emulator
+/// does too; but a PDI and a stream that are byte for byte what an earlier dispatch had need
+/// not be identified (a CRC over the PDI) and walked (every TXN op) again. Keyed by content,
+/// not address, so a buffer rewritten in place or freed and reused is parsed afresh.
+#[derive(Debug, Default)]
+pub(crate) struct ParsedPrograms {
+    entries: Vec<ParsedProgram>,
+}
+
+#[derive(Debug)]
+struct ParsedProgram {
+    pdi: Vec<u8>,
+    insts: Vec<u8>,
+    design: EmuDesign,
+    txn: TxnProgram,
+}
+
+/// Programs remembered per queue (as many as a queue may hold PDIs).
+const PARSED_PROGRAMS: usize = MAX_PDIS_PER_QUEUE;
+
+impl ParsedPrograms {
+    fn find(&self, pdi: &[u8], insts: &[u8]) -> Option<usize> {
+        self.entries
+            .iter()
+            .position(|e| e.pdi == pdi && e.insts == insts)
+    }
+
+    fn insert(&mut self, e: ParsedProgram) -> usize {
+        if self.entries.len() >= PARSED_PROGRAMS {
+            self.entries.remove(0);
+        }
+        self.entries.push(e);
+        self.entries.len() - 1
     }
 }
 
@@ -146,7 +187,7 @@ pub(crate) fn execute(
     let insts = kernel_buffer(&mem, "instruction buffer", cmd.insts, cmd.insts_size)?;
     let mut avail = Vec::with_capacity(cmd.args.len());
     for (i, &(addr, size)) in cmd.args.iter().enumerate() {
-        let r = kernel_buffer(&mem, &format!("argument {i}"), addr, size)?;
+        let r = kernel_buffer(&mem, format_args!("argument {i}"), addr, size)?;
         // A size of 0 means "the caller synchronises this range": the whole rest is usable.
         avail.push(if size == 0 { r.remaining(addr) } else { size });
     }
@@ -187,13 +228,26 @@ pub(crate) fn execute(
             describe(insts.owner)
         )));
     }
-    let design = design_of(&mem, cmd.pdi, &pdi)?;
+    let pdi_bytes = pdi_bytes(&mem, cmd.pdi, &pdi);
     let txn_bytes = mem.read(cmd.insts, cmd.insts_size).unwrap_or_default();
-    let txn = TxnProgram::parse(&txn_bytes).map_err(|e| {
-        device_error(format!(
-            "device error: the instruction sequence is malformed: {e}"
-        ))
-    })?;
+    let k = match state.parsed.find(&pdi_bytes, &txn_bytes) {
+        Some(k) => k,
+        None => {
+            let design = design_of(cmd.pdi, &pdi_bytes)?;
+            let txn = TxnProgram::parse(&txn_bytes).map_err(|e| {
+                device_error(format!(
+                    "device error: the instruction sequence is malformed: {e}"
+                ))
+            })?;
+            state.parsed.insert(ParsedProgram {
+                pdi: pdi_bytes,
+                insts: txn_bytes,
+                design,
+                txn,
+            })
+        }
+    };
+    let ParsedProgram { design, txn, .. } = &state.parsed.entries[k];
     let npu = npu_gen(rt);
     if txn.generation != npu {
         let why = format!(
@@ -244,7 +298,7 @@ pub(crate) fn execute(
         .map(|&i| mem.read(cmd.args[i].0, need[i]).unwrap_or_default())
         .collect();
     let result =
-        kernels::run(&design, &inputs).map_err(|e| device_error(format!("device error: {e}")))?;
+        kernels::run(design, &inputs).map_err(|e| device_error(format!("device error: {e}")))?;
     if let (Some(bytes), Some(o)) = (result, out) {
         mem.write(cmd.args[o].0, &bytes).ok_or_else(|| {
             invalid_allocation(format!("argument {o} is too small for the kernel's output"))
@@ -257,5 +311,48 @@ fn describe(owner: Owner) -> &'static str {
     match owner {
         Owner::Pool(k) => k.describe(),
         Owner::Vmem { .. } => "a vmem mapping",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(d: &EmuDesign) -> ParsedProgram {
+        let insts = d.insts(NpuGen::Npu2);
+        ParsedProgram {
+            pdi: d.to_pdi(),
+            txn: TxnProgram::parse(&insts).unwrap(),
+            insts,
+            design: d.clone(),
+        }
+    }
+
+    #[test]
+    fn programs_are_remembered_by_their_bytes() {
+        let mut cache = ParsedPrograms::default();
+        let d = EmuDesign::noop(2, 4096);
+        let e = parsed(&d);
+        let (pdi, mut insts) = (e.pdi.clone(), e.insts.clone());
+        assert_eq!(cache.insert(e), 0);
+        assert_eq!(cache.find(&pdi, &insts), Some(0));
+        // An instruction stream rewritten in place is a different program.
+        let last = insts.len() - 1;
+        insts[last] ^= 1;
+        assert_eq!(cache.find(&pdi, &insts), None);
+    }
+
+    #[test]
+    fn the_oldest_program_goes_when_the_cache_is_full() {
+        let mut cache = ParsedPrograms::default();
+        let first = parsed(&EmuDesign::noop(2, 4096));
+        let (pdi, insts) = (first.pdi.clone(), first.insts.clone());
+        cache.insert(first);
+        for n in 1..=PARSED_PROGRAMS {
+            let bytes = 4096 * (u32::try_from(n).unwrap() + 1);
+            cache.insert(parsed(&EmuDesign::noop(2, bytes)));
+        }
+        assert_eq!(cache.entries.len(), PARSED_PROGRAMS);
+        assert_eq!(cache.find(&pdi, &insts), None);
     }
 }
