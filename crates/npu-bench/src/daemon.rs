@@ -52,8 +52,15 @@ impl Daemon {
             .arg(&ready)
             .arg("--tcp")
             .arg(&tcp)
-            .env_remove("RUST_LOG")
-            .env("NPUD_LIMITS__MAX_SESSIONS", MAX_SESSIONS.to_string())
+            .env_remove("RUST_LOG");
+        // npud reads every NPUD_* variable as configuration (NPUD_BIN included, which it
+        // refuses): the daemon measured gets only the settings below.
+        for (k, _) in std::env::vars_os() {
+            if k.to_str().is_some_and(|k| k.starts_with("NPUD_")) {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("NPUD_LIMITS__MAX_SESSIONS", MAX_SESSIONS.to_string())
             .env("NPUD_LIMITS__MAX_PENDING_PER_SESSION", "1024")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

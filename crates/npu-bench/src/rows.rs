@@ -9,7 +9,7 @@ use prost::Message;
 
 use crate::client::{Iters, Pipelined, Session, dispatch_request, pipelined, time_loop, timed};
 use crate::inproc::ARG_BYTES;
-use crate::stats::{Summary, per, summarize};
+use crate::stats::{Acc, Summary, per, summarize};
 use crate::{BenchError, Result};
 
 /// Largest WriteTensor chunk sent (as npu-client sends them).
@@ -88,21 +88,21 @@ impl Ready {
     pub async fn dispatches(&self, it: Iters) -> Result<(Vec<u64>, std::time::Duration)> {
         let s = &self.session;
         let d = &self.request;
-        let sum = &std::cell::Cell::new(Reported::default());
+        let sum = &std::sync::Mutex::new(Reported::default());
         let r = time_loop(it, || {
             let mut s = s.clone();
             async move {
                 let r = s.dispatch(d).await?;
-                let mut g = sum.get();
-                g.dispatches += 1;
-                g.queue_ns += r.queue_ns;
-                g.device_ns += r.device_ns;
-                sum.set(g);
+                if let Ok(mut g) = sum.lock() {
+                    g.dispatches += 1;
+                    g.queue_ns += r.queue_ns;
+                    g.device_ns += r.device_ns;
+                }
                 Ok(())
             }
         })
         .await?;
-        let sum = sum.get();
+        let sum = sum.lock().map(|g| *g).unwrap_or_default();
         if let Ok(mut g) = self.reported.lock() {
             g.dispatches += sum.dispatches;
             g.queue_ns += sum.queue_ns;
@@ -174,23 +174,51 @@ impl Ready {
         .await
     }
 
-    /// Row 6, fd: dispatches of the noop program over two fd-shared tensors of `bytes` each.
+    /// Row 6, fd: dispatches of the noop program over two fd-shared tensors of each size, the
+    /// sizes measured in turn over `rounds` rounds (so that a change in load falls on all
+    /// alike). One summary per size.
     ///
     /// # Errors
     /// The daemon's refusal.
-    pub async fn fd_sized(&self, bytes: u64, it: Iters) -> Result<Summary> {
+    pub async fn fd_sized(&self, sizes: &[u64], rounds: usize, it: Iters) -> Result<Vec<Summary>> {
         let mut s = self.session.clone();
-        let a = s.alloc_mapped(bytes).await?;
-        let b = s.alloc_mapped(bytes).await?;
-        let d = dispatch_request(self.program, &[a.id, b.id]);
-        let r = timed(it, || {
-            let mut s = s.clone();
-            let d = &d;
-            async move { s.dispatch(d).await.map(drop) }
-        })
-        .await;
-        free(&mut s, &[a.id, b.id]).await;
-        r
+        let mut held = Vec::new();
+        let mut requests = Vec::new();
+        for &bytes in sizes {
+            let a = s.alloc_mapped(bytes).await?;
+            let b = s.alloc_mapped(bytes).await?;
+            requests.push(dispatch_request(self.program, &[a.id, b.id]));
+            held.extend([a, b]);
+        }
+        let round = Iters {
+            warmup: it.warmup / rounds.max(1) + 1,
+            measured: (it.measured / rounds.max(1)).max(1),
+        };
+        let mut acc: Vec<Acc> = sizes.iter().map(|_| Acc::default()).collect();
+        let mut failed = None;
+        'rounds: for _ in 0..rounds.max(1) {
+            for (d, acc) in requests.iter().zip(&mut acc) {
+                let r = time_loop(round, || {
+                    let mut s = s.clone();
+                    async move { s.dispatch(d).await.map(drop) }
+                })
+                .await;
+                match r {
+                    Ok(x) => acc.add(x),
+                    Err(e) => {
+                        failed = Some(e);
+                        break 'rounds;
+                    }
+                }
+            }
+        }
+        let ids: Vec<u64> = held.iter().map(|m| m.id).collect();
+        drop(held);
+        free(&mut s, &ids).await;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(acc.into_iter().map(Acc::summary).collect()),
+        }
     }
 
     /// Row 6, inline: write `bytes` into the input through WriteTensor (1 MiB chunks), dispatch,

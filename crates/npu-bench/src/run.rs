@@ -424,12 +424,14 @@ async fn chains(report: &mut Report, unix: &Ready, it: Iters) -> Result<()> {
 
 /// Row 6: tensor sizes, by fd and inline.
 async fn sizes(report: &mut Report, unix: &Ready, it: Iters) -> Result<()> {
-    for (bytes, label) in SIZES {
+    let bytes: Vec<u64> = SIZES.iter().map(|(b, _)| *b).collect();
+    let fd = unix.fd_sized(&bytes, ROUNDS, it.scaled_down(2)).await?;
+    for ((bytes, label), summary) in SIZES.into_iter().zip(fd) {
         let mut r = Row::new(
             "6",
             &format!("fd_{label}"),
             &format!("dispatch over two {label} tensors shared by fd"),
-            unix.fd_sized(bytes, it.scaled_down(4)).await?,
+            summary,
         );
         r.tensor_bytes = Some(bytes);
         report.rows.push(r);
