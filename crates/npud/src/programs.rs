@@ -39,7 +39,11 @@ impl Program {
     ///
     /// # Errors
     /// INVALID_ARGUMENT naming the argument.
-    pub fn check_args(&self, sizes: &[u64], field: &str) -> Result<(), NpudError> {
+    pub fn check_args(
+        &self,
+        sizes: &[u64],
+        field: impl std::fmt::Display,
+    ) -> Result<(), NpudError> {
         let need = &self.summary.min_arg_bytes;
         if sizes.len() < need.len() {
             return Err(NpudError::InvalidArgument(format!(
@@ -303,14 +307,14 @@ impl Programs {
         &self,
         session: u64,
         id: u64,
-        field: &str,
+        field: impl std::fmt::Display,
     ) -> Result<Arc<Program>, NpudError> {
         let mut g = self.lock();
         let e = g
             .entries
             .get_mut(&id)
             .filter(|e| e.refs.contains(&session))
-            .ok_or_else(|| not_found(field, id))?;
+            .ok_or_else(|| not_found(&field, id))?;
         if e.quarantined {
             let err = NpudError::FailedPrecondition(format!(
                 "{field}: program {id} ({}) is quarantined: it faulted the device; register a \
@@ -421,7 +425,7 @@ fn drop_if_unused(g: &mut Store, id: u64) -> Option<u64> {
     Some(id)
 }
 
-fn not_found(field: &str, id: u64) -> NpudError {
+fn not_found(field: impl std::fmt::Display, id: u64) -> NpudError {
     NpudError::NotFound(format!(
         "{field}: no program {id} in this session (register it first)"
     ))

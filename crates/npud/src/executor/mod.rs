@@ -33,7 +33,7 @@ use cache::ProgramCache;
 use sched::RoundRobin;
 use tensors::Tensors;
 
-pub use work::{LinkFailure, WorkDone};
+pub use work::{LinkFailure, LinkPrefix, WorkDone};
 
 /// Commands queued at once before senders wait.
 const CHANNEL_CAPACITY: usize = 1024;

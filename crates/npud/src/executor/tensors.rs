@@ -356,9 +356,13 @@ impl Tensors {
         &self,
         session: u64,
         a: &pb::TensorArg,
-        field: &str,
+        field: impl std::fmt::Display,
     ) -> Result<Resolved, NpudError> {
-        let t = self.owned(session, a.tensor_id, &format!("{field}.tensor_id"))?;
+        let t = self
+            .map
+            .get(&a.tensor_id)
+            .filter(|t| t.session == session)
+            .ok_or_else(|| not_found(format_args!("{field}.tensor_id"), a.tensor_id))?;
         let Some(device) = t.device else {
             return Err(NpudError::FailedPrecondition(format!(
                 "{field}.tensor_id: tensor {} awaits its memfd: send it on the fd socket with \
@@ -447,6 +451,6 @@ fn awaiting(id: u64) -> NpudError {
     ))
 }
 
-fn not_found(field: &str, id: u64) -> NpudError {
+fn not_found(field: impl std::fmt::Display, id: u64) -> NpudError {
     NpudError::NotFound(format!("{field}: no tensor {id} in this session"))
 }

@@ -61,18 +61,14 @@ impl Worker {
     }
 
     fn execute(&mut self, item: &WorkItem) -> Result<WorkDone, NpudError> {
-        let prefix = |k: usize| {
-            if item.chain {
-                format!("links[{k}].")
-            } else {
-                String::new()
-            }
-        };
-        // Check every link before anything runs.
+        // Check every link before anything runs; field names are formatted only on failure.
         let mut staged: Vec<u64> = Vec::new();
         let mut resolved = Vec::with_capacity(item.links.len());
         for (k, link) in item.links.iter().enumerate() {
-            let p = prefix(k);
+            let p = LinkPrefix {
+                chain: item.chain,
+                k,
+            };
             if self.retired.contains(&link.program.id) {
                 return Err(NpudError::NotFound(format!(
                     "{p}program_id: program {} was unregistered",
@@ -92,7 +88,7 @@ impl Worker {
             for (i, a) in link.args.iter().enumerate() {
                 let r = self
                     .tensors
-                    .resolve(item.session, a, &format!("{p}args[{i}]"))?;
+                    .resolve(item.session, a, format_args!("{p}args[{i}]"))?;
                 if let Some(id) = r.staged
                     && !staged.contains(&id)
                 {
@@ -101,10 +97,14 @@ impl Worker {
                 sizes.push(r.len);
                 args.push(r.arg);
             }
-            link.program.check_args(&sizes, &format!("{p}args"))?;
+            link.program.check_args(&sizes, format_args!("{p}args"))?;
             resolved.push(args);
         }
-        let protect: HashSet<u64> = item.links.iter().map(|l| l.program.id).collect();
+        let protect: HashSet<u64> = if item.links.len() == 1 {
+            HashSet::from([item.links[0].program.id])
+        } else {
+            item.links.iter().map(|l| l.program.id).collect()
+        };
         let mut dispatches = Vec::with_capacity(item.links.len());
         for (link, args) in item.links.iter().zip(resolved) {
             let program = self.ensure_loaded(&link.program, &protect)?;
@@ -220,6 +220,23 @@ impl Worker {
                 }
                 Err(e) => return Err(NpudError::from(e)),
             }
+        }
+    }
+}
+
+/// `links[k].` in a chain's messages; nothing for a single dispatch.
+#[derive(Debug, Clone, Copy)]
+pub struct LinkPrefix {
+    pub chain: bool,
+    pub k: usize,
+}
+
+impl std::fmt::Display for LinkPrefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.chain {
+            write!(f, "links[{}].", self.k)
+        } else {
+            Ok(())
         }
     }
 }

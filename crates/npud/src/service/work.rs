@@ -15,7 +15,7 @@ use tonic::{Request, Streaming};
 
 use super::{BoxStream, NpudService, deadline};
 use crate::error::NpudError;
-use crate::executor::{Command, Link, WorkDone, WorkItem};
+use crate::executor::{Command, Link, LinkPrefix, WorkDone, WorkItem};
 use crate::stats::Outcome;
 
 /// Most buffer arguments one dispatch may pass.
@@ -53,11 +53,7 @@ impl NpudService {
             .iter()
             .enumerate()
             .map(|(k, d)| {
-                let prefix = if chain {
-                    format!("links[{k}].")
-                } else {
-                    String::new()
-                };
+                let prefix = LinkPrefix { chain, k };
                 if d.args.len() > MAX_ARGS {
                     return Err(NpudError::InvalidArgument(format!(
                         "{prefix}args: {} arguments; at most {MAX_ARGS}",
@@ -67,7 +63,7 @@ impl NpudService {
                 let program = self.state.programs.for_dispatch(
                     session,
                     d.program_id,
-                    &format!("{prefix}program_id"),
+                    format_args!("{prefix}program_id"),
                 )?;
                 Ok(Link {
                     program,
@@ -137,9 +133,19 @@ impl NpudService {
                         done.queue_ns,
                         done.device_ns,
                     );
-                    for (p, c) in group(&programs[..ok]) {
+                    if let [p] = programs {
                         st.programs
-                            .record(p, c, Outcome::Success, done.queue_ns, done.device_ns);
+                            .record(*p, 1, Outcome::Success, done.queue_ns, done.device_ns);
+                    } else {
+                        for (p, c) in group(&programs[..ok]) {
+                            st.programs.record(
+                                p,
+                                c,
+                                Outcome::Success,
+                                done.queue_ns,
+                                done.device_ns,
+                            );
+                        }
                     }
                 }
                 if let Some(f) = &done.failure {
