@@ -42,6 +42,12 @@ pub enum ClientError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A private daemon ([`crate::local::LocalDaemon`]) could not be started or stopped.
+    #[error("local npud: {message}")]
+    LocalDaemon {
+        /// What went wrong, with the daemon's log when it has one.
+        message: String,
+    },
     /// The daemon could not be reached.
     #[error("cannot reach npud at {address}: {message}")]
     Connect {

@@ -43,6 +43,7 @@ mod client;
 pub mod connect;
 mod dispatch;
 mod error;
+pub mod local;
 mod program;
 mod session;
 pub mod tensor;

@@ -124,7 +124,7 @@ fn status_json_matches_what_the_daemon_reports() {
 #[test]
 fn emu_design_inspect_and_run_round_trip() {
     let d = Daemon::start();
-    let dir = d.dir.path().join("vsa");
+    let dir = d.dir().join("vsa");
     let dir_s = dir.display().to_string();
     let o = npuctl(&[
         "emu-design",
@@ -147,8 +147,8 @@ fn emu_design_inspect_and_run_round_trip() {
     assert_eq!(v["insts"]["min_arg_bytes"], serde_json::json!([256, 256]));
     assert!(v["listing"].as_array().is_some_and(|l| l.len() > 3));
 
-    let input = d.dir.path().join("in.bin");
-    let output = d.dir.path().join("out.bin");
+    let input = d.dir().join("in.bin");
+    let output = d.dir().join("out.bin");
     let values: Vec<i32> = (0..64).collect();
     std::fs::write(&input, bytemuck::cast_slice(&values)).expect("input");
     for addr in [d.unix(), d.http()] {

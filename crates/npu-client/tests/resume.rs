@@ -171,7 +171,7 @@ impl Drop for Proxy {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_connection_resumes_transparently() {
     let d = Daemon::start();
-    let proxy = Proxy::start(d.tcp).await;
+    let proxy = Proxy::start(d.tcp()).await;
     let client = Client::connect(Some(&format!("http://{}", proxy.addr)))
         .await
         .expect("connect through the proxy");
@@ -221,7 +221,7 @@ async fn a_dropped_connection_resumes_transparently() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_that_outlived_its_grace_period_is_lost() {
     let d = Daemon::start_with_grace(200);
-    let proxy = Proxy::start(d.tcp).await;
+    let proxy = Proxy::start(d.tcp()).await;
     let opts = ConnectOptions {
         reconnect_timeout: Duration::from_secs(3),
         ..ConnectOptions::default()

@@ -6,12 +6,13 @@
 
 #![allow(dead_code)]
 
-use std::fs::File;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use npu_client::local::{LocalDaemon, LocalOptions};
 
 static BUILD: Mutex<()> = Mutex::new(());
 
@@ -53,19 +54,10 @@ pub fn npud_binary() -> PathBuf {
     bin
 }
 
-/// A running `npud --backend emulator` on private sockets and a loopback TCP port; SIGKILLed on
-/// drop.
+/// A running `npud --backend emulator` on private sockets and a loopback TCP port (the library's
+/// own [`LocalDaemon`]); SIGKILLed on drop.
 #[derive(Debug)]
-pub struct Daemon {
-    child: Option<Child>,
-    pub dir: tempfile::TempDir,
-    pub socket: PathBuf,
-    pub fd_socket: PathBuf,
-    pub tcp: SocketAddr,
-    ready: PathBuf,
-    stderr: PathBuf,
-    grace_ms: u64,
-}
+pub struct Daemon(pub LocalDaemon);
 
 impl Daemon {
     /// Starts a daemon with a 10 s session grace period.
@@ -73,138 +65,60 @@ impl Daemon {
         Self::start_with_grace(10_000)
     }
 
-    /// Starts a daemon and waits for its ready file.
+    /// Starts a daemon and waits until it serves.
     pub fn start_with_grace(grace_ms: u64) -> Daemon {
-        let dir = tempfile::Builder::new()
-            .prefix("nc")
-            .tempdir_in("/tmp")
-            .expect("a temporary directory in /tmp");
-        let mut d = Daemon {
-            child: None,
-            socket: dir.path().join("s"),
-            fd_socket: dir.path().join("f"),
-            tcp: free_port(),
-            ready: dir.path().join("ready"),
-            stderr: dir.path().join("stderr"),
-            dir,
-            grace_ms,
-        };
-        d.spawn();
-        d
-    }
-
-    fn spawn(&mut self) {
-        let _ = std::fs::remove_file(&self.ready);
-        let mut cmd = Command::new(npud_binary());
-        cmd.args(["--backend", "emulator"])
-            .arg("--socket")
-            .arg(&self.socket)
-            .arg("--fd-socket")
-            .arg(&self.fd_socket)
-            .arg("--tcp")
-            .arg(self.tcp.to_string())
-            .arg("--ready-file")
-            .arg(&self.ready)
-            .arg("--session-grace-ms")
-            .arg(self.grace_ms.to_string())
-            .env_remove("RUST_LOG")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(
-                File::options()
-                    .create(true)
-                    .append(true)
-                    .open(&self.stderr)
-                    .expect("a stderr file"),
-            );
-        for (k, _) in std::env::vars() {
-            if k.starts_with("NPUD_") || k.starts_with("HSA_SIM_") {
-                cmd.env_remove(k);
-            }
-        }
-        self.child = Some(cmd.spawn().expect("npud starts"));
-        let until = Instant::now() + Duration::from_secs(30);
-        while !self.ready.exists() {
-            if let Some(c) = self.child.as_mut()
-                && let Ok(Some(status)) = c.try_wait()
-            {
-                panic!("npud exited with {status}:\n{}", self.stderr());
-            }
-            assert!(
-                Instant::now() < until,
-                "npud not ready in 30 s:\n{}",
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut opts = LocalOptions::new(npud_binary());
+        opts.session_grace_ms = Some(grace_ms);
+        opts.args = vec!["--log-level".into(), "npud=debug,info".into()];
+        Daemon(LocalDaemon::start(opts).unwrap_or_else(|e| panic!("{e}")))
     }
 
     /// The Unix socket address.
     pub fn unix(&self) -> String {
-        self.socket.display().to_string()
+        self.0.socket().display().to_string()
     }
 
     /// The TCP address.
     pub fn http(&self) -> String {
-        format!("http://{}", self.tcp)
+        self.0.http_url().expect("started with a TCP port")
+    }
+
+    /// The TCP socket address.
+    pub fn tcp(&self) -> SocketAddr {
+        self.0.tcp().expect("started with a TCP port")
+    }
+
+    /// The daemon's private directory.
+    pub fn dir(&self) -> &Path {
+        self.0.dir()
     }
 
     /// What the daemon wrote to stderr.
     pub fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+        self.0.log()
     }
 
     /// SIGKILL, and wait for the exit.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.0.kill();
     }
 
     /// SIGKILL, then start again on the same sockets and port.
     pub fn restart(&mut self) {
-        self.kill();
-        self.spawn();
+        self.0.restart().unwrap_or_else(|e| panic!("{e}"));
     }
 
-    /// SIGTERM and wait (SIGKILL after 20 s); returns whether it exited 0.
+    /// SIGTERM and wait (SIGKILL after 20 s); returns whether it exited 0 and cleaned up.
     pub fn terminate(&mut self) -> bool {
-        let Some(mut c) = self.child.take() else {
-            return false;
-        };
-        let pid = rustix::process::Pid::from_child(&c);
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        let until = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(Some(s)) = c.try_wait() {
-                return s.success();
-            }
-            if Instant::now() > until {
-                let _ = c.kill();
-                let _ = c.wait();
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.0
+            .stop(Duration::from_secs(20))
+            .is_ok_and(|s| s.clean())
     }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn free_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
-    l.local_addr().expect("a bound address")
 }
 
 /// A design directory path inside the daemon's tempdir.
 pub fn subdir(d: &Daemon, name: &str) -> PathBuf {
-    let p = d.dir.path().join(name);
+    let p = d.dir().join(name);
     std::fs::create_dir_all(&p).expect("a design directory");
     p
 }

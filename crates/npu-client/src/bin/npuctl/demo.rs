@@ -10,13 +10,13 @@
 //! `$NPUD_BIN`, or `PATH`; when none has it and a cargo workspace is above the current
 //! directory, it is built with `cargo build -p npud` for this executable's profile.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use npu_client::artifacts::emu::{DType, EmuDesign};
+use npu_client::local::{LocalDaemon, LocalOptions};
 use npu_client::{Client, ClientError, NpuGen, Program};
 
 #[derive(Debug, clap::Args)]
@@ -39,23 +39,25 @@ const STEPS: u32 = 7;
 
 pub async fn run(a: &Args) -> crate::CmdResult {
     let npud = find_npud(a.npud.as_deref())?;
-    let dir = tempfile::Builder::new()
-        .prefix("npuctl-demo")
-        .tempdir_in("/tmp")
-        .map_err(|e| format!("a directory in /tmp: {e}"))?;
-    let mut daemon = Daemon::start(&npud, dir.path())?;
-    let result = steps(a, &mut daemon, dir.path()).await;
+    let spinner = ProgressBar::new_spinner();
+    spinner.set_message(format!("starting {}", npud.display()));
+    spinner.enable_steady_tick(Duration::from_millis(100));
+    let started = LocalDaemon::start(LocalOptions::new(&npud));
+    spinner.finish_and_clear();
+    let mut daemon = started.map_err(|e| e.to_string())?;
+    let dir = daemon.dir().to_path_buf();
+    let result = steps(a, &mut daemon, &npud, &dir).await;
     match result {
         Ok(()) => {
             println!("\nPASS!\n");
             if a.keep {
-                println!("kept {}", dir.keep().display());
+                println!("kept {}", daemon.keep_dir().display());
             }
             Ok(())
         }
         Err(e) => {
             daemon.kill();
-            let log = std::fs::read_to_string(dir.path().join("npud.log")).unwrap_or_default();
+            let log = daemon.log();
             let tail: Vec<&str> = log.lines().rev().take(20).collect();
             eprintln!("npud's last log lines:");
             for l in tail.iter().rev() {
@@ -63,17 +65,19 @@ pub async fn run(a: &Args) -> crate::CmdResult {
             }
             println!("\nFAIL! {e}\n");
             if a.keep {
-                println!("kept {}", dir.keep().display());
+                println!("kept {}", daemon.keep_dir().display());
             }
             Err("the demo failed".into())
         }
     }
 }
 
-async fn steps(a: &Args, daemon: &mut Daemon, dir: &Path) -> Result<(), String> {
+async fn steps(a: &Args, daemon: &mut LocalDaemon, npud: &Path, dir: &Path) -> Result<(), String> {
     let e = |e: ClientError| e.to_string();
-    let sock = daemon.socket.display().to_string();
-    let tcp = format!("http://{}", daemon.tcp);
+    let sock = daemon.socket().display().to_string();
+    let tcp = daemon
+        .http_url()
+        .ok_or("the demo's daemon has no TCP port")?;
 
     let client = Client::connect(Some(&sock)).await.map_err(e)?;
     let info = client.device();
@@ -82,11 +86,11 @@ async fn steps(a: &Args, daemon: &mut Daemon, dir: &Path) -> Result<(), String> 
         &format!(
             "started npud {} ({}): {} device ({}) on unix:{}, also on {tcp}, in {:?}",
             info.daemon_version,
-            npud_display(&daemon.binary),
+            npud_display(npud),
             info.generation,
             info.backend,
             sock,
-            daemon.started
+            daemon.startup_time()
         ),
     );
 
@@ -177,8 +181,23 @@ async fn steps(a: &Args, daemon: &mut Daemon, dir: &Path) -> Result<(), String> 
     drop((a0, o0, o1));
     client.close().await.map_err(e)?;
 
-    let (ok, how) = daemon.stop();
-    if !ok {
+    let stopped = daemon.stop(Duration::from_secs(30)).map_err(e)?;
+    let how = format!(
+        "exited with {} after {:?}{}{}",
+        stopped.status,
+        stopped.elapsed,
+        if stopped.sockets_removed {
+            ", sockets removed"
+        } else {
+            ", sockets left behind"
+        },
+        if stopped.killed {
+            " (killed after 30 s)"
+        } else {
+            ""
+        }
+    );
+    if !stopped.clean() {
         return Err(format!("npud did not stop cleanly: {how}"));
     }
     step(7, &format!("stopped npud with SIGTERM: {how}"));
@@ -368,128 +387,6 @@ async fn workers(a: &Args, sock: &str, design: &Path) -> Result<Vec<String>, Str
         Ok(lines)
     } else {
         Err(failed.join("; "))
-    }
-}
-
-/// The daemon the demo runs.
-struct Daemon {
-    child: Option<Child>,
-    binary: PathBuf,
-    socket: PathBuf,
-    tcp: std::net::SocketAddr,
-    started: Duration,
-}
-
-impl Daemon {
-    fn start(binary: &Path, dir: &Path) -> Result<Daemon, String> {
-        let tcp = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("a free loopback port: {e}"))?;
-        let socket = dir.join("npud.sock");
-        let ready = dir.join("ready");
-        let log_path = dir.join("npud.log");
-        let log =
-            std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
-        let spinner = ProgressBar::new_spinner();
-        spinner.set_message(format!("starting {}", binary.display()));
-        spinner.enable_steady_tick(Duration::from_millis(100));
-        let t0 = Instant::now();
-        let mut cmd = Command::new(binary);
-        cmd.args(["--backend", "emulator"])
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--fd-socket")
-            .arg(dir.join("npud.fd.sock"))
-            .arg("--tcp")
-            .arg(tcp.to_string())
-            .arg("--ready-file")
-            .arg(&ready)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("NPUD_") || k.starts_with("HSA_SIM_") {
-                cmd.env_remove(k);
-            }
-        }
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", binary.display()))?;
-        let mut d = Daemon {
-            child: Some(child),
-            binary: binary.to_path_buf(),
-            socket,
-            tcp,
-            started: Duration::ZERO,
-        };
-        let until = t0 + Duration::from_secs(30);
-        while !ready.exists() {
-            if let Some(Ok(Some(status))) = d.child.as_mut().map(Child::try_wait) {
-                spinner.finish_and_clear();
-                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-                return Err(format!(
-                    "npud exited with {status} before it was ready:\n{log}"
-                ));
-            }
-            if Instant::now() > until {
-                spinner.finish_and_clear();
-                return Err("npud was not ready within 30 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        spinner.finish_and_clear();
-        d.started = t0.elapsed();
-        Ok(d)
-    }
-
-    /// SIGTERM and wait (at most 30 s); whether it exited 0, and how.
-    fn stop(&mut self) -> (bool, String) {
-        let Some(mut c) = self.child.take() else {
-            return (false, "not running".into());
-        };
-        let pid = rustix::process::Pid::from_child(&c);
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        let t0 = Instant::now();
-        loop {
-            match c.try_wait() {
-                Ok(Some(s)) => {
-                    let socket_gone = !self.socket.exists();
-                    return (
-                        s.success() && socket_gone,
-                        format!(
-                            "exited with {s} after {:?}{}",
-                            t0.elapsed(),
-                            if socket_gone {
-                                ", socket removed"
-                            } else {
-                                ", socket left behind"
-                            }
-                        ),
-                    );
-                }
-                Ok(None) if t0.elapsed() < Duration::from_secs(30) => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                _ => {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                    return (false, "did not exit within 30 s of SIGTERM; killed".into());
-                }
-            }
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 
