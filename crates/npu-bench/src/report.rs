@@ -225,18 +225,13 @@ impl Report {
                 format!("{:.0}", s.throughput_per_s),
                 s.samples.to_string(),
             ]);
-        }
-        if let Some(r) = self.rows.iter().find(|r| r.daemon_queue_us.is_some()) {
-            t.add_row([
-                String::new(),
-                String::new(),
-                format!(
-                    "  {}: the daemon's own mean queue {:.1} µs, device {:.1} µs",
-                    r.key,
-                    r.daemon_queue_us.unwrap_or_default(),
-                    r.daemon_device_us.unwrap_or_default()
-                ),
-            ]);
+            if let (Some(q), Some(d)) = (r.daemon_queue_us, r.daemon_device_us) {
+                t.add_row([
+                    String::new(),
+                    String::new(),
+                    format!("  the daemon's own means: queue {q:.1} µs, device {d:.1} µs"),
+                ]);
+            }
         }
         for c in 3..8 {
             if let Some(col) = t.column_mut(c) {
