@@ -3,14 +3,19 @@
 //! - Row 1, [`RawEcho`]: a length-prefixed request/response echo over a Unix stream socket,
 //!   blocking std sockets on both sides, no gRPC.
 //! - Row 1b, [`EchoServer`] + [`TonicEcho`]: a tonic unary echo over a Unix socket with
-//!   nothing behind it, served on its own multi-threaded runtime (as npud serves), called from
-//!   the same client runtime the npud rows use.
+//!   nothing behind it, served on a multi-threaded runtime with as many threads as npud's,
+//!   called from the same client runtime the npud rows use.
 //! - Row 1c, [`tonic_stream`]: the same service's bidirectional stream with a fixed number of
 //!   messages in flight: the floor of pipelined submission.
+//!
+//! Both servers run in a child process ([`FloorServers`]), so that every floor crosses a
+//! process boundary as npud's rows do: switching between threads of two processes costs more
+//! than between threads of one (on this kind of VM, a third more for the tonic echo).
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -26,31 +31,23 @@ use crate::echo_pb::echo_server::{Echo, EchoServer as EchoService};
 use crate::stats::nanos;
 use crate::{BenchError, Result};
 
-/// Row 1: a client and an echo server thread on a Unix socket in `dir`, exchanging
-/// `size`-byte payloads behind a 4-byte length.
+/// Row 1: a client of the raw echo server, exchanging `size`-byte payloads behind a 4-byte
+/// length.
 #[derive(Debug)]
 pub struct RawEcho {
     stream: UnixStream,
     frame: Vec<u8>,
     back: Vec<u8>,
-    path: PathBuf,
-    server: Option<JoinHandle<()>>,
 }
 
-impl RawEcho {
-    /// Binds the socket, starts the server thread and connects.
-    ///
-    /// # Errors
-    /// Socket errors.
-    pub fn start(dir: &Path, size: usize) -> Result<RawEcho> {
-        let path = dir.join("raw");
-        let listener = UnixListener::bind(&path)?;
-        let server = std::thread::Builder::new()
+/// Serves the raw echo on `listener`: each connection on a thread of its own, echoing
+/// length-prefixed frames until the peer closes.
+pub fn serve_raw(listener: UnixListener) {
+    for s in listener.incoming() {
+        let Ok(mut s) = s else { return };
+        let _ = std::thread::Builder::new()
             .name("raw-echo".into())
             .spawn(move || {
-                let Ok((mut s, _)) = listener.accept() else {
-                    return;
-                };
                 let mut frame = Vec::new();
                 loop {
                     let mut len = [0u8; 4];
@@ -65,8 +62,17 @@ impl RawEcho {
                         return;
                     }
                 }
-            })?;
-        let stream = UnixStream::connect(&path)?;
+            });
+    }
+}
+
+impl RawEcho {
+    /// Connects to the raw echo server at `path`.
+    ///
+    /// # Errors
+    /// Socket errors.
+    pub fn connect(path: &Path, size: usize) -> Result<RawEcho> {
+        let stream = UnixStream::connect(path)?;
         let len = u32::try_from(size).map_err(|e| BenchError(e.to_string()))?;
         let mut frame = len.to_le_bytes().to_vec();
         frame.extend(std::iter::repeat_n(0xA5u8, size));
@@ -75,8 +81,6 @@ impl RawEcho {
             stream,
             frame,
             back,
-            path,
-            server: Some(server),
         })
     }
 
@@ -102,16 +106,6 @@ impl RawEcho {
         self.stream.write_all(&self.frame)?;
         self.stream.read_exact(&mut self.back)?;
         Ok(())
-    }
-}
-
-impl Drop for RawEcho {
-    fn drop(&mut self) {
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        if let Some(t) = self.server.take() {
-            let _ = t.join();
-        }
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -150,12 +144,12 @@ pub struct EchoServer {
 }
 
 impl EchoServer {
-    /// Serves the echo service at `dir/echo` on a runtime with `workers` threads.
+    /// Serves the echo service at `path` on a runtime with `workers` threads.
     ///
     /// # Errors
     /// When the socket cannot be bound or the runtime cannot start.
-    pub fn start(dir: &Path, workers: usize) -> Result<EchoServer> {
-        let path = dir.join("echo");
+    pub fn start(path: &Path, workers: usize) -> Result<EchoServer> {
+        let path = path.to_path_buf();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers.max(1))
             .thread_name("echo-io")
@@ -210,9 +204,9 @@ impl TonicEcho {
     ///
     /// # Errors
     /// Transport errors.
-    pub async fn connect(server: &EchoServer, size: usize) -> Result<TonicEcho> {
+    pub async fn connect(path: &Path, size: usize) -> Result<TonicEcho> {
         Ok(TonicEcho {
-            client: EchoClient::new(crate::client::connect_unix(&server.path).await?),
+            client: EchoClient::new(crate::client::connect_unix(path).await?),
             msg: EchoMessage {
                 payload: vec![0xA5; size],
             },
@@ -240,13 +234,8 @@ impl TonicEcho {
 ///
 /// # Errors
 /// Transport errors.
-pub async fn tonic_stream(
-    server: &EchoServer,
-    size: usize,
-    depth: usize,
-    it: Iters,
-) -> Result<Pipelined> {
-    let mut client = EchoClient::new(crate::client::connect_unix(&server.path).await?);
+pub async fn tonic_stream(path: &Path, size: usize, depth: usize, it: Iters) -> Result<Pipelined> {
+    let mut client = EchoClient::new(crate::client::connect_unix(path).await?);
     // The request id rides in the payload's first 8 bytes.
     let width = size.max(8);
     pipelined(
@@ -267,4 +256,88 @@ pub async fn tonic_stream(
         |s| client.echo_stream(s),
     )
     .await
+}
+
+/// The floors' servers (raw and tonic echo), run in a child process of their own (this
+/// executable with `--serve-floors DIR`), so that a floor crosses the same process boundary
+/// npud's rows do. Stopped when dropped (the child exits when its stdin closes).
+#[derive(Debug)]
+pub struct FloorServers {
+    child: Child,
+    pub raw: PathBuf,
+    pub echo: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl FloorServers {
+    /// Starts the child serving in a new directory under `dir` and waits for both sockets.
+    ///
+    /// # Errors
+    /// When the child cannot start or does not bind within 10 s.
+    pub fn start(dir: &Path) -> Result<FloorServers> {
+        let exe = std::env::current_exe()?;
+        let sub = tempfile::Builder::new().prefix("fl").tempdir_in(dir)?;
+        let dir = sub.path().to_path_buf();
+        let child = Command::new(exe)
+            .arg("--serve-floors")
+            .arg(&dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()?;
+        let mut f = FloorServers {
+            child,
+            raw: dir.join("raw"),
+            echo: dir.join("echo"),
+            _dir: sub,
+        };
+        let until = Instant::now() + Duration::from_secs(10);
+        while !dir.join("floors-ready").exists() {
+            if let Ok(Some(status)) = f.child.try_wait() {
+                return Err(BenchError(format!(
+                    "the floors' server process exited with {status}"
+                )));
+            }
+            if Instant::now() > until {
+                return Err(BenchError(
+                    "the floors' server process did not bind its sockets in 10 s".into(),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(f)
+    }
+}
+
+impl Drop for FloorServers {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The child's side of [`FloorServers`]: serves the raw echo at `dir/raw` and the tonic echo
+/// at `dir/echo` (on `workers` threads) until stdin closes.
+///
+/// # Errors
+/// When a socket cannot be bound.
+pub fn serve_floors(dir: &Path, workers: usize) -> Result<()> {
+    let listener = UnixListener::bind(dir.join("raw"))?;
+    std::thread::Builder::new()
+        .name("raw-accept".into())
+        .spawn(move || serve_raw(listener))?;
+    let echo = EchoServer::start(&dir.join("echo"), workers)?;
+    // Both sockets listen (bind and listen happened above): tell the parent.
+    std::fs::write(dir.join("floors-ready"), b"ready")?;
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    drop(echo);
+    Ok(())
 }

@@ -35,10 +35,23 @@ struct Cli {
     /// clients, memory. Row 3 always runs. Ratios need the rows they name.
     #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(npu_bench::run::SECTIONS))]
     only: Vec<String>,
+    /// Internal: serve the floors' echo servers in DIR until stdin closes.
+    #[arg(long, hide = true)]
+    serve_floors: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(dir) = &cli.serve_floors {
+        let workers = std::thread::available_parallelism().map_or(1, usize::from);
+        return match npu_bench::floors::serve_floors(dir, workers) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("npuctl bench: serving the floors: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let addr = cli.addr.as_deref().map(|a| {
         PathBuf::from(
             a.strip_prefix("unix://")

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::client::{Iters, Session, connect_tcp, connect_unix};
 use crate::daemon::{Daemon, rss_kib};
-use crate::floors::{EchoServer, RawEcho, TonicEcho, tonic_stream};
+use crate::floors::{FloorServers, RawEcho, TonicEcho, tonic_stream};
 use crate::inproc::InProcess;
 use crate::load;
 use crate::report::{Machine, MemoryRow, Report, Row, keys};
@@ -190,9 +190,9 @@ async fn all_rows(
     let dir = tempfile::Builder::new().prefix("npub").tempdir_in("/tmp")?;
     side_by_side(report, &unix, dir.path(), it, want("floors")).await?;
     if want("floors") {
-        let echo = EchoServer::start(dir.path(), cores())?;
+        let floors = FloorServers::start(dir.path())?;
         let size = unix.message_bytes();
-        let p = tonic_stream(&echo, size, DEPTH, it).await?;
+        let p = tonic_stream(&floors.echo, size, DEPTH, it).await?;
         let mut r = Row::new(
             "1c",
             "tonic_stream_per_message",
@@ -264,10 +264,6 @@ async fn all_rows(
     Ok(())
 }
 
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
-}
-
 /// Rows 1, 1b and 3, measured in turn over [`ROUNDS`] rounds so that a change in the machine's
 /// load during the run falls on all three alike. Without the floors, row 3 alone.
 async fn side_by_side(
@@ -284,17 +280,17 @@ async fn side_by_side(
     };
     let (mut raw_acc, mut echo_acc, mut npud_acc) =
         (Acc::default(), Acc::default(), Acc::default());
-    let echo = if floors {
-        Some(EchoServer::start(dir, cores())?)
+    let servers = if floors {
+        Some(FloorServers::start(dir)?)
     } else {
         None
     };
-    let mut raw = match floors {
-        true => Some(RawEcho::start(dir, size)?),
-        false => None,
+    let mut raw = match &servers {
+        Some(f) => Some(RawEcho::connect(&f.raw, size)?),
+        None => None,
     };
-    let tonic = match &echo {
-        Some(e) => Some(TonicEcho::connect(e, size).await?),
+    let tonic = match &servers {
+        Some(f) => Some(TonicEcho::connect(&f.echo, size).await?),
         None => None,
     };
     for _ in 0..ROUNDS {
@@ -308,7 +304,7 @@ async fn side_by_side(
     }
     drop(raw);
     drop(tonic);
-    drop(echo);
+    drop(servers);
     if floors {
         let mut r = Row::new(
             "1",
