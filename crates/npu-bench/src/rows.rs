@@ -12,6 +12,10 @@ use crate::inproc::ARG_BYTES;
 use crate::stats::{Acc, Summary, per, summarize};
 use crate::{BenchError, Result};
 
+/// Warm-up operations before each round of rows measured in turn, at least: after another
+/// row's round the caches and the scheduler's placement belong to that row.
+pub const MIN_ROUND_WARMUP: usize = 20;
+
 /// Largest WriteTensor chunk sent (as npu-client sends them).
 const CHUNK_BYTES: usize = 1 << 20;
 
@@ -191,7 +195,7 @@ impl Ready {
             held.extend([a, b]);
         }
         let round = Iters {
-            warmup: it.warmup / rounds.max(1) + 1,
+            warmup: (it.warmup / rounds.max(1)).max(MIN_ROUND_WARMUP),
             measured: (it.measured / rounds.max(1)).max(1),
         };
         let mut acc: Vec<Acc> = sizes.iter().map(|_| Acc::default()).collect();

@@ -275,7 +275,7 @@ async fn side_by_side(
 ) -> Result<()> {
     let size = unix.message_bytes();
     let round = Iters {
-        warmup: it.warmup / ROUNDS + 1,
+        warmup: (it.warmup / ROUNDS).max(crate::rows::MIN_ROUND_WARMUP),
         measured: (it.measured / ROUNDS).max(1),
     };
     let (mut raw_acc, mut echo_acc, mut npud_acc) =
