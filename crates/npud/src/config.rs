@@ -178,6 +178,29 @@ pub enum ConfigError {
     Invalid { key: &'static str, reason: String },
 }
 
+/// The top-level keys; `NPUD_*` variables outside them belong to other tools (`NPUD_ADDR` is
+/// npuctl's, `NPUD_BIN` names this binary for scripts) and are not configuration. A misspelt
+/// nested key (`NPUD_LIMITS__MAX_SESION`) is still an error.
+const TOP_LEVEL_KEYS: &[&str] = &[
+    "socket",
+    "fd_socket",
+    "tcp",
+    "backend",
+    "library",
+    "packet_abi",
+    "generation",
+    "emulator",
+    "limits",
+    "session_grace_ms",
+    "log",
+];
+
+fn is_config_key(k: &str) -> bool {
+    let root = k.split("__").next().unwrap_or(k);
+    let root = root.split('.').next().unwrap_or(root);
+    TOP_LEVEL_KEYS.iter().any(|t| t.eq_ignore_ascii_case(root))
+}
+
 impl Config {
     /// Layers defaults, the TOML file (`file`, or [`DEFAULT_CONFIG_FILE`] when it exists), the
     /// `NPUD_*` environment and `overrides` (command-line flags), then checks the result.
@@ -195,7 +218,11 @@ impl Config {
             None => {}
         }
         let cfg: Config = fig
-            .merge(Env::prefixed("NPUD_").split("__").ignore(&["config"]))
+            .merge(
+                Env::prefixed("NPUD_")
+                    .split("__")
+                    .filter(|k| is_config_key(k.as_str())),
+            )
             .merge(Serialized::defaults(overrides))
             .extract()
             .map_err(Box::new)?;
@@ -340,6 +367,23 @@ impl OverrideEmulator {
 mod tests {
     use super::*;
     use figment::Jail;
+
+    #[test]
+    fn other_tools_npud_variables_are_not_configuration_but_misspelt_keys_are_errors() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("NPUD_ADDR", "unix:/somewhere");
+            jail.set_env("NPUD_BIN", "/usr/bin/npud");
+            jail.set_env("NPUD_LIMITS__MAX_SESSIONS", "3");
+            let c = Config::load(None, &Overrides::default()).expect("loads");
+            assert_eq!(c.limits.max_sessions, 3);
+            jail.set_env("NPUD_LIMITS__MAX_SESION", "3");
+            let e = Config::load(None, &Overrides::default())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("max_sesion"), "{e}");
+            Ok(())
+        });
+    }
 
     #[test]
     fn layers_apply_in_order_defaults_file_env_flags() {
