@@ -38,6 +38,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod binaries;
 pub mod blocking;
 mod client;
 pub mod connect;

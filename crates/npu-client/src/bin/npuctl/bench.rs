@@ -5,8 +5,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use npu_client::binaries::{NPUCTL_BENCH, find_binary};
+
 use crate::CmdResult;
-use crate::locate::{Binary, find_binary};
 
 /// `npuctl bench [--quick] [...]`: see `npuctl bench --help`.
 #[derive(Debug, clap::Args)]
@@ -20,15 +21,7 @@ pub struct Args {
 }
 
 pub fn run(a: &Args, addr: Option<&str>, json: bool) -> CmdResult {
-    let bin = find_binary(
-        &Binary {
-            name: "npuctl-bench",
-            package: "npu-bench",
-            env: "NPUCTL_BENCH_BIN",
-            flag: "--bench-bin",
-        },
-        a.bench_bin.as_deref(),
-    )?;
+    let bin = find_binary(&NPUCTL_BENCH, a.bench_bin.as_deref()).map_err(|e| e.to_string())?;
     let mut cmd = Command::new(&bin);
     cmd.args(&a.args);
     if json && !a.args.iter().any(|x| x == "--json") {

@@ -392,13 +392,6 @@ async fn workers(a: &Args, sock: &str, design: &Path) -> Result<Vec<String>, Str
 
 /// Finds the npud binary, building it when it is nowhere and a cargo workspace is at hand.
 fn find_npud(explicit: Option<&Path>) -> Result<PathBuf, String> {
-    crate::locate::find_binary(
-        &crate::locate::Binary {
-            name: "npud",
-            package: "npud",
-            env: "NPUD_BIN",
-            flag: "--npud",
-        },
-        explicit,
-    )
+    npu_client::binaries::find_binary(&npu_client::binaries::NPUD, explicit)
+        .map_err(|e| e.to_string())
 }

@@ -8,7 +8,6 @@ mod bench;
 mod demo;
 mod emu_design;
 mod inspect;
-mod locate;
 mod output;
 mod programs;
 mod run;
@@ -16,7 +15,6 @@ mod sessions;
 mod status;
 mod worker;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -90,10 +88,4 @@ async fn main() -> ExitCode {
 /// A session-less connection for the operator views.
 async fn operator(addr: Option<&str>) -> Result<Operator, String> {
     Operator::connect(addr).await.map_err(|e| e.to_string())
-}
-
-/// The path of a file next to this executable.
-fn sibling(name: &str) -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    Some(exe.parent()?.join(name))
 }
