@@ -115,9 +115,14 @@ fn a_fault_in_link_10_stops_the_chain_there_and_the_queue_recovers() {
             "{abi}: the failed batch was rung once"
         );
         assert_eq!(
-            err.report.queue_recreations, 1,
-            "{abi}: and the queue renewed after it"
+            err.report.queue_recreations, 0,
+            "{abi}: the failed queue is left suspended"
         );
+        assert!(
+            dev.recover().unwrap(),
+            "{abi}: recover() recreates the failed queue"
+        );
+        assert!(!dev.recover().unwrap(), "{abi}: and then has nothing to do");
         assert_eq!(
             read_i32s(&dev, bufs[10], 4)[0],
             10,

@@ -94,8 +94,8 @@ impl Device {
     /// Runs `links` in order on the queue.
     ///
     /// Every link is checked (known program and tensors, ranges inside their tensors) before
-    /// anything is enqueued. After a device failure the queue is recreated before returning,
-    /// so the next call starts clean.
+    /// anything is enqueued. After a device failure the queue is left suspended, as the runtime
+    /// leaves it: [`Device::recover`] recreates it, or the next call does.
     ///
     /// # Errors
     /// [`ChainError`] with the index of the link that was refused or failed.
@@ -126,9 +126,6 @@ impl Device {
             if let Err((k, error)) = self.run_batch(batch) {
                 report.doorbells += 1;
                 self.mark_queue_failed();
-                if let Err(e) = self.prepare_queue(&[], &mut report) {
-                    tracing::error!(error = %e, "recreating the queue after a failure failed");
-                }
                 report.device_time = start.elapsed();
                 return Err(ChainError {
                     index: first + k,
@@ -175,6 +172,21 @@ impl Device {
             insts_size: p.insts_len as u64,
             args,
         })
+    }
+
+    /// Recreates the queue after a device failure (the runtime suspends a failed queue), so
+    /// that a caller can report the device as recovering while it happens. Without this call
+    /// the next dispatch recreates the queue itself. Does nothing when the queue is healthy.
+    ///
+    /// # Errors
+    /// The runtime's error when the queue cannot be created.
+    pub fn recover(&mut self) -> Result<bool, HsaError> {
+        if self.queue.as_ref().is_some_and(|q| !q.stale) {
+            return Ok(false);
+        }
+        let mut report = ChainReport::default();
+        self.prepare_queue(&[], &mut report)?;
+        Ok(true)
     }
 
     fn mark_queue_failed(&mut self) {

@@ -118,13 +118,18 @@ impl Worker {
             tracing::error!(error = %e, "copying results back to a client memfd failed");
         }
         match result {
-            Ok(report) => Ok(WorkDone {
-                queue_ns,
-                device_ns: nanos(report.device_time),
-                doorbells: report.doorbells,
-                completed: dispatches.len(),
-                failure: None,
-            }),
+            Ok(report) => {
+                // A dispatch ran, so the device serves again even if recover() had failed.
+                self.serving
+                    .send_if_modified(|serving| !std::mem::replace(serving, true));
+                Ok(WorkDone {
+                    queue_ns,
+                    device_ns: nanos(report.device_time),
+                    doorbells: report.doorbells,
+                    completed: dispatches.len(),
+                    failure: None,
+                })
+            }
             Err(ChainError {
                 index,
                 error,
@@ -156,8 +161,7 @@ impl Worker {
     }
 
     /// A program faulted the device: quarantine it, count the fault, and report the service
-    /// NOT_SERVING while the queue is recovered (hsa-core has recreated it by the time the
-    /// chain returns; the health flip makes the recovery visible to watchers).
+    /// NOT_SERVING while the queue is recreated.
     fn device_fault(&mut self, program: Option<&Program>, error: &HsaError) -> NpudError {
         self.faults.fetch_add(1, Ordering::Relaxed);
         let _ = self.serving.send(false);
@@ -173,7 +177,16 @@ impl Worker {
             }
             None => format!("the device failed: {error}"),
         };
-        let _ = self.serving.send(true);
+        // NOT_SERVING covers the queue's recreation (a hardware-context rebuild on an NPU).
+        match self.dev.recover() {
+            Ok(_) => {
+                let _ = self.serving.send(true);
+            }
+            Err(e) => tracing::error!(
+                error = %e,
+                "recreating the queue after the fault failed; the next dispatch retries"
+            ),
+        }
         NpudError::Internal(msg)
     }
 
