@@ -484,3 +484,71 @@ async fn a_grpc_timeout_that_expires_in_the_queue_keeps_the_dispatch_from_runnin
     let errors = &mine.dispatches.as_ref().unwrap().errors;
     assert_eq!(errors.get("DEADLINE_EXCEEDED"), Some(&1), "{errors:?}");
 }
+
+/// The executor's two ways of waiting (polling between back-to-back dispatches, or sleeping)
+/// serve the same work: one client's dispatches back to back, then two clients' interleaved
+/// (which stops the polling), and the daemon reports how it was configured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispatches_are_served_whether_the_executor_polls_or_sleeps() {
+    for (io, spin) in [("2", "0"), ("1", "5000")] {
+        let d = Daemon::start(Options {
+            args: vec![
+                "--io-threads".into(),
+                io.into(),
+                "--executor-spin-us".into(),
+                spin.into(),
+            ],
+            ..Options::default()
+        });
+        let info = d
+            .connect()
+            .await
+            .get_device_info(pb::GetDeviceInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(info.io_threads.to_string(), io);
+        assert_eq!(info.executor_spin_us.to_string(), spin);
+        let (mut s, p, mut a, b) = setup(&d).await;
+        let (mut t, q, mut c, e) = setup(&d).await;
+        a.map.as_mut_slice_of::<i32>().unwrap().fill(0);
+        c.map.as_mut_slice_of::<i32>().unwrap().fill(100);
+        // One client alone: 20 dispatches, each adding one, alternating buffers.
+        for k in 0..20 {
+            let r = alternating(p, a.id, b.id, k);
+            s.dispatch(r.program_id, &[r.args[0].tensor_id, r.args[1].tensor_id])
+                .await
+                .unwrap();
+        }
+        assert!(a.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 20));
+        // Two clients at once, 20 each.
+        tokio::join!(
+            async {
+                for k in 0..20 {
+                    let r = alternating(p, a.id, b.id, k);
+                    s.dispatch(r.program_id, &[r.args[0].tensor_id, r.args[1].tensor_id])
+                        .await
+                        .unwrap();
+                }
+            },
+            async {
+                for k in 0..20 {
+                    let r = alternating(q, c.id, e.id, k);
+                    t.dispatch(r.program_id, &[r.args[0].tensor_id, r.args[1].tensor_id])
+                        .await
+                        .unwrap();
+                }
+            }
+        );
+        assert!(a.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 40));
+        assert!(
+            c.map
+                .as_slice_of::<i32>()
+                .unwrap()
+                .iter()
+                .all(|v| *v == 120)
+        );
+        drop(b);
+        drop(e);
+    }
+}

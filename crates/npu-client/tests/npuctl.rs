@@ -76,6 +76,9 @@ fn status_json_matches_what_the_daemon_reports() {
     assert_eq!(dev["limits"]["max_sessions"], limits.max_sessions);
     assert_eq!(dev["limits"]["max_chain_links"], limits.max_chain_links);
     assert_eq!(dev["limits"]["max_message_bytes"], limits.max_message_bytes);
+    assert_eq!(dev["io_threads"], info.io_threads);
+    assert!(info.io_threads >= 1);
+    assert_eq!(dev["executor_spin_us"], info.executor_spin_us);
 
     let st = &v["statistics"];
     assert_eq!(st["sessions_opened"], stats.sessions_opened);

@@ -18,6 +18,12 @@ pub const DEFAULT_CONFIG_FILE: &str = "/etc/npud/npud.toml";
 /// Most PDIs any NPU can hold at once (the AIE queue's PDI cache).
 pub const MAX_PDIS: u32 = 32;
 
+/// Most I/O threads `io_threads` may ask for.
+const MAX_IO_THREADS: u32 = 64;
+
+/// Longest executor poll `executor.spin_us` may ask for: past this, polling is just a busy core.
+const MAX_SPIN_US: u64 = 10_000;
+
 /// Which HSA runtime the daemon drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -82,6 +88,22 @@ impl Default for EmulatorConfig {
     }
 }
 
+/// `[executor]`: how the thread that owns the device waits for work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExecutorConfig {
+    /// How long the executor polls for the next command before it sleeps, in µs, while
+    /// dispatches arrive back to back (0: always sleep). Polling spends CPU time to spare each
+    /// dispatch a thread wake-up; see `executor::idle`.
+    pub spin_us: u64,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        Self { spin_us: 200 }
+    }
+}
+
 /// `[limits]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -132,9 +154,13 @@ pub struct Config {
     /// `npu1` or `npu2`, overriding the generation read from the agent name.
     pub generation: Option<String>,
     pub emulator: EmulatorConfig,
+    pub executor: ExecutorConfig,
     pub limits: Limits,
     /// How long a session outlives its last connection, in ms.
     pub session_grace_ms: u64,
+    /// Threads serving gRPC and the fd socket (the executor has its own); 0: as
+    /// [`Config::io_threads`] chooses.
+    pub io_threads: u32,
     pub log: LogConfig,
 }
 
@@ -150,8 +176,10 @@ impl Default for Config {
             packet_abi: "g2".into(),
             generation: None,
             emulator: EmulatorConfig::default(),
+            executor: ExecutorConfig::default(),
             limits: Limits::default(),
             session_grace_ms: 10_000,
+            io_threads: 0,
             log: LogConfig::default(),
         }
     }
@@ -190,8 +218,10 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "packet_abi",
     "generation",
     "emulator",
+    "executor",
     "limits",
     "session_grace_ms",
+    "io_threads",
     "log",
 ];
 
@@ -254,6 +284,15 @@ impl Config {
                 "expected an address and port such as 127.0.0.1:50051",
             ));
         }
+        if self.io_threads > MAX_IO_THREADS {
+            return Err(invalid("io_threads", "must be at most 64 (0 chooses)"));
+        }
+        if self.executor.spin_us > MAX_SPIN_US {
+            return Err(invalid(
+                "executor.spin_us",
+                "must be at most 10000 (10 ms); 0 never polls",
+            ));
+        }
         let l = &self.limits;
         if l.max_cached_programs == 0 || l.max_cached_programs > MAX_PDIS {
             return Err(invalid(
@@ -297,6 +336,18 @@ impl Config {
         Ok(())
     }
 
+    /// The number of I/O threads to start: `io_threads` when set, otherwise one for every two
+    /// cores beyond the first, at least one and at most four. Dispatches are serialized on the
+    /// executor; what I/O threads add is decoding and encoding in parallel, paid for in
+    /// wake-ups between them.
+    pub fn io_threads(&self) -> usize {
+        if self.io_threads > 0 {
+            return self.io_threads as usize;
+        }
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        (cores.saturating_sub(1) / 2).clamp(1, 4)
+    }
+
     /// The device options this configuration asks for.
     pub fn device_options(&self) -> hsa_core::DeviceOptions {
         hsa_core::DeviceOptions {
@@ -326,10 +377,27 @@ pub struct Overrides {
     pub generation: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session_grace_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io_threads: Option<u32>,
     #[serde(skip_serializing_if = "OverrideLog::is_empty")]
     pub log: OverrideLog,
     #[serde(skip_serializing_if = "OverrideEmulator::is_empty")]
     pub emulator: OverrideEmulator,
+    #[serde(skip_serializing_if = "OverrideExecutor::is_empty")]
+    pub executor: OverrideExecutor,
+}
+
+/// `[executor]` overrides.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct OverrideExecutor {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spin_us: Option<u64>,
+}
+
+impl OverrideExecutor {
+    fn is_empty(&self) -> bool {
+        self.spin_us.is_none()
+    }
 }
 
 /// `[log]` overrides.
@@ -436,6 +504,44 @@ mod tests {
             jail.set_env("NPUD_PACKET_ABI", "g3");
             let e = Config::load(None, &Overrides::default()).unwrap_err();
             assert!(e.to_string().contains("packet_abi"), "{e}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn threads_and_polling_are_configurable_and_bounded() {
+        Jail::expect_with(|jail| {
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.io_threads, 0);
+            assert!((1..=4).contains(&c.io_threads()), "{}", c.io_threads());
+            assert_eq!(c.executor.spin_us, 200);
+            jail.set_env("NPUD_IO_THREADS", "3");
+            jail.set_env("NPUD_EXECUTOR__SPIN_US", "0");
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!((c.io_threads(), c.executor.spin_us), (3, 0));
+            let flags = Overrides {
+                io_threads: Some(2),
+                executor: OverrideExecutor { spin_us: Some(50) },
+                ..Overrides::default()
+            };
+            let c = Config::load(None, &flags).map_err(|e| e.to_string())?;
+            assert_eq!((c.io_threads(), c.executor.spin_us), (2, 50));
+            jail.set_env("NPUD_IO_THREADS", "65");
+            let e = Config::load(None, &Overrides::default()).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "configuration key io_threads: must be at most 64 (0 chooses)"
+            );
+            jail.set_env("NPUD_IO_THREADS", "1");
+            jail.set_env("NPUD_EXECUTOR__SPIN_US", "10001");
+            let e = Config::load(None, &Overrides::default()).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "configuration key executor.spin_us: must be at most 10000 (10 ms); 0 never polls"
+            );
+            jail.set_env("NPUD_EXECUTOR__SPIN_MS", "1");
+            let e = Config::load(None, &Overrides::default()).unwrap_err();
+            assert!(e.to_string().contains("spin_ms"), "{e}");
             Ok(())
         });
     }

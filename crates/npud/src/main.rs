@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use npud::config::{Backend, Config, LogFormat, OverrideEmulator, OverrideLog, Overrides};
+use npud::config::{
+    Backend, Config, LogFormat, OverrideEmulator, OverrideExecutor, OverrideLog, Overrides,
+};
 use tracing_subscriber::EnvFilter;
 
 /// Owns one AMD XDNA NPU and serves it over gRPC.
@@ -46,6 +48,12 @@ struct Cli {
     /// How long a session outlives its last connection, in milliseconds.
     #[arg(long)]
     session_grace_ms: Option<u64>,
+    /// Threads serving gRPC and the fd socket (0: one per two cores past the first, 1 to 4).
+    #[arg(long)]
+    io_threads: Option<u32>,
+    /// How long the executor polls for work before it sleeps, in µs (0: never polls).
+    #[arg(long)]
+    executor_spin_us: Option<u64>,
     /// Log filter (info, debug, npud=trace, ...).
     #[arg(long)]
     log_level: Option<String>,
@@ -84,6 +92,7 @@ fn main() -> ExitCode {
         packet_abi: cli.packet_abi,
         generation: cli.generation,
         session_grace_ms: cli.session_grace_ms,
+        io_threads: cli.io_threads,
         log: OverrideLog {
             level: cli.log_level,
             format: cli.log_format,
@@ -91,6 +100,9 @@ fn main() -> ExitCode {
         emulator: OverrideEmulator {
             agent_name: cli.emulator_agent,
             timeout_ms: cli.emulator_timeout_ms,
+        },
+        executor: OverrideExecutor {
+            spin_us: cli.executor_spin_us,
         },
     };
     let cfg = match Config::load(cli.config.as_deref(), &overrides) {
@@ -109,6 +121,7 @@ fn main() -> ExitCode {
         }
     };
     let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.io_threads())
         .enable_all()
         .thread_name("npud-io")
         .build()

@@ -156,6 +156,8 @@ pub async fn run(
         fd_socket: std::path::absolute(&cfg.fd_socket).unwrap_or_else(|_| cfg.fd_socket.clone()),
         serving: serving_rx.clone(),
         started: Instant::now(),
+        io_threads: u32::try_from(cfg.io_threads()).unwrap_or(u32::MAX),
+        executor_spin_us: cfg.executor.spin_us,
     });
 
     let stop = CancellationToken::new();

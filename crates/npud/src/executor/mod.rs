@@ -11,6 +11,7 @@
 //! and drops the device (which releases the queue and the runtime).
 
 mod cache;
+mod idle;
 mod sched;
 mod tensors;
 mod work;
@@ -30,6 +31,7 @@ use crate::config::{Backend, Config};
 use crate::error::NpudError;
 use crate::programs::{Program, Programs};
 use cache::ProgramCache;
+use idle::Idle;
 use sched::RoundRobin;
 use tensors::Tensors;
 
@@ -272,6 +274,7 @@ impl Executor {
                     programs,
                     serving,
                     faults: thread_faults,
+                    idle: Idle::new(Duration::from_micros(cfg.executor.spin_us)),
                 };
                 worker.run(rx);
             })
@@ -365,6 +368,7 @@ struct Worker {
     programs: Arc<Programs>,
     serving: watch::Sender<bool>,
     faults: Arc<AtomicU64>,
+    idle: Idle,
 }
 
 impl Worker {
@@ -383,13 +387,14 @@ impl Worker {
                 }
             }
             if let Some((_, item)) = self.rr.pop() {
+                self.idle.serving(item.session);
                 self.run_item(item);
                 continue;
             }
             if shutdown.is_some() || closed {
                 break;
             }
-            match rx.blocking_recv() {
+            match self.idle.next(&mut rx) {
                 Some(Command::Shutdown { reply }) => shutdown = Some(reply),
                 Some(cmd) => self.handle(cmd, false),
                 None => closed = true,

@@ -40,6 +40,10 @@ pub struct State {
     pub fd_socket: PathBuf,
     pub serving: watch::Receiver<bool>,
     pub started: Instant,
+    /// Threads the runtime serves requests on.
+    pub io_threads: u32,
+    /// `executor.spin_us`.
+    pub executor_spin_us: u64,
 }
 
 /// The service tonic serves; cheap to clone.

@@ -38,6 +38,8 @@ impl NpudService {
                 max_cached_programs: l.max_cached_programs,
                 max_message_bytes: l.max_message_bytes,
             }),
+            io_threads: s.io_threads,
+            executor_spin_us: s.executor_spin_us,
         }
     }
 

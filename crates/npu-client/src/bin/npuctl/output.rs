@@ -102,6 +102,8 @@ pub fn device_json(d: &pb::DeviceInfo) -> Value {
         "sessions": d.sessions,
         "serving": d.serving,
         "limits": limits_json(d.limits.as_ref()),
+        "io_threads": d.io_threads,
+        "executor_spin_us": d.executor_spin_us,
     })
 }
 

@@ -101,6 +101,21 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
         ),
         ("device faults", stats.device_faults.to_string()),
         (
+            "threads",
+            format!(
+                "{} I/O; executor {}",
+                info.io_threads,
+                if info.executor_spin_us == 0 {
+                    "sleeps between dispatches".to_owned()
+                } else {
+                    format!(
+                        "polls up to {} µs between dispatches",
+                        info.executor_spin_us
+                    )
+                }
+            ),
+        ),
+        (
             "uptime",
             format!("{:?}", std::time::Duration::from_millis(stats.uptime_ms)),
         ),
