@@ -187,6 +187,8 @@ pub struct Session {
     id_value: AsciiMetadataValue,
     token: AsciiMetadataValue,
     pub generation: NpuGen,
+    /// The daemon's threads: I/O threads and the executor's poll (µs), from its device info.
+    pub threads: (u32, u64),
 }
 
 /// A tensor mapped through the fd socket.
@@ -227,6 +229,7 @@ impl Session {
             } else {
                 NpuGen::Npu2
             },
+            threads: (info.io_threads, info.executor_spin_us),
         })
     }
 

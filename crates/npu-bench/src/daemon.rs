@@ -85,6 +85,71 @@ impl Drop for Daemon {
     }
 }
 
+/// CPU time all of a process's threads have used so far, in ns: the first field of each
+/// `/proc/<pid>/task/*/schedstat`. A thread that ended takes its time with it. `None` when the
+/// process is gone or the kernel keeps no schedstat.
+#[must_use]
+pub fn cpu_ns(pid: u32) -> Option<u64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(task) = task else { continue };
+        let Ok(s) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            continue;
+        };
+        total += s.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+/// The daemon's CPU time over a stretch of work, per operation.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuMeter {
+    pid: Option<u32>,
+    ns: u64,
+    ops: u64,
+    failed: bool,
+}
+
+impl CpuMeter {
+    #[must_use]
+    pub fn new(pid: Option<u32>) -> CpuMeter {
+        CpuMeter {
+            pid,
+            ..CpuMeter::default()
+        }
+    }
+
+    /// Runs `work` (which performs `ops` operations, warm-up included) and adds the daemon's
+    /// CPU time over it.
+    ///
+    /// # Errors
+    /// `work`'s.
+    pub async fn measure<T, F>(&mut self, ops: usize, work: F) -> Result<T>
+    where
+        F: Future<Output = Result<T>>,
+    {
+        let before = self.pid.and_then(cpu_ns);
+        let r = work.await?;
+        match (before, self.pid.and_then(cpu_ns)) {
+            (Some(a), Some(b)) => {
+                self.ns += b.saturating_sub(a);
+                self.ops += ops as u64;
+            }
+            _ => self.failed = true,
+        }
+        Ok(r)
+    }
+
+    /// Mean daemon CPU per operation, µs.
+    #[must_use]
+    pub fn per_op_us(&self) -> Option<f64> {
+        if self.failed || self.ops == 0 {
+            return None;
+        }
+        Some(crate::stats::f64_of(self.ns) / crate::stats::f64_of(self.ops) / 1000.0)
+    }
+}
+
 /// VmRSS of a process, KiB.
 ///
 /// # Errors

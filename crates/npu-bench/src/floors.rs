@@ -3,8 +3,9 @@
 //! - Row 1, [`RawEcho`]: a length-prefixed request/response echo over a Unix stream socket,
 //!   blocking std sockets on both sides, no gRPC.
 //! - Row 1b, [`EchoServer`] + [`TonicEcho`]: a tonic unary echo over a Unix socket with
-//!   nothing behind it, served on a multi-threaded runtime with as many threads as npud's,
-//!   called from the same client runtime the npud rows use.
+//!   nothing behind it, served on a multi-threaded runtime with as many worker threads as npud
+//!   serves requests on (its device info's `io_threads`), called from the same client runtime
+//!   the npud rows use.
 //! - Row 1c, [`tonic_stream`]: the same service's bidirectional stream with a fixed number of
 //!   messages in flight: the floor of pipelined submission.
 //!
@@ -270,17 +271,20 @@ pub struct FloorServers {
 }
 
 impl FloorServers {
-    /// Starts the child serving in a new directory under `dir` and waits for both sockets.
+    /// Starts the child serving in a new directory under `dir`, the tonic echo on `threads`
+    /// runtime threads, and waits for both sockets.
     ///
     /// # Errors
     /// When the child cannot start or does not bind within 10 s.
-    pub fn start(dir: &Path) -> Result<FloorServers> {
+    pub fn start(dir: &Path, threads: u32) -> Result<FloorServers> {
         let exe = std::env::current_exe()?;
         let sub = tempfile::Builder::new().prefix("fl").tempdir_in(dir)?;
         let dir = sub.path().to_path_buf();
         let child = Command::new(exe)
             .arg("--serve-floors")
             .arg(&dir)
+            .arg("--floor-threads")
+            .arg(threads.max(1).to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()?;

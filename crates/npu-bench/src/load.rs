@@ -2,24 +2,31 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Barrier;
 
 use crate::client::{Iters, Session, connect_unix};
 use crate::rows::Ready;
-use crate::stats::{Summary, nanos, summarize};
+use crate::stats::nanos;
 use crate::{BenchError, Result};
 
+/// Dispatches [`clients`] runs for `clients` clients, warm-up included.
+#[must_use]
+pub fn total_ops(clients: usize, it: Iters) -> usize {
+    let clients = clients.max(1);
+    clients * ((it.measured / clients).max(1) + (it.warmup / clients).max(1))
+}
+
 /// Row 7: `clients` clients, each on its own connection with its own session, program
-/// registration and tensors, dispatch at once; `total` measured dispatches are shared out
-/// between them (each first warms up alone, then all start together at a barrier). Returns
-/// every dispatch's latency, and the aggregate throughput over the wall time from the barrier
-/// to the last client's end.
+/// registration and tensors, dispatch at once; `it.measured` dispatches are shared out between
+/// them (each first warms up alone, then all start together at a barrier). The clients are
+/// tasks on the caller's runtime. Returns every dispatch's latency, and the wall time from the
+/// barrier to the last client's end (over which the aggregate throughput is counted).
 ///
 /// # Errors
 /// A client that cannot connect or a dispatch the daemon refuses.
-pub async fn clients(socket: &Path, clients: usize, it: Iters) -> Result<Summary> {
+pub async fn clients(socket: &Path, clients: usize, it: Iters) -> Result<(Vec<u64>, Duration)> {
     let clients = clients.max(1);
     let each = (it.measured / clients).max(1);
     let warmup = (it.warmup / clients).max(1);
@@ -61,10 +68,9 @@ pub async fn clients(socket: &Path, clients: usize, it: Iters) -> Result<Summary
     }
     let wall = match (first, last) {
         (Some(a), Some(b)) => b.duration_since(a),
-        _ => std::time::Duration::ZERO,
+        _ => Duration::ZERO,
     };
-    let n = all.len() as u64;
-    Ok(summarize(all, n, wall))
+    Ok((all, wall))
 }
 
 /// Row 8: opens `sessions` sessions on their own connections, each allocating `tensors`

@@ -38,13 +38,15 @@ struct Cli {
     /// Internal: serve the floors' echo servers in DIR until stdin closes.
     #[arg(long, hide = true)]
     serve_floors: Option<PathBuf>,
+    /// Internal: the tonic echo's runtime threads (npud's I/O threads).
+    #[arg(long, hide = true, default_value_t = 1)]
+    floor_threads: usize,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(dir) = &cli.serve_floors {
-        let workers = std::thread::available_parallelism().map_or(1, usize::from);
-        return match npu_bench::floors::serve_floors(dir, workers) {
+        return match npu_bench::floors::serve_floors(dir, cli.floor_threads) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("npuctl bench: serving the floors: {e}");

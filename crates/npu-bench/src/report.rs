@@ -46,6 +46,9 @@ pub struct Row {
     /// The daemon's own mean device time over these dispatches.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub daemon_device_us: Option<f64>,
+    /// The daemon's CPU time (all its threads) per operation, setup and warm-up included, µs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon_cpu_us: Option<f64>,
 }
 
 impl Row {
@@ -62,6 +65,7 @@ impl Row {
             summary,
             daemon_queue_us: None,
             daemon_device_us: None,
+            daemon_cpu_us: None,
         }
     }
 }
@@ -110,6 +114,8 @@ pub struct Report {
     pub machine: Machine,
     /// The daemon measured: its address (and where it came from).
     pub daemon: String,
+    /// The daemon's request threads and its executor's poll (µs), from its device info.
+    pub daemon_threads: Option<(u32, u64)>,
     pub rows: Vec<Row>,
     pub memory: Vec<MemoryRow>,
     pub ratios: Vec<Ratio>,
@@ -225,11 +231,18 @@ impl Report {
                 format!("{:.0}", s.throughput_per_s),
                 s.samples.to_string(),
             ]);
+            let mut notes = Vec::new();
             if let (Some(q), Some(d)) = (r.daemon_queue_us, r.daemon_device_us) {
+                notes.push(format!("queue {q:.1} µs, device {d:.1} µs"));
+            }
+            if let Some(c) = r.daemon_cpu_us {
+                notes.push(format!("CPU {c:.1} µs per operation"));
+            }
+            if !notes.is_empty() {
                 t.add_row([
                     String::new(),
                     String::new(),
-                    format!("  the daemon's own means: queue {q:.1} µs, device {d:.1} µs"),
+                    format!("  the daemon's own: {}", notes.join("; ")),
                 ]);
             }
         }
@@ -265,8 +278,13 @@ impl Report {
                 if r.met { "yes" } else { "NO" }.to_owned(),
             ]);
         }
+        let threads = match self.daemon_threads {
+            Some((io, 0)) => format!("; {io} I/O threads, executor sleeps when idle"),
+            Some((io, spin)) => format!("; {io} I/O threads, executor polls {spin} µs when idle"),
+            None => String::new(),
+        };
         let mut s = format!(
-            "npuctl bench{}: {} ({} build, {} cores; load {} -> {})\n{t}\n{m}\n{g}\n",
+            "npuctl bench{}: {}{threads} ({} build, {} cores; load {} -> {})\n{t}\n{m}\n{g}\n",
             if self.quick { " --quick" } else { "" },
             self.daemon,
             self.machine.build,

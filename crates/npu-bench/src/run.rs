@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::client::{Iters, Session, connect_tcp, connect_unix};
-use crate::daemon::{Daemon, rss_kib};
+use crate::daemon::{CpuMeter, Daemon, rss_kib};
 use crate::floors::{FloorServers, RawEcho, TonicEcho, tonic_stream};
 use crate::inproc::InProcess;
 use crate::load;
@@ -89,9 +89,13 @@ pub fn run(opts: &Options) -> Result<Report> {
             }
         }
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    // Every client runs on this one thread, as an application's own runtime would: the
+    // caller, tonic's connection tasks and the socket's readiness all on one thread, so a
+    // round trip pays for the transport and the server, not for hops between the harness's
+    // threads (a multi-threaded client runtime added about 70 µs to every unary call here,
+    // half of the bare tonic echo's measured cost).
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .thread_name("bench-client")
         .build()?;
     let measured = opts
         .iterations
@@ -114,6 +118,7 @@ pub fn run(opts: &Options) -> Result<Report> {
             .into(),
         },
         daemon: target.describe.clone(),
+        daemon_threads: None,
         rows: Vec::new(),
         memory: Vec::new(),
         ratios: Vec::new(),
@@ -147,6 +152,8 @@ pub const SECTIONS: [&str; 8] = [
 
 /// Rounds the side-by-side rows (1, 1b, 3) alternate over.
 const ROUNDS: usize = 10;
+/// Rounds the client counts of row 7 alternate over.
+const CLIENT_ROUNDS: usize = 5;
 
 fn memory_row(key: &str, name: &str, rss_kib: u64, hold: (usize, usize, u64)) -> MemoryRow {
     let (sessions, tensors, bytes) = hold;
@@ -187,10 +194,11 @@ async fn all_rows(
         true,
     )
     .await?;
+    report.daemon_threads = Some(unix.session.threads);
     let dir = tempfile::Builder::new().prefix("npub").tempdir_in("/tmp")?;
-    side_by_side(report, &unix, dir.path(), it, want("floors")).await?;
+    side_by_side(report, &unix, dir.path(), it, want("floors"), target.pid).await?;
     if want("floors") {
-        let floors = FloorServers::start(dir.path())?;
+        let floors = FloorServers::start(dir.path(), unix.session.threads.0)?;
         let size = unix.message_bytes();
         let p = tonic_stream(&floors.echo, size, DEPTH, it).await?;
         let mut r = Row::new(
@@ -212,7 +220,10 @@ async fn all_rows(
         chains(report, &unix, it).await?;
     }
     if want("pipelined") {
-        let p = unix.pipelined(DEPTH, it).await?;
+        let mut cpu = CpuMeter::new(target.pid);
+        let p = cpu
+            .measure(it.warmup + it.measured, unix.pipelined(DEPTH, it))
+            .await?;
         let mut r = Row::new(
             "9",
             keys::PIPELINED,
@@ -220,6 +231,7 @@ async fn all_rows(
             p.per_op,
         );
         r.message_bytes = Some(unix.message_bytes());
+        r.daemon_cpu_us = cpu.per_op_us();
         report.rows.push(r);
         report.rows.push(Row::new(
             "9",
@@ -232,14 +244,34 @@ async fn all_rows(
         sizes(report, &unix, it).await?;
     }
     if want("clients") {
-        for n in CLIENTS {
+        // The client counts are measured in turn over rounds, so that a change in the
+        // machine's load falls on all of them alike (their p99s are compared).
+        let round = Iters {
+            warmup: (it.warmup / CLIENT_ROUNDS).max(crate::rows::MIN_ROUND_WARMUP),
+            measured: (it.measured / CLIENT_ROUNDS).max(1),
+        };
+        let mut acc: Vec<(Acc, CpuMeter)> = CLIENTS
+            .iter()
+            .map(|_| (Acc::default(), CpuMeter::new(target.pid)))
+            .collect();
+        for _ in 0..CLIENT_ROUNDS {
+            for (n, (samples, cpu)) in CLIENTS.iter().zip(acc.iter_mut()) {
+                let ops = load::total_ops(*n, round);
+                samples.add(
+                    cpu.measure(ops, load::clients(&target.socket, *n, round))
+                        .await?,
+                );
+            }
+        }
+        for (n, (samples, cpu)) in CLIENTS.into_iter().zip(acc) {
             let mut r = Row::new(
                 "7",
                 &format!("clients_{n}"),
                 &format!("{n} concurrent clients, one dispatch each at a time: aggregate"),
-                load::clients(&target.socket, n, it).await?,
+                samples.summary(),
             );
             r.clients = Some(n);
+            r.daemon_cpu_us = cpu.per_op_us();
             report.rows.push(r);
         }
     }
@@ -272,6 +304,7 @@ async fn side_by_side(
     dir: &std::path::Path,
     it: Iters,
     floors: bool,
+    pid: Option<u32>,
 ) -> Result<()> {
     let size = unix.message_bytes();
     let round = Iters {
@@ -280,8 +313,9 @@ async fn side_by_side(
     };
     let (mut raw_acc, mut echo_acc, mut npud_acc) =
         (Acc::default(), Acc::default(), Acc::default());
+    let mut cpu = CpuMeter::new(pid);
     let servers = if floors {
-        Some(FloorServers::start(dir)?)
+        Some(FloorServers::start(dir, unix.session.threads.0)?)
     } else {
         None
     };
@@ -300,7 +334,10 @@ async fn side_by_side(
         if let Some(t) = &tonic {
             echo_acc.add(t.measure(round).await?);
         }
-        npud_acc.add(unix.dispatches(round).await?);
+        npud_acc.add(
+            cpu.measure(round.warmup + round.measured, unix.dispatches(round))
+                .await?,
+        );
     }
     drop(raw);
     drop(tonic);
@@ -335,6 +372,7 @@ async fn side_by_side(
         r.daemon_queue_us = Some(q);
         r.daemon_device_us = Some(d);
     }
+    r.daemon_cpu_us = cpu.per_op_us();
     report.rows.push(r);
     Ok(())
 }
