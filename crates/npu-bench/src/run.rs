@@ -150,10 +150,15 @@ pub const SECTIONS: [&str; 8] = [
     "memory",
 ];
 
-/// Rounds the side-by-side rows (1, 1b, 3) alternate over.
-const ROUNDS: usize = 10;
-/// Rounds the client counts of row 7 alternate over.
-const CLIENT_ROUNDS: usize = 5;
+/// Rounds the side-by-side rows (1, 1b, 3), and the fd sizes of row 6, alternate over. Short
+/// rounds matter: on a small VM a one-client round trip is bimodal (two threads landing on one
+/// vCPU or on two), the mode lasting a fraction of a second, and rows measured in long rounds
+/// could each catch a different mode (10 rounds: 64 MiB over 4 KiB read 0.91–1.12 across runs;
+/// 40: 0.99–1.00).
+const ROUNDS: usize = 40;
+/// Rounds the client counts of row 7 alternate over (5: the p99 goal read 2.99–4.57 across
+/// runs; 10: 3.56–3.62).
+const CLIENT_ROUNDS: usize = 10;
 /// Row 7 measures this many times the single-dispatch rows' iterations: its p99s are compared,
 /// and with many clients a p99 rests on few events (one stall of the machine delays every
 /// client's dispatch in flight at once), so it needs more samples to be steady.
