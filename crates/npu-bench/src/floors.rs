@@ -3,9 +3,8 @@
 //! - Row 1, [`RawEcho`]: a length-prefixed request/response echo over a Unix stream socket,
 //!   blocking std sockets on both sides, no gRPC.
 //! - Row 1b, [`EchoServer`] + [`TonicEcho`]: a tonic unary echo over a Unix socket with
-//!   nothing behind it, served on a multi-threaded runtime with as many worker threads as npud
-//!   serves requests on (its device info's `io_threads`), called from the same client runtime
-//!   the npud rows use.
+//!   nothing behind it, served on a runtime like npud's for as many I/O threads as npud reports
+//!   (its device info's `io_threads`), called from the same client runtime the npud rows use.
 //! - Row 1c, [`tonic_stream`]: the same service's bidirectional stream with a fixed number of
 //!   messages in flight: the floor of pipelined submission.
 //!
@@ -145,17 +144,22 @@ pub struct EchoServer {
 }
 
 impl EchoServer {
-    /// Serves the echo service at `path` on a runtime with `workers` threads.
+    /// Serves the echo service at `path` on a runtime like npud's with `workers` I/O threads:
+    /// one is the current-thread scheduler on the server's own thread, more are the
+    /// multi-threaded scheduler's workers.
     ///
     /// # Errors
     /// When the socket cannot be bound or the runtime cannot start.
     pub fn start(path: &Path, workers: usize) -> Result<EchoServer> {
         let path = path.to_path_buf();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers.max(1))
-            .thread_name("echo-io")
-            .enable_all()
-            .build()?;
+        let mut b = if workers <= 1 {
+            tokio::runtime::Builder::new_current_thread()
+        } else {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(workers);
+            b
+        };
+        let rt = b.thread_name("echo-io").enable_all().build()?;
         let listener = {
             let _g = rt.enter();
             tokio::net::UnixListener::bind(&path)?
