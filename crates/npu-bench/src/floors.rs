@@ -316,6 +316,22 @@ impl FloorServers {
     }
 }
 
+impl FloorServers {
+    /// Stops the child: closes its stdin and waits for it to exit (at most 5 s, then kills it),
+    /// sleeping on the runtime between checks so that this process's client connections to it
+    /// can close (the child's servers end when their connections have).
+    pub async fn stop(mut self) {
+        drop(self.child.stdin.take());
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
 impl Drop for FloorServers {
     fn drop(&mut self) {
         drop(self.child.stdin.take());

@@ -125,6 +125,9 @@ pub fn run(opts: &Options) -> Result<Report> {
         skipped: Vec::new(),
     };
     let result = rt.block_on(all_rows(&mut report, &mut target, it, &opts.only));
+    // Closes every client connection, so that npud's graceful shutdown does not wait for
+    // connections nobody drives any more.
+    drop(rt);
     if let Some(mut d) = target.started.take() {
         if let Err(e) = &result {
             eprintln!("npud's log:\n{}", d.log());
@@ -157,8 +160,14 @@ pub const SECTIONS: [&str; 8] = [
 /// 40: 0.99–1.00).
 const ROUNDS: usize = 40;
 /// Rounds the client counts of row 7 alternate over (5: the p99 goal read 2.99–4.57 across
-/// runs; 10: 3.56–3.62).
+/// runs; 10: 3.42–3.64).
 const CLIENT_ROUNDS: usize = 10;
+
+/// How many of at most `most` rounds `it` is split into: a round keeps at least 250 measured
+/// samples, so a `--quick` run is not spent opening sessions for rounds of a few dispatches.
+fn rounds(it: Iters, most: usize) -> usize {
+    (it.measured / 250).clamp(1, most)
+}
 /// Row 7 measures this many times the single-dispatch rows' iterations: its p99s are compared,
 /// and with many clients a p99 rests on few events (one stall of the machine delays every
 /// client's dispatch in flight at once), so it needs more samples to be steady.
@@ -218,6 +227,7 @@ async fn all_rows(
         );
         r.message_bytes = Some(size.max(8));
         report.rows.push(r);
+        floors.stop().await;
     }
     if want("inproc") {
         inproc(report, it).await?;
@@ -255,15 +265,16 @@ async fn all_rows(
     if want("clients") {
         // The client counts are measured in turn over rounds, so that a change in the
         // machine's load falls on all of them alike (their p99s are compared).
+        let client_rounds = rounds(it, CLIENT_ROUNDS);
         let round = Iters {
-            warmup: (it.warmup / CLIENT_ROUNDS).max(crate::rows::MIN_ROUND_WARMUP),
-            measured: (it.measured * CLIENT_SAMPLES / CLIENT_ROUNDS).max(1),
+            warmup: (it.warmup / client_rounds).max(crate::rows::MIN_ROUND_WARMUP),
+            measured: (it.measured * CLIENT_SAMPLES / client_rounds).max(1),
         };
         let mut acc: Vec<(Acc, CpuMeter)> = CLIENTS
             .iter()
             .map(|_| (Acc::default(), CpuMeter::new(target.pid)))
             .collect();
-        for _ in 0..CLIENT_ROUNDS {
+        for _ in 0..client_rounds {
             for (n, (samples, cpu)) in CLIENTS.iter().zip(acc.iter_mut()) {
                 let ops = load::total_ops(*n, round);
                 samples.add(
@@ -316,9 +327,10 @@ async fn side_by_side(
     pid: Option<u32>,
 ) -> Result<()> {
     let size = unix.message_bytes();
+    let n_rounds = rounds(it, ROUNDS);
     let round = Iters {
-        warmup: (it.warmup / ROUNDS).max(crate::rows::MIN_ROUND_WARMUP),
-        measured: (it.measured / ROUNDS).max(1),
+        warmup: (it.warmup / n_rounds).max(crate::rows::MIN_ROUND_WARMUP),
+        measured: (it.measured / n_rounds).max(1),
     };
     let (mut raw_acc, mut echo_acc, mut npud_acc) =
         (Acc::default(), Acc::default(), Acc::default());
@@ -336,7 +348,7 @@ async fn side_by_side(
         Some(f) => Some(TonicEcho::connect(&f.echo, size).await?),
         None => None,
     };
-    for _ in 0..ROUNDS {
+    for _ in 0..n_rounds {
         if let Some(raw) = raw.as_mut() {
             raw_acc.add(raw.measure(round)?);
         }
@@ -350,7 +362,9 @@ async fn side_by_side(
     }
     drop(raw);
     drop(tonic);
-    drop(servers);
+    if let Some(s) = servers {
+        s.stop().await;
+    }
     if floors {
         let mut r = Row::new(
             "1",
@@ -468,7 +482,8 @@ async fn chains(report: &mut Report, unix: &Ready, it: Iters) -> Result<()> {
 /// Row 6: tensor sizes, by fd and inline.
 async fn sizes(report: &mut Report, unix: &Ready, it: Iters) -> Result<()> {
     let bytes: Vec<u64> = SIZES.iter().map(|(b, _)| *b).collect();
-    let fd = unix.fd_sized(&bytes, ROUNDS, it.scaled_down(2)).await?;
+    let small = it.scaled_down(2);
+    let fd = unix.fd_sized(&bytes, rounds(small, ROUNDS), small).await?;
     for ((bytes, label), summary) in SIZES.into_iter().zip(fd) {
         let mut r = Row::new(
             "6",

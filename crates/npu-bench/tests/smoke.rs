@@ -82,6 +82,25 @@ fn quick_json_has_every_row_with_sane_fields() {
         assert!(number(r, "throughput_per_s") > 0.0, "throughput in {r}");
     }
 
+    // The daemon's CPU per operation where the bench knows its process (it started it), and
+    // the threads it reported.
+    for r in rows {
+        let key = field(r, "key").as_str().expect("key is text");
+        if key == "npud_unix" || key == "pipelined_per_dispatch" || key.starts_with("clients_") {
+            let cpu = number(r, "daemon_cpu_us");
+            assert!(cpu > 0.0 && cpu.is_finite(), "daemon CPU in {r}");
+        }
+    }
+    let threads = field(&report, "daemon_threads")
+        .as_array()
+        .expect("daemon_threads is [io_threads, executor_spin_us]");
+    assert!(threads[0].as_u64().is_some_and(|n| n >= 1), "{threads:?}");
+    assert_eq!(
+        threads[1].as_u64(),
+        Some(200),
+        "the default executor.spin_us"
+    );
+
     let memory = field(&report, "memory")
         .as_array()
         .expect("memory is a list");
