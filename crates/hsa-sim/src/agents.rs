@@ -256,7 +256,7 @@ pub unsafe extern "C" fn hsa_agent_get_info(
                 AgentInfo::AMD_PRODUCT_NAME => write_name(
                     value,
                     if aie {
-                        npu.product_name()
+                        crate::config::product_name(npu)
                     } else {
                         "hsa-sim host CPU"
                     },

@@ -17,53 +17,23 @@ use std::time::Duration;
 
 use npu_artifacts::NpuGen;
 
-/// The AIE generation the emulated agent reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AieGeneration {
-    /// `aie2`: Phoenix / Hawk Point (npu1), TXN devGen 3.
-    Aie2,
-    /// `aie2p`: Strix / Strix Halo / Krackan (npu2), TXN devGen 4.
-    Aie2p,
-}
-
-impl AieGeneration {
-    /// The agent name ROCR reports (`HSA_AGENT_INFO_NAME`).
-    pub fn agent_name(self) -> &'static str {
-        self.npu_gen().agent_name()
-    }
-
-    /// The NPU generation whose designs this agent runs.
-    pub fn npu_gen(self) -> NpuGen {
-        match self {
-            Self::Aie2 => NpuGen::Npu1,
-            Self::Aie2p => NpuGen::Npu2,
-        }
-    }
-
-    /// The product name ROCR reads from sysfs `vbnv` (`HSA_AMD_AGENT_INFO_PRODUCT_NAME`).
-    pub fn product_name(self) -> &'static str {
-        match self {
-            Self::Aie2 => "NPU Phoenix (hsa-sim)",
-            Self::Aie2p => "NPU Strix (hsa-sim)",
-        }
-    }
-
-    /// Parses an agent name as `HSA_SIM_AGENT_NAME` spells it: `aie2` or `aie2p`.
-    pub fn from_agent_name(name: &str) -> Option<Self> {
-        match name.trim().to_ascii_lowercase().as_str() {
-            "aie2" => Some(Self::Aie2),
-            "aie2p" => Some(Self::Aie2p),
-            _ => None,
-        }
+/// The emulated agent's name as `HSA_SIM_AGENT_NAME` and npud's `emulator.agent_name` spell
+/// it: exactly `aie2` (npu1, TXN devGen 3) or `aie2p` (npu2, devGen 4), in any case. Product
+/// names such as `strix` are not agent names here.
+pub fn agent_from_name(name: &str) -> Option<NpuGen> {
+    match name.trim().to_ascii_lowercase().as_str() {
+        "aie2" => Some(NpuGen::Npu1),
+        "aie2p" => Some(NpuGen::Npu2),
+        _ => None,
     }
 }
 
-impl From<NpuGen> for AieGeneration {
-    fn from(g: NpuGen) -> Self {
-        match g {
-            NpuGen::Npu1 => Self::Aie2,
-            NpuGen::Npu2 => Self::Aie2p,
-        }
+/// The product name the emulated agent reports where ROCR reads sysfs `vbnv`
+/// (`HSA_AMD_AGENT_INFO_PRODUCT_NAME`).
+pub fn product_name(agent: NpuGen) -> &'static str {
+    match agent {
+        NpuGen::Npu1 => "NPU Phoenix (hsa-sim)",
+        NpuGen::Npu2 => "NPU Strix (hsa-sim)",
     }
 }
 
@@ -74,8 +44,8 @@ pub use hsa_core::PacketAbi;
 /// The emulator's configuration, fixed for the life of one initialisation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SimConfig {
-    /// The agent's generation: `aie2` runs npu1 designs, `aie2p` npu2 designs.
-    pub agent: AieGeneration,
+    /// The agent's generation: npu1 reports `aie2` and runs npu1 designs, npu2 `aie2p`.
+    pub agent: NpuGen,
     pub packet_abi: PacketAbi,
     /// How long a hanging command blocks before it fails ("Device isn't making progress").
     pub timeout: Duration,
@@ -84,7 +54,7 @@ pub struct SimConfig {
 impl Default for SimConfig {
     fn default() -> Self {
         Self {
-            agent: AieGeneration::Aie2p,
+            agent: NpuGen::Npu2,
             packet_abi: PacketAbi::G2,
             timeout: Duration::from_millis(2000),
         }
@@ -100,7 +70,7 @@ impl SimConfig {
     fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Self {
         let mut cfg = Self::default();
         if let Some(v) = get("HSA_SIM_AGENT_NAME") {
-            match AieGeneration::from_agent_name(&v) {
+            match agent_from_name(&v) {
                 Some(a) => cfg.agent = a,
                 None => {
                     tracing::warn!(value = %v, "HSA_SIM_AGENT_NAME is not aie2 or aie2p; using aie2p")
@@ -172,7 +142,7 @@ mod tests {
             "HSA_SIM_TIMEOUT_MS" => Some("50".into()),
             _ => None,
         });
-        assert_eq!(cfg.agent, AieGeneration::Aie2);
+        assert_eq!(cfg.agent, NpuGen::Npu1);
         assert_eq!(cfg.packet_abi, PacketAbi::G1a);
         assert_eq!(cfg.timeout, Duration::from_millis(50));
 
@@ -187,15 +157,10 @@ mod tests {
 
     #[test]
     fn agent_names_map_to_generations() {
-        assert_eq!(
-            AieGeneration::from_agent_name("aie2").map(AieGeneration::npu_gen),
-            Some(NpuGen::Npu1)
-        );
-        assert_eq!(
-            AieGeneration::from_agent_name(" AIE2P "),
-            Some(AieGeneration::Aie2p)
-        );
-        assert_eq!(AieGeneration::from_agent_name("strix"), None);
-        assert_eq!(AieGeneration::from(NpuGen::Npu2).agent_name(), "aie2p");
+        assert_eq!(agent_from_name("aie2"), Some(NpuGen::Npu1));
+        assert_eq!(agent_from_name(" AIE2P "), Some(NpuGen::Npu2));
+        assert_eq!(agent_from_name("strix"), None);
+        assert_eq!(NpuGen::Npu2.agent_name(), "aie2p");
+        assert_eq!(product_name(NpuGen::Npu1), "NPU Phoenix (hsa-sim)");
     }
 }

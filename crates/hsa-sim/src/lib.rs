@@ -113,10 +113,12 @@ mod vmem;
 
 pub use agents::*;
 pub use config::{
-    AieGeneration, PacketAbi, SimConfig, reset_config, serial_test_guard, set_config,
+    PacketAbi, SimConfig, agent_from_name, product_name, reset_config, serial_test_guard,
+    set_config,
 };
 pub use counters::{Counters, counters, hsa_sim_counters};
 pub use memory::*;
+pub use npu_artifacts::NpuGen;
 pub use queue::*;
 pub use regions::*;
 pub use runtime::{

@@ -73,7 +73,7 @@ pub(crate) fn kernel_buffer(
 }
 
 fn npu_gen(rt: &Runtime) -> NpuGen {
-    rt.config.agent.npu_gen()
+    rt.config.agent
 }
 
 /// Blocks for the configured timeout, then fails as the driver's watchdog does.

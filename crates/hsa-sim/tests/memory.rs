@@ -21,7 +21,7 @@ fn page() -> usize {
 #[test]
 fn agents_answer_like_rocrs_aie_agent() {
     let sim = Sim::with(SimConfig {
-        agent: AieGeneration::Aie2,
+        agent: NpuGen::Npu1,
         ..Default::default()
     });
     assert_eq!(u32_info(sim.cpu, AgentInfo::DEVICE), 0);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use hsa_core::{
     Device, DeviceOptions, Dispatch, Generation, HsaApi, PacketAbi, ProgramId, TensorId,
 };
-use hsa_sim::{AieGeneration, SimConfig};
+use hsa_sim::SimConfig;
 use npu_artifacts::NpuGen;
 use npu_artifacts::emu::{DType, EmuDesign};
 
@@ -24,7 +24,7 @@ pub fn npu_gen(g: Generation) -> NpuGen {
 /// Opens the statically linked emulator speaking `abi`.
 pub fn open_static(abi: PacketAbi, opts: DeviceOptions) -> Device {
     hsa_sim::set_config(SimConfig {
-        agent: AieGeneration::Aie2p,
+        agent: NpuGen::Npu2,
         packet_abi: abi,
         timeout: Duration::from_millis(300),
     });

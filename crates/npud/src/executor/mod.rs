@@ -340,8 +340,8 @@ impl Opened {
 fn open_device(cfg: &Config) -> Result<Device, StartError> {
     let api = match cfg.backend {
         Backend::Emulator => {
-            let agent = hsa_sim::AieGeneration::from_agent_name(&cfg.emulator.agent_name)
-                .unwrap_or(hsa_sim::AieGeneration::Aie2p);
+            let agent =
+                hsa_sim::agent_from_name(&cfg.emulator.agent_name).unwrap_or(hsa_sim::NpuGen::Npu2);
             hsa_sim::set_config(hsa_sim::SimConfig {
                 agent,
                 packet_abi: cfg.device_options().packet_abi,
