@@ -115,7 +115,7 @@ impl Client {
         }
     }
 
-    fn check_owned(&self, raws: &[&RawTensor]) -> Result<(), ClientError> {
+    pub(crate) fn check_owned(&self, raws: &[&RawTensor]) -> Result<(), ClientError> {
         for (i, r) in raws.iter().enumerate() {
             if !Arc::ptr_eq(&r.inner, &self.inner) {
                 return Err(ClientError::Invalid(format!(
@@ -200,7 +200,7 @@ impl<'a> ChainBuilder<'a> {
     }
 }
 
-fn link(program_id: u64, raws: &[&RawTensor]) -> pb::DispatchRequest {
+pub(crate) fn link(program_id: u64, raws: &[&RawTensor]) -> pb::DispatchRequest {
     pb::DispatchRequest {
         program_id,
         args: raws

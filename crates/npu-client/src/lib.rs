@@ -23,7 +23,8 @@
 //! - [`Tensor<T>`]: typed memory shared with the device by fd on a local connection, staged
 //!   through the API on a remote one, with the same results (see [`tensor`]).
 //! - [`Client::dispatch`] and [`Client::chain`] run work; [`DispatchResult`] and [`ChainResult`]
-//!   carry the daemon's queue and device times.
+//!   carry the daemon's queue and device times. [`Client::pipeline`] keeps several dispatches
+//!   in flight on one stream ([`Pipeline`], for tensors shared in place).
 //! - [`blocking::Client`]: the same without async.
 //! - [`Operator`]: device information, statistics and every stored program, without a session.
 //!
@@ -45,6 +46,7 @@ pub mod connect;
 mod dispatch;
 mod error;
 pub mod local;
+mod pipeline;
 mod program;
 mod session;
 pub mod tensor;
@@ -53,6 +55,7 @@ pub use client::{Client, Operator};
 pub use connect::{Address, ConnectOptions};
 pub use dispatch::{ChainBuilder, ChainResult, DispatchResult, LinkFailure};
 pub use error::{ClientError, code_name};
+pub use pipeline::{Completion, Pipeline};
 pub use program::{Program, ProgramInfo};
 pub use tensor::{Element, Tensor, TensorArg};
 

@@ -246,6 +246,44 @@ impl Inner {
         }
     }
 
+    /// Opens a streaming call once, without the retry of [`Inner::call`]: the stream's request
+    /// side can be consumed only once. `call_timeout` bounds the opening, not the stream.
+    pub(crate) async fn open_stream<T, F, Fut>(
+        &self,
+        name: &'static str,
+        f: F,
+    ) -> Result<T, ClientError>
+    where
+        F: FnOnce(Rpc) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        if self.lost.load(Ordering::SeqCst) {
+            return Err(self.lost_error(name, "an earlier call found the session gone".to_owned()));
+        }
+        let (_, channel) = self.current();
+        let status =
+            match tokio::time::timeout(self.opts.call_timeout, f(self.rpc(channel, false))).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(status)) => status,
+                Err(_) => {
+                    return Err(ClientError::Timeout {
+                        call: name,
+                        timeout: self.opts.call_timeout,
+                    });
+                }
+            };
+        if status.code() == Code::Unauthenticated && self.session.is_some() {
+            return Err(self.lost_error(name, status.message().to_owned()));
+        }
+        if is_transport(&status) {
+            return Err(ClientError::Connect {
+                address: self.addr.to_string(),
+                message: format!("{name}: {}", crate::connect::error_chain(&status)),
+            });
+        }
+        Err(ClientError::daemon(name, &status))
+    }
+
     /// Drops the current connection and opens a new one, resuming the session on it.
     ///
     /// `epoch` is the connection the caller saw fail: when another task already replaced it,

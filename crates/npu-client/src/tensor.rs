@@ -299,6 +299,12 @@ impl Drop for RawTensor {
 }
 
 impl RawTensor {
+    /// Whether the tensor's bytes move through the API (a remote connection) rather than being
+    /// shared in place.
+    pub(crate) fn is_staged(&self) -> bool {
+        self.staging.is_some()
+    }
+
     /// Uploads a staged tensor when it is dirty (or always, with `force`).
     pub(crate) async fn upload(&self, force: bool) -> Result<(), ClientError> {
         let Some(s) = &self.staging else {
