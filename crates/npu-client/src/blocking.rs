@@ -228,3 +228,63 @@ impl<'a> ChainBuilder<'a> {
         self.rt.block_on(self.inner.run())
     }
 }
+
+impl Client {
+    /// Opens a pipeline; see [`crate::Client::pipeline`].
+    ///
+    /// # Errors
+    ///
+    /// As there.
+    pub fn pipeline(&self, depth: usize) -> Result<Pipeline<'_>, ClientError> {
+        Ok(Pipeline {
+            rt: &self.rt,
+            inner: self.rt.block_on(self.inner.pipeline(depth))?,
+        })
+    }
+}
+
+/// A blocking [`crate::Pipeline`].
+#[derive(Debug)]
+pub struct Pipeline<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    inner: crate::Pipeline<'a>,
+}
+
+impl Pipeline<'_> {
+    /// See [`crate::Pipeline::in_flight`].
+    #[must_use]
+    pub fn in_flight(&self) -> usize {
+        self.inner.in_flight()
+    }
+
+    /// Sends a dispatch; see [`crate::Pipeline::submit`].
+    ///
+    /// # Errors
+    ///
+    /// As there.
+    pub fn submit(
+        &mut self,
+        program: &Program,
+        args: &[&dyn TensorArg],
+    ) -> Result<u64, ClientError> {
+        self.rt.block_on(self.inner.submit(program, args))
+    }
+
+    /// The next completion; see [`crate::Pipeline::next_completion`].
+    ///
+    /// # Errors
+    ///
+    /// As there.
+    pub fn next_completion(&mut self) -> Result<Option<crate::Completion>, ClientError> {
+        self.rt.block_on(self.inner.next_completion())
+    }
+
+    /// Every remaining completion; see [`crate::Pipeline::finish`].
+    ///
+    /// # Errors
+    ///
+    /// As there.
+    pub fn finish(self) -> Result<Vec<crate::Completion>, ClientError> {
+        self.rt.block_on(self.inner.finish())
+    }
+}

@@ -7,7 +7,7 @@
 //!
 //! - [`Pipeline::submit`] sends a dispatch and returns its request id at once; when `depth`
 //!   dispatches are already in flight it first waits for the oldest to complete (that
-//!   completion is kept for [`Pipeline::next`]).
+//!   completion is kept for [`Pipeline::next_completion`]).
 //! - Completions come back in submission order, each with its request id: a dispatch the daemon
 //!   refuses or the device fails is an `Err` in its [`Completion`], and the stream goes on.
 //! - Tensors must be shared in place (a local connection's fd-shared tensors): a staged
@@ -104,7 +104,7 @@ impl Pipeline<'_> {
         self.in_flight.len()
     }
 
-    /// Dispatches sent whose completion [`Pipeline::next`] has not returned yet.
+    /// Dispatches sent whose completion [`Pipeline::next_completion`] has not returned yet.
     #[must_use]
     pub fn pending(&self) -> usize {
         self.in_flight.len() + self.ready.len()
@@ -165,7 +165,7 @@ impl Pipeline<'_> {
     ///
     /// The stream's end: the daemon's status or a transport error (the dispatches still in
     /// flight are then unknown).
-    pub async fn next(&mut self) -> Result<Option<Completion>, ClientError> {
+    pub async fn next_completion(&mut self) -> Result<Option<Completion>, ClientError> {
         if let Some(c) = self.ready.pop_front() {
             return Ok(Some(c));
         }
@@ -180,10 +180,10 @@ impl Pipeline<'_> {
     ///
     /// # Errors
     ///
-    /// As [`Pipeline::next`].
+    /// As [`Pipeline::next_completion`].
     pub async fn finish(mut self) -> Result<Vec<Completion>, ClientError> {
         let mut all = Vec::with_capacity(self.pending());
-        while let Some(c) = self.next().await? {
+        while let Some(c) = self.next_completion().await? {
             all.push(c);
         }
         self.requests = None;

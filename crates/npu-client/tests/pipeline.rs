@@ -77,10 +77,10 @@ async fn a_failing_dispatch_is_its_completion_and_the_stream_goes_on() {
     let bad = p.submit(&fault, &[&a, &b]).await.unwrap();
     // The device recovers; the good program still runs, now over b.
     p.submit(&add, &[&b, &a]).await.unwrap();
-    let first = p.next().await.unwrap().unwrap();
+    let first = p.next_completion().await.unwrap().unwrap();
     assert_eq!(first.request_id, 0);
     assert!(first.result.is_ok(), "{first:?}");
-    let second = p.next().await.unwrap().unwrap();
+    let second = p.next_completion().await.unwrap().unwrap();
     assert_eq!(second.request_id, bad);
     match &second.result {
         Err(ClientError::Daemon { call, code, .. }) => {
@@ -89,10 +89,13 @@ async fn a_failing_dispatch_is_its_completion_and_the_stream_goes_on() {
         }
         other => panic!("the faulting dispatch: {other:?}"),
     }
-    let third = p.next().await.unwrap().unwrap();
+    let third = p.next_completion().await.unwrap().unwrap();
     assert_eq!(third.request_id, 2);
     assert!(third.result.is_ok(), "{third:?}");
-    assert!(p.next().await.unwrap().is_none(), "nothing more in flight");
+    assert!(
+        p.next_completion().await.unwrap().is_none(),
+        "nothing more in flight"
+    );
     assert!(
         a.as_slice().iter().all(|v| *v == 9),
         "{:?}",
@@ -127,4 +130,29 @@ async fn staged_tensors_are_refused_before_anything_is_sent() {
     // The session is unharmed.
     client.dispatch(&add, &[&a, &b]).await.unwrap();
     assert_eq!(b.as_slice()[0], 2);
+}
+
+#[test]
+fn the_blocking_facade_pipelines_too() {
+    let d = Daemon::start();
+    let client = npu_client::blocking::Client::connect(Some(&d.unix())).unwrap();
+    let add = Program::emulated(
+        &EmuDesign::vector_scalar_add(N, DType::I32, 5),
+        client.generation(),
+    )
+    .unwrap();
+    let a = client.tensor_from(&vec![0_i32; LEN]).unwrap();
+    let b = client.alloc::<i32>(LEN).unwrap();
+    let mut p = client.pipeline(4).unwrap();
+    for k in 0..10 {
+        let args: [&dyn npu_client::TensorArg; 2] = if k % 2 == 0 { [&a, &b] } else { [&b, &a] };
+        p.submit(&add, &args).unwrap();
+        assert!(p.in_flight() <= 4);
+    }
+    let first = p.next_completion().unwrap().unwrap();
+    assert_eq!(first.request_id, 0);
+    let rest = p.finish().unwrap();
+    assert_eq!(rest.len(), 9);
+    assert!(rest.iter().all(|c| c.result.is_ok()));
+    assert!(a.as_slice().iter().all(|v| *v == 50));
 }
