@@ -51,7 +51,7 @@ pub struct Pipeline<'a> {
     next_id: u64,
     /// Ids sent and not yet completed, oldest first.
     in_flight: VecDeque<u64>,
-    /// Completions taken off the stream to make room, not yet returned by `next`.
+    /// Completions taken off the stream to make room, not yet returned by `next_completion`.
     ready: VecDeque<Completion>,
 }
 
