@@ -28,14 +28,44 @@ type WorkReply = oneshot::Receiver<Result<WorkDone, NpudError>>;
 #[derive(Debug)]
 struct Admitted {
     rx: WorkReply,
+    /// The program of each link.
     programs: Vec<u64>,
+    chain: bool,
+}
+
+/// Work as a request names it: Dispatch, Chain, or either on the Submit stream.
+#[derive(Debug)]
+enum Work {
+    Dispatch(pb::DispatchRequest),
+    Chain(Vec<pb::DispatchRequest>),
 }
 
 impl NpudService {
+    /// Checks `work` against the session and admits it to the executor. Whatever refuses it
+    /// (a link, the limits, the device not serving) is counted against the session, one failure
+    /// per link asked for, the same for every RPC.
+    async fn admit_work(
+        &self,
+        session: u64,
+        work: Work,
+        deadline: Option<Instant>,
+    ) -> Result<Admitted, NpudError> {
+        let (requests, chain) = match work {
+            Work::Dispatch(d) => (vec![d], false),
+            Work::Chain(links) => (links, true),
+        };
+        let asked = requests.len().max(1) as u64;
+        let admitted = match self.links(session, requests, chain) {
+            Ok(links) => self.admit(session, links, chain, deadline).await,
+            Err(e) => Err(e),
+        };
+        admitted.inspect_err(|e| self.refused(session, asked, e))
+    }
+
     fn links(
         &self,
         session: u64,
-        requests: &[pb::DispatchRequest],
+        requests: Vec<pb::DispatchRequest>,
         chain: bool,
     ) -> Result<Vec<Link>, NpudError> {
         let max = self.state.limits.max_chain_links as usize;
@@ -51,7 +81,7 @@ impl NpudService {
             )));
         }
         requests
-            .iter()
+            .into_iter()
             .enumerate()
             .map(|(k, d)| {
                 let prefix = LinkPrefix { chain, k };
@@ -68,7 +98,7 @@ impl NpudService {
                 )?;
                 Ok(Link {
                     program,
-                    args: d.args.clone(),
+                    args: d.args,
                 })
             })
             .collect()
@@ -95,7 +125,11 @@ impl NpudService {
                 reply: tx,
             }))
             .await?;
-        Ok(Admitted { rx, programs })
+        Ok(Admitted {
+            rx,
+            programs,
+            chain,
+        })
     }
 
     /// Waits for an admitted item and counts it in statistics. The wait runs in the caller's
@@ -178,12 +212,9 @@ impl NpudService {
     ) -> Result<pb::DispatchResponse, NpudError> {
         let caller = self.caller(&req)?;
         let deadline = deadline(&req);
-        let links = self
-            .links(caller.session, std::slice::from_ref(req.get_ref()), false)
-            .inspect_err(|e| self.refused(caller.session, 1, e))?;
-        let a = self.admit(caller.session, links, false, deadline).await?;
-        let done = self.complete(caller.session, a).await?;
-        dispatch_response(done)
+        let work = Work::Dispatch(req.into_inner());
+        let a = self.admit_work(caller.session, work, deadline).await?;
+        dispatch_response(self.complete(caller.session, a).await?)
     }
 
     pub(super) async fn chain(
@@ -192,14 +223,13 @@ impl NpudService {
     ) -> Result<pb::ChainResponse, NpudError> {
         let caller = self.caller(&req)?;
         let deadline = deadline(&req);
-        let requested = req.get_ref().links.len().max(1) as u64;
-        let links = self
-            .links(caller.session, &req.get_ref().links, true)
-            .inspect_err(|e| self.refused(caller.session, requested, e))?;
-        let count = links.len();
-        let a = self.admit(caller.session, links, true, deadline).await?;
-        let done = self.complete(caller.session, a).await?;
-        Ok(chain_response(done, count))
+        let work = Work::Chain(req.into_inner().links);
+        let a = self.admit_work(caller.session, work, deadline).await?;
+        let count = a.programs.len();
+        Ok(chain_response(
+            self.complete(caller.session, a).await?,
+            count,
+        ))
     }
 
     pub(super) fn submit(
@@ -210,8 +240,7 @@ impl NpudService {
         let session = caller.session;
         let mut inbound = req.into_inner();
         let depth = (self.state.limits.max_pending_per_session as usize).max(1);
-        let (order_tx, mut order_rx) =
-            mpsc::channel::<(u64, Result<(Admitted, usize, bool), NpudError>)>(depth);
+        let (order_tx, mut order_rx) = mpsc::channel::<(u64, Result<Admitted, NpudError>)>(depth);
         let (out_tx, out_rx) = mpsc::channel(depth);
         let reader = self.clone();
         tokio::spawn(async move {
@@ -227,14 +256,12 @@ impl NpudService {
             // Completions go out in submission order: each is awaited in turn.
             while let Some((request_id, admitted)) = order_rx.recv().await {
                 let resp = match admitted {
-                    Ok((a, count, chain)) => {
+                    Ok(a) => {
+                        let (count, chain) = (a.programs.len(), a.chain);
                         let r = writer.complete(session, a).await;
                         submit_response(request_id, r, count, chain)
                     }
-                    Err(e) => {
-                        writer.refused(session, 1, &e);
-                        submit_error(request_id, &e)
-                    }
+                    Err(e) => submit_error(request_id, &e),
                 };
                 if out_tx.send(Ok(resp)).await.is_err() {
                     break;
@@ -249,24 +276,18 @@ impl NpudService {
         session: u64,
         work: Option<pb::submit_request::Work>,
         timeout_ms: u64,
-    ) -> Result<(Admitted, usize, bool), NpudError> {
+    ) -> Result<Admitted, NpudError> {
         let deadline = (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms));
-        let (links, chain) = match work {
-            Some(pb::submit_request::Work::Dispatch(d)) => {
-                (self.links(session, std::slice::from_ref(&d), false)?, false)
-            }
-            Some(pb::submit_request::Work::Chain(c)) => {
-                (self.links(session, &c.links, true)?, true)
-            }
+        let work = match work {
+            Some(pb::submit_request::Work::Dispatch(d)) => Work::Dispatch(d),
+            Some(pb::submit_request::Work::Chain(c)) => Work::Chain(c.links),
             None => {
-                return Err(NpudError::InvalidArgument(
-                    "work: set dispatch or chain".into(),
-                ));
+                let e = NpudError::InvalidArgument("work: set dispatch or chain".into());
+                self.refused(session, 1, &e);
+                return Err(e);
             }
         };
-        let count = links.len();
-        let a = self.admit(session, links, chain, deadline).await?;
-        Ok((a, count, chain))
+        self.admit_work(session, work, deadline).await
     }
 }
 
@@ -308,11 +329,11 @@ impl Drop for Waiting {
 
 impl Pending {
     async fn wait(mut self) -> Result<WorkDone, NpudError> {
-        let Some(a) = self.admitted.as_mut() else {
-            return Err(NpudError::Internal(
-                "waiting twice for one work item".into(),
-            ));
-        };
+        // `complete` builds a Pending with its item and `wait` consumes it: only Drop takes it.
+        let a = self
+            .admitted
+            .as_mut()
+            .expect("a Pending holds its item until it is waited for or dropped");
         let (waiting, alone) = Waiting::enter();
         let mut early = None;
         if alone {
@@ -345,7 +366,7 @@ impl Pending {
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        let Some(Admitted { rx, programs }) = self.admitted.take() else {
+        let Some(Admitted { rx, programs, .. }) = self.admitted.take() else {
             return;
         };
         let (svc, session) = (self.svc.clone(), self.session);
