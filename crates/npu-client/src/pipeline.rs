@@ -182,11 +182,12 @@ impl Pipeline<'_> {
     ///
     /// As [`Pipeline::next_completion`].
     pub async fn finish(mut self) -> Result<Vec<Completion>, ClientError> {
+        // Nothing more will be sent: the daemon ends the stream after the last completion.
+        self.requests = None;
         let mut all = Vec::with_capacity(self.pending());
         while let Some(c) = self.next_completion().await? {
             all.push(c);
         }
-        self.requests = None;
         Ok(all)
     }
 
@@ -199,8 +200,8 @@ impl Pipeline<'_> {
         match self.in_flight.pop_front() {
             Some(id) if id == r.request_id => {}
             expected => {
-                return Err(ClientError::Invalid(format!(
-                    "Submit: completion for request {} while {expected:?} was due",
+                return Err(protocol(format!(
+                    "a completion for request {} while {expected:?} was due",
                     r.request_id
                 )));
             }
@@ -211,8 +212,8 @@ impl Pipeline<'_> {
                     queue: Duration::from_nanos(d.queue_ns),
                     device: Duration::from_nanos(d.device_ns),
                 }),
-                other => Err(ClientError::Invalid(format!(
-                    "Submit: request {} completed without a dispatch result ({other:?})",
+                other => Err(protocol(format!(
+                    "request {} completed without a dispatch result ({other:?})",
                     r.request_id
                 ))),
             }
@@ -237,5 +238,14 @@ impl Pipeline<'_> {
                 self.in_flight.len()
             ),
         }
+    }
+}
+
+/// The daemon broke the stream's contract (a completion out of order or without its result).
+fn protocol(message: String) -> ClientError {
+    ClientError::Daemon {
+        call: "Submit",
+        code: tonic::Code::Internal,
+        message,
     }
 }

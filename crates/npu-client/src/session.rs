@@ -228,22 +228,32 @@ impl Inner {
                     });
                 }
             };
-            if status.code() == Code::Unauthenticated && !anonymous && self.session.is_some() {
-                return Err(self.lost_error(name, status.message().to_owned()));
-            }
             if is_transport(&status) && !retried {
                 retried = true;
                 self.recover(epoch, name).await?;
                 continue;
             }
-            if is_transport(&status) {
-                return Err(ClientError::Connect {
-                    address: self.addr.to_string(),
-                    message: format!("{name}: {}", crate::connect::error_chain(&status)),
-                });
-            }
-            return Err(ClientError::daemon(name, &status));
+            return Err(self.failed(name, anonymous, &status));
         }
+    }
+
+    fn lost_by(&self, anonymous: bool, status: &Status) -> bool {
+        status.code() == Code::Unauthenticated && !anonymous && self.session.is_some()
+    }
+
+    /// The error a call's final status stands for: the session gone, the transport, or the
+    /// daemon's own refusal.
+    fn failed(&self, name: &'static str, anonymous: bool, status: &Status) -> ClientError {
+        if self.lost_by(anonymous, status) {
+            return self.lost_error(name, status.message().to_owned());
+        }
+        if is_transport(status) {
+            return ClientError::Connect {
+                address: self.addr.to_string(),
+                message: format!("{name}: {}", crate::connect::error_chain(status)),
+            };
+        }
+        ClientError::daemon(name, status)
     }
 
     /// Opens a streaming call once, without the retry of [`Inner::call`]: the stream's request
@@ -272,16 +282,7 @@ impl Inner {
                     });
                 }
             };
-        if status.code() == Code::Unauthenticated && self.session.is_some() {
-            return Err(self.lost_error(name, status.message().to_owned()));
-        }
-        if is_transport(&status) {
-            return Err(ClientError::Connect {
-                address: self.addr.to_string(),
-                message: format!("{name}: {}", crate::connect::error_chain(&status)),
-            });
-        }
-        Err(ClientError::daemon(name, &status))
+        Err(self.failed(name, false, &status))
     }
 
     /// Drops the current connection and opens a new one, resuming the session on it.
