@@ -195,6 +195,7 @@ async fn a_killed_client_loses_its_tensors_and_program_references_after_the_grac
 
     npud_e2e::signal(&child, rustix::process::Signal::KILL);
     child.wait().unwrap();
+    let killed = Instant::now();
 
     // Within the grace period the session is still there, disconnected.
     let until = Instant::now() + Duration::from_secs(20);
@@ -209,6 +210,11 @@ async fn a_killed_client_loses_its_tensors_and_program_references_after_the_grac
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    assert!(
+        killed.elapsed() >= Duration::from_millis(500),
+        "the session ended {:?} after its client died, before the 500 ms grace period",
+        killed.elapsed()
+    );
     assert_eq!(st.sessions_ended, 1);
     assert_eq!(st.sessions.len(), 1);
     assert_eq!(st.programs.len(), 1);

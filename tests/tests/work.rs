@@ -185,8 +185,19 @@ async fn work_whose_deadline_passed_in_the_queue_does_not_run() {
         ))),
         timeout_ms,
     };
+    // Item 2 alone writes c: c staying zero shows that it did not run.
+    let c = s.alloc_mapped(BYTES).await.unwrap();
     tx.send(item(1, hang.program_id, 0)).await.unwrap();
-    tx.send(item(2, p, 50)).await.unwrap();
+    tx.send(pb::SubmitRequest {
+        request_id: 2,
+        work: Some(pb::submit_request::Work::Dispatch(dispatch_request(
+            p,
+            &[a.id, c.id],
+        ))),
+        timeout_ms: 50,
+    })
+    .await
+    .unwrap();
     tx.send(item(3, p, 0)).await.unwrap();
     drop(tx);
     let r1 = inbound.next().await.unwrap().unwrap();
@@ -197,6 +208,7 @@ async fn work_whose_deadline_passed_in_the_queue_does_not_run() {
     assert!(r2.message.contains("did not run"), "{}", r2.message);
     let r3 = inbound.next().await.unwrap().unwrap();
     assert_eq!(r3.code, 0, "{r3:?}");
+    assert!(c.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 0));
     let st = s.statistics().await.unwrap();
     let mine = st.sessions.iter().find(|x| x.session_id == s.id).unwrap();
     let errors = &mine.dispatches.as_ref().unwrap().errors;
@@ -485,18 +497,27 @@ async fn a_grpc_timeout_that_expires_in_the_queue_keeps_the_dispatch_from_runnin
     assert_eq!(errors.get("DEADLINE_EXCEEDED"), Some(&1), "{errors:?}");
 }
 
+/// Adds `n` to `a`'s contents with `n` add-one dispatches, back and forth between `a` and `b`
+/// (`n` even, so the last one writes `a`).
+async fn add_back_and_forth(s: &mut Session, program: u64, a: u64, b: u64, n: usize) {
+    for k in 0..n {
+        let (from, to) = if k.is_multiple_of(2) { (a, b) } else { (b, a) };
+        s.dispatch(program, &[from, to]).await.unwrap();
+    }
+}
+
 /// The executor's two ways of waiting (polling between back-to-back dispatches, or sleeping)
 /// serve the same work: one client's dispatches back to back, then two clients' interleaved
 /// (which stops the polling), and the daemon reports how it was configured.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dispatches_are_served_whether_the_executor_polls_or_sleeps() {
-    for (io, spin) in [("2", "0"), ("1", "5000")] {
+    for (io, spin) in [(2, 0), (1, 5000)] {
         let d = Daemon::start(Options {
             args: vec![
                 "--io-threads".into(),
-                io.into(),
+                io.to_string(),
                 "--executor-spin-us".into(),
-                spin.into(),
+                spin.to_string(),
             ],
             ..Options::default()
         });
@@ -507,38 +528,17 @@ async fn dispatches_are_served_whether_the_executor_polls_or_sleeps() {
             .await
             .unwrap()
             .into_inner();
-        assert_eq!(info.io_threads.to_string(), io);
-        assert_eq!(info.executor_spin_us.to_string(), spin);
+        assert_eq!((info.io_threads, info.executor_spin_us), (io, spin));
         let (mut s, p, mut a, b) = setup(&d).await;
         let (mut t, q, mut c, e) = setup(&d).await;
         a.map.as_mut_slice_of::<i32>().unwrap().fill(0);
         c.map.as_mut_slice_of::<i32>().unwrap().fill(100);
-        // One client alone: 20 dispatches, each adding one, alternating buffers.
-        for k in 0..20 {
-            let r = alternating(p, a.id, b.id, k);
-            s.dispatch(r.program_id, &[r.args[0].tensor_id, r.args[1].tensor_id])
-                .await
-                .unwrap();
-        }
+        // One client alone, then two at once.
+        add_back_and_forth(&mut s, p, a.id, b.id, 20).await;
         assert!(a.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 20));
-        // Two clients at once, 20 each.
         tokio::join!(
-            async {
-                for k in 0..20 {
-                    let r = alternating(p, a.id, b.id, k);
-                    s.dispatch(r.program_id, &[r.args[0].tensor_id, r.args[1].tensor_id])
-                        .await
-                        .unwrap();
-                }
-            },
-            async {
-                for k in 0..20 {
-                    let r = alternating(q, c.id, e.id, k);
-                    t.dispatch(r.program_id, &[r.args[0].tensor_id, r.args[1].tensor_id])
-                        .await
-                        .unwrap();
-                }
-            }
+            add_back_and_forth(&mut s, p, a.id, b.id, 20),
+            add_back_and_forth(&mut t, q, c.id, e.id, 20),
         );
         assert!(a.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 40));
         assert!(
@@ -548,7 +548,5 @@ async fn dispatches_are_served_whether_the_executor_polls_or_sleeps() {
                 .iter()
                 .all(|v| *v == 120)
         );
-        drop(b);
-        drop(e);
     }
 }

@@ -155,6 +155,8 @@ fn emu_design_inspect_and_run_round_trip() {
     let values: Vec<i32> = (0..64).collect();
     std::fs::write(&input, bytemuck::cast_slice(&values)).expect("input");
     for addr in [d.unix(), d.http()] {
+        // Each run must write its own output.
+        let _ = std::fs::remove_file(&output);
         let o = npuctl(&[
             "run",
             &dir_s,

@@ -127,6 +127,21 @@ async fn staged_tensors_are_refused_before_anything_is_sent() {
     );
     assert_eq!(p.pending(), 0);
     assert!(p.finish().await.unwrap().is_empty());
+    let st = client.statistics().await.unwrap();
+    let mine = st
+        .sessions
+        .iter()
+        .find(|s| s.session_id == client.session_id())
+        .unwrap();
+    let counts = mine.dispatches.clone().unwrap_or_default();
+    assert_eq!(
+        (
+            counts.success.unwrap_or_default().count,
+            counts.fail.unwrap_or_default().count
+        ),
+        (0, 0),
+        "the refused submit reached the daemon"
+    );
     // The session is unharmed.
     client.dispatch(&add, &[&a, &b]).await.unwrap();
     assert_eq!(b.as_slice()[0], 2);
