@@ -181,6 +181,16 @@ pub struct Registered {
     pub newly_stored: bool,
 }
 
+/// What [`Programs::runnable`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runnable {
+    Yes,
+    /// Unregistered by every session that held it.
+    Gone,
+    /// It faulted the device.
+    Quarantined,
+}
+
 impl Programs {
     pub fn new(max_bytes: u64, device: NpuGen, backend: Backend) -> Self {
         Self {
@@ -327,9 +337,14 @@ impl Programs {
         Ok(e.program.clone())
     }
 
-    /// Whether `id` is quarantined (work queued before its fault is refused when it comes up).
-    pub fn is_quarantined(&self, id: u64) -> bool {
-        self.lock().entries.get(&id).is_some_and(|e| e.quarantined)
+    /// Whether work naming program `id` may still run, in one lookup: the store drops a
+    /// program (and ids are never reused) before the executor is told to unload it.
+    pub fn runnable(&self, id: u64) -> Runnable {
+        match self.lock().entries.get(&id) {
+            None => Runnable::Gone,
+            Some(e) if e.quarantined => Runnable::Quarantined,
+            Some(_) => Runnable::Yes,
+        }
     }
 
     pub fn quarantine(&self, id: u64) {

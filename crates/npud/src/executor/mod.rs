@@ -16,7 +16,7 @@ mod sched;
 mod tensors;
 mod work;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -269,7 +269,6 @@ impl Executor {
                         l.max_tensor_bytes_per_session,
                     ),
                     cache: ProgramCache::new(l.max_cached_programs as usize),
-                    retired: HashSet::new(),
                     rr: RoundRobin::new(l.max_pending_per_session as usize),
                     programs,
                     serving,
@@ -362,8 +361,6 @@ struct Worker {
     dev: Device,
     tensors: Tensors,
     cache: ProgramCache,
-    /// Programs the store dropped; work still naming them is refused.
-    retired: HashSet<u64>,
     rr: RoundRobin<WorkItem>,
     programs: Arc<Programs>,
     serving: watch::Sender<bool>,
@@ -498,10 +495,7 @@ impl Worker {
             } => {
                 let _ = reply.send(t.read(dev, session, tensor, offset, len));
             }
-            Command::Unload { program } => {
-                self.retired.insert(program);
-                self.unload(program);
-            }
+            Command::Unload { program } => self.unload(program),
             Command::ReleaseSession { session, reply } => {
                 for item in self.rr.take_session(session) {
                     let _ = item.reply.send(Err(NpudError::Unavailable(

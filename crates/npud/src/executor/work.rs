@@ -11,7 +11,7 @@ use hsa_core::{ChainError, Dispatch, HsaError, ProgramId};
 use super::sched::may_start;
 use super::{WorkItem, Worker};
 use crate::error::NpudError;
-use crate::programs::Program;
+use crate::programs::{Program, Runnable};
 
 /// A link that failed on the device after earlier links completed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,19 +69,22 @@ impl Worker {
                 chain: item.chain,
                 k,
             };
-            if self.retired.contains(&link.program.id) {
-                return Err(NpudError::NotFound(format!(
-                    "{p}program_id: program {} was unregistered",
-                    link.program.id
-                )));
-            }
-            if self.programs.is_quarantined(link.program.id) {
-                return Err(NpudError::FailedPrecondition(format!(
-                    "{p}program_id: program {} ({}) is quarantined: it faulted the device while \
-                     this work was queued",
-                    link.program.id,
-                    link.program.display_name()
-                )));
+            match self.programs.runnable(link.program.id) {
+                Runnable::Yes => {}
+                Runnable::Gone => {
+                    return Err(NpudError::NotFound(format!(
+                        "{p}program_id: program {} was unregistered",
+                        link.program.id
+                    )));
+                }
+                Runnable::Quarantined => {
+                    return Err(NpudError::FailedPrecondition(format!(
+                        "{p}program_id: program {} ({}) is quarantined: it faulted the device \
+                         while this work was queued",
+                        link.program.id,
+                        link.program.display_name()
+                    )));
+                }
             }
             let mut args = Vec::with_capacity(link.args.len());
             let mut sizes = Vec::with_capacity(link.args.len());
