@@ -550,3 +550,58 @@ async fn dispatches_are_served_whether_the_executor_polls_or_sleeps() {
         );
     }
 }
+
+/// Work queued behind a long item is checked again when its turn comes: a program unregistered
+/// while the work waited is refused then, and the item does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_whose_program_was_unregistered_while_queued_is_refused() {
+    let d = Daemon::start(Options {
+        args: vec!["--emulator-timeout-ms".into(), "1000".into()],
+        ..Options::default()
+    });
+    let (mut s, _, a, _) = setup(&d).await;
+    let hang = s.register(&EmuDesign::hang(N * 4)).await.unwrap();
+    let doomed = s
+        .register(&EmuDesign::vector_scalar_add(N, DType::I32, 5))
+        .await
+        .unwrap()
+        .program_id;
+    let c = s.alloc_mapped(BYTES).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let mut inbound = s
+        .client
+        .submit(s.req(tokio_stream::wrappers::ReceiverStream::new(rx)))
+        .await
+        .unwrap()
+        .into_inner();
+    for (id, program) in [(1, hang.program_id), (2, doomed)] {
+        tx.send(pb::SubmitRequest {
+            request_id: id,
+            work: Some(pb::submit_request::Work::Dispatch(dispatch_request(
+                program,
+                &[a.id, c.id],
+            ))),
+            timeout_ms: 0,
+        })
+        .await
+        .unwrap();
+    }
+    drop(tx);
+    // Admission takes microseconds; the hang holds the executor for a second. (Statistics
+    // cannot tell when item 2 is queued: they too wait for the executor.)
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    s.client
+        .unregister_program(s.req(pb::UnregisterProgramRequest { program_id: doomed }))
+        .await
+        .unwrap();
+    let r1 = inbound.next().await.unwrap().unwrap();
+    assert_eq!(r1.code, tonic::Code::Internal as i32, "{r1:?}");
+    let r2 = inbound.next().await.unwrap().unwrap();
+    assert_eq!(r2.request_id, 2);
+    assert_eq!(r2.code, tonic::Code::NotFound as i32, "{r2:?}");
+    assert_eq!(
+        r2.message,
+        format!("program_id: program {doomed} was unregistered")
+    );
+    assert!(c.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 0));
+}
