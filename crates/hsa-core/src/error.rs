@@ -62,12 +62,17 @@ pub enum HsaError {
         found: Vec<String>,
     },
 
-    /// The AIE agent's name maps to no known NPU generation.
+    /// Neither the agent name nor sysfs tells the NPU generation.
     #[error(
-        "cannot tell the NPU generation from the agent name {name:?} \
-         (expected aie2/phoenix/npu1 or aie2p/strix/krackan/npu2); set the generation explicitly"
+        "cannot tell the NPU generation: the AIE agent is named {name:?}, which {why_name}, and \
+         {sysfs}; set it with --generation npu1 (Phoenix, Hawk Point) or npu2 (Strix, Strix \
+         Halo, Krackan), or `generation` in npud.toml"
     )]
-    UnknownGeneration { name: String },
+    UnknownGeneration {
+        name: String,
+        why_name: &'static str,
+        sysfs: String,
+    },
 
     /// The runtime lacks an optional entry point this operation needs.
     #[error("{operation} needs {symbol}, which this runtime does not export")]
@@ -87,6 +92,12 @@ pub enum HsaError {
         size: usize,
         reason: String,
     },
+
+    /// The runtime reported success but handed back something the binding cannot use
+    /// safely (a queue of the wrong size, a null address): a runtime bug or an ABI this
+    /// binding does not speak.
+    #[error("{call} returned {detail}")]
+    Contract { call: &'static str, detail: String },
 
     /// A caller-supplied value is out of range.
     #[error("{0}")]

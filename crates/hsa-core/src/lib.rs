@@ -14,6 +14,6 @@ pub mod sys;
 pub use api::{ApiSource, HsaApi};
 pub use device::{
     Arg, ChainError, ChainReport, Device, DeviceInfo, DeviceOptions, Dispatch, Generation,
-    PacketAbi, ProgramId, TensorBacking, TensorId, TensorInfo,
+    PacketAbi, ProgramId, TensorBacking, TensorId, TensorInfo, TensorSharing, generation,
 };
 pub use error::HsaError;

@@ -138,20 +138,30 @@ impl From<NpudError> for tonic::Status {
     }
 }
 
-/// An hsa-core failure outside a dispatch (allocation, copy, export): allocation failures are
-/// quota-like, bad arguments are the caller's, and the rest is the device's.
+/// An hsa-core failure outside a dispatch (allocation, copy, export), classified by what
+/// failed: a caller's bad value is INVALID_ARGUMENT; memory the runtime could not find is
+/// RESOURCE_EXHAUSTED (only when its status says so: `OUT_OF_RESOURCES`, or
+/// `INVALID_ALLOCATION` from an allocating call); every other runtime failure, broken runtime
+/// contract and device fault is the daemon's side, INTERNAL, naming the call and its status.
 impl From<hsa_core::HsaError> for NpudError {
     fn from(e: hsa_core::HsaError) -> Self {
         use hsa_core::HsaError as H;
+        use hsa_core::sys::Status;
         match &e {
             H::InvalidArgument(_) => Self::InvalidArgument(e.to_string()),
             H::UnknownHandle { .. } => Self::NotFound(e.to_string()),
             H::Unsupported { .. } => Self::FailedPrecondition(e.to_string()),
             H::HeapFull { .. } => Self::ResourceExhausted(e.to_string()),
-            H::Call { call, .. } if call.contains("allocate") || call.contains("vmem") => {
+            H::Call { status, .. } if *status == Status::ERROR_OUT_OF_RESOURCES => {
                 Self::ResourceExhausted(format!("the device is out of memory: {e}"))
             }
-            _ => Self::Internal(e.to_string()),
+            H::Call { call, status, .. }
+                if *status == Status::ERROR_INVALID_ALLOCATION
+                    && (call.ends_with("_allocate") || call.ends_with("handle_create")) =>
+            {
+                Self::ResourceExhausted(format!("the device is out of memory: {e}"))
+            }
+            _ => Self::Internal(format!("the runtime failed: {e}")),
         }
     }
 }
@@ -227,5 +237,51 @@ mod tests {
         }
         .into();
         assert_eq!(e.code(), Code::NotFound);
+    }
+
+    #[test]
+    fn runtime_failures_are_classified_by_status_not_by_call_name() {
+        use hsa_core::HsaError as H;
+        use hsa_core::sys::Status;
+        let call = |call, status| H::Call {
+            call,
+            status,
+            message: "m".into(),
+        };
+        let oom: NpudError =
+            call("hsa_amd_vmem_handle_create", Status::ERROR_OUT_OF_RESOURCES).into();
+        assert_eq!(oom.code(), Code::ResourceExhausted);
+        assert!(oom.message().contains("out of memory"), "{}", oom.message());
+        let e: NpudError = call(
+            "hsa_amd_memory_pool_allocate",
+            Status::ERROR_INVALID_ALLOCATION,
+        )
+        .into();
+        assert_eq!(e.code(), Code::ResourceExhausted);
+        // A vmem map or access call that fails is the runtime's failure, not memory pressure.
+        for c in [
+            "hsa_amd_vmem_map",
+            "hsa_amd_vmem_set_access",
+            "hsa_amd_vmem_export_shareable_handle",
+        ] {
+            let e: NpudError = call(c, Status::ERROR_INVALID_AGENT).into();
+            assert_eq!(e.code(), Code::Internal, "{c}");
+            assert!(e.message().contains(c), "{}", e.message());
+            assert!(!e.message().contains("out of memory"), "{}", e.message());
+        }
+        // Device faults and broken runtime contracts are never the client's bad argument.
+        let fault: NpudError = H::Device {
+            index: 0,
+            status: Status::ERROR,
+            message: "device error".into(),
+        }
+        .into();
+        assert_eq!(fault.code(), Code::Internal);
+        let contract: NpudError = H::Contract {
+            call: "hsa_queue_create",
+            detail: "a queue of 32 packets".into(),
+        }
+        .into();
+        assert_eq!(contract.code(), Code::Internal);
     }
 }

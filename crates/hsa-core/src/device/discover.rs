@@ -172,7 +172,9 @@ pub(crate) fn pools(api: &HsaApi, agent: Agent) -> Result<Vec<PoolDesc>, HsaErro
                 size: pool_info::<usize>(api, pool, PoolInfo::SIZE)?,
                 granule: pool_info::<usize>(api, pool, PoolInfo::RUNTIME_ALLOC_GRANULE)?,
                 rec_granule: pool_info::<usize>(api, pool, PoolInfo::RUNTIME_ALLOC_REC_GRANULE)?,
-                alloc_allowed: pool_info::<bool>(api, pool, PoolInfo::RUNTIME_ALLOC_ALLOWED)?,
+                // A C `bool` is one byte; read it as `u8`, since a Rust `bool` with any other bit
+                // pattern than 0 or 1 would be undefined behaviour.
+                alloc_allowed: pool_info::<u8>(api, pool, PoolInfo::RUNTIME_ALLOC_ALLOWED)? != 0,
             })
         })
         .collect()

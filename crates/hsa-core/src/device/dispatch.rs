@@ -1,12 +1,15 @@
 //! Dispatches and chains: enqueue packets, ring the doorbell, wait, and recover the queue
 //! after a failure.
 //!
-//! A chain is split into doorbell batches of at most [`MAX_PACKETS_PER_DOORBELL`] packets
-//! (early G2 and G1 runtimes submit a whole batch as one firmware chain and do not split it).
-//! Each batch arms the completion signal to its length; the doorbell store returns when the
-//! batch has finished, so the wait after it is a formality.
+//! A chain is split into doorbell batches. G1 and early G2 runtimes submit a whole batch as one
+//! firmware command chain and do not split it, so a batch must fit the driver's 4 KiB chain
+//! buffer at the cost of its largest command ([`PacketAbi::commands_per_doorbell`]), and
+//! never holds more than [`crate::sys::MAX_PACKETS_PER_DOORBELL`] packets. Each batch arms the
+//! completion signal to its length; the doorbell store returns when the batch has finished, so
+//! the wait after it is a formality.
 
 use std::collections::HashSet;
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use super::encode::{self, Packet, PacketAbi, PacketDesc};
@@ -14,7 +17,7 @@ use super::resource::{PoolAlloc, QueueOwner};
 use super::{Device, ProgramId, QueueState, SIDE_SLOT, TensorId};
 use crate::error::HsaError;
 use crate::sys::{
-    AIE_QUEUE_SIZE, MAX_PACKETS_PER_DOORBELL, MAX_PDIS_PER_QUEUE, SignalCondition, WaitState,
+    AIE_QUEUE_SIZE, CHAIN_BUFFER_BYTES, MAX_PDIS_PER_QUEUE, SignalCondition, WaitState,
 };
 
 /// One buffer argument: a byte range of a tensor.
@@ -111,10 +114,19 @@ impl Device {
                 })
             })
             .collect::<Result<_, _>>()?;
+        let batches =
+            doorbell_batches(self.opts.packet_abi, &descs).map_err(|(index, error)| {
+                ChainError {
+                    index,
+                    error,
+                    report: ChainReport::default(),
+                }
+            })?;
         let mut report = ChainReport::default();
         let start = Instant::now();
-        for (b, batch) in descs.chunks(MAX_PACKETS_PER_DOORBELL).enumerate() {
-            let first = b * MAX_PACKETS_PER_DOORBELL;
+        for range in batches {
+            let first = range.start;
+            let batch = &descs[range];
             if let Err(error) = self.prepare_queue(batch, &mut report) {
                 report.device_time = start.elapsed();
                 return Err(ChainError {
@@ -137,6 +149,21 @@ impl Device {
         }
         report.device_time = start.elapsed();
         Ok(report)
+    }
+
+    /// How `links` would be rung: the number of links in each doorbell batch, in order.
+    ///
+    /// # Errors
+    /// [`ChainError`] for a link whose one command does not fit the driver's chain buffer.
+    pub fn doorbell_plan(&self, links: &[Dispatch]) -> Result<Vec<usize>, ChainError> {
+        let counts: Vec<usize> = links.iter().map(|l| l.args.len()).collect();
+        plan(self.opts.packet_abi, &counts)
+            .map(|v| v.into_iter().map(|r| r.len()).collect())
+            .map_err(|(index, error)| ChainError {
+                index,
+                error,
+                report: ChainReport::default(),
+            })
     }
 
     fn describe(&self, d: &Dispatch) -> Result<PacketDesc, HsaError> {
@@ -242,10 +269,13 @@ impl Device {
         let abi = self.opts.packet_abi;
         let timeout = self.opts.completion_timeout;
         let signal = self.signal.signal;
-        let q = self
-            .queue
-            .as_mut()
-            .ok_or((0, HsaError::InvalidArgument("no queue".into())))?;
+        let q = self.queue.as_mut().ok_or((
+            0,
+            HsaError::Contract {
+                call: "hsa_queue_create",
+                detail: "no queue for the batch".into(),
+            },
+        ))?;
         let raw = q.owner.raw();
         let ring = q.owner.info().base_address.cast::<u8>();
         let size = u64::from(q.owner.info().size);
@@ -336,9 +366,7 @@ impl Device {
             ));
         }
         if abi.has_completion_signal() {
-            let ticks = timeout
-                .as_secs()
-                .saturating_mul(self.info.timestamp_frequency.max(1));
+            let ticks = wait_ticks(timeout, self.info.timestamp_frequency);
             let deadline = Instant::now() + timeout;
             loop {
                 // SAFETY: the signal is live; the runtime returns its value when the condition
@@ -388,5 +416,99 @@ impl Device {
         }
         drop(oversized);
         Ok(())
+    }
+}
+
+/// `timeout` in ticks of the runtime's timestamp frequency (`freq` per second), exactly and
+/// never 0: a zero hint would make every wait return at once and the loop spin.
+fn wait_ticks(timeout: Duration, freq: u64) -> u64 {
+    let ticks = timeout.as_nanos().saturating_mul(u128::from(freq.max(1))) / 1_000_000_000;
+    u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
+}
+
+fn doorbell_batches(
+    abi: PacketAbi,
+    descs: &[PacketDesc],
+) -> Result<Vec<Range<usize>>, (usize, HsaError)> {
+    let counts: Vec<usize> = descs.iter().map(|d| d.args.len()).collect();
+    plan(abi, &counts)
+}
+
+/// Splits links with `arg_counts` arguments into doorbell batches: each as long as it can be
+/// while every command, sized as the batch's largest, fits the chain buffer.
+fn plan(abi: PacketAbi, arg_counts: &[usize]) -> Result<Vec<Range<usize>>, (usize, HsaError)> {
+    let mut batches = Vec::new();
+    let mut start = 0;
+    let mut widest = 0;
+    for (i, &n) in arg_counts.iter().enumerate() {
+        if abi.commands_per_doorbell(n) == 0 {
+            return Err((
+                i,
+                HsaError::InvalidArgument(format!(
+                    "{n} arguments: one command of that size takes {} bytes, more than the \
+                     driver's {CHAIN_BUFFER_BYTES}-byte command buffer holds",
+                    abi.chain_command_bytes(n)
+                )),
+            ));
+        }
+        let wider = widest.max(n);
+        if i > start && i - start >= abi.commands_per_doorbell(wider) {
+            batches.push(start..i);
+            start = i;
+            widest = n;
+        } else {
+            widest = wider;
+        }
+    }
+    if start < arg_counts.len() {
+        batches.push(start..arg_counts.len());
+    }
+    Ok(batches)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lens(abi: PacketAbi, counts: &[usize]) -> Vec<usize> {
+        plan(abi, counts)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.len())
+            .collect()
+    }
+
+    #[test]
+    fn batches_are_sized_by_the_widest_command_in_them() {
+        // Two-argument links: 32 per doorbell on every ABI.
+        for abi in [PacketAbi::G2, PacketAbi::G1b, PacketAbi::G1a] {
+            assert_eq!(lens(abi, &[2; 100]), vec![32, 32, 32, 4], "{abi}");
+        }
+        // Six arguments: 31 on G2, 27 on G1.
+        assert_eq!(lens(PacketAbi::G2, &[6; 32]), vec![31, 1]);
+        assert_eq!(lens(PacketAbi::G1b, &[6; 32]), vec![27, 5]);
+        // One wide link late in a batch closes it where the wide cost no longer fits.
+        let mut counts = vec![2; 40];
+        counts[30] = 6;
+        assert_eq!(lens(PacketAbi::G1a, &counts), vec![30, 10]);
+        assert!(lens(PacketAbi::G2, &[]).is_empty());
+    }
+
+    #[test]
+    fn wait_hints_are_exact_ticks_and_never_zero() {
+        let ms = Duration::from_millis;
+        assert_eq!(wait_ticks(ms(250), 1_000_000_000), 250_000_000);
+        assert_eq!(wait_ticks(ms(1500), 100_000_000), 150_000_000);
+        assert_eq!(wait_ticks(ms(250), 1000), 250);
+        assert_eq!(wait_ticks(Duration::from_nanos(1), 1000), 1);
+        assert_eq!(wait_ticks(Duration::ZERO, 1_000_000_000), 1);
+        assert_eq!(wait_ticks(Duration::MAX, u64::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn a_link_too_wide_for_any_batch_is_refused_by_index() {
+        let (index, e) = plan(PacketAbi::G1a, &[2, 2, 400]).unwrap_err();
+        assert_eq!(index, 2);
+        assert!(e.to_string().contains("4096-byte"), "{e}");
     }
 }

@@ -9,8 +9,9 @@ use std::str::FromStr;
 use crate::error::HsaError;
 use crate::sys::{
     AIE_DISPATCH_COUNT, AIE_DISPATCH_HEADER, AIE_PACKET_OPCODE_KMQ, AMD_PACKET_TYPE_AIE_ERT,
-    AMD_PACKET_TYPE_RESERVED200, AieDispatchPacket, ERT_TXN_OPCODE, ErtBits, ErtPacket, Signal,
-    ert_opcode, ert_payload_count, ert_state,
+    AMD_PACKET_TYPE_RESERVED200, AieDispatchPacket, CHAIN_BUFFER_BYTES, CHAIN_SLOT_HEADER_BYTES,
+    ERT_TXN_OPCODE, ErtBits, ErtPacket, MAX_PACKETS_PER_DOORBELL, Signal, ert_opcode,
+    ert_payload_count, ert_state,
 };
 
 /// Which AIE packet ABI the runtime speaks (`rocr-aie.md` §0). ROCR cannot be asked.
@@ -41,6 +42,30 @@ impl PacketAbi {
     /// Whether packets of this ABI carry a completion signal.
     pub fn has_completion_signal(self) -> bool {
         !matches!(self, Self::G1a)
+    }
+
+    /// Bytes one command of `n` arguments takes in the driver's chain buffer, on the runtime
+    /// of this ABI that packs commands most loosely (`rocr-aie.md` §2.1, §7;
+    /// `rocr-aie-hsaco.md` §4):
+    /// - G1a and G1b: a slot header plus the CU mask and `5 + 3N` payload dwords,
+    ///   `52 + 4·(6 + 3N)`;
+    /// - G2: early G2 runtimes declare `count = 6 + 2N + 3` (three pad dwords) and the slot
+    ///   holds `count − 1` dwords, `52 + 4·(8 + 2N)`: 40 commands of two arguments, as IRON
+    ///   measured. The newest G2 runtimes pad one dword and split batches themselves, but
+    ///   nothing tells the two apart, so every G2 runtime is sized as the early one.
+    pub fn chain_command_bytes(self, n: usize) -> usize {
+        let dwords = match self {
+            Self::G2 => 8 + 2 * n,
+            Self::G1a | Self::G1b => 1 + ert_payload_count(n),
+        };
+        CHAIN_SLOT_HEADER_BYTES + 4 * dwords
+    }
+
+    /// How many commands of at most `max_args` arguments one doorbell may carry: as many as
+    /// fit the driver's chain buffer ([`PacketAbi::chain_command_bytes`]), and never more than
+    /// [`MAX_PACKETS_PER_DOORBELL`]. 0 when not even one fits.
+    pub fn commands_per_doorbell(self, max_args: usize) -> usize {
+        (CHAIN_BUFFER_BYTES / self.chain_command_bytes(max_args)).min(MAX_PACKETS_PER_DOORBELL)
     }
 
     /// Bytes of side buffer (kernargs or payload) a dispatch with `n` arguments needs.
@@ -216,6 +241,31 @@ mod tests {
         b.chunks(4)
             .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
             .collect()
+    }
+
+    #[test]
+    fn chain_costs_match_the_driver_and_irons_measurement() {
+        // IRON measured 40 commands of two arguments per G1/early-G2 chain; 41 failed.
+        for abi in [PacketAbi::G2, PacketAbi::G1b, PacketAbi::G1a] {
+            assert_eq!(abi.chain_command_bytes(2), 100, "{abi}");
+            assert_eq!(CHAIN_BUFFER_BYTES / abi.chain_command_bytes(2), 40, "{abi}");
+            assert_eq!(
+                abi.commands_per_doorbell(2),
+                MAX_PACKETS_PER_DOORBELL,
+                "{abi}"
+            );
+        }
+        // G1: 52 + 4·(6+3N); five arguments no longer fit 32 commands, six give 27.
+        assert_eq!(PacketAbi::G1a.chain_command_bytes(5), 136);
+        assert_eq!(PacketAbi::G1b.commands_per_doorbell(4), 32);
+        assert_eq!(PacketAbi::G1b.commands_per_doorbell(5), 30);
+        assert_eq!(PacketAbi::G1a.commands_per_doorbell(6), 27);
+        // Early G2: 52 + 4·(8+2N); six arguments give 31.
+        assert_eq!(PacketAbi::G2.commands_per_doorbell(5), 32);
+        assert_eq!(PacketAbi::G2.commands_per_doorbell(6), 31);
+        assert_eq!(PacketAbi::G2.commands_per_doorbell(64), 6);
+        // Past the buffer: not even one command.
+        assert_eq!(PacketAbi::G1a.commands_per_doorbell(400), 0);
     }
 
     #[test]

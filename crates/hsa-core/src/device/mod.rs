@@ -7,12 +7,14 @@
 mod discover;
 mod dispatch;
 mod encode;
+pub mod generation;
 mod program;
 mod resource;
 mod tensor;
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, c_char};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,20 +34,49 @@ use tensor::Tensor;
 /// How tensor memory is allocated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TensorBacking {
-    /// `hsa_amd_memory_pool_allocate` from the data pool: accepted as a kernel argument by
-    /// every G2 runtime.
+    /// Decided when the device opens ([`TensorSharing`]): vmem where a vmem allocation can be
+    /// exported as a file descriptor, else the pool.
     #[default]
+    Auto,
+    /// `hsa_amd_memory_pool_allocate` from the data pool: accepted as a kernel argument by
+    /// every runtime.
     Pool,
     /// `hsa_amd_vmem_*` (handle, reserve, map, set_access), as ROCm's newest host runtime does.
     Vmem,
+}
+
+/// How tensors reach other processes, as probed when the device opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorSharing {
+    /// vmem allocations exported with `hsa_amd_vmem_export_shareable_handle`.
+    VmemExport,
+    /// Pool allocations exported with `hsa_amd_portable_export_dmabuf`.
+    PoolExport,
+    /// No export works: [`Device::export_tensor`] fails, and a caller that shares memory with
+    /// other processes must copy it in and out around each dispatch.
+    None,
+}
+
+impl TensorSharing {
+    /// `vmem-export`, `pool-export` or `none`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::VmemExport => "vmem-export",
+            Self::PoolExport => "pool-export",
+            Self::None => "none",
+        }
+    }
 }
 
 /// Choices made when opening a device.
 #[derive(Debug, Clone)]
 pub struct DeviceOptions {
     pub packet_abi: PacketAbi,
-    /// Overrides the generation read from the agent name.
+    /// Overrides the generation read from the agent name or sysfs.
     pub generation: Option<Generation>,
+    /// Where sysfs is mounted (`/sys`): the generation is read from the NPU's PCI id there
+    /// when the agent name does not tell it.
+    pub sysfs_root: PathBuf,
     pub tensor_backing: TensorBacking,
     /// How long to wait for a completion signal after the doorbell returned.
     pub completion_timeout: Duration,
@@ -56,7 +87,8 @@ impl Default for DeviceOptions {
         Self {
             packet_abi: PacketAbi::G2,
             generation: None,
-            tensor_backing: TensorBacking::Pool,
+            sysfs_root: PathBuf::from("/sys"),
+            tensor_backing: TensorBacking::Auto,
             completion_timeout: Duration::from_secs(30),
         }
     }
@@ -70,6 +102,8 @@ pub struct DeviceInfo {
     /// `HSA_AMD_AGENT_INFO_PRODUCT_NAME`, when the runtime answers it.
     pub product_name: Option<String>,
     pub generation: Generation,
+    /// Where the generation came from: the agent name, a sysfs file, or the configuration.
+    pub generation_source: String,
     pub packet_abi: PacketAbi,
     /// `HSA_AMD_SYSTEM_INFO_BUILD_VERSION`, when the runtime answers it.
     pub runtime_version: Option<String>,
@@ -77,8 +111,13 @@ pub struct DeviceInfo {
     pub library: String,
     /// Size of the device heap PDIs and instructions live in, in bytes.
     pub heap_size: usize,
-    /// Whether tensors can be exported as file descriptors.
+    /// Whether tensors can be exported as file descriptors (`tensor_sharing` is not `None`).
     pub fd_export: bool,
+    /// How tensors are allocated.
+    pub tensor_backing: TensorBacking,
+    /// How tensors reach other processes, and why.
+    pub tensor_sharing: TensorSharing,
+    pub tensor_sharing_reason: String,
     /// Whether the runtime has the `hsa_amd_vmem_*` family.
     pub vmem: bool,
     /// Ticks per second of the runtime's timestamps.
@@ -101,20 +140,20 @@ struct QueueState {
     taken: u64,
     /// PDI addresses this queue has seen (its runtime-side PDI cache; at most 32).
     pdis: HashSet<u64>,
-    /// Set when the queue must be recreated before its next use: it failed, or a program it
-    /// cached was unloaded (a new PDI at a reused address would hit the stale cache entry).
+    /// Set when the queue must be recreated before its next use: a batch failed on it.
     stale: bool,
 }
 
 /// One AIE agent, opened through a function table.
 ///
-/// Fields drop in order: tensors and programs, the queue, the signal, scratch memory, and
-/// last the runtime reference (`hsa_shut_down`).
+/// Fields drop in order: the queue first (its hardware context holds the PDIs it loaded and
+/// its packets point at tensors, kernargs and the signal), then programs and tensors, the
+/// signal, scratch memory, and last the runtime reference (`hsa_shut_down`).
 #[derive(Debug)]
 pub struct Device {
-    tensors: HashMap<TensorId, Tensor>,
-    programs: HashMap<ProgramId, Program>,
     queue: Option<QueueState>,
+    programs: HashMap<ProgramId, Program>,
+    tensors: HashMap<TensorId, Tensor>,
     signal: SignalOwner,
     /// One side-buffer slot per ring slot (kernargs or G1 payloads).
     side: PoolAlloc,
@@ -169,27 +208,29 @@ impl Device {
                 found: describe(),
             })?
             .agent;
-        let generation = match opts.generation {
-            Some(g) => g,
-            None => Generation::from_agent_name(&aie.name).ok_or_else(|| {
-                HsaError::UnknownGeneration {
-                    name: aie.name.clone(),
-                }
-            })?,
-        };
+        let (generation, generation_source) = resolve_generation(&aie.name, &opts)?;
         let pools = discover::choose_pools(&discover::pools(&api, aie.agent)?)?;
         let fns = api.fns();
+        let probe = tensor::probe_sharing(&api, &pools, cpu, aie.agent, opts.tensor_backing);
+        tracing::info!(
+            backing = ?probe.backing, sharing = probe.sharing.as_str(), reason = %probe.reason,
+            "chose how tensors are allocated and shared"
+        );
+        let mut opts = opts;
+        opts.tensor_backing = probe.backing;
         let info = DeviceInfo {
             product_name: discover::agent_name(&api, aie.agent, AgentInfo::AMD_PRODUCT_NAME).ok(),
             agent_name: aie.name.clone(),
             generation,
+            generation_source,
             packet_abi: opts.packet_abi,
             runtime_version: build_version(&api),
             library: api.source().to_string(),
             heap_size: pools.heap.size,
-            fd_export: fns.portable_export_dmabuf.is_some()
-                || (opts.tensor_backing == TensorBacking::Vmem
-                    && fns.vmem_export_shareable_handle.is_some()),
+            fd_export: probe.sharing != TensorSharing::None,
+            tensor_backing: probe.backing,
+            tensor_sharing: probe.sharing,
+            tensor_sharing_reason: probe.reason,
             vmem: fns.vmem_handle_create.is_some() && fns.vmem_map.is_some(),
             timestamp_frequency,
         };
@@ -247,6 +288,29 @@ impl Device {
         let id = self.next_id;
         self.next_id += 1;
         id
+    }
+}
+
+/// The generation and where it came from: the configuration, a specific agent name, or the
+/// PCI id in sysfs (see [`generation`]).
+fn resolve_generation(name: &str, opts: &DeviceOptions) -> Result<(Generation, String), HsaError> {
+    if let Some(g) = opts.generation {
+        return Ok((g, "configuration".into()));
+    }
+    if let Some(g) = generation::from_specific_name(name, opts.packet_abi) {
+        return Ok((g, format!("agent name {name}")));
+    }
+    match generation::from_sysfs(&opts.sysfs_root) {
+        Ok((g, file)) => Ok((g, format!("sysfs {file}"))),
+        Err(sysfs) => Err(HsaError::UnknownGeneration {
+            name: name.to_string(),
+            why_name: if name == "aie2" {
+                "ROCm 7.0 (packet ABI g1a) reports for every NPU"
+            } else {
+                "is no AIE agent name this binding knows"
+            },
+            sysfs,
+        }),
     }
 }
 

@@ -88,11 +88,18 @@ impl Device {
             id: id.0,
         })?;
         self.heap_used -= p.heap_bytes;
-        if let Some(q) = &mut self.queue
-            && q.pdis.contains(&p.pdi.addr())
+        // A queue that loaded this PDI holds it in its hardware context: destroy the queue
+        // before the PDI's memory goes (the next dispatch creates a new one), so the runtime
+        // never refers to freed memory and a new PDI at the same address is not mistaken for
+        // the cached one.
+        if self
+            .queue
+            .as_ref()
+            .is_some_and(|q| q.pdis.contains(&p.pdi.addr()))
         {
-            q.stale = true;
+            self.queue = None;
         }
+        drop(p);
         Ok(())
     }
 }

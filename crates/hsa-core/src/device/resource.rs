@@ -351,16 +351,43 @@ impl QueueOwner {
             )
         };
         api.check("hsa_queue_create", st)?;
-        let queue = NonNull::new(q).ok_or_else(|| HsaError::Call {
+        let queue = NonNull::new(q).ok_or_else(|| HsaError::Contract {
             call: "hsa_queue_create",
-            status: Status::ERROR_INVALID_QUEUE,
-            message: "the runtime reported success but returned no queue".into(),
+            detail: "success but no queue".into(),
         })?;
-        Ok(Self {
+        let owner = Self {
             api: api.clone(),
             queue,
             _errors: errors,
-        })
+        };
+        // The ring, the side buffers (one slot per ring slot) and the doorbell are used
+        // through what the runtime returned: check it before anything is written there.
+        // Dropping `owner` on failure destroys the queue.
+        let info = owner.info();
+        let problem = if info.size != size {
+            Some(format!(
+                "a queue of {} packets where {size} were asked for (the side buffers hold {size})",
+                info.size
+            ))
+        } else if info.base_address.is_null() {
+            Some("a queue whose ring (base_address) is null".into())
+        } else if !(info.base_address as usize).is_multiple_of(64) {
+            Some(format!(
+                "a queue whose ring {:p} is not 64-byte aligned",
+                info.base_address
+            ))
+        } else if info.doorbell_signal.handle == 0 {
+            Some("a queue whose doorbell signal is null".into())
+        } else {
+            None
+        };
+        match problem {
+            Some(detail) => Err(HsaError::Contract {
+                call: "hsa_queue_create",
+                detail,
+            }),
+            None => Ok(owner),
+        }
     }
 
     pub(crate) fn raw(&self) -> *mut Queue {

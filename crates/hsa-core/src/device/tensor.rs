@@ -2,10 +2,14 @@
 //! exportable as a file descriptor.
 
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::Arc;
 
+use super::discover::PoolChoice;
 use super::resource::{PoolAlloc, VmemAlloc};
-use super::{Device, TensorBacking, TensorId, round_up};
+use super::{Device, TensorBacking, TensorId, TensorSharing, round_up};
+use crate::api::HsaApi;
 use crate::error::HsaError;
+use crate::sys::Agent;
 
 /// A tensor's memory.
 #[derive(Debug)]
@@ -52,7 +56,7 @@ impl Device {
         }
         let api = self.rt.api.clone();
         let mem = match self.opts.tensor_backing {
-            TensorBacking::Pool => {
+            TensorBacking::Pool | TensorBacking::Auto => {
                 TensorMem::Pool(PoolAlloc::new(&api, self.pools.data.pool, size)?)
             }
             TensorBacking::Vmem => {
@@ -157,46 +161,127 @@ impl Device {
     }
 
     /// Exports a tensor's memory as a file descriptor another process can map, with the byte
-    /// offset of the tensor inside it. On the emulator this is a memfd; on ROCR, a dmabuf
-    /// (whether an amdxdna dmabuf can be mapped by another process is unverified on hardware).
+    /// offset of the tensor inside it: a vmem allocation through
+    /// `hsa_amd_vmem_export_shareable_handle`, a pool allocation through
+    /// `hsa_amd_portable_export_dmabuf`. On the emulator this is a memfd sealed against
+    /// shrinking and growing; on ROCR, a dmabuf (whether another process can map an amdxdna
+    /// dmabuf is unverified on hardware).
     ///
     /// # Errors
-    /// [`HsaError::Unsupported`] when the runtime cannot export; the runtime's error otherwise.
+    /// [`HsaError::Unsupported`] when the runtime lacks the call; the runtime's error (most
+    /// runtimes refuse to export pool memory: see [`DeviceInfo::tensor_sharing`]).
     pub fn export_tensor(&self, id: TensorId) -> Result<(OwnedFd, u64), HsaError> {
         let t = self.tensor(id)?;
-        let api = &self.rt.api;
-        let mut fd: i32 = -1;
-        let mut offset: u64 = 0;
-        match (
-            &t.mem,
-            api.fns().vmem_export_shareable_handle,
-            api.fns().portable_export_dmabuf,
-        ) {
-            (TensorMem::Vmem(v), Some(export), _) => {
-                // SAFETY: `fd` is a valid out-pointer and the handle is live.
-                let st = unsafe { export(&mut fd, v.handle(), 0) };
-                api.check("hsa_amd_vmem_export_shareable_handle", st)?;
-            }
-            (_, _, Some(export)) => {
-                // SAFETY: `t.ptr()..+size` is a live allocation of this runtime; the
-                // out-pointers are valid.
-                let st =
-                    unsafe { export(t.ptr().cast_const().cast(), t.size, &mut fd, &mut offset) };
-                api.check("hsa_amd_portable_export_dmabuf", st)?;
-            }
-            _ => {
-                return Err(HsaError::Unsupported {
-                    operation: "exporting a tensor as a file descriptor",
-                    symbol: "hsa_amd_portable_export_dmabuf",
-                });
-            }
+        match &t.mem {
+            TensorMem::Vmem(v) => export_vmem(&self.rt.api, v),
+            TensorMem::Pool(p) => export_pool(&self.rt.api, p, t.size),
         }
-        if fd < 0 {
-            return Err(HsaError::InvalidArgument(format!(
-                "the runtime exported an invalid descriptor {fd}"
-            )));
+    }
+}
+
+fn export_vmem(api: &HsaApi, v: &VmemAlloc) -> Result<(OwnedFd, u64), HsaError> {
+    let export = api
+        .fns()
+        .vmem_export_shareable_handle
+        .ok_or(HsaError::Unsupported {
+            operation: "exporting a vmem tensor as a file descriptor",
+            symbol: "hsa_amd_vmem_export_shareable_handle",
+        })?;
+    let mut fd: i32 = -1;
+    // SAFETY: `fd` is a valid out-pointer and the handle is live.
+    let st = unsafe { export(&mut fd, v.handle(), 0) };
+    api.check("hsa_amd_vmem_export_shareable_handle", st)?;
+    own_fd("hsa_amd_vmem_export_shareable_handle", fd).map(|fd| (fd, 0))
+}
+
+fn export_pool(api: &HsaApi, p: &PoolAlloc, size: usize) -> Result<(OwnedFd, u64), HsaError> {
+    let export = api
+        .fns()
+        .portable_export_dmabuf
+        .ok_or(HsaError::Unsupported {
+            operation: "exporting a pool tensor as a file descriptor",
+            symbol: "hsa_amd_portable_export_dmabuf",
+        })?;
+    let mut fd: i32 = -1;
+    let mut offset: u64 = 0;
+    // SAFETY: `p.ptr()..+size` is a live allocation of this runtime; the out-pointers are
+    // valid.
+    let st = unsafe { export(p.ptr().cast_const().cast(), size, &mut fd, &mut offset) };
+    api.check("hsa_amd_portable_export_dmabuf", st)?;
+    own_fd("hsa_amd_portable_export_dmabuf", fd).map(|fd| (fd, offset))
+}
+
+fn own_fd(call: &'static str, fd: i32) -> Result<OwnedFd, HsaError> {
+    if fd < 0 {
+        return Err(HsaError::Contract {
+            call,
+            detail: format!("success but an invalid descriptor {fd}"),
+        });
+    }
+    // SAFETY: on success the runtime hands over a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// What [`probe_sharing`] found.
+#[derive(Debug)]
+pub(super) struct Probe {
+    pub backing: TensorBacking,
+    pub sharing: TensorSharing,
+    pub reason: String,
+}
+
+/// Finds out, with one small allocation of each kind, which export the runtime really
+/// performs: a symbol being present proves nothing (ROCm 7.0 exports
+/// `hsa_amd_portable_export_dmabuf` and fails every call; ROCR's own AIE memory test expects
+/// pool export to fail and vmem export to work). vmem is tried first, then the pool; a
+/// `requested` backing other than `Auto` is the only one tried. Where nothing exports, tensors
+/// stay in the pool, which every runtime takes as a kernel argument.
+pub(super) fn probe_sharing(
+    api: &Arc<HsaApi>,
+    pools: &PoolChoice,
+    cpu: Agent,
+    aie: Agent,
+    requested: TensorBacking,
+) -> Probe {
+    let mut failures = Vec::new();
+    if matches!(requested, TensorBacking::Auto | TensorBacking::Vmem) {
+        let size = pools.data.granule.max(1);
+        match VmemAlloc::new(api, pools.data.pool, size, cpu, aie)
+            .and_then(|v| export_vmem(api, &v).map(drop))
+        {
+            Ok(()) => {
+                return Probe {
+                    backing: TensorBacking::Vmem,
+                    sharing: TensorSharing::VmemExport,
+                    reason: "a vmem allocation exported with \
+                             hsa_amd_vmem_export_shareable_handle"
+                        .into(),
+                };
+            }
+            Err(e) => failures.push(format!("vmem: {e}")),
         }
-        // SAFETY: on success the runtime hands over a new descriptor that nothing else owns.
-        Ok((unsafe { OwnedFd::from_raw_fd(fd) }, offset))
+    }
+    if matches!(requested, TensorBacking::Auto | TensorBacking::Pool) {
+        let size = pools.data.granule.max(1);
+        match PoolAlloc::new(api, pools.data.pool, size)
+            .and_then(|p| export_pool(api, &p, size).map(drop))
+        {
+            Ok(()) => {
+                return Probe {
+                    backing: TensorBacking::Pool,
+                    sharing: TensorSharing::PoolExport,
+                    reason: "a pool allocation exported with hsa_amd_portable_export_dmabuf".into(),
+                };
+            }
+            Err(e) => failures.push(format!("pool: {e}")),
+        }
+    }
+    Probe {
+        backing: match requested {
+            TensorBacking::Vmem => TensorBacking::Vmem,
+            _ => TensorBacking::Pool,
+        },
+        sharing: TensorSharing::None,
+        reason: format!("no export works: {}", failures.join("; ")),
     }
 }

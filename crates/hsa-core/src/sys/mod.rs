@@ -341,9 +341,17 @@ pub mod header {
 /// The AIE queue's fixed size in packets (`QUEUE_MIN_SIZE == QUEUE_MAX_SIZE == 64`).
 pub const AIE_QUEUE_SIZE: u32 = 64;
 
-/// Doorbell batches longer than this are not split by early G2 and G1 runtimes, and the
-/// firmware's chain buffer holds about 40 commands: ring at least this often.
+/// The most packets hsa-core puts behind one doorbell, whatever their size (IRON rings as
+/// often). Fewer fit when the commands are large: see [`CHAIN_BUFFER_BYTES`].
 pub const MAX_PACKETS_PER_DOORBELL: usize = 32;
+
+/// The amdxdna driver's command-chain buffer (`MAX_CHAIN_CMDBUF_SIZE`): every command of one
+/// doorbell batch must fit in it on runtimes that do not split batches (G1a, G1b, early G2).
+pub const CHAIN_BUFFER_BYTES: usize = 4096;
+
+/// Bytes of one slot header (`cmd_chain_slot_npu`) in the chain buffer; each slot then holds
+/// its command's payload dwords.
+pub const CHAIN_SLOT_HEADER_BYTES: usize = 52;
 
 /// At most this many distinct PDIs per queue (the CU mask is 32 bits).
 pub const MAX_PDIS_PER_QUEUE: usize = 32;
