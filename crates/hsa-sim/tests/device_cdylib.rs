@@ -60,6 +60,9 @@ fn discovery_finds_the_cdylib_under_rocm_path_and_vector_scalar_add_passes() {
             api,
             DeviceOptions {
                 packet_abi: abi,
+                // The emulated agent is aie2 (npu1); G1a runtimes name every NPU aie2, so the
+                // name does not tell the generation there.
+                generation: Some(hsa_core::Generation::Npu1),
                 ..Default::default()
             },
         )
@@ -87,6 +90,9 @@ fn the_cdylib_opened_by_path_passes_vector_scalar_add_for_each_packet_abi() {
             api,
             DeviceOptions {
                 packet_abi: abi,
+                // The emulated agent is aie2 (npu1); G1a runtimes name every NPU aie2, so the
+                // name does not tell the generation there.
+                generation: Some(hsa_core::Generation::Npu1),
                 ..Default::default()
             },
         )
@@ -128,6 +134,7 @@ fn create_and_destroy_counts_balance_after_the_device_is_dropped() {
             api,
             DeviceOptions {
                 packet_abi: hsa_core::PacketAbi::G1a,
+                generation: Some(hsa_core::Generation::Npu1),
                 ..Default::default()
             },
         )

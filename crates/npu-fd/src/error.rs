@@ -84,6 +84,14 @@ pub enum FdError {
         size: u64,
     },
 
+    /// A copy would reach past the mapping's end.
+    #[error("bytes {offset}..{} are outside the {mapped}-byte mapping", .offset.saturating_add(*.len))]
+    RangeOutsideMapping {
+        offset: usize,
+        len: usize,
+        mapped: usize,
+    },
+
     /// A write view was asked of a read-only mapping.
     #[error("the mapping is read-only: map the fd with Mapping::new to write it")]
     ReadOnlyMapping,

@@ -225,6 +225,60 @@ impl Mapping {
         bytemuck::try_cast_slice_mut(self.as_mut_slice()?).map_err(|e| bad_view::<T>(e, ptr, len))
     }
 
+    /// Copies `out.len()` bytes at `offset` of the mapping into `out`, through raw pointers:
+    /// no reference to the shared bytes is formed, so another process writing them meanwhile
+    /// makes the copy torn, never unsound. This is how a process that does not trust the other
+    /// side of the mapping reads it.
+    ///
+    /// # Errors
+    ///
+    /// [`FdError::RangeOutsideMapping`] when `offset + out.len()` passes the mapping's end.
+    pub fn copy_to_slice(&self, offset: usize, out: &mut [u8]) -> Result<(), FdError> {
+        self.check_range(offset, out.len())?;
+        // SAFETY: the range lies inside the live mapping (checked above); `out` is private
+        // memory of the caller, so the two do not overlap; a byte copy has no alignment needs.
+        unsafe {
+            ptr::copy_nonoverlapping(
+                self.data().as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Copies `data` into the mapping at `offset`, through raw pointers (see
+    /// [`Mapping::copy_to_slice`]).
+    ///
+    /// # Errors
+    ///
+    /// [`FdError::ReadOnlyMapping`], or [`FdError::RangeOutsideMapping`] when
+    /// `offset + data.len()` passes the mapping's end.
+    pub fn copy_from_slice(&self, offset: usize, data: &[u8]) -> Result<(), FdError> {
+        if !self.writable {
+            return Err(FdError::ReadOnlyMapping);
+        }
+        self.check_range(offset, data.len())?;
+        // SAFETY: the range lies inside the live mapping, which is PROT_WRITE (both checked
+        // above); `data` is the caller's memory and no reference to the mapped bytes exists
+        // here, so writing them while another process reads is a race on plain bytes only.
+        unsafe {
+            ptr::copy_nonoverlapping(data.as_ptr(), self.data().as_ptr().add(offset), data.len())
+        };
+        Ok(())
+    }
+
+    fn check_range(&self, offset: usize, len: usize) -> Result<(), FdError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(FdError::RangeOutsideMapping {
+                offset,
+                len,
+                mapped: self.len,
+            }),
+        }
+    }
+
     fn data(&self) -> NonNull<u8> {
         // SAFETY: `head < page size <= map_len`, so the result stays inside the mapping.
         unsafe { self.base.cast::<u8>().add(self.head) }
@@ -319,6 +373,28 @@ mod tests {
         assert!(matches!(map.as_mut_slice(), Err(FdError::ReadOnlyMapping)));
         assert!(matches!(
             map.as_mut_slice_of::<u32>(),
+            Err(FdError::ReadOnlyMapping)
+        ));
+    }
+
+    #[test]
+    fn raw_copies_see_another_mappings_writes_and_stay_in_range() {
+        let fd = memfd::create("npu-fd-map", 8192).expect("memfd");
+        let a = Mapping::new(fd.as_fd(), 4096, 4096).expect("map a");
+        let b = Mapping::new(fd.as_fd(), 0, 8192).expect("map b");
+        a.copy_from_slice(10, &[1, 2, 3]).expect("write");
+        let mut out = [0u8; 5];
+        b.copy_to_slice(4096 + 9, &mut out).expect("read");
+        assert_eq!(out, [0, 1, 2, 3, 0]);
+        let e = a.copy_to_slice(4094, &mut out).expect_err("past the end");
+        assert_eq!(
+            e.to_string(),
+            "bytes 4094..4099 are outside the 4096-byte mapping"
+        );
+        assert!(a.copy_from_slice(usize::MAX, &[1]).is_err());
+        let ro = Mapping::new_read_only(fd.as_fd(), 0, 4096).expect("map ro");
+        assert!(matches!(
+            ro.copy_from_slice(0, &[1]),
             Err(FdError::ReadOnlyMapping)
         ));
     }

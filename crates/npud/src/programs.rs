@@ -2,8 +2,8 @@
 //! reference them, their quarantine flag, their cache state and their statistics.
 //!
 //! Programs are validated with npu-artifacts when registered ([`validate`]): malformed bytes are
-//! INVALID_ARGUMENT with the artifact's own message, a program for another generation or
-//! another backend is FAILED_PRECONDITION. A program is dropped when its last session lets go;
+//! INVALID_ARGUMENT with the artifact's own message, a program for another generation, or a
+//! real design on the emulator (or an emulated one on an NPU), is FAILED_PRECONDITION. A program is dropped when its last session lets go;
 //! the caller then tells the executor to unload it. The store holds plain data behind a
 //! `std::sync::Mutex`; device state (what is loaded) lives in the executor, which reports it
 //! back through [`Programs::set_loaded`].
@@ -15,7 +15,6 @@ use npu_artifacts::NpuGen;
 use npu_artifacts::pdi::PdiKind;
 use npu_proto::v1 as pb;
 
-use crate::config::Backend;
 use crate::error::NpudError;
 use crate::sessions::MAX_NAME_BYTES;
 use crate::stats::{DispatchStats, Outcome};
@@ -88,13 +87,13 @@ pub fn content_hash(pdi: &[u8], insts: &[u8]) -> String {
 ///
 /// # Errors
 /// RESOURCE_EXHAUSTED above `max_bytes`; INVALID_ARGUMENT with the artifact error for malformed
-/// bytes; FAILED_PRECONDITION for another generation, or a design the backend cannot run.
+/// bytes; FAILED_PRECONDITION for another generation, or a design the device cannot run.
 pub fn validate(
     pdi: &[u8],
     insts: &[u8],
     max_bytes: u64,
     device: NpuGen,
-    backend: Backend,
+    runs: Runs,
 ) -> Result<pb::ProgramSummary, NpudError> {
     let total = (pdi.len() as u64).saturating_add(insts.len() as u64);
     if total > max_bytes {
@@ -112,20 +111,20 @@ pub fn validate(
         .map_err(|e| NpudError::InvalidArgument(format!("invalid program: {e}")))?;
     txn.check_generation(device)
         .map_err(|e| NpudError::FailedPrecondition(format!("insts: {e}")))?;
-    let kind_name = match (&kind, backend) {
-        (PdiKind::Emulated(d), Backend::Emulator) => d.kernel.name().to_owned(),
-        (PdiKind::Partial(_), Backend::Hsa) => "pdi".to_owned(),
-        (PdiKind::Partial(_), Backend::Emulator) => {
+    let kind_name = match (&kind, runs) {
+        (PdiKind::Emulated(d), Runs::EmulatedDesigns) => d.kernel.name().to_owned(),
+        (PdiKind::Partial(_), Runs::RealDesigns) => "pdi".to_owned(),
+        (PdiKind::Partial(_), Runs::EmulatedDesigns) => {
             return Err(NpudError::FailedPrecondition(
                 "pdi: a real partial PDI (PPDI): real designs need an NPU; this daemon runs the \
-                 emulator (--backend emulator), which runs emulated designs only"
+                 emulator (hsa-sim), which runs emulated designs only"
                     .into(),
             ));
         }
-        (PdiKind::Emulated(d), Backend::Hsa) => {
+        (PdiKind::Emulated(d), Runs::RealDesigns) => {
             return Err(NpudError::FailedPrecondition(format!(
-                "pdi: an emulated design ({}) runs only on the emulator; this daemon drives an \
-                 NPU (--backend hsa)",
+                "pdi: an emulated design ({}) runs only on the emulator (hsa-sim); this daemon \
+                 drives an NPU",
                 d.kernel.name()
             )));
         }
@@ -171,7 +170,29 @@ pub struct Programs {
     inner: Mutex<Store>,
     max_bytes: u64,
     device: NpuGen,
-    backend: Backend,
+    runs: Runs,
+}
+
+/// What kind of design the device runs: decided by the runtime that was opened, not by how
+/// it was linked, so hsa-sim loaded at run time as `libhsa-runtime64.so` runs emulated
+/// designs as the built-in emulator does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runs {
+    /// hsa-sim: emulated designs (reference kernels); a real partial PDI cannot run.
+    EmulatedDesigns,
+    /// An NPU through ROCR: real partial PDIs.
+    RealDesigns,
+}
+
+impl Runs {
+    /// From the runtime's build version (`HSA_AMD_SYSTEM_INFO_BUILD_VERSION`): hsa-sim names
+    /// itself there.
+    pub fn of_runtime(build_version: Option<&str>) -> Self {
+        match build_version {
+            Some(v) if v.starts_with("hsa-sim") => Self::EmulatedDesigns,
+            _ => Self::RealDesigns,
+        }
+    }
 }
 
 /// The result of a registration.
@@ -192,7 +213,7 @@ pub enum Runnable {
 }
 
 impl Programs {
-    pub fn new(max_bytes: u64, device: NpuGen, backend: Backend) -> Self {
+    pub fn new(max_bytes: u64, device: NpuGen, runs: Runs) -> Self {
         Self {
             inner: Mutex::new(Store {
                 next_id: 1,
@@ -200,7 +221,7 @@ impl Programs {
             }),
             max_bytes,
             device,
-            backend,
+            runs,
         }
     }
 
@@ -239,7 +260,7 @@ impl Programs {
                 });
             }
         }
-        let summary = validate(&pdi, &insts, self.max_bytes, self.device, self.backend)?;
+        let summary = validate(&pdi, &insts, self.max_bytes, self.device, self.runs)?;
         let mut g = self.lock();
         // Another session may have stored the same bytes while this one validated.
         if let Some(id) = g.by_hash.get(&hash).copied()
@@ -457,7 +478,7 @@ mod tests {
     }
 
     fn store() -> Programs {
-        Programs::new(8 << 20, NpuGen::Npu2, Backend::Emulator)
+        Programs::new(8 << 20, NpuGen::Npu2, Runs::EmulatedDesigns)
     }
 
     #[test]
@@ -480,6 +501,18 @@ mod tests {
     }
 
     #[test]
+    fn the_runtime_not_the_linking_decides_which_designs_run() {
+        let sim = Some("hsa-sim 0.1.0 (software AIE agent, profile rocm-7.0)");
+        assert_eq!(Runs::of_runtime(sim), Runs::EmulatedDesigns);
+        assert_eq!(Runs::of_runtime(Some("1.18.0")), Runs::RealDesigns);
+        assert_eq!(Runs::of_runtime(None), Runs::RealDesigns);
+        let (pdi, insts) = vsa(1);
+        let e = validate(&pdi, &insts, 1 << 20, NpuGen::Npu2, Runs::RealDesigns).unwrap_err();
+        assert!(matches!(e, NpudError::FailedPrecondition(_)), "{e}");
+        assert!(e.message().contains("runs only on the emulator"), "{e}");
+    }
+
+    #[test]
     fn foreign_programs_are_not_found() {
         let p = store();
         let (pdi, insts) = vsa(1);
@@ -497,14 +530,14 @@ mod tests {
             &insts[..insts.len() - 4],
             1 << 20,
             NpuGen::Npu2,
-            Backend::Emulator,
+            Runs::EmulatedDesigns,
         )
         .unwrap_err();
         assert!(matches!(e, NpudError::InvalidArgument(_)), "{e}");
         assert!(e.message().contains("insts.bin"), "{e}");
-        let e = validate(&pdi, &insts, 1 << 20, NpuGen::Npu1, Backend::Emulator).unwrap_err();
+        let e = validate(&pdi, &insts, 1 << 20, NpuGen::Npu1, Runs::EmulatedDesigns).unwrap_err();
         assert!(matches!(e, NpudError::FailedPrecondition(_)), "{e}");
-        let e = validate(&pdi, &insts, 16, NpuGen::Npu2, Backend::Emulator).unwrap_err();
+        let e = validate(&pdi, &insts, 16, NpuGen::Npu2, Runs::EmulatedDesigns).unwrap_err();
         assert!(matches!(e, NpudError::ResourceExhausted(_)), "{e}");
     }
 

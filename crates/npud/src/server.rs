@@ -24,7 +24,7 @@ use crate::config::Config;
 use crate::conn::Conn;
 use crate::executor::{Executor, Opened};
 use crate::fdsock::{self, Tickets};
-use crate::programs::Programs;
+use crate::programs::{Programs, Runs};
 use crate::service::{NpudService, State};
 use crate::sessions::Sessions;
 use crate::systemd::{self, Activated};
@@ -136,7 +136,7 @@ pub async fn run(
     let programs = Arc::new(Programs::new(
         cfg.limits.max_program_bytes,
         generation,
-        cfg.backend,
+        Runs::of_runtime(opened.facts.info.runtime_version.as_deref()),
     ));
     let facts = opened.facts.clone();
     let executor = opened.run(programs.clone());

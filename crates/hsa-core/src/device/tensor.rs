@@ -23,6 +23,9 @@ pub(super) struct Tensor {
     pub(super) mem: TensorMem,
     /// Bytes the caller asked for.
     pub(super) size: usize,
+    /// Whether its memory was handed to another process as a file descriptor: then other
+    /// processes may write it at any time, and no Rust reference to it may be formed.
+    pub(super) exported: bool,
 }
 
 impl Tensor {
@@ -70,7 +73,11 @@ impl Device {
                 )?)
             }
         };
-        let t = Tensor { mem, size };
+        let t = Tensor {
+            mem,
+            size,
+            exported: false,
+        };
         // SAFETY: the allocation holds at least `size` bytes and nothing else refers to it yet.
         unsafe { std::ptr::write_bytes(t.ptr(), 0, size) };
         let id = TensorId(self.next_id());
@@ -170,12 +177,67 @@ impl Device {
     /// # Errors
     /// [`HsaError::Unsupported`] when the runtime lacks the call; the runtime's error (most
     /// runtimes refuse to export pool memory: see [`DeviceInfo::tensor_sharing`]).
-    pub fn export_tensor(&self, id: TensorId) -> Result<(OwnedFd, u64), HsaError> {
-        let t = self.tensor(id)?;
-        match &t.mem {
-            TensorMem::Vmem(v) => export_vmem(&self.rt.api, v),
-            TensorMem::Pool(p) => export_pool(&self.rt.api, p, t.size),
+    pub fn export_tensor(&mut self, id: TensorId) -> Result<(OwnedFd, u64), HsaError> {
+        let api = self.rt.api.clone();
+        let t = self.tensors.get_mut(&id).ok_or(HsaError::UnknownHandle {
+            kind: "tensor",
+            id: id.0,
+        })?;
+        let exported = match &t.mem {
+            TensorMem::Vmem(v) => export_vmem(&api, v),
+            TensorMem::Pool(p) => export_pool(&api, p, t.size),
+        }?;
+        t.exported = true;
+        Ok(exported)
+    }
+
+    /// Lends bytes `offset..offset + len` of a tensor that was never exported as `&mut [u8]`,
+    /// for copying into it without a bounce buffer. Such memory is seen by no other process,
+    /// and the device writes it only inside a dispatch, which needs `&mut self` as well.
+    ///
+    /// # Errors
+    /// [`HsaError::UnknownHandle`]; [`HsaError::InvalidArgument`] for a range outside the
+    /// tensor or a tensor that was exported (use [`Device::write_tensor`]).
+    pub fn with_tensor_mut<R>(
+        &mut self,
+        id: TensorId,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, HsaError> {
+        let p = self.private_range(id, offset, len)?;
+        // SAFETY: `private_range` checked the range lies inside the tensor's live allocation and
+        // that no other process was given the memory; `&mut self` excludes every other access
+        // from this process (dispatches included) while the slice lives.
+        Ok(f(unsafe { std::slice::from_raw_parts_mut(p, len) }))
+    }
+
+    /// Lends bytes of a tensor that was never exported as `&[u8]` (see
+    /// [`Device::with_tensor_mut`]).
+    ///
+    /// # Errors
+    /// As [`Device::with_tensor_mut`].
+    pub fn with_tensor<R>(
+        &self,
+        id: TensorId,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, HsaError> {
+        let p = self.private_range(id, offset, len)?;
+        // SAFETY: as in `with_tensor_mut`; `&self` excludes dispatches (they need `&mut self`),
+        // so nothing writes the bytes while the slice lives.
+        Ok(f(unsafe { std::slice::from_raw_parts(p, len) }))
+    }
+
+    fn private_range(&self, id: TensorId, offset: usize, len: usize) -> Result<*mut u8, HsaError> {
+        if self.tensor(id)?.exported {
+            return Err(HsaError::InvalidArgument(format!(
+                "tensor {} is shared with other processes; copy with write_tensor/read_tensor",
+                id.0
+            )));
         }
+        self.range(id, offset, len)
     }
 }
 

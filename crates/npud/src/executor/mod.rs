@@ -79,6 +79,8 @@ pub enum Command {
         session: u64,
         size: u64,
         name: String,
+        /// The caller is on the Unix socket and will redeem an fd for the tensor.
+        local: bool,
         reply: Reply<u64>,
     },
     DeclareImport {
@@ -152,6 +154,17 @@ pub enum Command {
 pub struct DeviceFacts {
     pub info: DeviceInfo,
     pub backend: Backend,
+    /// The emulator's profile, when the runtime is hsa-sim (linked in or loaded).
+    pub emulator_profile: Option<String>,
+}
+
+/// The profile hsa-sim names in its build version (`hsa-sim 0.1.0 (software AIE agent,
+/// profile rocm-7.0)`), or `None` for any other runtime.
+fn emulator_profile(build_version: Option<&str>) -> Option<String> {
+    let v = build_version.filter(|v| v.starts_with("hsa-sim"))?;
+    let rest = &v[v.find("profile ")? + "profile ".len()..];
+    let end = rest.find([')', ',', ' ']).unwrap_or(rest.len());
+    Some(rest[..end].to_owned())
 }
 
 /// The handlers' side of the executor.
@@ -247,6 +260,9 @@ impl Executor {
                         let facts = DeviceFacts {
                             info: dev.info().clone(),
                             backend,
+                            emulator_profile: emulator_profile(
+                                dev.info().runtime_version.as_deref(),
+                            ),
                         };
                         if opened_tx.send(Ok(facts)).is_err() {
                             return;
@@ -429,9 +445,10 @@ impl Worker {
                 session,
                 size,
                 name,
+                local,
                 reply,
             } => {
-                let _ = reply.send(t.allocate(dev, session, size, name));
+                let _ = reply.send(t.allocate(dev, session, size, name, local));
             }
             Command::DeclareImport {
                 session,
@@ -536,5 +553,22 @@ impl Worker {
                 tracing::warn!(program = id, error = %e, "unloading a program failed");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::emulator_profile;
+
+    #[test]
+    fn the_emulator_profile_is_read_from_hsa_sims_build_version() {
+        let v = "hsa-sim 0.1.0 (software AIE agent, profile rocm-7.0)";
+        assert_eq!(emulator_profile(Some(v)).as_deref(), Some("rocm-7.0"));
+        assert_eq!(
+            emulator_profile(Some("hsa-sim 0.1.0 (software AIE agent)")),
+            None
+        );
+        assert_eq!(emulator_profile(Some("1.18.0 profile x")), None);
+        assert_eq!(emulator_profile(None), None);
     }
 }

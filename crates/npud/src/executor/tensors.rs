@@ -6,7 +6,16 @@
 //!   descriptor (then dispatches use the client's mapping in place);
 //! - a client memfd, mapped by the daemon and copied into a same-size device tensor before each
 //!   dispatch that uses it and back after (ROCR cannot take foreign memory as an argument);
+//! - a memfd the daemon made for a local client because the runtime exports no tensor memory
+//!   (`DeviceInfo.tensor_sharing` "none"): staged the same way, so the client shares memory by
+//!   fd exactly as it would with an exported tensor;
 //! - an import whose memfd has not arrived yet (dispatches refuse it).
+//!
+//! Every memfd the daemon maps is sealed against shrinking and growing (the client's, checked
+//! on import; the daemon's own, sealed at creation), so a client cannot truncate a mapping
+//! under the daemon; and the daemon copies to and from such shared memory only through raw
+//! pointers ([`Mapping::copy_to_slice`], [`Mapping::copy_from_slice`]), never through a Rust
+//! reference, since the client may write it at any time.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -20,8 +29,14 @@ use crate::sessions::MAX_NAME_BYTES;
 
 #[derive(Debug)]
 enum Storage {
-    Device { shared: bool },
-    Staged { mapping: Mapping },
+    Device {
+        shared: bool,
+    },
+    /// `fd` is the daemon's own memfd, handed to the client on export; `None` for a client's.
+    Staged {
+        mapping: Mapping,
+        fd: Option<OwnedFd>,
+    },
     Awaiting,
 }
 
@@ -126,15 +141,30 @@ impl Tensors {
         session: u64,
         size: u64,
         name: String,
+        local: bool,
     ) -> Result<u64, NpudError> {
         self.admit(session, size, &name)?;
-        let device = dev.alloc_tensor(to_usize(size, "size_bytes")?)?;
+        let len = to_usize(size, "size_bytes")?;
+        let storage = if local && !dev.info().fd_export {
+            let fd = npu_fd::memfd::create("npud-tensor", size).map_err(|e| {
+                NpudError::ResourceExhausted(format!("creating the tensor's memfd: {e}"))
+            })?;
+            let mapping = Mapping::new(fd.as_fd(), 0, len)
+                .map_err(|e| NpudError::Internal(format!("mapping the tensor's memfd: {e}")))?;
+            Storage::Staged {
+                mapping,
+                fd: Some(fd),
+            }
+        } else {
+            Storage::Device { shared: false }
+        };
+        let device = dev.alloc_tensor(len)?;
         Ok(self.insert(Tensor {
             session,
             size,
             name,
             device: Some(device),
-            storage: Storage::Device { shared: false },
+            storage,
         }))
     }
 
@@ -197,7 +227,7 @@ impl Tensors {
         let staging = dev.alloc_tensor(size)?;
         let t = self.owned_mut(session, id, "tensor_id")?;
         t.device = Some(staging);
-        t.storage = Storage::Staged { mapping };
+        t.storage = Storage::Staged { mapping, fd: None };
         Ok(())
     }
 
@@ -212,14 +242,22 @@ impl Tensors {
         id: u64,
     ) -> Result<(OwnedFd, u64, u64), NpudError> {
         let t = self.owned_mut(session, id, "tensor_id")?;
-        let (Storage::Device { shared }, Some(device)) = (&mut t.storage, t.device) else {
-            return Err(NpudError::FailedPrecondition(format!(
+        match (&mut t.storage, t.device) {
+            (Storage::Device { shared }, Some(device)) => {
+                let (fd, offset) = dev.export_tensor(device)?;
+                *shared = true;
+                Ok((fd, offset, t.size))
+            }
+            (Storage::Staged { fd: Some(fd), .. }, _) => {
+                let fd = fd.try_clone().map_err(|e| {
+                    NpudError::ResourceExhausted(format!("duplicating the tensor's memfd: {e}"))
+                })?;
+                Ok((fd, 0, t.size))
+            }
+            _ => Err(NpudError::FailedPrecondition(format!(
                 "tensor {id} is a client memfd; only daemon-allocated tensors are exported"
-            )));
-        };
-        let (fd, offset) = dev.export_tensor(device)?;
-        *shared = true;
-        Ok((fd, offset, t.size))
+            ))),
+        }
     }
 
     /// Frees a tensor.
@@ -277,7 +315,8 @@ impl Tensors {
         let (storage, in_place) = match t.storage {
             Storage::Device { shared: true } => (pb::TensorStorage::DeviceShared, true),
             Storage::Device { shared: false } => (pb::TensorStorage::Device, false),
-            Storage::Staged { .. } => (pb::TensorStorage::ClientMemfdStaged, false),
+            Storage::Staged { fd: None, .. } => (pb::TensorStorage::ClientMemfdStaged, false),
+            Storage::Staged { fd: Some(_), .. } => (pb::TensorStorage::DaemonMemfdStaged, false),
             Storage::Awaiting => (pb::TensorStorage::AwaitingImport, false),
         };
         Ok(pb::TensorInfo {
@@ -309,13 +348,9 @@ impl Tensors {
         let t = self.owned_mut(session, id, "tensor_id")?;
         let start = check_range(t.size, offset, data.len() as u64, id)?;
         match (&mut t.storage, t.device) {
-            (Storage::Staged { mapping }, _) => {
-                let m = mapping
-                    .as_mut_slice()
-                    .map_err(|e| NpudError::Internal(e.to_string()))?;
-                m[start..start + data.len()].copy_from_slice(data);
-                Ok(())
-            }
+            (Storage::Staged { mapping, .. }, _) => mapping
+                .copy_from_slice(start, data)
+                .map_err(|e| NpudError::Internal(e.to_string())),
             (Storage::Device { .. }, Some(d)) => Ok(dev.write_tensor(d, start, data)?),
             _ => Err(awaiting(id)),
         }
@@ -337,7 +372,13 @@ impl Tensors {
         let start = check_range(t.size, offset, len, id)?;
         let len = to_usize(len, "length")?;
         match (&t.storage, t.device) {
-            (Storage::Staged { mapping }, _) => Ok(mapping.as_slice()[start..start + len].to_vec()),
+            (Storage::Staged { mapping, .. }, _) => {
+                let mut out = vec![0u8; len];
+                mapping
+                    .copy_to_slice(start, &mut out)
+                    .map_err(|e| NpudError::Internal(e.to_string()))?;
+                Ok(out)
+            }
             (Storage::Device { .. }, Some(d)) => {
                 let mut out = vec![0u8; len];
                 dev.read_tensor(d, start, &mut out)?;
@@ -399,12 +440,13 @@ impl Tensors {
     pub fn stage_in(&self, dev: &mut Device, ids: &[u64]) -> Result<(), NpudError> {
         for id in ids {
             if let Some(Tensor {
-                storage: Storage::Staged { mapping },
+                storage: Storage::Staged { mapping, .. },
                 device: Some(d),
                 ..
             }) = self.map.get(id)
             {
-                dev.write_tensor(*d, 0, mapping.as_slice())?;
+                dev.with_tensor_mut(*d, 0, mapping.len(), |dst| mapping.copy_to_slice(0, dst))?
+                    .map_err(|e| NpudError::Internal(format!("staging tensor {id} in: {e}")))?;
             }
         }
         Ok(())
@@ -414,15 +456,13 @@ impl Tensors {
     pub fn stage_out(&mut self, dev: &Device, ids: &[u64]) -> Result<(), NpudError> {
         for id in ids {
             if let Some(Tensor {
-                storage: Storage::Staged { mapping },
+                storage: Storage::Staged { mapping, .. },
                 device: Some(d),
                 ..
-            }) = self.map.get_mut(id)
+            }) = self.map.get(id)
             {
-                let m = mapping
-                    .as_mut_slice()
-                    .map_err(|e| NpudError::Internal(e.to_string()))?;
-                dev.read_tensor(*d, 0, m)?;
+                dev.with_tensor(*d, 0, mapping.len(), |src| mapping.copy_from_slice(0, src))?
+                    .map_err(|e| NpudError::Internal(format!("staging tensor {id} out: {e}")))?;
             }
         }
         Ok(())

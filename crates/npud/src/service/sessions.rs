@@ -24,7 +24,7 @@ impl NpudService {
             heap_size_bytes: info.heap_size as u64,
             heap_used_bytes: snap.heap_used,
             programs_loaded: snap.programs_loaded,
-            fd_export: info.fd_export,
+            fd_export: true,
             daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
             session_grace_ms: u64::try_from(s.sessions.grace().as_millis()).unwrap_or(u64::MAX),
             sessions: u32::try_from(s.sessions.count()).unwrap_or(u32::MAX),
@@ -40,6 +40,13 @@ impl NpudService {
             }),
             io_threads: s.io_threads,
             executor_spin_us: s.executor_spin_us,
+            generation_source: info.generation_source.clone(),
+            tensor_sharing: match info.tensor_sharing {
+                hsa_core::TensorSharing::None => "staged".to_owned(),
+                other => other.as_str().to_owned(),
+            },
+            tensor_sharing_reason: info.tensor_sharing_reason.clone(),
+            emulator_profile: s.facts.emulator_profile.clone().unwrap_or_default(),
         }
     }
 

@@ -23,6 +23,9 @@ impl NpudService {
         let r = req.into_inner();
         let session = caller.session;
         let size = r.size_bytes;
+        // A local caller always gets an fd: the device memory's own where the runtime exports
+        // it, otherwise a staged memfd of the daemon's (see DeviceInfo.tensor_sharing).
+        let uid = caller.conn.as_ref().and_then(|c| c.uid);
         let tensor_id = self
             .state
             .exec
@@ -30,12 +33,12 @@ impl NpudService {
                 session,
                 size,
                 name: r.name,
+                local: uid.is_some(),
                 reply,
             })
             .await?;
-        let uid = caller.conn.as_ref().and_then(|c| c.uid);
         let (fd_ticket, fd_socket) = match uid {
-            Some(uid) if self.state.facts.info.fd_export => {
+            Some(uid) => {
                 let t = self
                     .state
                     .tickets

@@ -104,6 +104,10 @@ pub fn device_json(d: &pb::DeviceInfo) -> Value {
         "limits": limits_json(d.limits.as_ref()),
         "io_threads": d.io_threads,
         "executor_spin_us": d.executor_spin_us,
+        "generation_source": d.generation_source,
+        "tensor_sharing": d.tensor_sharing,
+        "tensor_sharing_reason": d.tensor_sharing_reason,
+        "emulator_profile": d.emulator_profile,
     })
 }
 

@@ -37,11 +37,21 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
         ),
         (
             "device",
-            format!("{} ({}{product})", info.generation, info.agent_name),
+            format!(
+                "{} ({}{product}); generation from {}",
+                info.generation, info.agent_name, info.generation_source
+            ),
         ),
         (
             "backend",
-            format!("{}, packet ABI {}", info.backend, info.packet_abi),
+            if info.emulator_profile.is_empty() {
+                format!("{}, packet ABI {}", info.backend, info.packet_abi)
+            } else {
+                format!(
+                    "{}, packet ABI {}, emulator profile {}",
+                    info.backend, info.packet_abi, info.emulator_profile
+                )
+            },
         ),
         (
             "runtime",
@@ -85,10 +95,14 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
         ),
         (
             "tensors",
-            if info.fd_export {
-                "shared by fd with local clients".into()
-            } else {
-                "staged through the API".into()
+            match info.tensor_sharing.as_str() {
+                "staged" => format!(
+                    "staged: local clients get a memfd copied to and from the device around \
+                     each dispatch ({})",
+                    info.tensor_sharing_reason
+                ),
+                "" => "shared by fd with local clients".into(),
+                mode => format!("shared by fd with local clients, in place ({mode})"),
             },
         ),
         (
