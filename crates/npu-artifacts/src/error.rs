@@ -214,6 +214,32 @@ pub enum ArtifactError {
         detail: String,
     },
 
+    /// A DDR_PATCH into a shim BD whose transfer length no earlier op set, or set to 0: the DMA
+    /// would move whatever length the BD holds, past the buffer.
+    #[error(
+        "TXN op {op_index} (DDR_PATCH) at byte offset {offset}: argument {arg_idx} is patched into \
+         register {reg_addr:#010x}, but {} the length word of that shim BD ({length_addr:#010x}, \
+         the patched register - 4); expected an earlier WRITE, BLOCKWRITE or full-mask MASKWRITE \
+         to set it to a non-zero transfer length in 32-bit words, as aiecc's lowering writes the \
+         whole BD before every patch (without a length the DMA moves whatever the BD holds, past \
+         the buffer); rebuild insts.bin with aiecc, or write the BD's length before the patch",
+        if *written_zero { "the stream last wrote 0 to" } else { "no earlier op wrote" }
+    )]
+    TxnPatchWithoutLength {
+        /// Index of the DDR_PATCH op.
+        op_index: u32,
+        /// Its byte offset.
+        offset: usize,
+        /// The patched register (the BD's base-address-low word).
+        reg_addr: u32,
+        /// The buffer argument it patches.
+        arg_idx: u32,
+        /// The BD's word 0, which holds the transfer length.
+        length_addr: u32,
+        /// The length word was written, with 0 (rather than never written).
+        written_zero: bool,
+    },
+
     /// The program was built for another NPU generation than the device.
     #[error(
         "insts.bin was built for {found} (TXN device generation {found_gen}) but the device is {expected}"

@@ -1,5 +1,6 @@
 //! Property tests: random and mutated bytes never panic any parser (and the walk terminates by
-//! construction: every op consumes at least one word); written emulated designs read back equal.
+//! construction: every op consumes at least one word); a DDR patch is accepted exactly when its
+//! BD was given a non-zero length first; written emulated designs read back equal.
 
 use npu_artifacts::design::{self, Design};
 use npu_artifacts::emu::{DType, EmuDesign, EmuKernel};
@@ -7,6 +8,11 @@ use npu_artifacts::pdi::{self, PdiKind};
 use npu_artifacts::txn::{self, TxnBuilder, TxnProgram};
 use npu_artifacts::{ArtifactError, NpuGen};
 use proptest::prelude::*;
+use std::collections::HashMap;
+
+/// Shim BD 0's offset in its tile, and the distance between BDs (AIE2).
+const SHIM_BD_BASE: u32 = 0x1D000;
+const SHIM_BD_STRIDE: u32 = 0x20;
 
 fn any_gen() -> impl Strategy<Value = NpuGen> {
     prop_oneof![Just(NpuGen::Npu1), Just(NpuGen::Npu2)]
@@ -84,6 +90,9 @@ fn parse_everything(bytes: &[u8]) {
     if let Ok(p) = TxnProgram::parse(bytes) {
         assert!(p.arg_count() <= txn::MAX_ARGS as usize);
         assert_eq!(p.size_bytes as usize, bytes.len());
+        for patch in p.args.iter().flat_map(|a| &a.patches) {
+            assert!(patch.bd_len_bytes > 0 && patch.bd_len_bytes.is_multiple_of(4));
+        }
         let sizes = p.min_arg_sizes();
         assert_eq!(sizes.len(), p.arg_count());
         p.check_buffers(&sizes).unwrap();
@@ -98,26 +107,61 @@ fn parse_everything(bytes: &[u8]) {
     let _ = design::check_pair(bytes, bytes);
 }
 
-/// A valid TXN stream with a mix of ops, to mutate.
+/// A valid TXN stream with a mix of ops, to mutate. Its DDR patches follow a BD length set by a
+/// BLOCKWRITE of the whole BD, a WRITE or a full-mask MASKWRITE of its word 0.
 fn valid_stream() -> impl Strategy<Value = Vec<u8>> {
     (
         any_gen(),
-        proptest::collection::vec((0u8..6, any::<u32>(), 0u32..16), 0..12),
+        proptest::collection::vec((0u8..8, any::<u32>(), 0u32..16, 1u32..=u32::MAX), 0..12),
     )
         .prop_map(|(generation, ops)| {
             let mut b = TxnBuilder::new(generation);
-            for (kind, v, small) in ops {
+            for (kind, v, small, len_words) in ops {
+                let bd_len = TxnBuilder::reg(1, 0, SHIM_BD_BASE + small * SHIM_BD_STRIDE);
                 match kind {
                     0 => b.write(v, small),
                     1 => b.mask_write(v, small, v),
                     2 => b.block_write(0, 0, v & !3, &[small, v, 0]),
-                    3 => b.shim_buffer(0, small, small, u64::from(v)),
+                    3 => b.shim_buffer(0, small, small, u64::from(len_words) * 4),
                     4 => b.sync(0, 0, 0, 0),
+                    5 => b
+                        .write(bd_len, len_words)
+                        .ddr_patch(bd_len + 4, small, v >> 1),
+                    6 => b.mask_write(bd_len, len_words, u32::MAX).ddr_patch(
+                        bd_len + 4,
+                        small,
+                        v >> 1,
+                    ),
                     _ => b.noop(),
                 };
             }
             b.finish()
         })
+}
+
+/// What a stream does to one shim BD's length word, for [`patches_and_lengths`].
+#[derive(Debug, Clone, Copy)]
+enum BdOp {
+    /// `shim_buffer`: BLOCKWRITE of the BD with this many bytes, then a patch.
+    Buffer(u32),
+    /// WRITE of this many words into word 0.
+    SetLength(u32),
+    /// A bare DDR_PATCH.
+    Patch,
+    /// An op that touches no shim BD.
+    Other,
+}
+
+/// A stream of BD ops on (column, BD) pairs.
+fn patches_and_lengths() -> impl Strategy<Value = Vec<(u8, u32, BdOp)>> {
+    let op = prop_oneof![
+        (4u32..1 << 20).prop_map(BdOp::Buffer),
+        prop_oneof![Just(0u32), 1u32..1 << 18].prop_map(BdOp::SetLength),
+        Just(BdOp::Patch),
+        Just(BdOp::Patch),
+        Just(BdOp::Other),
+    ];
+    proptest::collection::vec((0u8..2, 0u32..3, op), 0..16)
 }
 
 #[derive(Debug, Clone)]
@@ -209,6 +253,63 @@ proptest! {
             apply(&mut bytes, m);
         }
         parse_everything(&bytes);
+    }
+
+    #[test]
+    fn patches_are_accepted_exactly_when_their_bd_has_a_length(
+        generation in any_gen(),
+        ops in patches_and_lengths(),
+    ) {
+        // The model: the last length each (column, BD) was given, and the first patch (op index)
+        // that finds none, or 0, with which of the two it found.
+        let mut lengths: HashMap<(u8, u32), u32> = HashMap::new();
+        let mut first_bad: Option<(u32, bool)> = None;
+        let mut expected_sizes: HashMap<u32, u64> = HashMap::new();
+        let mut b = TxnBuilder::new(generation);
+        for (col, bd, op) in ops {
+            let bd_base = TxnBuilder::reg(col, 0, SHIM_BD_BASE + bd * SHIM_BD_STRIDE);
+            let arg = u32::from(col) * 3 + bd;
+            match op {
+                BdOp::Buffer(bytes) => {
+                    lengths.insert((col, bd), bytes / 4);
+                    b.shim_buffer(col, bd, arg, u64::from(bytes));
+                }
+                BdOp::SetLength(words) => {
+                    lengths.insert((col, bd), words);
+                    b.write(bd_base, words);
+                }
+                BdOp::Other => {
+                    b.noop().write(TxnBuilder::reg(col, 2, SHIM_BD_BASE), 0);
+                }
+                BdOp::Patch => {
+                    b.ddr_patch(bd_base + 4, arg, 0);
+                }
+            }
+            if matches!(op, BdOp::Buffer(_) | BdOp::Patch) {
+                match lengths.get(&(col, bd)) {
+                    Some(&w) if w > 0 => {
+                        let size = expected_sizes.entry(arg).or_default();
+                        *size = (*size).max(u64::from(w) * 4);
+                    }
+                    found => {
+                        first_bad.get_or_insert((b.op_count() - 1, found.is_some()));
+                    }
+                }
+            }
+        }
+        let bytes = b.finish();
+        match (TxnProgram::parse(&bytes), first_bad) {
+            (Ok(p), None) => {
+                for (arg, size) in expected_sizes {
+                    prop_assert_eq!(p.min_arg_size(arg as usize), size);
+                }
+            }
+            (
+                Err(ArtifactError::TxnPatchWithoutLength { op_index, written_zero, .. }),
+                Some((bad_op, zero)),
+            ) => prop_assert_eq!((op_index, written_zero), (bad_op, zero)),
+            (r, m) => prop_assert!(false, "parse {:?} but the model expected {:?}", r, m),
+        }
     }
 
     #[test]

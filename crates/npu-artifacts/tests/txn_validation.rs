@@ -81,7 +81,7 @@ fn every_supported_current_op_is_accepted() {
     assert_eq!(patch.op_index, 11);
     assert_eq!(patch.reg_addr, BD2 + 4);
     assert_eq!((patch.offset, patch.folded), (64, false));
-    assert_eq!(patch.bd_len_bytes, Some(1024));
+    assert_eq!(patch.bd_len_bytes, 1024);
     assert_eq!(p.min_arg_sizes(), vec![64 + 1024]);
     let text = listing(&bytes).unwrap();
     assert_eq!(text.lines().count(), 1 + 15 + 2);
@@ -127,7 +127,7 @@ fn older_format_parses() {
     assert_eq!(p.arg_count(), 7);
     let patch = &p.args[0].patches[0];
     assert_eq!((p.args[0].index, patch.offset, patch.folded), (6, 16, true));
-    assert_eq!(patch.bd_len_bytes, Some(512));
+    assert_eq!(patch.bd_len_bytes, 512);
     assert_eq!(p.min_arg_size(6), 16 + 512);
     assert_eq!(p.min_arg_size(0), 0);
     assert!(
@@ -147,36 +147,168 @@ fn npu2_header_and_empty_program() {
 
 // ---------------------------------------------------------------- BD lengths
 
+/// Word 0 of BD 2 of column 1 holds its transfer length in 32-bit words.
+const BD2_LEN: u32 = BD2;
+
+fn maskwrite(addr: u32, value: u32, mask: u32) -> [u32; 7] {
+    [3, 0, addr, 0, value, mask, 28]
+}
+
+fn lengths(bytes: &[u8]) -> Vec<u64> {
+    let p = TxnProgram::parse(bytes).unwrap();
+    p.args
+        .iter()
+        .flat_map(|a| a.patches.iter().map(|p| p.bd_len_bytes))
+        .collect()
+}
+
 #[test]
 fn bd_length_comes_from_the_latest_write_before_the_patch() {
     let p = TxnProgram::parse(&cur(&[
-        &write(BD2, 10),
-        &[3, 0, BD2, 0, 0x100, 0xF00, 28], // length becomes 0x100 | 10
+        &write(BD2_LEN, 10),
+        &maskwrite(BD2_LEN, 0x100, 0xF00), // length becomes 0x100 | 10
         &patch(BD2 + 4, 1, 8),
-        &write(BD2, 2),
+        &write(BD2_LEN, 1000),
+        &patch(BD2 + 4, 1, 4000),
+        &write(BD2_LEN, 2),
         &patch(BD2 + 4, 1, 0),
-        &patch(0x1D004, 1, 4000), // BD 0 of column 0 was never written
     ]))
     .unwrap();
     let got: Vec<_> = p.args[0].patches.iter().map(|p| p.bd_len_bytes).collect();
-    assert_eq!(got, vec![Some(0x10A * 4), Some(8), None]);
-    assert_eq!(p.min_arg_size(1), 4001);
-    assert_eq!(p.min_arg_sizes(), vec![0, 4001]);
+    assert_eq!(got, vec![0x10A * 4, 4000, 8]);
+    assert_eq!(p.min_arg_size(1), 8000);
+    assert_eq!(p.min_arg_sizes(), vec![0, 8000]);
     assert!(matches!(
-        p.check_buffers(&[0, 4000]),
+        p.check_buffers(&[0, 7999]),
         Err(ArtifactError::BufferTooSmall {
             index: 1,
-            needed: 4001,
-            op_index: 5,
+            needed: 8000,
+            op_index: 4,
             ..
         })
     ));
 }
 
 #[test]
-fn writes_outside_the_shim_row_do_not_set_bd_lengths() {
-    let p = TxnProgram::parse(&cur(&[&write(BD2 | (2 << 20), 10), &patch(BD2 + 4, 0, 0)])).unwrap();
-    assert_eq!(p.args[0].patches[0].bd_len_bytes, None);
+fn blockwrite_write_and_maskwrite_each_set_a_length() {
+    let bw = blockwrite(1, 0, BD2, &[16, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(lengths(&cur(&[&bw, &patch(BD2 + 4, 0, 0)])), vec![64]);
+    // A BLOCKWRITE that starts earlier and runs over word 0 sets it too.
+    let bw = blockwrite(1, 0, BD2 - 8, &[7, 7, 16, 0]);
+    assert_eq!(lengths(&cur(&[&bw, &patch(BD2 + 4, 0, 0)])), vec![64]);
+    assert_eq!(
+        lengths(&cur(&[&write(BD2_LEN, 16), &patch(BD2 + 4, 0, 0)])),
+        vec![64]
+    );
+    assert_eq!(
+        lengths(&cur(&[
+            &maskwrite(BD2_LEN, 16, u32::MAX),
+            &patch(BD2 + 4, 0, 0)
+        ])),
+        vec![64]
+    );
+    // The older format's forms.
+    assert_eq!(
+        lengths(&stream(
+            OLDER,
+            3,
+            &[&[0, BD2_LEN, 16], &[0x81, 24, BD2 + 4, 0, 0, 0]]
+        )),
+        vec![64]
+    );
+    assert_eq!(
+        lengths(&stream(
+            OLDER,
+            3,
+            &[&[3, BD2_LEN, 16, u32::MAX], &[0x81, 24, BD2 + 4, 0, 0, 0]]
+        )),
+        vec![64]
+    );
+}
+
+#[test]
+fn patch_of_a_bd_the_stream_never_gave_a_length() {
+    assert_eq!(
+        err(&cur(&[&[5], &patch(BD2 + 4, 0, 0)])),
+        "TXN op 1 (DDR_PATCH) at byte offset 20: argument 0 is patched into register 0x0201d044, \
+         but no earlier op wrote the length word of that shim BD (0x0201d040, the patched \
+         register - 4); expected an earlier WRITE, BLOCKWRITE or full-mask MASKWRITE to set it to \
+         a non-zero transfer length in 32-bit words, as aiecc's lowering writes the whole BD \
+         before every patch (without a length the DMA moves whatever the BD holds, past the \
+         buffer); rebuild insts.bin with aiecc, or write the BD's length before the patch"
+    );
+    let refused = |bytes: &[u8]| {
+        matches!(
+            TxnProgram::parse(bytes),
+            Err(ArtifactError::TxnPatchWithoutLength {
+                written_zero: false,
+                ..
+            })
+        )
+    };
+    // Older format.
+    assert!(refused(&stream(OLDER, 3, &[&[0x81, 24, BD2 + 4, 0, 0, 0]])));
+    // The length comes after the patch.
+    assert!(refused(&cur(&[&patch(BD2 + 4, 0, 0), &write(BD2_LEN, 16)])));
+    // A BLOCKWRITE from the patched register on leaves word 0 unwritten.
+    assert!(refused(&cur(&[
+        &blockwrite(1, 0, BD2 + 4, &[0, 0, 0, 0, 0, 0, 0]),
+        &patch(BD2 + 4, 0, 0)
+    ])));
+    // Another BD's length, or the same BD in another column or row, is not this BD's.
+    assert!(refused(&cur(&[
+        &write(BD2_LEN + 0x20, 16),
+        &write(BD2_LEN - (1 << 25), 16),
+        &write(BD2_LEN | (2 << 20), 16),
+        &patch(BD2 + 4, 0, 0)
+    ])));
+    // A MASKWRITE of some bits of an unwritten word leaves the rest unknown.
+    assert!(refused(&cur(&[
+        &maskwrite(BD2_LEN, 16, 0xFFFF),
+        &patch(BD2 + 4, 0, 0)
+    ])));
+}
+
+#[test]
+fn patch_of_a_bd_whose_length_is_zero() {
+    let zero = |bytes: &[u8]| {
+        let e = TxnProgram::parse(bytes).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ArtifactError::TxnPatchWithoutLength {
+                    written_zero: true,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        e.to_string()
+    };
+    let e = zero(&cur(&[
+        &blockwrite(1, 0, BD2, &[0, 0, 0, 0, 0, 0, 0, 0]),
+        &patch(BD2 + 4, 0, 0),
+    ]));
+    assert!(
+        e.starts_with(
+            "TXN op 1 (DDR_PATCH) at byte offset 64: argument 0 is patched into register \
+             0x0201d044, but the stream last wrote 0 to the length word of that shim BD"
+        ),
+        "{e}"
+    );
+    zero(&cur(&[&write(BD2_LEN, 0), &patch(BD2 + 4, 0, 0)]));
+    // A length cleared after it was set.
+    zero(&cur(&[
+        &write(BD2_LEN, 16),
+        &maskwrite(BD2_LEN, 0, 0xFF),
+        &patch(BD2 + 4, 0, 0),
+    ]));
+    zero(&cur(&[
+        &write(BD2_LEN, 16),
+        &patch(BD2 + 4, 0, 0),
+        &write(BD2_LEN, 0),
+        &patch(BD2 + 4, 0, 0),
+    ]));
 }
 
 // ---------------------------------------------------------------- stream-level rules
@@ -433,6 +565,22 @@ fn patch_reserved_and_action_words() {
         err(&stream(OLDER, 3, &[&[0x81, 24, 0x1D004, 0, 0, 9]])),
         "TXN op 0 (DDR_PATCH) at byte offset 16: reserved word 5 (byte offset 36) is 0x9; expected 0"
     );
+}
+
+#[test]
+fn fuzz_seeds_are_streams_the_parser_accepts() {
+    // The seeds start the fuzzer from valid streams; one the rules refuse would only exercise
+    // the first error.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/txn");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let p = TxnProgram::parse(&std::fs::read(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(p.arg_count() > 0, "{} patches no buffer", path.display());
+        seen += 1;
+    }
+    assert_eq!(seen, 8);
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! Fuzzes the TXN parser and listing: they must never panic, never loop, and agree.
+//! Fuzzes the TXN parser and listing: they must never panic, never loop, and agree; an accepted
+//! stream never patches a BD without a length.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -9,6 +10,14 @@ fuzz_target!(|data: &[u8]| {
         Ok(program) => {
             assert_eq!(program.size_bytes as usize, data.len());
             assert!(program.arg_count() <= txn::MAX_ARGS as usize);
+            // Every patch follows a non-zero length for its BD, or parse would have refused it.
+            assert!(
+                program
+                    .args
+                    .iter()
+                    .flat_map(|a| &a.patches)
+                    .all(|p| p.bd_len_bytes > 0 && p.min_size() > p.offset)
+            );
             let sizes = program.min_arg_sizes();
             assert!(program.check_buffers(&sizes).is_ok());
             let text = txn::listing(data).expect("a stream that parses is listed");

@@ -383,11 +383,12 @@ impl EmuDesign {
         Ok(())
     }
 
-    /// A current-format (0.1) TXN stream for `generation` that [`crate::txn::TxnProgram::parse`]
-    /// accepts: for each buffer `i`, a BLOCKWRITE of shim DMA BD `i % 16` in column `i / 16`
-    /// with the buffer's length, then a DDR_PATCH of argument `i` at offset 0 (with the fold bit
-    /// from argument 5 on), then one TCT sync. For a valid design, its `min_arg_sizes()` equals
-    /// [`EmuDesign::arg_sizes`].
+    /// A current-format (0.1) TXN stream for `generation`: for each buffer `i`, a BLOCKWRITE of
+    /// shim DMA BD `i % 16` in column `i / 16` with the buffer's length, then a DDR_PATCH of
+    /// argument `i` at offset 0 (with the fold bit from argument 5 on), then one TCT sync. For a
+    /// valid design [`crate::txn::TxnProgram::parse`] accepts it and its `min_arg_sizes()` equals
+    /// [`EmuDesign::arg_sizes`]; a buffer under 4 bytes gives its BD a length of 0, which parse
+    /// refuses.
     #[must_use]
     pub fn insts(&self, generation: NpuGen) -> Vec<u8> {
         let mut b = TxnBuilder::new(generation);
@@ -533,11 +534,18 @@ mod tests {
     #[test]
     fn insts_patch_one_buffer_each_with_its_size() {
         for generation in [NpuGen::Npu1, NpuGen::Npu2] {
+            // Every constructor: each buffer's BD gets its length before its patch.
             for d in [
                 EmuDesign::passthrough(4096),
+                EmuDesign::vector_scalar_add(1024, DType::I32, 1),
+                EmuDesign::vector_vector_add(256, DType::Bf16),
+                EmuDesign::vector_mul(256, DType::U8),
+                EmuDesign::relu(64, DType::I16),
                 EmuDesign::matmul(8, 16, 4, DType::Bf16, DType::F32),
                 EmuDesign::noop(20, 64),
                 EmuDesign::noop(0, 4),
+                EmuDesign::fault(4),
+                EmuDesign::hang(1 << 20),
             ] {
                 d.validate().unwrap();
                 let p = TxnProgram::parse(&d.insts(generation)).unwrap();

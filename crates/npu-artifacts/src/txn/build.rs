@@ -88,6 +88,10 @@ impl TxnBuilder {
 
     /// DDR_PATCH of argument `arg_idx` at byte `offset` into `reg_addr`, with the fold bit added
     /// for arguments 5 and above.
+    ///
+    /// This is the bare op: [`TxnProgram::parse`](super::TxnProgram::parse) refuses the stream
+    /// unless an earlier op set a non-zero length in the BD's word 0 (`reg_addr - 4`).
+    /// [`TxnBuilder::shim_buffer`] writes the BD and the patch together.
     pub fn ddr_patch(&mut self, reg_addr: u32, arg_idx: u32, offset: u32) -> &mut Self {
         let arg_plus = if arg_idx >= FIRST_FOLDED_ARG {
             offset | FOLD_BIT
@@ -117,6 +121,9 @@ impl TxnBuilder {
 
     /// Writes shim DMA BD `bd` of column `col` (length `bytes / 4` words, address 0) and patches
     /// argument `arg_idx` into it: the pair IRON's lowering emits for each buffer.
+    ///
+    /// `bytes` below 4 writes a length of 0 words, which
+    /// [`TxnProgram::parse`](super::TxnProgram::parse) refuses, as it would in a real stream.
     ///
     /// # Panics
     ///

@@ -53,17 +53,14 @@ pub fn listing(bytes: &[u8]) -> Result<String, ArtifactError> {
             program.min_arg_size(index)
         );
         for p in &arg.patches {
-            let len = p.bd_len_bytes.map_or_else(
-                || "BD length unknown".to_string(),
-                |l| format!("BD length {l} bytes"),
-            );
             let _ = writeln!(
                 out,
-                "    op {} -> {}: offset {}{}, {len}",
+                "    op {} -> {}: offset {}{}, BD length {} bytes",
                 p.op_index,
                 reg(p.reg_addr),
                 p.offset,
                 if p.folded { " (folded)" } else { "" },
+                p.bd_len_bytes,
             );
         }
     }

@@ -43,27 +43,47 @@
 //! address-translates only the first five buffers), arguments 0..5 do not. An insts.bin built
 //! unfolded (for HRX or full ELF) is refused, since the HSA path would patch wrong addresses.
 //!
+//! Every DDR_PATCH must also come after a non-zero transfer length for the BD it patches (see
+//! below): a patch whose BD's word 0 no earlier op set, or set to 0, is refused with
+//! [`ArtifactError::TxnPatchWithoutLength`]. Without a length the DMA would move whatever count
+//! the BD already holds, past the client's buffer.
+//!
 //! # Buffer sizes
 //!
 //! A DDR_PATCH writes a buffer's device address plus `arg_plus` into a shim DMA buffer
 //! descriptor's base-address-low word (BD base + 4, for example `0x1D004 + bd * 0x20`). Word 0 of
-//! the BD (the patched register − 4) holds the transfer length in 32-bit words on AIE2. When an
-//! earlier WRITE or BLOCKWRITE in the stream set that word, the patch records
-//! [`ArgPatch::bd_len_bytes`] and requires `offset + bd_len_bytes` bytes; otherwise it requires
-//! `offset + 1`. **The BD word layout is inferred from aie-rt's shim BD description and is not
-//! confirmed on hardware**; the length is a transfer count, so a BD whose strides skip or repeat
-//! data touches a different extent than `length * 4` bytes.
+//! the BD (the patched register − 4) holds the transfer length in 32-bit words (AIE2; mlir-aie
+//! lowers npu2's shim BDs with the same layout). The length is the value the stream last gave
+//! that word before the patch: a WRITE or a BLOCKWRITE covering it sets it; a MASKWRITE updates
+//! it once known, and sets it from nothing only with a mask of all 32 bits (otherwise the other
+//! bits are whatever the register held). The patch records it as [`ArgPatch::bd_len_bytes`] and
+//! requires `offset + bd_len_bytes` bytes.
+//!
+//! The rule follows what aiecc emits. mlir-aie's lowerings (`AIEDmaToNpu.cpp` for
+//! `npu.dma_memcpy_nd`, `AIEDMATasksToNPU.cpp` for `dma_configure_task`, and the trace helpers in
+//! `python/utils/trace.py`) write every shim BD before its `npu.address_patch`, as one BLOCKWRITE
+//! of the whole BD (or, in the runtime-size path, as WRITEs of each word), with word 0 the length;
+//! the binary translation (`AIETargetNPU.cpp`) emits ops in that order. The lowered length is
+//! never 0: the verifiers refuse every size below one 32-bit word. aiebu, the ELF packager,
+//! likewise rejects a patch with no earlier BLOCKWRITE covering the patched register. Streams that
+//! patch without a BD write appear upstream only as hand-written translator tests, not designs.
+//!
+//! **The BD word layout is read from mlir-aie's BD lowering, not confirmed on hardware**; the
+//! length is a transfer count, so a BD whose strides skip or repeat data touches a different
+//! extent than `length * 4` bytes. Writes to the BD after its patch are not tracked. Streams that
+//! add a length at run time (mlir-aie's `npu.update_from_scratchpad`, encoded as UPDATE_REG 0x0C
+//! after a CREATE_SCRATCHPAD 0x0A) are refused as unsupported.
 
 mod build;
 mod listing;
+mod patch;
 mod walk;
 
 pub use build::TxnBuilder;
 pub use listing::{explain, listing};
 
 use crate::{ArtifactError, NpuGen};
-use std::collections::HashMap;
-use walk::{FIRST_FOLDED_ARG, FOLD_BIT, col_of, row_of};
+use patch::{Patch, ShimRegs};
 
 /// Argument indices at or above this are refused: no design has that many buffers, and the
 /// daemon sizes per-dispatch tables by it.
@@ -267,17 +287,17 @@ pub struct ArgPatch {
     pub offset: u64,
     /// Whether `arg_plus` carried the fold bit `0x8000_0000`.
     pub folded: bool,
-    /// The BD's transfer length in bytes, when the stream wrote the BD's word 0 before the patch.
-    pub bd_len_bytes: Option<u64>,
+    /// The BD's transfer length in bytes: word 0 of the BD (the patched register − 4) as the
+    /// stream last set it before the patch, times 4. Never 0: [`TxnProgram::parse`] refuses a
+    /// patch whose BD has no length.
+    pub bd_len_bytes: u64,
 }
 
 impl ArgPatch {
-    /// The smallest buffer this patch fits in: `offset + bd_len_bytes`, or `offset + 1` when the
-    /// BD length is unknown (or zero).
+    /// The smallest buffer this patch fits in: `offset + bd_len_bytes`.
     #[must_use]
     pub fn min_size(&self) -> u64 {
-        let len = self.bd_len_bytes.filter(|&l| l > 0).unwrap_or(1);
-        self.offset.saturating_add(len)
+        self.offset.saturating_add(self.bd_len_bytes)
     }
 }
 
@@ -289,43 +309,26 @@ impl TxnProgram {
     /// The first rule the stream breaks, naming the op index and byte offset, what was expected
     /// and what was found.
     pub fn parse(bytes: &[u8]) -> Result<TxnProgram, ArtifactError> {
-        // Last value the stream wrote to each shim-row register (row 0), to find BD lengths.
-        let mut shim_regs: HashMap<u32, u32> = HashMap::new();
+        let mut regs = ShimRegs::default();
         let mut args: Vec<ArgUse> = Vec::new();
         let header = walk::walk(bytes, |_, located| {
             match located.op {
-                TxnOp::Write { addr, value } if row_of(addr) == 0 => {
-                    shim_regs.insert(addr, value);
-                }
-                TxnOp::MaskWrite { addr, value, mask } => {
-                    if let Some(old) = shim_regs.get_mut(&addr) {
-                        *old = (*old & !mask) | (value & mask);
-                    }
-                }
-                TxnOp::BlockWrite { addr, ref data, .. } => {
-                    let mut a = addr;
-                    for &w in data {
-                        if row_of(a) == 0 {
-                            shim_regs.insert(a, w);
-                        }
-                        a = a.wrapping_add(4);
-                    }
-                }
+                TxnOp::Write { addr, value } => regs.write(addr, value),
+                TxnOp::MaskWrite { addr, value, mask } => regs.mask_write(addr, value, mask),
+                TxnOp::BlockWrite { addr, ref data, .. } => regs.block_write(addr, data),
                 TxnOp::DdrPatch {
                     reg_addr,
                     arg_idx,
                     arg_plus,
                 } => {
-                    let patch =
-                        check_patch(located.index, located.offset, reg_addr, arg_idx, arg_plus)?;
-                    let bd_len_bytes = reg_addr
-                        .checked_sub(4)
-                        .and_then(|w0| shim_regs.get(&w0))
-                        .map(|&words| u64::from(words) * 4);
-                    let patch = ArgPatch {
-                        bd_len_bytes,
-                        ..patch
+                    let p = Patch {
+                        op_index: located.index,
+                        offset: located.offset,
+                        reg_addr,
+                        arg_idx,
+                        arg_plus,
                     };
+                    let patch = patch::check_patch(p, &regs)?;
                     match args.binary_search_by_key(&arg_idx, |a| a.index) {
                         Ok(i) => args[i].patches.push(patch),
                         Err(i) => args.insert(
@@ -399,12 +402,7 @@ impl TxnProgram {
             let supplied = sizes[arg.index as usize];
             let worst = arg.patches.iter().max_by_key(|p| p.min_size());
             if let Some(p) = worst.filter(|p| p.min_size() > supplied) {
-                let bd = match p.bd_len_bytes {
-                    Some(len) if len > 0 => {
-                        format!(": offset {} + BD length {len} bytes", p.offset)
-                    }
-                    _ => format!(": offset {}, BD length unknown", p.offset),
-                };
+                let bd = format!(": offset {} + BD length {} bytes", p.offset, p.bd_len_bytes);
                 return Err(ArtifactError::BufferTooSmall {
                     index: arg.index as usize,
                     supplied,
@@ -435,66 +433,11 @@ impl TxnProgram {
     }
 }
 
-/// Checks one DDR_PATCH's fields; the BD length is filled in by the caller.
-fn check_patch(
-    op_index: u32,
-    offset: usize,
-    reg_addr: u32,
-    arg_idx: u32,
-    arg_plus: u32,
-) -> Result<ArgPatch, ArtifactError> {
-    let err = |detail: String| ArtifactError::TxnPatch {
-        op_index,
-        offset,
-        detail,
-    };
-    let row = row_of(reg_addr);
-    if row != 0 {
-        return Err(err(format!(
-            "register address {reg_addr:#010x} (byte offset {}) is in row {row} (column {}); \
-             expected the shim row 0, where the DMA buffer descriptors live",
-            offset + 24,
-            col_of(reg_addr)
-        )));
-    }
-    if !reg_addr.is_multiple_of(4) {
-        return Err(err(format!(
-            "register address {reg_addr:#010x} is not word-aligned; expected a multiple of 4"
-        )));
-    }
-    if arg_idx >= MAX_ARGS {
-        return Err(err(format!(
-            "argument index {arg_idx}; expected below {MAX_ARGS}"
-        )));
-    }
-    let folded = arg_plus & FOLD_BIT != 0;
-    if arg_idx >= FIRST_FOLDED_ARG && !folded {
-        return Err(err(format!(
-            "argument {arg_idx} has arg_plus {arg_plus:#010x} without the fold bit 0x80000000; \
-             expected the folded ABI for arguments 5 and above (this insts.bin looks built for \
-             HRX or a full ELF; rebuild it for XRT/HSA, aiecc's default)"
-        )));
-    }
-    if arg_idx < FIRST_FOLDED_ARG && folded {
-        return Err(err(format!(
-            "argument {arg_idx} has arg_plus {arg_plus:#010x} with the fold bit 0x80000000; \
-             expected it only on arguments 5 and above"
-        )));
-    }
-    Ok(ArgPatch {
-        op_index,
-        reg_addr,
-        offset: u64::from(arg_plus & !FOLD_BIT),
-        folded,
-        bd_len_bytes: None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn patch(offset: u64, bd_len_bytes: Option<u64>) -> ArgPatch {
+    fn patch(offset: u64, bd_len_bytes: u64) -> ArgPatch {
         ArgPatch {
             op_index: 0,
             reg_addr: 0x1D004,
@@ -505,10 +448,27 @@ mod tests {
     }
 
     #[test]
-    fn min_size_uses_the_bd_length_when_known() {
-        assert_eq!(patch(16, Some(64)).min_size(), 80);
-        assert_eq!(patch(16, None).min_size(), 17);
-        assert_eq!(patch(16, Some(0)).min_size(), 17);
+    fn min_size_is_the_offset_plus_the_bd_length() {
+        assert_eq!(patch(16, 64).min_size(), 80);
+        assert_eq!(patch(0, 4).min_size(), 4);
+        assert_eq!(patch(u64::MAX, 4).min_size(), u64::MAX);
+    }
+
+    #[test]
+    fn parse_refuses_a_patch_whose_bd_has_no_length() {
+        let mut b = TxnBuilder::new(NpuGen::Npu1);
+        b.noop().ddr_patch(0x1D004, 0, 0);
+        assert!(matches!(
+            TxnProgram::parse(&b.finish()),
+            Err(ArtifactError::TxnPatchWithoutLength {
+                op_index: 1,
+                offset: 20,
+                reg_addr: 0x1D004,
+                arg_idx: 0,
+                length_addr: 0x1D000,
+                written_zero: false,
+            })
+        ));
     }
 
     #[test]
