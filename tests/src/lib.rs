@@ -6,7 +6,6 @@
 
 #![forbid(unsafe_code)]
 
-use std::fs::File;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream as StdUnixStream;
@@ -44,9 +43,56 @@ pub fn binary(name: &str) -> PathBuf {
     );
 }
 
+/// The emulator's runtime profiles, as users install the runtimes they model (hsa-sim's
+/// `Profile`), with the packet ABI each speaks.
+pub const PROFILES: [(&str, &str); 4] = [
+    ("rocm-7.0", "g1a"),
+    ("rocr-late-2025", "g1b"),
+    ("rocr-g2-2026-05", "g2"),
+    ("rocr-newest", "g2"),
+];
+
+/// How the daemon reaches the emulator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runtime {
+    /// `--backend emulator`: hsa-sim linked into the daemon.
+    Linked,
+    /// `--backend hsa --library <hsa-sim's cdylib>`: the run-time-loaded path that users with an
+    /// NPU run, with `HSA_SIM_PROFILE` choosing the profile and `--packet-abi` its ABI.
+    Loaded,
+}
+
+/// hsa-sim's shared library as the build left it beside the test executable (the copy in
+/// `deps/` is rebuilt with every dependency build, so it is preferred).
+///
+/// # Panics
+/// When it is not there (build it with `cargo build -p hsa-sim`).
+pub fn hsa_sim_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable has a path");
+    for dir in exe.ancestors().skip(1) {
+        for candidate in [dir.join("deps/libhsa_sim.so"), dir.join("libhsa_sim.so")] {
+            if candidate.is_file() {
+                return candidate;
+            }
+        }
+        if dir.file_name().is_some_and(|n| n == "target") {
+            break;
+        }
+    }
+    panic!(
+        "no libhsa_sim.so near {}: run `cargo build -p hsa-sim`",
+        exe.display()
+    );
+}
+
 /// How to start a daemon.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// The emulator profile (`rocm-7.0`, ...); the daemon's default when `None`. On
+    /// `rocm-7.0`, whose agent name does not tell the generation, `--generation npu2` is
+    /// passed unless `args` names one.
+    pub profile: Option<String>,
+    pub runtime: Runtime,
     pub grace_ms: u64,
     pub tcp: bool,
     /// `NPUD_*` variables, e.g. `("NPUD_LIMITS__MAX_CHAIN_LINKS", "8")`.
@@ -60,6 +106,8 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Self {
+            profile: None,
+            runtime: Runtime::Linked,
             grace_ms: 10_000,
             tcp: false,
             env: Vec::new(),
@@ -75,6 +123,51 @@ impl Options {
         self.env.push((k.to_owned(), v.to_owned()));
         self
     }
+
+    /// The emulator profile `profile`, reached through `runtime`.
+    #[must_use]
+    pub fn profile(mut self, profile: &str, runtime: Runtime) -> Self {
+        self.profile = Some(profile.to_owned());
+        self.runtime = runtime;
+        self
+    }
+
+    #[must_use]
+    pub fn arg(mut self, a: &str) -> Self {
+        self.args.push(a.to_owned());
+        self
+    }
+
+    /// The command-line arguments that choose the runtime and its profile.
+    fn runtime_args(&self) -> (Vec<String>, Vec<(String, String)>) {
+        let mut args = Vec::new();
+        let mut env = Vec::new();
+        match self.runtime {
+            Runtime::Linked => {
+                args.extend(["--backend".into(), "emulator".into()]);
+                if let Some(p) = &self.profile {
+                    args.extend(["--emulator-profile".into(), p.clone()]);
+                }
+            }
+            Runtime::Loaded => {
+                let p = self.profile.as_deref().unwrap_or("rocr-newest");
+                let abi = PROFILES
+                    .iter()
+                    .find(|(name, _)| *name == p)
+                    .map_or("g2", |(_, abi)| abi);
+                args.extend(["--backend".into(), "hsa".into(), "--library".into()]);
+                args.push(hsa_sim_library().display().to_string());
+                args.extend(["--packet-abi".into(), abi.into()]);
+                env.push(("HSA_SIM_PROFILE".into(), p.into()));
+            }
+        }
+        if self.profile.as_deref() == Some("rocm-7.0")
+            && !self.args.iter().any(|a| a == "--generation")
+        {
+            args.extend(["--generation".into(), "npu2".into()]);
+        }
+        (args, env)
+    }
 }
 
 /// A running `npud`, stopped (SIGTERM, then SIGKILL) on drop.
@@ -86,6 +179,7 @@ pub struct Daemon {
     pub fd_socket: PathBuf,
     pub tcp: Option<SocketAddr>,
     stderr: PathBuf,
+    opts: Options,
 }
 
 impl Daemon {
@@ -100,27 +194,78 @@ impl Daemon {
             .expect("a temporary directory in /tmp");
         let socket = dir.path().join("s");
         let fd_socket = dir.path().join("f");
-        let ready = dir.path().join("ready");
         let stderr = dir.path().join("stderr");
         let tcp = opts.tcp.then(free_port);
+        let mut d = Daemon {
+            child: None,
+            dir,
+            socket,
+            fd_socket,
+            tcp,
+            stderr,
+            opts,
+        };
+        d.spawn();
+        d
+    }
+
+    /// Starts the daemon again with the same sockets, files and options once it has exited
+    /// (as systemd's `Restart=` would), and waits until it is ready.
+    ///
+    /// # Panics
+    /// When the previous process is still running, or as [`Daemon::start`].
+    pub fn restart(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            assert!(
+                c.try_wait().ok().flatten().is_some(),
+                "restart needs the previous daemon to have exited"
+            );
+        }
+        self.spawn();
+    }
+
+    /// Waits up to `timeout` for the daemon to exit on its own.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let until = Instant::now() + timeout;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(s)) = child.try_wait() {
+                return Some(s);
+            }
+            if Instant::now() > until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn spawn(&mut self) {
+        let opts = &self.opts;
+        let ready = self.dir.path().join("ready");
+        let _ = std::fs::remove_file(&ready);
         let mut cmd = if opts.socket_activated {
             let mut c = Command::new(binary("npud-socket-activate"));
             c.arg("--listen")
-                .arg(&socket)
+                .arg(&self.socket)
                 .arg("--listen")
-                .arg(&fd_socket)
+                .arg(&self.fd_socket)
                 .args(["--names", "npud:fd", "--"])
                 .arg(binary("npud"));
             c
         } else {
             Command::new(binary("npud"))
         };
-        cmd.arg("--backend")
-            .arg("emulator")
+        let (runtime_args, runtime_env) = opts.runtime_args();
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.stderr)
+            .expect("a stderr file");
+        cmd.args(&runtime_args)
             .arg("--socket")
-            .arg(&socket)
+            .arg(&self.socket)
             .arg("--fd-socket")
-            .arg(&fd_socket)
+            .arg(&self.fd_socket)
             .arg("--ready-file")
             .arg(&ready)
             .arg("--session-grace-ms")
@@ -132,7 +277,7 @@ impl Daemon {
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(File::create(&stderr).expect("a stderr file"));
+            .stderr(stderr);
         for (k, _) in std::env::vars() {
             if k.starts_with("NPUD_")
                 || k.starts_with("HSA_SIM_")
@@ -143,39 +288,30 @@ impl Daemon {
                 cmd.env_remove(k);
             }
         }
-        if let Some(a) = tcp {
+        if let Some(a) = self.tcp {
             cmd.arg("--tcp").arg(a.to_string());
         }
-        for (k, v) in &opts.env {
+        for (k, v) in runtime_env.iter().chain(&opts.env) {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().expect("npud starts");
-        let mut d = Daemon {
-            child: Some(child),
-            dir,
-            socket,
-            fd_socket,
-            tcp,
-            stderr,
-        };
+        self.child = Some(cmd.spawn().expect("npud starts"));
         let until = Instant::now() + Duration::from_secs(30);
         while !ready.exists() {
-            if let Some(c) = d.child.as_mut()
+            if let Some(c) = self.child.as_mut()
                 && let Ok(Some(status)) = c.try_wait()
             {
                 panic!(
                     "npud exited with {status} before it was ready:\n{}",
-                    d.stderr()
+                    self.stderr()
                 );
             }
             assert!(
                 Instant::now() < until,
                 "npud not ready in 30 s:\n{}",
-                d.stderr()
+                self.stderr()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        d
     }
 
     /// What the daemon wrote to stderr so far.

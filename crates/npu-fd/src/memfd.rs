@@ -152,6 +152,18 @@ pub fn add_size_seals(fd: BorrowedFd<'_>) -> Result<(), FdError> {
     rustix::fs::fcntl_add_seals(fd, SIZE_SEALS).map_err(FdError::sys("fcntl(F_ADD_SEALS)"))
 }
 
+/// Adds `F_SEAL_SEAL` to a memfd: no seal can be added or removed afterwards. A memfd handed
+/// to an untrusted process gets it, so that process cannot add a write seal that would make
+/// the owner's own later mappings or writes fail.
+///
+/// # Errors
+///
+/// [`FdError::Sys`] when `fcntl(F_ADD_SEALS)` fails (as for [`add_size_seals`]).
+#[doc(alias = "F_SEAL_SEAL")]
+pub fn freeze_seals(fd: BorrowedFd<'_>) -> Result<(), FdError> {
+    rustix::fs::fcntl_add_seals(fd, SealFlags::SEAL).map_err(FdError::sys("fcntl(F_ADD_SEALS)"))
+}
+
 /// Finds out what an fd is: kind, seals, size and access mode.
 ///
 /// An fd is shmem when `F_GET_SEALS` succeeds on it; its `/proc/self/fd` link (`/memfd:NAME`)

@@ -67,9 +67,18 @@ impl Daemon {
 
     /// Starts a daemon and waits until it serves.
     pub fn start_with_grace(grace_ms: u64) -> Daemon {
+        Self::start_with_args(grace_ms, &[])
+    }
+
+    /// Starts a daemon with more command-line arguments.
+    pub fn start_with_args(grace_ms: u64, args: &[&str]) -> Daemon {
         let mut opts = LocalOptions::new(npud_binary());
         opts.session_grace_ms = Some(grace_ms);
-        opts.args = vec!["--log-level".into(), "npud=debug,info".into()];
+        opts.args = ["--log-level", "npud=debug,info"]
+            .iter()
+            .chain(args)
+            .map(Into::into)
+            .collect();
         Daemon(LocalDaemon::start(opts).unwrap_or_else(|e| panic!("{e}")))
     }
 

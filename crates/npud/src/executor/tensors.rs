@@ -146,9 +146,13 @@ impl Tensors {
         self.admit(session, size, &name)?;
         let len = to_usize(size, "size_bytes")?;
         let storage = if local && !dev.info().fd_export {
-            let fd = npu_fd::memfd::create("npud-tensor", size).map_err(|e| {
-                NpudError::ResourceExhausted(format!("creating the tensor's memfd: {e}"))
-            })?;
+            // Sealed against shrinking and growing, then against any further seal, before the
+            // client sees it: it can neither truncate the daemon's mapping nor seal it read-only.
+            let fd = npu_fd::memfd::create("npud-tensor", size)
+                .and_then(|fd| npu_fd::memfd::freeze_seals(fd.as_fd()).map(|()| fd))
+                .map_err(|e| {
+                    NpudError::ResourceExhausted(format!("creating the tensor's memfd: {e}"))
+                })?;
             let mapping = Mapping::new(fd.as_fd(), 0, len)
                 .map_err(|e| NpudError::Internal(format!("mapping the tensor's memfd: {e}")))?;
             Storage::Staged {

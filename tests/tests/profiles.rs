@@ -1,0 +1,301 @@
+//! Every emulator profile, reached both ways a daemon reaches a runtime: linked in
+//! (`--backend emulator --emulator-profile P`) and loaded at run time as
+//! `libhsa-runtime64.so` (`--backend hsa --library <hsa-sim> --packet-abi A`, `HSA_SIM_PROFILE=P`),
+//! which is the path users with an NPU run. For each: DeviceInfo, a dispatch, chains (100
+//! links, and 32 links of a 6-argument program, which overflow the chain buffer of runtimes
+//! that do not split chains unless npud sizes its doorbell batches), the Submit stream, how
+//! tensors are shared (in place or staged), what a device fault does, and a client that tries
+//! to truncate or reseal every fd it was given.
+
+#![forbid(unsafe_code)]
+
+use std::os::fd::AsFd;
+
+use npu_artifacts::emu::{DType, EmuDesign};
+use npu_proto::v1 as pb;
+use npud_e2e::{Daemon, Mapped, Options, PROFILES, Runtime, Session, dispatch_request};
+use rustix::fs::SealFlags;
+use tokio_stream::StreamExt;
+
+const N: u32 = 1024;
+const BYTES: u64 = N as u64 * 4;
+
+fn abi_of(profile: &str) -> &'static str {
+    PROFILES
+        .iter()
+        .find(|(p, _)| *p == profile)
+        .map(|(_, abi)| *abi)
+        .expect("a known profile")
+}
+
+fn start(profile: &str, runtime: Runtime) -> Daemon {
+    Daemon::start(Options::default().profile(profile, runtime))
+}
+
+/// Link k reads a and writes b when k is even, the other way round when odd.
+fn alternating(program: u64, a: u64, b: u64, k: usize) -> pb::DispatchRequest {
+    if k.is_multiple_of(2) {
+        dispatch_request(program, &[a, b])
+    } else {
+        dispatch_request(program, &[b, a])
+    }
+}
+
+async fn info(s: &mut Session) -> pb::DeviceInfo {
+    s.client
+        .get_device_info(pb::GetDeviceInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+async fn storage(s: &mut Session, t: &Mapped) -> pb::TensorStorage {
+    let req = s.req(pb::GetTensorInfoRequest { tensor_id: t.id });
+    s.client
+        .get_tensor_info(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .storage()
+}
+
+/// The work every profile must do through the daemon, on either path.
+async fn core_work(profile: &str, runtime: Runtime) {
+    let d = start(profile, runtime);
+    let mut s = Session::open(d.connect().await, "profiles").await.unwrap();
+
+    let i = info(&mut s).await;
+    assert_eq!(i.emulator_profile, profile, "{i:?}");
+    assert_eq!(i.packet_abi, abi_of(profile));
+    let backend = match runtime {
+        Runtime::Linked => "emulator",
+        Runtime::Loaded => "hsa",
+    };
+    assert_eq!(i.backend, backend);
+    assert!(i.runtime_version.contains(profile), "{}", i.runtime_version);
+    // Only the newest runtime exports tensor memory (from vmem); the others are staged.
+    let in_place = profile == "rocr-newest";
+    assert_eq!(
+        i.tensor_sharing,
+        if in_place { "vmem-export" } else { "staged" },
+        "{i:?}"
+    );
+    if !in_place {
+        assert!(
+            i.tensor_sharing_reason.contains("no export works"),
+            "{}",
+            i.tensor_sharing_reason
+        );
+    }
+
+    // One dispatch.
+    let p = s
+        .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
+        .await
+        .unwrap()
+        .program_id;
+    let mut a = s.alloc_mapped(BYTES).await.unwrap();
+    let b = s.alloc_mapped(BYTES).await.unwrap();
+    let want_storage = if in_place {
+        pb::TensorStorage::DeviceShared
+    } else {
+        pb::TensorStorage::DaemonMemfdStaged
+    };
+    assert_eq!(storage(&mut s, &a).await, want_storage);
+    let input: Vec<i32> = (0..N as i32).map(|v| v * 3 - 1000).collect();
+    a.map
+        .as_mut_slice_of::<i32>()
+        .unwrap()
+        .copy_from_slice(&input);
+    s.dispatch(p, &[a.id, b.id]).await.unwrap();
+    let plus = |k: i32| input.iter().map(|v| v + k).collect::<Vec<i32>>();
+    assert_eq!(b.map.as_slice_of::<i32>().unwrap(), &plus(1)[..]);
+
+    // A chain of 100: batches of 32, 32, 32 and 4.
+    let links = (0..100).map(|k| alternating(p, a.id, b.id, k)).collect();
+    let r = s.chain(links).await.unwrap();
+    assert!(r.failure.is_none(), "{r:?}");
+    assert_eq!((r.completed, r.doorbells), (100, 4));
+    // Link 99 is odd: it wrote a, which the chain took from 0+1 (b) ... to +101.
+    assert_eq!(a.map.as_slice_of::<i32>().unwrap(), &plus(101)[..]);
+
+    // 32 links of six arguments: 27 fit the G1 chain buffer and 31 the early G2 one; one
+    // doorbell for all 32 fails on those runtimes.
+    let six = s.register(&EmuDesign::noop(6, 4096)).await.unwrap().program_id;
+    let mut ids = Vec::new();
+    let mut keep = Vec::new();
+    for _ in 0..6 {
+        let t = s.alloc_mapped(4096).await.unwrap();
+        ids.push(t.id);
+        keep.push(t);
+    }
+    let links = (0..32).map(|_| dispatch_request(six, &ids)).collect();
+    let r = s.chain(links).await.unwrap();
+    assert!(r.failure.is_none(), "{profile}: {r:?}\n{}", d.stderr());
+    assert_eq!(r.completed, 32);
+    assert_eq!(r.doorbells, 2, "27 + 5 on G1, 31 + 1 on G2");
+
+    // The Submit stream: 20 dispatches in flight, completed in order.
+    let (tx, rx) = tokio::sync::mpsc::channel(32);
+    let outbound = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let mut inbound = s.client.submit(s.req(outbound)).await.unwrap().into_inner();
+    for id in 0..20u64 {
+        tx.send(pb::SubmitRequest {
+            request_id: id,
+            work: Some(pb::submit_request::Work::Dispatch(dispatch_request(
+                p,
+                &[a.id, b.id],
+            ))),
+            timeout_ms: 0,
+        })
+        .await
+        .unwrap();
+    }
+    drop(tx);
+    let mut done = Vec::new();
+    while let Some(r) = inbound.next().await {
+        let r = r.unwrap();
+        assert_eq!(r.code, 0, "{r:?}");
+        done.push(r.request_id);
+    }
+    assert_eq!(done, (0..20).collect::<Vec<u64>>());
+    assert_eq!(b.map.as_slice_of::<i32>().unwrap(), &plus(102)[..]);
+}
+
+/// A fault on the runtimes that report one: INTERNAL, the program quarantined, the device
+/// serving again. ROCm 7.0 only asserts (compiled out), so there the fault is silent: the
+/// dispatch "succeeds" and its output is untouched, which is all a daemon can see.
+async fn device_fault(profile: &str, runtime: Runtime) {
+    let d = start(profile, runtime);
+    let mut s = Session::open(d.connect().await, "faults").await.unwrap();
+    let p = s
+        .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
+        .await
+        .unwrap()
+        .program_id;
+    let fault = s.register(&EmuDesign::fault(N * 4)).await.unwrap().program_id;
+    let mut a = s.alloc_mapped(BYTES).await.unwrap();
+    let b = s.alloc_mapped(BYTES).await.unwrap();
+    a.map.as_mut_slice_of::<i32>().unwrap().fill(7);
+    let r = s.dispatch(fault, &[a.id, b.id]).await;
+    match profile {
+        "rocm-7.0" => {
+            r.expect("ROCm 7.0 reports no device fault");
+            assert!(b.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 0));
+            let st = s.statistics().await.unwrap();
+            assert_eq!(st.device_faults, 0);
+        }
+        _ => {
+            let e = r.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Internal, "{e:?}");
+            assert!(e.message().contains("quarantined"), "{e:?}");
+            let e = s.dispatch(fault, &[a.id, b.id]).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        }
+    }
+    // The device serves the next program either way.
+    s.dispatch(p, &[a.id, b.id]).await.unwrap();
+    assert!(b.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 8));
+}
+
+/// A client holding every kind of fd the daemon hands out or accepts tries to truncate, grow
+/// and reseal it: each attempt fails in the client, and the daemon keeps serving, reading and
+/// dispatching over those tensors.
+async fn truncation(profile: &str, runtime: Runtime) {
+    let d = start(profile, runtime);
+    let mut s = Session::open(d.connect().await, "attacker").await.unwrap();
+    let p = s
+        .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
+        .await
+        .unwrap()
+        .program_id;
+    let mut a = s.alloc_mapped(BYTES).await.unwrap();
+    let out = s.alloc_mapped(BYTES).await.unwrap();
+    // The client's own memfd, imported: the daemon accepts it only sealed.
+    let imported_fd = npu_fd::memfd::create("attacker", BYTES).unwrap();
+    let (imported, sent) = s.import(imported_fd.as_fd(), BYTES).await.unwrap();
+    sent.unwrap();
+    for (what, fd, handed_out) in [
+        ("an exported tensor", a.fd.as_fd(), true),
+        ("an output tensor", out.fd.as_fd(), true),
+        ("an imported memfd", imported_fd.as_fd(), false),
+    ] {
+        for len in [0, BYTES / 2, BYTES * 4] {
+            let e = rustix::fs::ftruncate(fd, len).expect_err(what);
+            assert_eq!(e, rustix::io::Errno::PERM, "{profile}: truncating {what} to {len}");
+        }
+        // The fds the daemon hands out take no further seal either (F_SEAL_SEAL): a write seal
+        // would turn the daemon's own later mappings into errors.
+        if handed_out {
+            for seal in [SealFlags::WRITE, SealFlags::FUTURE_WRITE, SealFlags::SEAL] {
+                assert!(
+                    rustix::fs::fcntl_add_seals(fd, seal).is_err(),
+                    "{profile}: {what} took the seal {seal:?}"
+                );
+            }
+        }
+    }
+    a.map.as_mut_slice_of::<i32>().unwrap().fill(41);
+    s.dispatch(p, &[a.id, out.id]).await.unwrap();
+    s.dispatch(p, &[imported, out.id]).await.unwrap();
+    assert!(out.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 1));
+    let req = s.req(pb::ReadTensorRequest {
+        tensor_id: a.id,
+        offset: 0,
+        length: BYTES,
+    });
+    let mut chunks = s.client.read_tensor(req).await.unwrap().into_inner();
+    let mut got = 0;
+    while let Some(c) = chunks.next().await {
+        got += c.unwrap().data.len();
+    }
+    assert_eq!(got, BYTES as usize);
+    assert!(info(&mut s).await.serving);
+}
+
+macro_rules! per_profile {
+    ($($name:ident => $profile:literal;)*) => {$(
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn core_work_linked() {
+                core_work($profile, Runtime::Linked).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn core_work_loaded() {
+                core_work($profile, Runtime::Loaded).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn truncating_fds_hurts_nobody_linked() {
+                truncation($profile, Runtime::Linked).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn truncating_fds_hurts_nobody_loaded() {
+                truncation($profile, Runtime::Loaded).await;
+            }
+        }
+    )*};
+}
+
+per_profile! {
+    rocm_7_0 => "rocm-7.0";
+    rocr_late_2025 => "rocr-late-2025";
+    rocr_g2_2026_05 => "rocr-g2-2026-05";
+    rocr_newest => "rocr-newest";
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fault_on_the_newest_runtime_is_reported_and_quarantined_both_ways() {
+    device_fault("rocr-newest", Runtime::Linked).await;
+    device_fault("rocr-newest", Runtime::Loaded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fault_on_rocm_7_0_is_silent_both_ways() {
+    device_fault("rocm-7.0", Runtime::Linked).await;
+    device_fault("rocm-7.0", Runtime::Loaded).await;
+}
