@@ -103,6 +103,7 @@ pub mod counters;
 mod dispatch;
 mod kernels;
 mod memory;
+pub mod profile;
 mod queue;
 mod regions;
 mod rules;
@@ -116,14 +117,13 @@ pub use config::{
     PacketAbi, SimConfig, agent_from_name, product_name, reset_config, serial_test_guard,
     set_config,
 };
+pub use profile::{Profile, UnknownProfile, profile_of_build_version};
 pub use counters::{Counters, counters, hsa_sim_counters};
 pub use memory::*;
 pub use npu_artifacts::NpuGen;
 pub use queue::*;
 pub use regions::*;
-pub use runtime::{
-    BUILD_VERSION, TIMESTAMP_FREQUENCY, hsa_init, hsa_shut_down, hsa_system_get_info,
-};
+pub use runtime::{TIMESTAMP_FREQUENCY, hsa_init, hsa_shut_down, hsa_system_get_info};
 pub use signal::*;
 pub use status::{SimError, clear_last_error, hsa_sim_last_error, hsa_status_string, last_error};
 pub use vmem::*;

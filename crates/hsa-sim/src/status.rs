@@ -229,6 +229,18 @@ pub fn status_text(status: Status) -> Option<&'static CStr> {
     })
 }
 
+/// A status as a reader knows it: its C name and code, e.g.
+/// `HSA_STATUS_ERROR_INVALID_PACKET_FORMAT (0x1009)`.
+pub(crate) fn status_label(status: Status) -> String {
+    let name = status_text(status)
+        .and_then(|s| s.to_str().ok())
+        .and_then(|s| s.split(':').next());
+    match name {
+        Some(n) => format!("{n} ({:#x})", status.0),
+        None => format!("status {:#x}", status.0),
+    }
+}
+
 /// `hsa_status_string`: points `*out` at a static NUL-terminated description of `status`.
 /// Works without `hsa_init`. Unknown codes give `HSA_STATUS_ERROR_INVALID_ARGUMENT`.
 ///
@@ -266,6 +278,15 @@ mod tests {
             assert!(text.contains(stem), "{name}: {text}");
         }
         assert!(status_text(Status(0x4242)).is_none());
+    }
+
+    #[test]
+    fn labels_carry_the_c_name_and_the_code() {
+        assert_eq!(
+            status_label(Status::ERROR_INVALID_PACKET_FORMAT),
+            "HSA_STATUS_ERROR_INVALID_PACKET_FORMAT (0x1009)"
+        );
+        assert_eq!(status_label(Status(0x4242)), "status 0x4242");
     }
 
     #[test]
