@@ -125,7 +125,10 @@ pub use queue::*;
 pub use regions::*;
 pub use runtime::{TIMESTAMP_FREQUENCY, hsa_init, hsa_shut_down, hsa_system_get_info};
 pub use signal::*;
-pub use status::{SimError, clear_last_error, hsa_sim_last_error, hsa_status_string, last_error};
+pub use status::{
+    SimError, clear_last_error, hsa_sim_last_error, hsa_status_string, last_error,
+    last_error_status,
+};
 pub use vmem::*;
 
 /// The emulator's entry points as a function table: how the daemon links it statically.

@@ -7,6 +7,7 @@
 //! | | `rocm-7.0` | `rocr-late-2025` | `rocr-g2-2026-05` | `rocr-newest` (default) |
 //! |---|---|---|---|---|
 //! | packet ABI | G1a | G1b | G2 | G2 |
+//! | packet header checked | no (`assert` only) | yes (must be 0) | no | type READY, opcode KMQ |
 //! | `HSA_AGENT_INFO_NAME` | always `aie2` | `aie2` / `aie2p` by generation | same | same |
 //! | `HSA_AMD_AGENT_INFO_PRODUCT_NAME` | `AIE-ML` | the product name | same | same |
 //! | chain per doorbell | one, ≤ 4096 bytes at 52 + 4·(6+3N) per START_CU command | same | one, ≤ 4096 bytes at 52 + 4·(8+2N) per packet | split into as many as needed |
@@ -177,6 +178,13 @@ impl Profile {
             Self::Rocm70 => Some(ROCM_7_0_WAIT),
             _ => None,
         }
+    }
+
+    /// Whether the packet header is checked: the G1b header must be 0, and the newest G2
+    /// header type READY with opcode KMQ. ROCm 7.0 only `assert`s its header (compiled out),
+    /// and the first G2 release checks neither field (`rocr-aie.md` §2.2, §5.4).
+    pub const fn checks_packet_header(self) -> bool {
+        matches!(self, Self::RocrLate2025 | Self::RocrNewest)
     }
 
     /// The AIE agent's `HSA_AGENT_INFO_NAME`: ROCm 7.0 always says `aie2`; later releases

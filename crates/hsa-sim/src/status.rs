@@ -33,21 +33,31 @@ impl std::fmt::Display for SimError {
 
 impl std::error::Error for SimError {}
 
-static LAST_ERROR: Mutex<Option<String>> = Mutex::new(None);
+static LAST_ERROR: Mutex<Option<SimError>> = Mutex::new(None);
 
 /// Records `err` as the last error and logs it.
 pub(crate) fn record(err: &SimError) {
     tracing::warn!(status = ?err.status, "hsa-sim: {}", err.detail);
-    *LAST_ERROR.lock().unwrap_or_else(PoisonError::into_inner) = Some(err.detail.clone());
+    *LAST_ERROR.lock().unwrap_or_else(PoisonError::into_inner) = Some(err.clone());
+}
+
+fn last() -> Option<SimError> {
+    LAST_ERROR
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
 }
 
 /// The detail of the most recent error the emulator reported (dispatch rules, vmem order,
 /// allocation limits), process-wide. `None` until something failed.
 pub fn last_error() -> Option<String> {
-    LAST_ERROR
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
+    last().map(|e| e.detail)
+}
+
+/// The status of the most recent error, beside its [`last_error`] detail: what a profile that
+/// fails silently (`rocm-7.0`) would have reported had it reported anything.
+pub fn last_error_status() -> Option<Status> {
+    last().map(|e| e.status)
 }
 
 /// Forgets the last error (tests use it to start clean).

@@ -24,7 +24,7 @@ fn set_access(va: *mut c_void, size: usize, descs: &[AccessDesc]) -> Status {
 
 #[test]
 fn vmem_teardown_needs_access_revoked_first_and_counters_balance() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let before = counters();
     let size = 4 * page();
     // SAFETY: (whole block) out-pointers are live locals; addresses come from the runtime.
@@ -151,7 +151,7 @@ fn map_fd(fd: BorrowedFd<'_>, offset: u64, len: usize) -> *mut u8 {
 
 #[test]
 fn a_vmem_handle_exported_as_a_shareable_fd_shares_its_bytes() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let size = page();
     // SAFETY: (whole block) out-pointers are live locals; the fd is owned once exported.
     unsafe {
@@ -199,7 +199,7 @@ fn a_vmem_handle_exported_as_a_shareable_fd_shares_its_bytes() {
 
 #[test]
 fn set_access_and_unmap_walk_contiguous_mappings() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let p = page();
     // SAFETY: (whole block) out-pointers are live locals; ranges come from the reservation.
     unsafe {

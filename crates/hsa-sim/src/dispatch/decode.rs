@@ -97,14 +97,15 @@ pub(crate) fn decode(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, 
 
 fn decode_g2(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError> {
     let p = read_g2(q, index).ok_or_else(|| g1a_overrun(index))?;
+    let checks = q.config.profile.checks_packet_header();
     let ty = p.header & 0xFF;
-    if ty != AIE_PACKET_TYPE_READY {
+    if checks && ty != AIE_PACKET_TYPE_READY {
         return Err(bad_format(format!(
             "G2 header type {ty} is not HSA_AMD_AIE_PACKET_TYPE_READY (0) (header {:#06x})",
             p.header
         )));
     }
-    if p.opcode != AIE_PACKET_OPCODE_KMQ {
+    if checks && p.opcode != AIE_PACKET_OPCODE_KMQ {
         return Err(bad_format(format!(
             "G2 opcode {} is not HSA_AMD_AIE_PACKET_OPCODE_KMQ (0)",
             p.opcode
@@ -167,7 +168,7 @@ fn decode_g1(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError
         PacketAbi::G1a => (AMD_PACKET_TYPE_AIE_ERT, "G1a"),
         _ => (AMD_PACKET_TYPE_RESERVED200, "G1b"),
     };
-    if p.header != 0 {
+    if q.config.profile.checks_packet_header() && p.header != 0 {
         return Err(bad_format(format!(
             "{abi} header is {:#06x}; the vendor-specific header must be exactly 0",
             p.header
