@@ -200,6 +200,14 @@ fn plan_chains(q: &QueueObj, rd: u64, wr: u64) -> Result<Vec<u64>, SimError> {
     let bytes: u64 = costs.iter().sum();
     let commands = costs.len() as u64;
     if bytes > CHAIN_BUFFER_BYTES {
+        let fit = costs
+            .iter()
+            .scan(0u64, |sum, c| {
+                *sum += c;
+                Some(*sum)
+            })
+            .take_while(|&sum| sum <= CHAIN_BUFFER_BYTES)
+            .count();
         let what = match policy {
             ChainPolicy::G1Unsplit => "G1 runtimes",
             _ => "the first G2 runtimes",
@@ -209,7 +217,8 @@ fn plan_chains(q: &QueueObj, rd: u64, wr: u64) -> Result<Vec<u64>, SimError> {
             format!(
                 "packet {rd}: command chain of {commands} commands needs {bytes} bytes; the \
                  driver's chain buffer (MAX_CHAIN_CMDBUF_SIZE) holds {CHAIN_BUFFER_BYTES}, and \
-                 {what} do not split chains ({}): ring the doorbell at least every 32 packets",
+                 {what} do not split chains ({}): only the first {fit} fit, so ring the doorbell \
+                 sooner",
                 q.config.profile
             ),
         ));
