@@ -292,7 +292,10 @@ mod tests {
         for p in Profile::ALL {
             let s = p.build_version().to_str().unwrap();
             assert!(s.starts_with("hsa-sim "), "{s}");
-            assert!(s.ends_with(&format!("(software AIE agent, profile {p})")), "{s}");
+            assert!(
+                s.ends_with(&format!("(software AIE agent, profile {p})")),
+                "{s}"
+            );
             assert_eq!(profile_of_build_version(s), Some(p));
         }
         assert_eq!(profile_of_build_version("ROCR 1.18.0"), None);

@@ -17,9 +17,7 @@ use npu_artifacts::emu::EmuDesign;
 /// completion signal armed to `packets`.
 fn batch(sim: &Sim, n_args: u8, packets: usize) -> Vec<[u8; 64]> {
     let loaded = sim.load(&EmuDesign::noop(n_args, 4096));
-    let args: Vec<(u64, u64)> = (0..n_args)
-        .map(|_| (sim.alloc(DATA, 4096), 4096))
-        .collect();
+    let args: Vec<(u64, u64)> = (0..n_args).map(|_| (sim.alloc(DATA, 4096), 4096)).collect();
     let d = Dispatch::new(loaded, &args, sim.signal(packets as i64));
     vec![sim.packet(&d); packets]
 }
@@ -32,7 +30,11 @@ fn ring(sim: &Sim, packets: &[[u8; 64]]) -> (TestQueue, Counters) {
     (q, counters().since(&before))
 }
 
-const UNSPLIT: [Profile; 3] = [Profile::Rocm70, Profile::RocrLate2025, Profile::RocrG2May2026];
+const UNSPLIT: [Profile; 3] = [
+    Profile::Rocm70,
+    Profile::RocrLate2025,
+    Profile::RocrG2May2026,
+];
 
 #[test]
 fn thirty_two_dispatches_of_six_arguments_overflow_every_chain_but_the_newest() {
@@ -52,7 +54,11 @@ fn thirty_two_dispatches_of_six_arguments_overflow_every_chain_but_the_newest() 
     let (q, seen) = ring(&sim, &batch(&sim, 6, 32));
     assert_eq!((q.errors(), q.read_index()), (vec![], 32));
     assert_eq!(
-        (seen.packets_completed, seen.packets_failed, seen.chain_submissions),
+        (
+            seen.packets_completed,
+            seen.packets_failed,
+            seen.chain_submissions
+        ),
         (0, 1, 0)
     );
     drop((q, sim));
@@ -61,7 +67,11 @@ fn thirty_two_dispatches_of_six_arguments_overflow_every_chain_but_the_newest() 
     let (q, seen) = ring(&sim, &batch(&sim, 6, 32));
     assert_eq!((q.errors(), q.read_index()), (vec![], 32));
     assert_eq!(
-        (seen.doorbells, seen.chain_submissions, seen.packets_completed),
+        (
+            seen.doorbells,
+            seen.chain_submissions,
+            seen.packets_completed
+        ),
         (1, 1, 32)
     );
 }
@@ -83,7 +93,11 @@ fn forty_dispatches_of_two_arguments_fit_one_unsplit_chain_and_forty_one_do_not(
         let (q, seen) = ring(&sim, &batch(&sim, 2, 40));
         assert_eq!((q.errors(), q.read_index()), (vec![], 40), "{profile}");
         assert_eq!(
-            (seen.doorbells, seen.chain_submissions, seen.packets_completed),
+            (
+                seen.doorbells,
+                seen.chain_submissions,
+                seen.packets_completed
+            ),
             (1, 1, 40),
             "{profile}"
         );
@@ -106,7 +120,11 @@ fn the_newest_runtime_splits_a_full_ring_into_chains_of_44() {
     assert_eq!((q.errors(), q.read_index()), (vec![], 64));
     // 52 + 4·(6+4) = 92 bytes a command: 44 fit in 4096, then the other 20.
     assert_eq!(
-        (seen.doorbells, seen.chain_submissions, seen.packets_completed),
+        (
+            seen.doorbells,
+            seen.chain_submissions,
+            seen.packets_completed
+        ),
         (1, 2, 64)
     );
 }

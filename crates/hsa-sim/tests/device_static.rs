@@ -130,7 +130,10 @@ fn a_fault_in_link_10_stops_the_chain_there_and_the_queue_recovers() {
         err.report.queue_recreations, 0,
         "the failed queue is left suspended"
     );
-    assert!(dev.recover().unwrap(), "recover() recreates the failed queue");
+    assert!(
+        dev.recover().unwrap(),
+        "recover() recreates the failed queue"
+    );
     assert!(!dev.recover().unwrap(), "and then has nothing to do");
     assert_eq!(read_i32s(&dev, bufs[10], 4)[0], 10, "links before 10 ran");
     assert_eq!(read_i32s(&dev, bufs[12], 4)[0], 0, "link 11 did not run");
@@ -147,7 +150,11 @@ fn rocm_7_0_hides_a_fault_in_link_10_from_its_client() {
     dev.run_chain(&links)
         .expect("ROCm 7.0 reports nothing and moves the read index on");
     assert_eq!(read_i32s(&dev, bufs[10], 4)[0], 10, "links before 10 ran");
-    assert_eq!(read_i32s(&dev, bufs[11], 4)[0], 0, "the fault wrote nothing");
+    assert_eq!(
+        read_i32s(&dev, bufs[11], 4)[0],
+        0,
+        "the fault wrote nothing"
+    );
     assert_eq!(read_i32s(&dev, bufs[12], 4)[0], 0, "link 11 never ran");
     assert!(
         hsa_sim::last_error()

@@ -63,9 +63,24 @@ fn agents_answer_like_rocrs_aie_agent() {
     for (profile, npu, name, product) in [
         (Profile::Rocm70, NpuGen::Npu2, "aie2", "AIE-ML"),
         (Profile::Rocm70, NpuGen::Npu1, "aie2", "AIE-ML"),
-        (Profile::RocrLate2025, NpuGen::Npu2, "aie2p", "NPU Strix (hsa-sim)"),
-        (Profile::RocrG2May2026, NpuGen::Npu1, "aie2", "NPU Phoenix (hsa-sim)"),
-        (Profile::RocrNewest, NpuGen::Npu2, "aie2p", "NPU Strix (hsa-sim)"),
+        (
+            Profile::RocrLate2025,
+            NpuGen::Npu2,
+            "aie2p",
+            "NPU Strix (hsa-sim)",
+        ),
+        (
+            Profile::RocrG2May2026,
+            NpuGen::Npu1,
+            "aie2",
+            "NPU Phoenix (hsa-sim)",
+        ),
+        (
+            Profile::RocrNewest,
+            NpuGen::Npu2,
+            "aie2p",
+            "NPU Strix (hsa-sim)",
+        ),
     ] {
         let sim = Sim::with(SimConfig {
             agent: npu,
@@ -73,7 +88,11 @@ fn agents_answer_like_rocrs_aie_agent() {
             ..Default::default()
         });
         assert_eq!(name_of(&sim, AgentInfo::NAME), name, "{profile} {npu:?}");
-        assert_eq!(name_of(&sim, AgentInfo::AMD_PRODUCT_NAME), product, "{profile}");
+        assert_eq!(
+            name_of(&sim, AgentInfo::AMD_PRODUCT_NAME),
+            product,
+            "{profile}"
+        );
     }
 }
 
@@ -102,7 +121,10 @@ fn the_build_version_says_hsa_sim_and_the_profile() {
         };
         assert_eq!(
             text,
-            format!("hsa-sim {} (software AIE agent, profile {profile})", env!("CARGO_PKG_VERSION"))
+            format!(
+                "hsa-sim {} (software AIE agent, profile {profile})",
+                env!("CARGO_PKG_VERSION")
+            )
         );
         assert_eq!(profile_of_build_version(text), Some(profile));
         drop(sim);
@@ -187,15 +209,14 @@ fn portable_dmabuf_export_of_aie_memory_fails_on_every_profile() {
             assert!(detail.contains(profile.as_str()), "{detail}");
             // As ROCR's AIE memory test does after the refusal.
             // SAFETY: closing -1 touches no descriptor.
-            assert_eq!(unsafe { hsa_amd_portable_close_dmabuf(fd) }, Status::SUCCESS);
+            let st = unsafe { hsa_amd_portable_close_dmabuf(fd) };
+            assert_eq!(st, Status::SUCCESS);
             sim.free(p);
         }
         // An fd the emulator did not hand out is left alone.
         // SAFETY: the call only looks the number up.
-        assert_eq!(
-            unsafe { hsa_amd_portable_close_dmabuf(0) },
-            Status::ERROR_RESOURCE_FREE
-        );
+        let st = unsafe { hsa_amd_portable_close_dmabuf(0) };
+        assert_eq!(st, Status::ERROR_RESOURCE_FREE);
         // SAFETY: an address that is no allocation.
         let st =
             unsafe { hsa_amd_portable_export_dmabuf(8usize as *const c_void, 1, &mut 0, &mut 0) };

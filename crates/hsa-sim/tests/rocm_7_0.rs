@@ -31,7 +31,11 @@ fn a_fault_is_silent_and_the_rest_of_the_batch_does_not_run() {
     assert_eq!(q.errors(), vec![], "no callback");
     assert!(!q.suspended());
     assert_eq!((q.read_index(), q.write_index()), (2, 2));
-    assert_eq!(read(out, 64), vec![0; 64], "the fault left its output untouched");
+    assert_eq!(
+        read(out, 64),
+        vec![0; 64],
+        "the fault left its output untouched"
+    );
     assert_eq!(
         read(after.args[1].0, 1024),
         vec![0; 1024],

@@ -11,11 +11,9 @@ mod common;
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
-use common::profiles::{ALL, Case, G2, fails_on};
+use common::profiles::{ALL, Case, fails_on};
 use common::*;
-use hsa_core::sys::{
-    AccessDesc, AccessPermission, MemoryType, Queue, QueueType, Status, VmemHandle,
-};
+use hsa_core::sys::{Queue, QueueType, Status};
 use hsa_sim::*;
 use npu_artifacts::NpuGen;
 use npu_artifacts::emu::EmuDesign;
@@ -84,49 +82,6 @@ fn queue_creation_under(profile: Profile) {
 }
 
 #[test]
-fn g2_header_type_and_opcode_are_checked_by_the_newest_runtime_only() {
-    fails_on(
-        "g2_header_type_and_opcode_are_checked_by_the_newest_runtime_only",
-        &[Profile::RocrNewest],
-        &[
-            Case::one(
-                "header type INVALID",
-                Status::ERROR_INVALID_PACKET_FORMAT,
-                &["READY"],
-                |sim| {
-                    let mut p = g2_packet(sim, &valid(sim, sim.signal(1)));
-                    p.header = 1; // HSA_AMD_AIE_PACKET_TYPE_INVALID
-                    g2_bytes(&p)
-                },
-            ),
-            Case::one("opcode 1", Status::ERROR_INVALID_PACKET_FORMAT, &["KMQ"], |sim| {
-                let mut p = g2_packet(sim, &valid(sim, sim.signal(1)));
-                p.opcode = 1;
-                g2_bytes(&p)
-            }),
-        ],
-    );
-    for profile in G2 {
-        let sim = Sim::new(profile);
-        let sig = sim.signal(2);
-        // The fence bits are ignored: header 0 works as well as 0x1400.
-        let mut zero = g2_packet(&sim, &valid(&sim, sig));
-        zero.header = 0;
-        // The first G2 release checks neither the header type nor the opcode.
-        let mut odd = g2_packet(&sim, &valid(&sim, sig));
-        (odd.header, odd.opcode) = (1, 1);
-        let q = sim.queue();
-        if profile == Profile::RocrNewest {
-            q.submit(&[g2_bytes(&zero)]);
-            assert_eq!((q.errors(), load_signal(sig)), (vec![], 1));
-        } else {
-            q.submit(&[g2_bytes(&zero), g2_bytes(&odd)]);
-            assert_eq!((q.read_index(), load_signal(sig)), (2, 0), "{profile}");
-        }
-    }
-}
-
-#[test]
 fn a_pdi_outside_the_device_heap_fails_as_aie2_config_cu() {
     fails_on(
         "a_pdi_outside_the_device_heap_fails_as_aie2_config_cu",
@@ -174,11 +129,16 @@ fn insts_and_arguments_must_be_known_allocations_of_their_declared_size() {
                 d.insts = stray();
                 sim.packet(&d)
             }),
-            Case::one("insts past the allocation", bad, &["instruction buffer"], |sim| {
-                let mut d = valid(sim, sim.signal(1));
-                d.insts_size += 4096 * 16;
-                sim.packet(&d)
-            }),
+            Case::one(
+                "insts past the allocation",
+                bad,
+                &["instruction buffer"],
+                |sim| {
+                    let mut d = valid(sim, sim.signal(1));
+                    d.insts_size += 4096 * 16;
+                    sim.packet(&d)
+                },
+            ),
             Case::one("stray argument", bad, &["argument 1"], |sim| {
                 let mut d = valid(sim, sim.signal(1));
                 d.args[1].0 = stray();
@@ -200,57 +160,6 @@ fn insts_and_arguments_must_be_known_allocations_of_their_declared_size() {
                 sim.packet(&d)
             }),
         ],
-    );
-}
-
-#[test]
-fn the_g2_kernarg_buffer_must_be_a_known_allocation() {
-    fails_on(
-        "the_g2_kernarg_buffer_must_be_a_known_allocation",
-        &G2,
-        &[
-            Case::one(
-                "kernargs in host memory",
-                Status::ERROR_INVALID_ALLOCATION,
-                &["kernarg buffer"],
-                |sim| {
-                    let d = valid(sim, sim.signal(1));
-                    let words = Vec::leak(vec![d.args[0].0, d.args[1].0, 1024, 1024]);
-                    let mut p = g2_packet(sim, &d);
-                    p.kernarg_address = words.as_ptr() as u64;
-                    g2_bytes(&p)
-                },
-            ),
-            Case::one(
-                "NULL kernargs",
-                Status::ERROR_INVALID_ARGUMENT,
-                &["NULL"],
-                |sim| {
-                    let mut p = g2_packet(sim, &valid(sim, sim.signal(1)));
-                    p.kernarg_address = 0;
-                    g2_bytes(&p)
-                },
-            ),
-        ],
-    );
-}
-
-#[test]
-fn insts_size_must_be_a_multiple_of_four() {
-    // G1 packets count instructions in dwords, so only G2 can say otherwise.
-    fails_on(
-        "insts_size_must_be_a_multiple_of_four",
-        &G2,
-        &[Case::one(
-            "insts_size - 2",
-            Status::ERROR_INVALID_ARGUMENT,
-            &["multiple of 4"],
-            |sim| {
-                let mut d = valid(sim, sim.signal(1));
-                d.insts_size -= 2;
-                sim.packet(&d)
-            },
-        )],
     );
 }
 
@@ -288,30 +197,12 @@ fn a_33rd_distinct_pdi_is_out_of_resources_and_earlier_packets_retire() {
     let sig = sim.signal(33);
     let q = sim.queue();
     q.submit(&thirty_three_pdis(&sim, sig));
-    assert_eq!(q.read_index(), 32, "the 32 packets before the failing one retired");
+    assert_eq!(
+        q.read_index(),
+        32,
+        "the 32 packets before the failing one retired"
+    );
     assert_eq!(load_signal(sig), 1, "and fired their signals");
-}
-
-#[test]
-fn a_suspended_queue_ignores_later_doorbells() {
-    let sim = Sim::new(Profile::RocrNewest);
-    let sig = sim.signal(1);
-    let mut bad = valid(&sim, sig);
-    bad.insts_size = 2;
-    let q = sim.queue();
-    q.submit(&[sim.packet(&bad)]);
-    assert_eq!(q.errors(), vec![Status::ERROR_INVALID_ARGUMENT]);
-    assert_eq!(load_signal(sig), 1, "a failed packet does not fire its signal");
-    q.submit(&[sim.packet(&valid(&sim, sig))]);
-    assert_eq!(q.errors().len(), 1, "no second callback");
-    assert_eq!(q.read_index(), 0);
-    assert_eq!(q.write_index(), 2);
-    assert_eq!(load_signal(sig), 1);
-    // A new queue works.
-    let q2 = sim.queue();
-    q2.submit(&[sim.packet(&valid(&sim, sig))]);
-    assert_eq!(q2.errors(), vec![]);
-    assert_eq!(load_signal(sig), 0);
 }
 
 fn other_generation(sim: &Sim) -> [u8; 64] {
@@ -342,7 +233,10 @@ fn insts_for_the_other_generation_hang_until_the_runtime_gives_up() {
     drop(sim);
     let sim = Sim::new(Profile::Rocm70);
     let detail = fails_with(&sim, other_generation(&sim), Status::ERROR);
-    assert!(detail.contains("WAIT_CMD timed out") && detail.contains("50 ms"), "{detail}");
+    assert!(
+        detail.contains("WAIT_CMD timed out") && detail.contains("50 ms"),
+        "{detail}"
+    );
 }
 
 #[test]
@@ -440,14 +334,21 @@ fn fault_and_hang_designs_fail_like_the_device() {
             Case::one("fault", Status::ERROR, &["device error"], |sim| {
                 design_packet(sim, &EmuDesign::fault(64))
             }),
-            Case::one("hang", Status::ERROR, &["the hang design never completes"], |sim| {
-                design_packet(sim, &EmuDesign::hang(64))
-            }),
+            Case::one(
+                "hang",
+                Status::ERROR,
+                &["the hang design never completes"],
+                |sim| design_packet(sim, &EmuDesign::hang(64)),
+            ),
         ],
     );
     let sim = Sim::new(Profile::RocrNewest);
     let start = Instant::now();
-    let detail = fails_with(&sim, design_packet(&sim, &EmuDesign::hang(64)), Status::ERROR);
+    let detail = fails_with(
+        &sim,
+        design_packet(&sim, &EmuDesign::hang(64)),
+        Status::ERROR,
+    );
     assert!(start.elapsed() >= Duration::from_millis(100));
     assert!(detail.contains("Device isn't making progress"), "{detail}");
 }
@@ -457,7 +358,11 @@ fn an_unknown_completion_signal_is_invalid() {
     // G1a packets have no completion signal.
     fails_on(
         "an_unknown_completion_signal_is_invalid",
-        &[Profile::RocrLate2025, Profile::RocrG2May2026, Profile::RocrNewest],
+        &[
+            Profile::RocrLate2025,
+            Profile::RocrG2May2026,
+            Profile::RocrNewest,
+        ],
         &[Case::one(
             "signal 0xdead",
             Status::ERROR_INVALID_SIGNAL,
@@ -465,69 +370,6 @@ fn an_unknown_completion_signal_is_invalid() {
             |sim| sim.packet(&valid(sim, hsa_core::sys::Signal { handle: 0xdead })),
         )],
     );
-}
-
-/// A mapping of one page from AIE pool 0 with the given access for the CPU agent only.
-fn cpu_only_mapping(sim: &Sim, size: usize) -> u64 {
-    // SAFETY: (whole block) out-pointers are live locals; the range comes from the reserve.
-    unsafe {
-        let mut h = VmemHandle::default();
-        assert_eq!(
-            hsa_amd_vmem_handle_create(sim.pools[KERNARG], size, MemoryType::PINNED, 0, &mut h),
-            Status::SUCCESS
-        );
-        let mut va: *mut c_void = std::ptr::null_mut();
-        assert_eq!(
-            hsa_amd_vmem_address_reserve_align(&mut va, size, 0, 0, 1),
-            Status::SUCCESS
-        );
-        assert_eq!(hsa_amd_vmem_map(va, size, 0, h, 0), Status::SUCCESS);
-        let cpu_only = [AccessDesc {
-            permissions: AccessPermission::RW,
-            agent_handle: sim.cpu,
-        }];
-        assert_eq!(
-            hsa_amd_vmem_set_access(va, size, cpu_only.as_ptr(), 1),
-            Status::SUCCESS
-        );
-        va as u64
-    }
-}
-
-#[test]
-fn vmem_mappings_are_arguments_only_with_aie_access() {
-    // The 2025 runtimes cannot map AIE memory through vmem at all (tests/vmem.rs).
-    fails_on(
-        "vmem_mappings_are_arguments_only_with_aie_access",
-        &G2,
-        &[Case::one(
-            "CPU-only mapping",
-            Status::ERROR_INVALID_ALLOCATION,
-            &["no access"],
-            |sim| {
-                let mut d = valid(sim, sim.signal(1));
-                d.args[1] = (cpu_only_mapping(sim, 4096), 1024);
-                sim.packet(&d)
-            },
-        )],
-    );
-    for profile in G2 {
-        let sim = Sim::new(profile);
-        let va = cpu_only_mapping(&sim, 4096);
-        let mut d = valid(&sim, sim.signal(1));
-        d.args[1] = (va, 1024);
-        let aie = [AccessDesc {
-            permissions: AccessPermission::RW,
-            agent_handle: sim.aie,
-        }];
-        // SAFETY: the mapping made above.
-        let st = unsafe { hsa_amd_vmem_set_access(va as *mut c_void, 4096, aie.as_ptr(), 1) };
-        assert_eq!(st, Status::SUCCESS);
-        let q = sim.queue();
-        q.submit(&[sim.packet(&d)]);
-        assert_eq!(q.errors(), vec![], "{profile}");
-        assert_eq!(bytes_i32(&read(va, 1024)), vec![6; 256], "{profile}");
-    }
 }
 
 #[test]

@@ -148,6 +148,10 @@ fn a_g1_payload_may_live_in_any_host_memory_but_must_be_readable() {
         q.submit(&[g1_bytes(&p)]);
         assert_eq!(q.errors(), vec![], "{:?}", last_error());
         assert_eq!(last_error(), None, "{profile}");
-        assert_eq!(bytes_i32(&read(d.args[1].0, 1024)), vec![6; 256], "{profile}");
+        assert_eq!(
+            bytes_i32(&read(d.args[1].0, 1024)),
+            vec![6; 256],
+            "{profile}"
+        );
     }
 }

@@ -306,7 +306,11 @@ fn vmem_maps_aie_memory_only_from_the_first_g2_runtime_on() {
                 &mut imported,
             );
             if profile.vmem_maps_aie_handles() {
-                assert_eq!((st, import), (Status::SUCCESS, Status::SUCCESS), "{profile}");
+                assert_eq!(
+                    (st, import),
+                    (Status::SUCCESS, Status::SUCCESS),
+                    "{profile}"
+                );
                 assert_eq!(hsa_amd_vmem_unmap(va, size), Status::SUCCESS);
                 assert_eq!(hsa_amd_vmem_handle_release(imported), Status::SUCCESS);
             } else {
@@ -348,7 +352,10 @@ fn only_the_newest_runtime_exports_aie_vmem_and_its_fd_is_sealed() {
         // SAFETY: the export handed this fd to the caller.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let seals = rustix::fs::fcntl_get_seals(&fd).unwrap();
-        assert!(seals.contains(SealFlags::SHRINK | SealFlags::GROW), "{seals:?}");
+        assert!(
+            seals.contains(SealFlags::SHRINK | SealFlags::GROW),
+            "{seals:?}"
+        );
         for len in [0, size as u64 / 2, 2 * size as u64] {
             let e = rustix::fs::ftruncate(&fd, len).unwrap_err();
             assert_eq!(e, rustix::io::Errno::PERM, "ftruncate to {len}");
@@ -374,10 +381,8 @@ fn only_the_newest_runtime_exports_aie_vmem_and_its_fd_is_sealed() {
         let mut h2 = VmemHandle::default();
         // SAFETY: (whole block) live locals and runtime-made handles.
         unsafe {
-            let st = hsa_amd_vmem_import_shareable_handle(
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                &mut h2,
-            );
+            let st =
+                hsa_amd_vmem_import_shareable_handle(std::os::fd::AsRawFd::as_raw_fd(&fd), &mut h2);
             assert_eq!(st, Status::SUCCESS);
             let mut again: c_int = -1;
             assert_eq!(

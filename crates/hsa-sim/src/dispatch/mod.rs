@@ -138,7 +138,12 @@ fn run_batch(rt: &Runtime, q: &QueueObj, state: &mut QueueState) -> Result<(), B
             bump(Counter::ChainSubmissions);
             next_chain += chains.next().unwrap_or(wr - index);
         }
-        let at = |e: SimError| fail(SimError::new(e.status, format!("packet {index}: {}", e.detail)));
+        let at = |e: SimError| {
+            fail(SimError::new(
+                e.status,
+                format!("packet {index}: {}", e.detail),
+            ))
+        };
         let cmd = decode::decode(rt, q, index).map_err(at)?;
         rules::execute(rt, q, state, &cmd).map_err(at)?;
         q.read.store(index + 1, Ordering::Release);

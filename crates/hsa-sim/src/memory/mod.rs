@@ -204,8 +204,12 @@ pub(crate) fn page_round(n: usize) -> Option<usize> {
 #[derive(Debug)]
 enum Backing {
     /// Its own memfd's mapping (the mapping keeps the file alive).
-    Own { _map: Mapping },
-    Heap { offset: usize },
+    Own {
+        _map: Mapping,
+    },
+    Heap {
+        offset: usize,
+    },
 }
 
 /// One `hsa_amd_memory_pool_allocate` allocation.

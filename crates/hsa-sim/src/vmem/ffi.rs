@@ -247,9 +247,10 @@ pub unsafe extern "C" fn hsa_amd_vmem_export_shareable_handle(
     vmem_call(|rt| {
         let mem = rt.memory();
         let what = "hsa_amd_vmem_export_shareable_handle";
-        let obj = mem.vmem.handles.get(&h.handle).ok_or_else(|| {
-            invalid_allocation(format!("{what}: unknown handle {:#x}", h.handle))
-        })?;
+        let obj =
+            mem.vmem.handles.get(&h.handle).ok_or_else(|| {
+                invalid_allocation(format!("{what}: unknown handle {:#x}", h.handle))
+            })?;
         let profile = rt.config.profile;
         if obj.imported {
             return Err(SimError::new(

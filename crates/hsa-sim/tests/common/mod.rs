@@ -162,7 +162,8 @@ impl Sim {
     pub fn queue_with(&self, callback: bool) -> TestQueue {
         let errors = Box::new(Mutex::new(Vec::new()));
         let mut q: *mut Queue = std::ptr::null_mut();
-        let cb: Option<hsa_core::sys::QueueErrorCallback> = if callback { Some(on_error) } else { None };
+        let cb: Option<hsa_core::sys::QueueErrorCallback> =
+            if callback { Some(on_error) } else { None };
         // SAFETY: the callback data is the boxed vector, which outlives the queue (TestQueue
         // destroys the queue before dropping the box).
         let st = unsafe {
