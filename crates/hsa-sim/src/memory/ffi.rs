@@ -102,7 +102,7 @@ pub unsafe extern "C" fn hsa_amd_agents_allow_access(
 }
 
 /// `hsa_amd_portable_export_dmabuf`: refused on every profile, with the status ROCR gives
-/// (see [`super::Memory::export_refusal`]): `HSA_STATUS_ERROR` for AIE memory,
+/// (the crate docs cite the sources): `HSA_STATUS_ERROR` for AIE memory,
 /// `INVALID_AGENT` for CPU-pool memory, `INVALID_ALLOCATION` for anything else. `*dmabuf` is
 /// set to -1, so that closing it with `hsa_amd_portable_close_dmabuf` succeeds as it does in
 /// ROCR's AIE memory test. Export AIE tensors with `hsa_amd_vmem_export_shareable_handle`
