@@ -4,15 +4,14 @@
 //! the per-link cost).
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use hsa_core::{Device, DeviceOptions, Dispatch, Generation, HsaApi, PacketAbi};
+use hsa_core::{Device, DeviceOptions, Dispatch, Generation, HsaApi};
 use npu_artifacts::NpuGen;
 use npu_artifacts::emu::{DType, EmuDesign};
 
-fn open(abi: PacketAbi) -> Device {
-    hsa_sim::set_config(hsa_sim::SimConfig {
-        packet_abi: abi,
-        ..Default::default()
-    });
+fn open() -> Device {
+    let cfg = hsa_sim::SimConfig::default();
+    let abi = cfg.packet_abi();
+    hsa_sim::set_config(cfg);
     let api = HsaApi::from_static(hsa_sim::fns(), "hsa-sim");
     Device::open(
         api,
@@ -25,7 +24,7 @@ fn open(abi: PacketAbi) -> Device {
 }
 
 fn bench(c: &mut Criterion) {
-    let mut dev = open(PacketAbi::G2);
+    let mut dev = open();
     let generation = match dev.info().generation {
         Generation::Npu1 => NpuGen::Npu1,
         Generation::Npu2 => NpuGen::Npu2,

@@ -178,7 +178,9 @@ pub unsafe extern "C" fn hsa_iterate_agents(
     })
 }
 
-/// `hsa_agent_get_info`, with the answers of `rocr-aie.md` §3 for the AIE agent.
+/// `hsa_agent_get_info`, with the answers of `rocr-aie.md` §3 for the AIE agent. `NAME` and
+/// `PRODUCT_NAME` are the profile's ([`crate::Profile::agent_name`]): ROCm 7.0 says `aie2` and
+/// `AIE-ML` whatever the generation.
 ///
 /// # Safety
 /// `value` is null (the call fails) or valid for a write of the attribute's type: 64 bytes
@@ -243,20 +245,25 @@ pub unsafe extern "C" fn hsa_agent_get_info(
             unsafe { value.cast::<u32>().write_unaligned(v) };
             return Status::SUCCESS;
         }
-        let npu = rt.config.agent;
+        let (npu, profile) = (rt.config.agent, rt.config.profile);
         // SAFETY: (every arm) `value` is non-null and valid for the attribute's documented
         // size (64-byte names, 21-byte UUID, u64 agent handle, three u16 dimensions; ROCR's
         // AieAgent writes three u16 for GRID_MAX_DIM too, and so does the emulator).
         unsafe {
             match attr {
                 AgentInfo::NAME => {
-                    write_name(value, if aie { npu.agent_name() } else { "hsa-sim CPU" })
+                    let name = if aie {
+                        profile.agent_name(npu)
+                    } else {
+                        "hsa-sim CPU"
+                    };
+                    write_name(value, name)
                 }
                 AgentInfo::VENDOR_NAME => write_name(value, if aie { "AMD" } else { "CPU" }),
                 AgentInfo::AMD_PRODUCT_NAME => write_name(
                     value,
                     if aie {
-                        crate::config::product_name(npu)
+                        profile.product_name(npu)
                     } else {
                         "hsa-sim host CPU"
                     },

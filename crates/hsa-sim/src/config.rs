@@ -1,5 +1,5 @@
-//! What the emulated agent looks like: its generation, the packet ABI it speaks and the
-//! watchdog timeout.
+//! What the emulated agent looks like: its generation, the ROCR release it behaves as (its
+//! [`Profile`]) and the watchdog timeout.
 //!
 //! The configuration is read once, when `hsa_init` takes the reference count from 0 to 1:
 //! from [`set_config`] if a program called it, otherwise from the environment:
@@ -7,10 +7,12 @@
 //! | Variable | Values | Default | Effect |
 //! |---|---|---|---|
 //! | `HSA_SIM_AGENT_NAME` | `aie2`, `aie2p` | `aie2p` | the AIE agent's `HSA_AGENT_INFO_NAME`, and the TXN device generation it accepts (`aie2` = npu1 = devGen 3, `aie2p` = npu2 = devGen 4) |
-//! | `HSA_SIM_PACKET_ABI` | `g2`, `g1b`, `g1a` | `g2` | how queue packets are decoded (`rocr-aie.md` §0) |
-//! | `HSA_SIM_TIMEOUT_MS` | milliseconds | `2000` | how long a hanging command blocks the doorbell before it fails as the driver's TDR would |
+//! | `HSA_SIM_PROFILE` | `rocm-7.0`, `rocr-late-2025`, `rocr-g2-2026-05`, `rocr-newest` | `rocr-newest` | the ROCR release: packet ABI, names, chain limits, how failures are reported, what vmem and dmabuf export allow (see [`Profile`]) |
+//! | `HSA_SIM_TIMEOUT_MS` | milliseconds | `2000` | how long a hanging command blocks the doorbell before it fails as the driver's TDR would (ROCm 7.0 gives up after 50 ms if that is shorter) |
 //!
 //! A value the emulator does not understand is logged and replaced by the default.
+//! `HSA_SIM_PACKET_ABI` is not read (the profile decides the packet ABI); setting it logs a
+//! warning.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -38,15 +40,18 @@ pub fn product_name(agent: NpuGen) -> &'static str {
 }
 
 /// The AIE packet ABI the emulated ROCR speaks: the binding's own type, so the two cannot
-/// disagree on what `g2`, `g1b` and `g1a` mean.
+/// disagree on what `g2`, `g1b` and `g1a` mean. A [`Profile`] decides it.
 pub use hsa_core::PacketAbi;
+
+pub use crate::profile::Profile;
 
 /// The emulator's configuration, fixed for the life of one initialisation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SimConfig {
     /// The agent's generation: npu1 reports `aie2` and runs npu1 designs, npu2 `aie2p`.
     pub agent: NpuGen,
-    pub packet_abi: PacketAbi,
+    /// The ROCR release the emulator behaves as.
+    pub profile: Profile,
     /// How long a hanging command blocks before it fails ("Device isn't making progress").
     pub timeout: Duration,
 }
@@ -55,14 +60,28 @@ impl Default for SimConfig {
     fn default() -> Self {
         Self {
             agent: NpuGen::Npu2,
-            packet_abi: PacketAbi::G2,
+            profile: Profile::default(),
             timeout: Duration::from_millis(2000),
         }
     }
 }
 
 impl SimConfig {
-    /// Reads `HSA_SIM_AGENT_NAME`, `HSA_SIM_PACKET_ABI` and `HSA_SIM_TIMEOUT_MS`.
+    /// The packet ABI of the configured profile.
+    pub fn packet_abi(&self) -> PacketAbi {
+        self.profile.packet_abi()
+    }
+
+    /// How long a command that never completes blocks the doorbell before it fails: the
+    /// watchdog timeout, or the profile's own shorter wait (ROCm 7.0's 50 ms `WAIT_CMD`).
+    pub fn command_wait(&self) -> Duration {
+        match self.profile.command_wait_limit() {
+            Some(limit) => limit.min(self.timeout),
+            None => self.timeout,
+        }
+    }
+
+    /// Reads `HSA_SIM_AGENT_NAME`, `HSA_SIM_PROFILE` and `HSA_SIM_TIMEOUT_MS`.
     pub fn from_env() -> Self {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -77,13 +96,18 @@ impl SimConfig {
                 }
             }
         }
-        if let Some(v) = get("HSA_SIM_PACKET_ABI") {
-            match v.trim().parse::<PacketAbi>().ok() {
-                Some(p) => cfg.packet_abi = p,
-                None => {
-                    tracing::warn!(value = %v, "HSA_SIM_PACKET_ABI is not g2, g1b or g1a; using g2")
-                }
+        if let Some(v) = get("HSA_SIM_PROFILE") {
+            match v.parse::<Profile>() {
+                Ok(p) => cfg.profile = p,
+                Err(e) => tracing::warn!("HSA_SIM_PROFILE: {e}; using {}", Profile::default()),
             }
+        }
+        if let Some(v) = get("HSA_SIM_PACKET_ABI") {
+            tracing::warn!(
+                value = %v,
+                "HSA_SIM_PACKET_ABI is no longer read: HSA_SIM_PROFILE ({}) decides the packet ABI",
+                cfg.profile
+            );
         }
         if let Some(v) = get("HSA_SIM_TIMEOUT_MS") {
             match v.trim().parse::<u64>() {
@@ -138,21 +162,25 @@ mod tests {
     fn environment_values_parse_and_bad_ones_fall_back() {
         let cfg = SimConfig::from_lookup(|k| match k {
             "HSA_SIM_AGENT_NAME" => Some("AIE2".into()),
-            "HSA_SIM_PACKET_ABI" => Some("g1a".into()),
-            "HSA_SIM_TIMEOUT_MS" => Some("50".into()),
+            "HSA_SIM_PROFILE" => Some("ROCm-7.0".into()),
+            "HSA_SIM_TIMEOUT_MS" => Some("500".into()),
             _ => None,
         });
         assert_eq!(cfg.agent, NpuGen::Npu1);
-        assert_eq!(cfg.packet_abi, PacketAbi::G1a);
-        assert_eq!(cfg.timeout, Duration::from_millis(50));
+        assert_eq!(cfg.profile, Profile::Rocm70);
+        assert_eq!(cfg.packet_abi(), PacketAbi::G1a);
+        assert_eq!(cfg.timeout, Duration::from_millis(500));
+        assert_eq!(cfg.command_wait(), Duration::from_millis(50));
 
         let bad = SimConfig::from_lookup(|k| match k {
             "HSA_SIM_AGENT_NAME" => Some("npu9".into()),
-            "HSA_SIM_PACKET_ABI" => Some("g3".into()),
+            "HSA_SIM_PROFILE" => Some("rocm-7.1".into()),
+            "HSA_SIM_PACKET_ABI" => Some("g1a".into()),
             "HSA_SIM_TIMEOUT_MS" => Some("soon".into()),
             _ => None,
         });
         assert_eq!(bad, SimConfig::default());
+        assert_eq!(bad.command_wait(), bad.timeout);
     }
 
     #[test]

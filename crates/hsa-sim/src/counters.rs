@@ -29,9 +29,10 @@ pub struct Counters {
     pub reservations_freed: u64,
     pub mappings_created: u64,
     pub mappings_destroyed: u64,
-    /// `hsa_amd_portable_export_dmabuf` successes.
+    /// `hsa_amd_portable_export_dmabuf` successes: always 0, since every profile refuses to
+    /// export AIE memory that way (the field keeps the C layout).
     pub dmabufs_exported: u64,
-    /// `hsa_amd_portable_close_dmabuf` successes.
+    /// Fds closed by `hsa_amd_portable_close_dmabuf`: always 0, as above.
     pub dmabufs_closed: u64,
     /// `hsa_amd_vmem_export_shareable_handle` successes. The caller closes these with
     /// `close(2)`, which the emulator cannot see, so they have no "destroyed" pair.
@@ -40,8 +41,11 @@ pub struct Counters {
     pub doorbells: u64,
     /// Packets that ran to completion.
     pub packets_completed: u64,
-    /// Packets that failed (each suspends its queue).
+    /// Doorbell batches that failed (however the profile reports them).
     pub packets_failed: u64,
+    /// Command chains started: one per doorbell batch, or more where the profile splits a
+    /// batch to fit the driver's 4 KiB chain buffer (`rocr-newest`).
+    pub chain_submissions: u64,
 }
 
 impl Counters {
@@ -126,6 +130,7 @@ impl Counters {
             self.doorbells,
             self.packets_completed,
             self.packets_failed,
+            self.chain_submissions,
         ]
     }
 
@@ -151,11 +156,12 @@ impl Counters {
             doorbells: a[17],
             packets_completed: a[18],
             packets_failed: a[19],
+            chain_submissions: a[20],
         }
     }
 }
 
-const N_FIELDS: usize = 20;
+const N_FIELDS: usize = 21;
 
 /// Indexes into the live counters; the order is [`Counters::as_array`]'s.
 #[derive(Clone, Copy, Debug)]
@@ -174,12 +180,13 @@ pub(crate) enum Counter {
     ReservationsFreed,
     MappingsCreated,
     MappingsDestroyed,
-    DmabufsExported,
-    DmabufsClosed,
-    ShareableHandlesExported,
+    // 14 and 15 are `dmabufs_exported` and `dmabufs_closed`, which stay 0: no profile exports
+    // AIE memory through `hsa_amd_portable_export_dmabuf`.
+    ShareableHandlesExported = 16,
     Doorbells,
     PacketsCompleted,
     PacketsFailed,
+    ChainSubmissions,
 }
 
 static LIVE: [AtomicU64; N_FIELDS] = [const { AtomicU64::new(0) }; N_FIELDS];
@@ -225,7 +232,8 @@ mod tests {
         }
         let c = Counters::from_array(a);
         assert_eq!(c.as_array(), a);
-        assert_eq!(c.packets_failed, N_FIELDS as u64);
+        assert_eq!(c.chain_submissions, N_FIELDS as u64);
+        assert_eq!(Counter::ChainSubmissions as usize, N_FIELDS - 1);
         assert_eq!(std::mem::size_of::<Counters>(), N_FIELDS * 8);
     }
 

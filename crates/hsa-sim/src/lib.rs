@@ -4,84 +4,123 @@
 //! it fills an [`hsa_core::sys::HsaFns`] table directly ([`fns`]). Every number is ROCR's
 //! (`rocr-aie.md`). It behaves as an AIE agent on a machine with no NPU: a CPU agent and an
 //! AIE agent (`aie2` or `aie2p`), the AIE agent's three pools, a 64 MiB device heap, the
-//! 64-packet SINGLE queue with a synchronous doorbell, signals, vmem and dmabuf export
+//! 64-packet SINGLE queue with a synchronous doorbell, signals, vmem and its export
 //! (memfd-backed), and reference kernels in place of AIE cores, chosen by an emulated design's
 //! `main.pdi` (see `npu_artifacts::emu`).
 //!
 //! # Modules
-//! - [`config`]: agent generation, packet ABI, watchdog timeout (environment or [`set_config`]).
+//! - [`config`]: agent generation, profile, watchdog timeout (environment or [`set_config`]).
+//! - [`profile`]: the ROCR releases the emulator can behave as, and what differs between them.
 //! - `runtime`: `hsa_init`/`hsa_shut_down` reference counting, `hsa_system_get_info`.
 //! - `agents`: agents and pools and their info queries.
 //! - `memory`: pool allocations (one memfd each), the device heap, the address registry,
-//!   dmabuf export. `vmem`: `hsa_amd_vmem_*`.
+//!   dmabuf export refusals. `vmem`: `hsa_amd_vmem_*`.
 //! - `regions`: the core region API older clients use (`hsa_agent_iterate_regions`, ...).
-//! - `signal`: signals and waits. `queue`: creation and indexes. `dispatch`: the doorbell and
-//!   packet decoding per generation. `rules`: the checks. `kernels`: reference kernels.
-//! - [`mod@counters`]: created/destroyed counts for leak tests. `status`: status strings and
-//!   [`last_error`].
+//! - `signal`: signals and waits. `queue`: creation and indexes. `dispatch`: the doorbell,
+//!   command chains, failure reporting, and packet decoding per generation. `rules`: the
+//!   checks. `kernels`: reference kernels.
+//! - [`mod@counters`]: created/destroyed counts for leak tests, doorbells and chains.
+//!   `status`: status strings and [`last_error`].
+//!
+//! # Profiles
+//!
+//! Each [`Profile`] is a ROCR release users install, and fails exactly as that runtime does
+//! (`HSA_SIM_PROFILE`, default `rocr-newest`): `rocm-7.0` (G1a packets), `rocr-late-2025`
+//! (G1b), `rocr-g2-2026-05` (the first G2 release) and `rocr-newest` (G2). The agent's
+//! generation (`HSA_SIM_AGENT_NAME`) is separate: it decides which TXN generation runs,
+//! whatever name the profile reports. `HSA_AMD_SYSTEM_INFO_BUILD_VERSION` names the profile
+//! (`hsa-sim 0.1.0 (software AIE agent, profile rocm-7.0)`); [`profile_of_build_version`]
+//! reads it back.
 //!
 //! # The doorbell
 //!
 //! A store to a queue's doorbell signal (`hsa_signal_store_screlease` or `_relaxed`; the value
-//! is ignored) runs every packet from the read index to the write index as one chain before
-//! it returns. Each packet is decoded for the configured generation, checked against the rules
-//! below, run, retired (read index past it) and its completion signal decremented by 1 (G2,
-//! G1b; handle 0 = none; G1a has none). The first failing packet stops the batch: the packets
-//! before it are retired and their signals fired, the read index stays at the failing packet,
-//! the queue is suspended (later doorbells do nothing; recreate the queue), and after the
-//! batch the queue's error callback is called with the status from the ringing thread, as the
-//! newest ROCR does. The sentence behind the status is [`last_error`] (C:
-//! `hsa_sim_last_error`) and is logged with `tracing::warn!`.
+//! is ignored) runs every packet from the read index to the write index before it returns.
+//! Each packet is decoded for the profile's generation, checked against the rules below, run,
+//! retired (read index past it) and its completion signal decremented by 1 (G2, G1b; handle 0
+//! = none; G1a has none). The first failing packet stops the batch: the packets before it are
+//! retired, the failing one and the rest do not run, and the failure is reported as the
+//! profile's runtime reports it (`rocr-aie.md` §5.6):
 //!
-//! # Rules and the status each failure gives
+//! | | `rocm-7.0` | `rocr-late-2025` | `rocr-g2-2026-05` | `rocr-newest` |
+//! |---|---|---|---|---|
+//! | a failed batch | **silent**: no callback, no suspension, read index moved to the write index | **abort**: one line on stderr naming the profile, status and detail, then `abort()` | **abort** | queue suspended, error callback called with the status; with no callback, print and `abort()` (ROCR's default handler) |
 //!
+//! Every failure is kept in [`last_error`] (C: `hsa_sim_last_error`) and
+//! [`last_error_status`], logged with `tracing::warn!`, and counted in
+//! [`Counters::packets_failed`].
 //!
-//! | Rule | Enforced by (real stack) | Status |
-//! |---|---|---|
-//! | queue size not 64 | ROCR, at creation | `INVALID_ARGUMENT` (0x1001) |
-//! | queue type MULTI or COOPERATIVE | ROCR, at creation | `INVALID_QUEUE_CREATION` (0x1002) |
-//! | queue on the CPU agent or an unknown agent | ROCR, at creation | `INVALID_AGENT` (0x1004) |
-//! | G2 header type not READY (0), opcode not KMQ (0) | ROCR | `INVALID_PACKET_FORMAT` (0x1009) |
-//! | G2 `pdi_patch_offset` non-zero (full ELF) | not emulated | `NOT_SUPPORTED` (47) |
-//! | G1 header not 0, AmdFormat not 3 (G1a) / 200 (G1b), state not NEW, count not 5+3N, payload NULL or data[0..2] not [3, 0] | ROCR / firmware | `INVALID_PACKET_FORMAT` |
-//! | G1 ERT opcode not START_CU (real ROCR hangs forever) | ROCR | `INVALID_PACKET_FORMAT` |
-//! | G1a packet index ≥ 64 (ROCm 7.0 reads past the ring) | ROCR | `INVALID_PACKET_FORMAT` |
-//! | write index more than 64 ahead of the read index | (ring overflow) | `INVALID_ARGUMENT` |
-//! | G1 batch's START_CU run exceeds the 4 KiB chain buffer (52 + 4·(6+3N) bytes per command) | amdxdna | `ERROR` (0x1000); nothing runs |
-//! | G2 `num_kernargs` > 0 with NULL `kernarg_address` | ROCR | `INVALID_ARGUMENT` |
-//! | completion signal handle not a live signal | ROCR | `INVALID_SIGNAL` (0x1006) |
-//! | kernarg buffer (G2), insts, or an argument not a known AIE allocation (CPU pool, unknown, vmem without AIE access) or smaller than its declared size | ROCR `FindDriverMemoryHandle` | `INVALID_ALLOCATION` (0x1003) |
-//! | `insts_size` zero or not a multiple of 4 | ROCR | `INVALID_ARGUMENT` |
-//! | PDI not a known allocation | ROCR | `INVALID_ALLOCATION` |
-//! | a 33rd distinct PDI on one queue | ROCR (32-bit CU mask) | `OUT_OF_RESOURCES` (0x1008) |
-//! | PDI not in the device heap ("aie2_config_cu: Invalid BO type") | amdxdna | `ERROR` |
-//! | insts not in the device heap (the firmware gets a wrong device address) | firmware | `ERROR` |
-//! | PDI is a real partial PDI ("PPDI") or an xclbin | emulator limit | `NOT_SUPPORTED` (47) |
-//! | PDI unrecognised or a broken emulated design | firmware | `ERROR` |
-//! | insts rejected by the TXN parser | firmware | `ERROR` |
-//! | insts built for the other generation (aie2 ↔ npu1/devGen 3, aie2p ↔ npu2/devGen 4) | firmware hangs, TDR fires | `ERROR` after the configured timeout ("Device isn't making progress") |
-//! | fewer arguments than the TXN's DDR patches use, or one smaller than its `min_arg_size` | firmware (would corrupt memory) | `INVALID_ALLOCATION` |
-//! | fewer or smaller arguments than the emulated design's buffers | emulator | `INVALID_ALLOCATION` |
-//! | `fault` design | device | `ERROR` ("device error") |
-//! | `hang` design | device + TDR | `ERROR` after the timeout ("Device isn't making progress") |
-//! | vmem unmap while an agent still has access | ROCR (IRON's observation) | `ERROR` |
-//! | vmem address free while mappings remain | ROCR | `RESOURCE_FREE` (0x100A) |
-//! | vmem handle, reservation or mapping unknown | ROCR | `INVALID_ALLOCATION` |
-//! | dmabuf export of memory that is no allocation / of CPU-pool memory | ROCR | `INVALID_ALLOCATION` / `INVALID_AGENT` |
-//! | device-heap allocation > 64 MiB / heap full | ROCR | `INVALID_ALLOCATION` / `OUT_OF_RESOURCES` |
+//! # Rules and the status each failure gives, per profile
+//!
+//! "—" marks a rule that cannot arise under that profile's packets; "runs" a packet the
+//! runtime does not check. Doorbell rules are reported as the table above says. Sections are
+//! of `rocr-aie.md` unless marked "hsaco" (`rocr-aie-hsaco.md`). *Inferred* marks a status the
+//! reference does not give for that release: the emulator then keeps the strict answer.
+//!
+//! | Rule | Enforced by (real stack) | Source | `rocm-7.0` | `rocr-late-2025` | `rocr-g2-2026-05` | `rocr-newest` |
+//! |---|---|---|---|---|---|---|
+//! | queue size not 64 | ROCR, at creation | §5.1 | `INVALID_ARGUMENT` | same | same | same |
+//! | queue type MULTI or COOPERATIVE | ROCR, at creation | §5.1 | `INVALID_QUEUE_CREATION` | same | same | same |
+//! | queue on the CPU agent or an unknown agent | ROCR, at creation | §5.1 | `INVALID_AGENT` | same | same | same |
+//! | G2 header type not READY (0), opcode not KMQ (0) | ROCR | §2.1, §5.4 | — | — | runs (no check) | `INVALID_PACKET_FORMAT` |
+//! | G2 `pdi_patch_offset` non-zero (full ELF) | emulator limit | §0 | — | — | `NOT_SUPPORTED` | `NOT_SUPPORTED` |
+//! | G1 header not 0 | ROCR | §2.2 | runs (`assert` compiled out) | `INVALID_PACKET_FORMAT` | — | — |
+//! | G1 AmdFormat not 3 (G1a) / 200 (G1b), state not NEW, count not 5+3N, payload NULL or unreadable, data[0..2] not [3, 0] | ROCR / firmware | §2.2 | `INVALID_PACKET_FORMAT` (*inferred*) | `INVALID_PACKET_FORMAT` | — | — |
+//! | G1 ERT opcode not START_CU (real ROCR loops forever in the doorbell) | ROCR | §2.2 | `INVALID_PACKET_FORMAT` | `INVALID_PACKET_FORMAT` | — | — |
+//! | G1a packet index ≥ 64 (ROCm 7.0 reads past the ring) | ROCR | §5.2 | `INVALID_PACKET_FORMAT` | — (wraps) | — (wraps) | — (wraps) |
+//! | write index more than 64 ahead of the read index | (ring overflow) | §5.2 | `INVALID_ARGUMENT` | same | same | same |
+//! | one batch's chain exceeds the 4 KiB chain buffer | amdxdna, unsplit by ROCR | §5.2, §7; hsaco §4 | `ERROR` past 4096 bytes at 52 + 4·(6+3N) per START_CU command (40 of N=2 fit) | same | `ERROR` past 4096 bytes at 52 + 4·(8+2N) per packet (40 of N=2, 31 of N=6 fit) | never: split into chains of 52 + 4·(6+2N) (44 of N=2 each) |
+//! | G2 `num_kernargs` > 0 with NULL `kernarg_address` | ROCR | §2.1; hsaco §4 | — | — | `INVALID_ARGUMENT` | `INVALID_ARGUMENT` (see the differences) |
+//! | completion signal handle not a live signal | ROCR | §5.3 | — (no signal) | `INVALID_SIGNAL` | `INVALID_SIGNAL` | `INVALID_SIGNAL` |
+//! | kernarg buffer (G2), insts, or an argument not a known AIE allocation (CPU pool, unknown, vmem without AIE access) or smaller than its declared size | ROCR `FindBOHandle` / `FindDriverMemoryHandle` | §4.1, §5.4 | `INVALID_ALLOCATION` | same | same | same |
+//! | `insts_size` zero or not a multiple of 4 (G1 counts dwords: only zero arises) | ROCR | §2.1, §5.4 | `INVALID_ARGUMENT` (*inferred*) | same (*inferred*) | same (*inferred*) | `INVALID_ARGUMENT` |
+//! | PDI not a known allocation | ROCR | §4.1, §5.4 | `INVALID_ALLOCATION` | same | same | same |
+//! | a 33rd distinct PDI on one queue | ROCR (32-bit CU mask) | §5.4; hsaco §4 | `OUT_OF_RESOURCES` (*inferred*) | same (*inferred*) | same (*inferred*) | `OUT_OF_RESOURCES` |
+//! | PDI not in the device heap ("aie2_config_cu: Invalid BO type") | amdxdna | §4.1, §7 | `ERROR` | same | same | same |
+//! | insts not in the device heap (the firmware gets a wrong device address) | firmware | §2.1 | `ERROR` | same | same | same |
+//! | PDI is a real partial PDI ("PPDI") or an xclbin | emulator limit | — | `NOT_SUPPORTED` | same | same | same |
+//! | PDI unrecognised or a broken emulated design; insts rejected by the TXN parser | firmware | — | `ERROR` | same | same | same |
+//! | insts built for the other generation (aie2 ↔ npu1/devGen 3, aie2p ↔ npu2/devGen 4) | firmware hangs | §7 (TDR) | `ERROR` after ROCm 7.0's 50 ms `WAIT_CMD` ("WAIT_CMD timed out") | `ERROR` after the watchdog ("Device isn't making progress") | same | same |
+//! | fewer arguments than the TXN's DDR patches use, or one smaller than its `min_arg_size`; fewer or smaller than the emulated design's buffers | firmware / emulator | — | `INVALID_ALLOCATION` | same | same | same |
+//! | `fault` design | device | — | `ERROR` ("device error") | same | same | same |
+//! | `hang` design | device + TDR | §5.2, §7 | `ERROR` after 50 ms | `ERROR` after the watchdog | same | same |
+//! | `hsa_amd_vmem_map` of a handle from an AIE pool | ROCR ("only supported for KFD") | §4.2 | `INVALID_AGENT` | `INVALID_AGENT` | works | works |
+//! | `hsa_amd_vmem_import_shareable_handle` (no GPU agent) | ROCR (KFD only in 2025) | §4.3 | `INVALID_ALLOCATION` | `INVALID_ALLOCATION` | works (*inferred*) | works |
+//! | `hsa_amd_vmem_export_shareable_handle` of an AIE-pool handle | ROCR | hsaco §6, §4.2 | `ERROR` | `ERROR` | `ERROR` (unconfirmed: strict) | a memfd sealed against shrink and grow |
+//! | `hsa_amd_vmem_export_shareable_handle` of an imported handle | ROCR | hsaco §6 | `ERROR` | same | same | same |
+//! | vmem unmap while an agent still has access | ROCR (IRON's observation) | §4.2 | `ERROR` | same | same | same |
+//! | vmem address free while mappings remain | ROCR | §4.2 | `RESOURCE_FREE` | same | same | same |
+//! | vmem handle, reservation or mapping unknown | ROCR | §4.2 | `INVALID_ALLOCATION` | same | same | same |
+//! | `hsa_amd_portable_export_dmabuf` of AIE memory (pool allocation, or vmem mapping of an AIE handle: *inferred*) | ROCR | §4.3; hsaco §6 | `ERROR` (not implemented) | `ERROR` | `ERROR` | `ERROR` |
+//! | `hsa_amd_portable_export_dmabuf` of CPU-pool memory / of no allocation | ROCR | §4.3 | `INVALID_AGENT` / `INVALID_ALLOCATION` | same | same | same |
+//! | `hsa_amd_portable_close_dmabuf(-1)` after a refused export | ROCR | hsaco §6 | `SUCCESS` | same | same | same |
+//! | `hsa_amd_agents_allow_access` or `hsa_amd_memory_lock` naming the AIE agent | ROCR | §4.1, §4.3 | `INVALID_AGENT` | same | same | same |
+//! | device-heap allocation > 64 MiB / heap full | ROCR | §4.1 | `INVALID_ALLOCATION` / `OUT_OF_RESOURCES` | same | same | same |
+//!
+//! Names: `HSA_AGENT_INFO_NAME` is always `aie2` and `HSA_AMD_AGENT_INFO_PRODUCT_NAME`
+//! `AIE-ML` under `rocm-7.0`; the later profiles report `aie2`/`aie2p` by generation and the
+//! product name (§3).
 //!
 //! # Where the emulator differs from ROCR
 //!
-//! - Failures are always reported the newest ROCR's way (suspend + callback), whatever the
-//!   packet ABI: ROCm 7.0 (G1a) only `assert`s, so its failures are silent and its read index
-//!   moves on; G1b and early G2 throw and abort the process. A queue created without a
-//!   callback logs the error instead of aborting as ROCR's default handler does.
 //! - A G1 packet whose ERT opcode is not START_CU fails instead of hanging the doorbell.
 //! - The write index running more than 64 packets ahead of the read index fails the batch
 //!   (ROCR would run overwritten slots).
-//! - `hsa_amd_portable_export_dmabuf` also exports vmem mappings, and returns a memfd (with
-//!   the offset of the pointer in that fd) rather than a dmabuf; `hsa_amd_portable_close_dmabuf`
-//!   closes only fds the emulator handed out.
+//! - On ROCm 7.0 a command that outlives the 50 ms wait is abandoned but may still finish on
+//!   the device and write its output later; the emulator's hung command never writes.
+//! - ROCm 7.0 `assert`s its G1a header check (compiled out), and may do the same for other
+//!   G1a field checks (unconfirmed); the emulator lets a bad header run and enforces the
+//!   rest (silently, as ROCm 7.0 reports everything).
+//! - The newest driver (hsaco §4) answers a NULL kernarg buffer with arguments, more
+//!   arguments than the kernarg buffer holds and an argument size past its allocation with
+//!   `INVALID_PACKET_FORMAT`; the emulator gives `INVALID_ARGUMENT` and `INVALID_ALLOCATION`.
+//! - The first G2 release may not resolve vmem mappings as kernel arguments (§4.2,
+//!   unconfirmed); under `rocr-g2-2026-05` the emulator accepts them, so IRON's vmem
+//!   sequence runs.
+//! - ROCR's default queue error handler can be quietened with
+//!   `HSA_ENABLE_QUEUE_FAULT_MESSAGE=0`; the emulator always prints and aborts.
+//! - vmem export returns a memfd rather than a dmabuf; it is sealed against shrink and grow,
+//!   as a dmabuf cannot be resized.
 //! - vmem mappings are host-accessible at once; what `set_access` records matters only for
 //!   the AIE agent (any permission but NONE makes a mapping a valid kernel argument).
 //! - Several live queues are allowed (ROCR reports `QUEUES_MAX` 1 but does not enforce it);
@@ -89,9 +128,9 @@
 //! - Timestamps and signal timeouts tick in nanoseconds (`TIMESTAMP_FREQUENCY` = 1 GHz).
 //!
 //! # Configuration
-//! See [`config`]: `HSA_SIM_AGENT_NAME` (aie2 | aie2p, default aie2p), `HSA_SIM_PACKET_ABI`
-//! (g2 | g1b | g1a, default g2), `HSA_SIM_TIMEOUT_MS` (default 2000), read at the 0→1
-//! `hsa_init`, or [`set_config`].
+//! See [`config`]: `HSA_SIM_AGENT_NAME` (aie2 | aie2p, default aie2p), `HSA_SIM_PROFILE`
+//! (rocm-7.0 | rocr-late-2025 | rocr-g2-2026-05 | rocr-newest, default rocr-newest),
+//! `HSA_SIM_TIMEOUT_MS` (default 2000), read at the 0→1 `hsa_init`, or [`set_config`].
 //!
 //! # Extra C symbols
 //! `hsa_sim_last_error(char* buf, size_t len) -> size_t` and
@@ -103,6 +142,7 @@ pub mod counters;
 mod dispatch;
 mod kernels;
 mod memory;
+pub mod profile;
 mod queue;
 mod regions;
 mod rules;
@@ -119,13 +159,15 @@ pub use config::{
 pub use counters::{Counters, counters, hsa_sim_counters};
 pub use memory::*;
 pub use npu_artifacts::NpuGen;
+pub use profile::{FailureReport, Profile, UnknownProfile, profile_of_build_version};
 pub use queue::*;
 pub use regions::*;
-pub use runtime::{
-    BUILD_VERSION, TIMESTAMP_FREQUENCY, hsa_init, hsa_shut_down, hsa_system_get_info,
-};
+pub use runtime::{TIMESTAMP_FREQUENCY, hsa_init, hsa_shut_down, hsa_system_get_info};
 pub use signal::*;
-pub use status::{SimError, clear_last_error, hsa_sim_last_error, hsa_status_string, last_error};
+pub use status::{
+    SimError, clear_last_error, hsa_sim_last_error, hsa_status_string, last_error,
+    last_error_status,
+};
 pub use vmem::*;
 
 /// The emulator's entry points as a function table: how the daemon links it statically.

@@ -8,8 +8,9 @@
 //!
 //! The ring is a 4 KiB memfd mapping, as ROCR allocates it from pool 0; it is not a
 //! registered allocation, so it cannot be passed as a kernel argument. The write index is the
-//! client's; the read index moves only inside a doorbell ([`crate::dispatch`]). The packet
-//! ABI is fixed when the queue is created, from the runtime's configuration.
+//! client's; the read index moves only inside a doorbell ([`crate::dispatch`]). The profile
+//! (packet ABI, chains, failure reporting) is fixed when the queue is created, from the
+//! runtime's configuration.
 
 use std::ffi::c_void;
 use std::os::fd::OwnedFd;
@@ -85,8 +86,8 @@ impl QueueObj {
     }
 
     /// Reports a failed batch as the newest ROCR does: the queue's error callback, called
-    /// from the ringing thread. Without a callback ROCR's default handler would abort the
-    /// process; the emulator only logs.
+    /// from the ringing thread. Without a callback ROCR's default handler prints the error
+    /// and aborts the process (`rocr-aie.md` §5.6), and so does the emulator.
     pub fn notify_error(&self, err: &SimError) {
         match self.callback {
             // SAFETY: the client passed this callback and its data to `hsa_queue_create` for
@@ -98,10 +99,10 @@ impl QueueObj {
                     self.callback_data as *mut c_void,
                 )
             },
-            None => tracing::error!(
-                status = ?err.status,
-                "hsa-sim: queue error with no callback (ROCR's default handler would abort): {}",
-                err.detail
+            None => crate::dispatch::abort_process(
+                self.config.profile,
+                err,
+                "the queue has no error callback, and ROCR's default queue error handler aborts",
             ),
         }
     }
@@ -196,8 +197,10 @@ fn create(
     Ok(ptr)
 }
 
-/// `hsa_queue_create`: a 64-packet SINGLE queue on the AIE agent. `callback` receives the
-/// status of a failed doorbell batch (see the crate docs). The segment sizes are ignored.
+/// `hsa_queue_create`: a 64-packet SINGLE queue on the AIE agent. Under `rocr-newest`,
+/// `callback` receives the status of a failed doorbell batch, and a queue without one aborts
+/// the process on a failure; the older profiles never call it (see the crate docs). The
+/// segment sizes are ignored.
 ///
 /// # Safety
 /// `queue` is null (the call fails) or valid for one pointer write; `callback`, if given, is

@@ -76,14 +76,23 @@ fn npu_gen(rt: &Runtime) -> NpuGen {
     rt.config.agent
 }
 
-/// Blocks for the configured timeout, then fails as the driver's watchdog does.
+/// Blocks for as long as the runtime waits for a command, then fails: as the driver's
+/// watchdog does, or, on ROCm 7.0, when its 50 ms `WAIT_CMD` gives up first.
 fn hang(q: &QueueObj, mem: MutexGuard<'_, Memory>, why: String) -> SimError {
     drop(mem);
-    std::thread::sleep(q.config.timeout);
-    device_error(format!(
-        "Device isn't making progress: {why} (the command hung until the {} ms watchdog)",
-        q.config.timeout.as_millis()
-    ))
+    let wait = q.config.command_wait();
+    std::thread::sleep(wait);
+    let ms = wait.as_millis();
+    if q.config.profile.command_wait_limit() == Some(wait) {
+        device_error(format!(
+            "WAIT_CMD timed out: {why} (ROCm 7.0 waits {ms} ms for a command; the command is \
+             abandoned)"
+        ))
+    } else {
+        device_error(format!(
+            "Device isn't making progress: {why} (the command hung until the {ms} ms watchdog)"
+        ))
+    }
 }
 
 /// The bytes of the PDI at `addr`: an emulated PDI's fixed-size header, or the rest of the

@@ -27,20 +27,6 @@ use crate::status::{SimError, record};
 /// Ticks per second of `HSA_SYSTEM_INFO_TIMESTAMP` and of signal wait timeouts: nanoseconds.
 pub const TIMESTAMP_FREQUENCY: u64 = 1_000_000_000;
 
-const BUILD_VERSION_BYTES: &[u8] = concat!(
-    "hsa-sim ",
-    env!("CARGO_PKG_VERSION"),
-    " (software AIE agent)\0"
-)
-.as_bytes();
-
-/// What `HSA_AMD_SYSTEM_INFO_BUILD_VERSION` returns: the emulator's name and version.
-pub const BUILD_VERSION: &std::ffi::CStr =
-    match std::ffi::CStr::from_bytes_with_nul(BUILD_VERSION_BYTES) {
-        Ok(s) => s,
-        Err(_) => panic!("the build version literal is NUL-terminated"),
-    };
-
 /// Everything one initialisation owns.
 #[derive(Debug)]
 pub(crate) struct Runtime {
@@ -64,7 +50,7 @@ impl Runtime {
             handle: next_handle(),
         };
         let pools = crate::agents::make_pools(cpu_agent, aie_agent);
-        let memory = Memory::new(aie_agent)?;
+        let memory = Memory::new(aie_agent, config.profile)?;
         Ok(Self {
             config,
             cpu_agent,
@@ -225,7 +211,8 @@ fn monotonic_ns() -> u64 {
     u64::try_from(ns).unwrap_or(u64::MAX)
 }
 
-/// `hsa_system_get_info`.
+/// `hsa_system_get_info`. `AMD_BUILD_VERSION` names the emulator and its profile
+/// ([`crate::Profile::build_version`]; [`crate::profile_of_build_version`] reads it back).
 ///
 /// # Safety
 /// `value` is null (the call fails) or valid for a write of the attribute's type: `u16` for
@@ -234,9 +221,10 @@ fn monotonic_ns() -> u64 {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hsa_system_get_info(attr: SystemInfo, value: *mut c_void) -> Status {
     guard(|| {
-        if let Err(st) = runtime() {
-            return st;
-        }
+        let rt = match runtime() {
+            Ok(rt) => rt,
+            Err(st) => return st,
+        };
         if value.is_null() {
             return Status::ERROR_INVALID_ARGUMENT;
         }
@@ -258,7 +246,7 @@ pub unsafe extern "C" fn hsa_system_get_info(attr: SystemInfo, value: *mut c_voi
                 SystemInfo::EXTENSIONS => value.cast::<u8>().write_bytes(0, 128),
                 SystemInfo::AMD_BUILD_VERSION => value
                     .cast::<*const c_char>()
-                    .write_unaligned(BUILD_VERSION.as_ptr()),
+                    .write_unaligned(rt.config.profile.build_version().as_ptr()),
                 _ => return Status::ERROR_INVALID_ARGUMENT,
             }
         }
@@ -296,6 +284,8 @@ mod tests {
             hsa_system_get_info(SystemInfo::AMD_BUILD_VERSION, (&raw mut s).cast());
             let s = std::ffi::CStr::from_ptr(s).to_str().unwrap();
             assert!(s.starts_with("hsa-sim "), "{s}");
+            let profile = runtime().unwrap().config.profile;
+            assert_eq!(crate::profile_of_build_version(s), Some(profile), "{s}");
             assert_eq!(
                 hsa_system_get_info(SystemInfo(0x4242), (&raw mut w).cast()),
                 Status::ERROR_INVALID_ARGUMENT

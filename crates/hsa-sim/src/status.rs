@@ -33,21 +33,31 @@ impl std::fmt::Display for SimError {
 
 impl std::error::Error for SimError {}
 
-static LAST_ERROR: Mutex<Option<String>> = Mutex::new(None);
+static LAST_ERROR: Mutex<Option<SimError>> = Mutex::new(None);
 
 /// Records `err` as the last error and logs it.
 pub(crate) fn record(err: &SimError) {
     tracing::warn!(status = ?err.status, "hsa-sim: {}", err.detail);
-    *LAST_ERROR.lock().unwrap_or_else(PoisonError::into_inner) = Some(err.detail.clone());
+    *LAST_ERROR.lock().unwrap_or_else(PoisonError::into_inner) = Some(err.clone());
+}
+
+fn last() -> Option<SimError> {
+    LAST_ERROR
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
 }
 
 /// The detail of the most recent error the emulator reported (dispatch rules, vmem order,
 /// allocation limits), process-wide. `None` until something failed.
 pub fn last_error() -> Option<String> {
-    LAST_ERROR
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
+    last().map(|e| e.detail)
+}
+
+/// The status of the most recent error, beside its [`last_error`] detail: what a profile that
+/// fails silently (`rocm-7.0`) would have reported had it reported anything.
+pub fn last_error_status() -> Option<Status> {
+    last().map(|e| e.status)
 }
 
 /// Forgets the last error (tests use it to start clean).
@@ -229,6 +239,18 @@ pub fn status_text(status: Status) -> Option<&'static CStr> {
     })
 }
 
+/// A status as a reader knows it: its C name and code, e.g.
+/// `HSA_STATUS_ERROR_INVALID_PACKET_FORMAT (0x1009)`.
+pub(crate) fn status_label(status: Status) -> String {
+    let name = status_text(status)
+        .and_then(|s| s.to_str().ok())
+        .and_then(|s| s.split(':').next());
+    match name {
+        Some(n) => format!("{n} ({:#x})", status.0),
+        None => format!("status {:#x}", status.0),
+    }
+}
+
 /// `hsa_status_string`: points `*out` at a static NUL-terminated description of `status`.
 /// Works without `hsa_init`. Unknown codes give `HSA_STATUS_ERROR_INVALID_ARGUMENT`.
 ///
@@ -266,6 +288,15 @@ mod tests {
             assert!(text.contains(stem), "{name}: {text}");
         }
         assert!(status_text(Status(0x4242)).is_none());
+    }
+
+    #[test]
+    fn labels_carry_the_c_name_and_the_code() {
+        assert_eq!(
+            status_label(Status::ERROR_INVALID_PACKET_FORMAT),
+            "HSA_STATUS_ERROR_INVALID_PACKET_FORMAT (0x1009)"
+        );
+        assert_eq!(status_label(Status(0x4242)), "status 0x4242");
     }
 
     #[test]

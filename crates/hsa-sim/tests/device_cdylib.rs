@@ -12,6 +12,7 @@ use device_support::*;
 use hsa_core::discovery::{RootKind, SearchEnv};
 use hsa_core::sys::*;
 use hsa_core::{ApiSource, Device, DeviceOptions, HsaApi};
+use hsa_sim::Profile;
 use npu_artifacts::NpuGen;
 use npu_artifacts::emu::{DType, EmuDesign};
 
@@ -32,12 +33,13 @@ fn discover(root: &Path) -> HsaApi {
     HsaApi::discover_in(None, &env).expect("discovery finds the emulator under ROCM_PATH")
 }
 
-/// The cdylib reads its configuration from the environment at the first hsa_init.
-fn set_env(abi: hsa_core::PacketAbi) {
+/// The cdylib reads its configuration from the environment at the first hsa_init. The agent
+/// is a Phoenix (`aie2`), whose name every profile reports truthfully.
+fn set_env(profile: Profile) {
     // SAFETY: every test in this binary holds `serial_test_guard` while it runs, so no other
     // thread reads or writes the environment concurrently.
     unsafe {
-        std::env::set_var("HSA_SIM_PACKET_ABI", abi.as_str());
+        std::env::set_var("HSA_SIM_PROFILE", profile.as_str());
         std::env::set_var("HSA_SIM_AGENT_NAME", "aie2");
     }
 }
@@ -46,8 +48,9 @@ fn set_env(abi: hsa_core::PacketAbi) {
 fn discovery_finds_the_cdylib_under_rocm_path_and_vector_scalar_add_passes() {
     let _g = hsa_sim::serial_test_guard();
     let root = rocm_root();
-    for abi in ABIS {
-        set_env(abi);
+    for profile in Profile::ALL {
+        let abi = profile.packet_abi();
+        set_env(profile);
         let api = discover(root.path());
         assert_eq!(
             api.source(),
@@ -78,8 +81,9 @@ fn discovery_finds_the_cdylib_under_rocm_path_and_vector_scalar_add_passes() {
 fn the_cdylib_opened_by_path_passes_vector_scalar_add_for_each_packet_abi() {
     let _g = hsa_sim::serial_test_guard();
     let path = cdylib_path();
-    for abi in ABIS {
-        set_env(abi);
+    for profile in Profile::ALL {
+        let abi = profile.packet_abi();
+        set_env(profile);
         let api = HsaApi::open(&path).expect("the cdylib loads and exports every required symbol");
         assert!(
             api.fns().missing_optional().is_empty(),
@@ -110,7 +114,7 @@ fn the_cdylib_opened_by_path_passes_vector_scalar_add_for_each_packet_abi() {
 fn create_and_destroy_counts_balance_after_the_device_is_dropped() {
     let _g = hsa_sim::serial_test_guard();
     let root = rocm_root();
-    set_env(hsa_core::PacketAbi::G1a);
+    set_env(Profile::Rocm70);
     let api = discover(root.path());
     // The cdylib's own counters, read through its extra C symbol.
     // SAFETY: the same library discovery already loaded; loading it again only takes a reference.
@@ -173,8 +177,14 @@ unsafe extern "C" fn push_pool(p: MemoryPool, data: *mut c_void) -> Status {
 fn a_client_driving_the_c_abi_like_iron_runs_vector_scalar_add_and_a_chain() {
     let _g = hsa_sim::serial_test_guard();
     let root = rocm_root();
-    set_env(hsa_core::PacketAbi::G2);
-    let api = discover(root.path());
+    // Every profile that speaks G2; IRON's vmem sequence needs a runtime that maps AIE memory.
+    for profile in [Profile::RocrG2May2026, Profile::RocrNewest] {
+        set_env(profile);
+        iron_sequence(&discover(root.path()), profile);
+    }
+}
+
+fn iron_sequence(api: &HsaApi, profile: Profile) {
     let f = api.fns();
     let iron = Iron;
     // SAFETY: every call below follows ROCR's documented contract: valid out-pointers, handles
@@ -192,6 +202,14 @@ fn a_client_driving_the_c_abi_like_iron_runs_vector_scalar_add_and_a_chain() {
             (f.system_get_info)(SystemInfo::SIGNAL_MAX_WAIT, (&raw mut max_wait).cast()),
         );
         assert!(freq > 0 && max_wait > 0);
+        // A client can tell the emulator and its profile from the build version.
+        let mut version: *const std::ffi::c_char = std::ptr::null();
+        iron.ok(
+            "build version",
+            (f.system_get_info)(SystemInfo::AMD_BUILD_VERSION, (&raw mut version).cast()),
+        );
+        let version = std::ffi::CStr::from_ptr(version).to_str().unwrap();
+        assert_eq!(hsa_sim::profile_of_build_version(version), Some(profile));
 
         let mut agents: Vec<Agent> = Vec::new();
         iron.ok(

@@ -5,23 +5,25 @@ mod device_support;
 
 use device_support::*;
 use hsa_core::{DeviceOptions, Dispatch, HsaError, TensorBacking};
+use hsa_sim::Profile;
 use npu_artifacts::emu::{DType, EmuDesign};
 
 #[test]
-fn vector_scalar_add_passes_for_each_packet_abi() {
+fn vector_scalar_add_passes_for_each_profile() {
     let _g = hsa_sim::serial_test_guard();
-    for abi in ABIS {
+    for profile in Profile::ALL {
         let before = hsa_sim::counters();
         {
-            let mut dev = open_static(abi, DeviceOptions::default());
-            assert_eq!(dev.info().packet_abi, abi);
-            assert_eq!(dev.info().agent_name, "aie2p");
+            let mut dev = open_static(profile, DeviceOptions::default());
+            assert_eq!(dev.info().packet_abi, profile.packet_abi());
+            let name = profile.agent_name(agent_for(profile));
+            assert_eq!(dev.info().agent_name, name, "{profile}");
             vector_scalar_add_passes(&mut dev);
         }
         let after = hsa_sim::counters().since(&before);
         assert!(
             after.balanced(),
-            "{abi}: unbalanced after drop: {:?}",
+            "{profile}: unbalanced after drop: {:?}",
             after.unbalanced()
         );
     }
@@ -30,8 +32,9 @@ fn vector_scalar_add_passes_for_each_packet_abi() {
 #[test]
 fn a_chain_of_100_wraps_the_ring_rings_four_doorbells_and_recreates_g1a_queues() {
     let _g = hsa_sim::serial_test_guard();
-    for abi in ABIS {
-        let mut dev = open_static(abi, DeviceOptions::default());
+    for profile in Profile::ALL {
+        let abi = profile.packet_abi();
+        let mut dev = open_static(profile, DeviceOptions::default());
         let report = add_one_chain(&mut dev, 100);
         assert_eq!(report.doorbells, 4, "{abi}");
         if abi == hsa_core::PacketAbi::G1a {
@@ -51,7 +54,7 @@ fn vmem_backed_tensors_work_as_arguments() {
     let before = hsa_sim::counters();
     {
         let mut dev = open_static(
-            hsa_core::PacketAbi::G2,
+            Profile::RocrNewest,
             DeviceOptions {
                 tensor_backing: TensorBacking::Vmem,
                 ..Default::default()
@@ -64,14 +67,19 @@ fn vmem_backed_tensors_work_as_arguments() {
 }
 
 #[test]
-fn an_exported_tensor_fd_shares_bytes_with_the_device() {
+fn an_exported_vmem_tensor_fd_shares_bytes_with_the_device_on_the_newest_runtime_only() {
     use std::os::unix::fs::FileExt;
     let _g = hsa_sim::serial_test_guard();
-    for backing in [TensorBacking::Pool, TensorBacking::Vmem] {
+    for profile in [Profile::RocrG2May2026, Profile::RocrNewest] {
+        // Pool memory is never exportable (ROCR's AIE memory test expects the export to fail).
+        let mut dev = open_static(profile, DeviceOptions::default());
+        let t = dev.alloc_tensor(4096).unwrap();
+        assert!(dev.export_tensor(t).is_err(), "{profile}: pool export");
+        drop(dev);
         let mut dev = open_static(
-            hsa_core::PacketAbi::G2,
+            profile,
             DeviceOptions {
-                tensor_backing: backing,
+                tensor_backing: TensorBacking::Vmem,
                 ..Default::default()
             },
         );
@@ -79,6 +87,10 @@ fn an_exported_tensor_fd_shares_bytes_with_the_device() {
         let prog = load(&mut dev, &design);
         let a = dev.alloc_tensor(4096).unwrap();
         let b = dev.alloc_tensor(4096).unwrap();
+        if profile != Profile::RocrNewest {
+            assert!(dev.export_tensor(a).is_err(), "{profile}: vmem export");
+            continue;
+        }
         let (fa, off_a) = dev.export_tensor(a).unwrap();
         let (fb, off_b) = dev.export_tensor(b).unwrap();
         let (fa, fb) = (std::fs::File::from(fa), std::fs::File::from(fb));
@@ -89,59 +101,73 @@ fn an_exported_tensor_fd_shares_bytes_with_the_device() {
         fb.read_exact_at(&mut out, off_b).unwrap();
         assert_eq!(
             bytes_to_i32s(&out),
-            input.iter().map(|x| x + 1).collect::<Vec<_>>(),
-            "{backing:?}"
+            input.iter().map(|x| x + 1).collect::<Vec<_>>()
         );
     }
+}
+
+fn fault_chain(dev: &mut hsa_core::Device) -> (Vec<hsa_core::TensorId>, Vec<Dispatch>) {
+    let add = load(dev, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let fault = load(dev, &EmuDesign::fault(4096));
+    let bufs: Vec<_> = (0..13).map(|_| dev.alloc_tensor(4096).unwrap()).collect();
+    // Link i adds one from bufs[i] into bufs[i + 1]; link 10 faults.
+    let links: Vec<Dispatch> = (0..12)
+        .map(|i| Dispatch::new(if i == 10 { fault } else { add }, [bufs[i], bufs[i + 1]]))
+        .collect();
+    (bufs, links)
 }
 
 #[test]
 fn a_fault_in_link_10_stops_the_chain_there_and_the_queue_recovers() {
     let _g = hsa_sim::serial_test_guard();
-    for abi in ABIS {
-        let mut dev = open_static(abi, DeviceOptions::default());
-        let add = load(&mut dev, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
-        let fault = load(&mut dev, &EmuDesign::fault(4096));
-        let bufs: Vec<_> = (0..13).map(|_| dev.alloc_tensor(4096).unwrap()).collect();
-        // Link i adds one from bufs[i] into bufs[i + 1]; link 10 faults.
-        let links: Vec<Dispatch> = (0..12)
-            .map(|i| Dispatch::new(if i == 10 { fault } else { add }, [bufs[i], bufs[i + 1]]))
-            .collect();
-        let err = dev.run_chain(&links).unwrap_err();
-        assert_eq!(err.index, 10, "{abi}: {err}");
-        assert!(matches!(err.error, HsaError::Device { .. }), "{abi}: {err}");
-        assert_eq!(
-            err.report.doorbells, 1,
-            "{abi}: the failed batch was rung once"
-        );
-        assert_eq!(
-            err.report.queue_recreations, 0,
-            "{abi}: the failed queue is left suspended"
-        );
-        assert!(
-            dev.recover().unwrap(),
-            "{abi}: recover() recreates the failed queue"
-        );
-        assert!(!dev.recover().unwrap(), "{abi}: and then has nothing to do");
-        assert_eq!(
-            read_i32s(&dev, bufs[10], 4)[0],
-            10,
-            "{abi}: links before 10 ran"
-        );
-        assert_eq!(
-            read_i32s(&dev, bufs[12], 4)[0],
-            0,
-            "{abi}: link 11 did not run"
-        );
-        // The queue was recreated: the next dispatch works.
-        vector_scalar_add_passes(&mut dev);
-    }
+    let mut dev = open_static(Profile::RocrNewest, DeviceOptions::default());
+    let (bufs, links) = fault_chain(&mut dev);
+    let err = dev.run_chain(&links).unwrap_err();
+    assert_eq!(err.index, 10, "{err}");
+    assert!(matches!(err.error, HsaError::Device { .. }), "{err}");
+    assert_eq!(err.report.doorbells, 1, "the failed batch was rung once");
+    assert_eq!(
+        err.report.queue_recreations, 0,
+        "the failed queue is left suspended"
+    );
+    assert!(
+        dev.recover().unwrap(),
+        "recover() recreates the failed queue"
+    );
+    assert!(!dev.recover().unwrap(), "and then has nothing to do");
+    assert_eq!(read_i32s(&dev, bufs[10], 4)[0], 10, "links before 10 ran");
+    assert_eq!(read_i32s(&dev, bufs[12], 4)[0], 0, "link 11 did not run");
+    // The queue was recreated: the next dispatch works.
+    vector_scalar_add_passes(&mut dev);
+}
+
+#[test]
+fn rocm_7_0_hides_a_fault_in_link_10_from_its_client() {
+    let _g = hsa_sim::serial_test_guard();
+    let mut dev = open_static(Profile::Rocm70, DeviceOptions::default());
+    let (bufs, links) = fault_chain(&mut dev);
+    // No callback, the read index at the write index: the client cannot tell.
+    dev.run_chain(&links)
+        .expect("ROCm 7.0 reports nothing and moves the read index on");
+    assert_eq!(read_i32s(&dev, bufs[10], 4)[0], 10, "links before 10 ran");
+    assert_eq!(
+        read_i32s(&dev, bufs[11], 4)[0],
+        0,
+        "the fault wrote nothing"
+    );
+    assert_eq!(read_i32s(&dev, bufs[12], 4)[0], 0, "link 11 never ran");
+    assert!(
+        hsa_sim::last_error()
+            .unwrap()
+            .contains("the fault design failed")
+    );
+    vector_scalar_add_passes(&mut dev);
 }
 
 #[test]
 fn more_than_32_distinct_programs_recreate_the_queue_instead_of_failing() {
     let _g = hsa_sim::serial_test_guard();
-    let mut dev = open_static(hsa_core::PacketAbi::G2, DeviceOptions::default());
+    let mut dev = open_static(Profile::RocrNewest, DeviceOptions::default());
     let a = dev.alloc_tensor(4096).unwrap();
     let b = dev.alloc_tensor(4096).unwrap();
     let mut recreations = 0;
@@ -158,7 +184,7 @@ fn more_than_32_distinct_programs_recreate_the_queue_instead_of_failing() {
 #[test]
 fn unloading_a_cached_program_renews_the_queue_before_the_next_dispatch() {
     let _g = hsa_sim::serial_test_guard();
-    let mut dev = open_static(hsa_core::PacketAbi::G2, DeviceOptions::default());
+    let mut dev = open_static(Profile::RocrNewest, DeviceOptions::default());
     let a = dev.alloc_tensor(4096).unwrap();
     let b = dev.alloc_tensor(4096).unwrap();
     let p1 = load(&mut dev, &EmuDesign::vector_scalar_add(1024, DType::I32, 5));
@@ -175,7 +201,7 @@ fn unloading_a_cached_program_renews_the_queue_before_the_next_dispatch() {
 #[test]
 fn bad_handles_and_ranges_are_refused_before_anything_is_enqueued() {
     let _g = hsa_sim::serial_test_guard();
-    let mut dev = open_static(hsa_core::PacketAbi::G2, DeviceOptions::default());
+    let mut dev = open_static(Profile::RocrNewest, DeviceOptions::default());
     let p = load(&mut dev, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
     let a = dev.alloc_tensor(4096).unwrap();
     let b = dev.alloc_tensor(4096).unwrap();
@@ -218,7 +244,7 @@ fn bad_handles_and_ranges_are_refused_before_anything_is_enqueued() {
 #[test]
 fn a_full_device_heap_is_reported_as_such_and_unloading_makes_room() {
     let _g = hsa_sim::serial_test_guard();
-    let mut dev = open_static(hsa_core::PacketAbi::G2, DeviceOptions::default());
+    let mut dev = open_static(Profile::RocrNewest, DeviceOptions::default());
     let design = EmuDesign::vector_scalar_add(1024, DType::I32, 1);
     let insts = design.insts(npu_gen(dev.info().generation));
     // 8 MiB PDIs fill the 64 MiB heap in a few loads, while hsa-core keeps every instruction

@@ -1,6 +1,7 @@
 //! Random packets through the doorbell: whatever the bytes, the emulator answers with a
-//! status (or runs the packet) and never crashes, and a failure always suspends the queue at
-//! the failing packet.
+//! status (or runs the packet) and never crashes. Under `rocr-newest` a failure suspends the
+//! queue at the failing packet; G1 packets are fuzzed under `rocm-7.0`, whose failures are
+//! silent (the releases between abort the process, which a fuzzer cannot survive).
 
 #![allow(clippy::cast_possible_truncation)]
 
@@ -45,9 +46,26 @@ fn check(q: &TestQueue) {
     }
 }
 
+/// A silent failure (ROCm 7.0): no callback, the read index past the packet either way, and
+/// a failure leaves one of the statuses above as the last error.
+fn check_silent(q: &TestQueue, before: &Counters) {
+    assert_eq!(q.errors(), vec![]);
+    assert!(!q.suspended());
+    assert_eq!(q.read_index(), 1);
+    let seen = counters().since(before);
+    match (seen.packets_completed, seen.packets_failed) {
+        (1, 0) => {}
+        (0, 1) => {
+            let st = last_error_status().unwrap();
+            assert!(STATUSES.contains(&st), "{st:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn random_g2_packets_are_refused_or_run() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let d = Dispatch::new(
         sim.load(&EmuDesign::vector_scalar_add(256, DType::I32, 1)),
         &[(sim.alloc(DATA, 1024), 1024), (sim.alloc(DATA, 1024), 1024)],
@@ -86,7 +104,7 @@ fn random_g2_packets_are_refused_or_run() {
 
 #[test]
 fn random_g1_packets_are_refused_or_run() {
-    let sim = Sim::new(PacketAbi::G1b);
+    let sim = Sim::new(Profile::Rocm70);
     let d = Dispatch::new(
         sim.load(&EmuDesign::vector_scalar_add(256, DType::I32, 1)),
         &[(sim.alloc(DATA, 1024), 1024), (sim.alloc(DATA, 1024), 1024)],
@@ -110,7 +128,8 @@ fn random_g1_packets_are_refused_or_run() {
             ..good
         };
         let q = sim.queue();
+        let before = counters();
         q.submit(&[g1_bytes(&p)]);
-        check(&q);
+        check_silent(&q, &before);
     });
 }

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use half::bf16;
-use hsa_sim::PacketAbi;
+use hsa_sim::{PacketAbi, Profile};
 use npu_artifacts::emu::{DType, EmuDesign};
 
 /// Runs `design` once on a G2 queue with `args` and checks the batch succeeded.
@@ -23,7 +23,7 @@ fn run(sim: &Sim, design: &EmuDesign, args: &[(u64, u64)]) {
 
 #[test]
 fn vector_scalar_add_1024_i32_is_in_plus_one() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let input: Vec<i32> = (1..=1024).collect();
     let (a, b) = io_i32(&sim, &input);
     run(
@@ -37,8 +37,9 @@ fn vector_scalar_add_1024_i32_is_in_plus_one() {
 
 #[test]
 fn vector_scalar_add_runs_on_every_packet_generation() {
-    for abi in [PacketAbi::G2, PacketAbi::G1b, PacketAbi::G1a] {
-        let sim = Sim::new(abi);
+    for profile in Profile::ALL {
+        let abi = profile.packet_abi();
+        let sim = Sim::new(profile);
         let input: Vec<i32> = (0..256).map(|i| i * 5 - 300).collect();
         let (a, b) = io_i32(&sim, &input);
         let loaded = sim.load(&EmuDesign::vector_scalar_add(256, DType::I32, 7));
@@ -59,7 +60,7 @@ fn vector_scalar_add_runs_on_every_packet_generation() {
 
 #[test]
 fn passthrough_copies_bytes_with_an_unused_third_buffer() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let input: Vec<u8> = (1..=4096u32).map(|i| i as u8).collect();
     let a = sim.put(DATA, &input);
     let b = sim.alloc(DATA, 4096);
@@ -74,7 +75,7 @@ fn passthrough_copies_bytes_with_an_unused_third_buffer() {
 
 #[test]
 fn vector_vector_add_and_mul_wrap_like_i32() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let x: Vec<i32> = (0..64).map(|i| i * 1_000_003 - i32::MAX / 2).collect();
     let y: Vec<i32> = (0..64).map(|i| i32::MAX - i * 77).collect();
     let (a, b, c) = (
@@ -93,7 +94,7 @@ fn vector_vector_add_and_mul_wrap_like_i32() {
 
 #[test]
 fn relu_clamps_negative_ints_and_floats() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let x: Vec<i32> = (-32..32).collect();
     let (a, b) = io_i32(&sim, &x);
     run(
@@ -154,7 +155,7 @@ fn lcg(seed: &mut u64) -> u32 {
 
 #[test]
 fn matmul_i16_to_i32_matches_a_naive_loop_and_wraps() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let (m, k, n) = (8usize, 16usize, 12usize);
     let mut seed = 7;
     // IRON draws int16 as rand() % 0x10000: the full range, so sums overflow i32.
@@ -192,7 +193,7 @@ fn matmul_i16_to_i32_matches_a_naive_loop_and_wraps() {
 
 #[test]
 fn matmul_bf16_to_f32_is_within_irons_tolerance() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let (m, k, n) = (4usize, 32usize, 8usize);
     let mut seed = 11;
     // IRON draws bf16 uniformly in [0, 4).
@@ -239,7 +240,7 @@ fn matmul_bf16_to_f32_is_within_irons_tolerance() {
 
 #[test]
 fn noop_runs_and_changes_nothing() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let a = sim.put(DATA, &[9u8; 64]);
     let b = sim.put(DATA, &[5u8; 64]);
     run(&sim, &EmuDesign::noop(2, 64), &[(a, 64), (b, 64)]);

@@ -18,7 +18,7 @@ fn wait(s: Signal, cond: SignalCondition, v: i64, timeout_ns: u64) -> i64 {
 
 #[test]
 fn waits_return_the_current_value_when_they_time_out() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let mut freq = 0u64;
     // SAFETY: a u64 out-pointer.
     unsafe { hsa_system_get_info(SystemInfo::TIMESTAMP_FREQUENCY, (&raw mut freq).cast()) };
@@ -46,7 +46,7 @@ fn waits_return_the_current_value_when_they_time_out() {
 
 #[test]
 fn a_blocked_waiter_wakes_when_another_thread_stores() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let s = sim.signal(1);
     let h = std::thread::spawn(move || wait(s, SignalCondition::EQ, 0, u64::MAX));
     std::thread::sleep(Duration::from_millis(20));
@@ -57,7 +57,7 @@ fn a_blocked_waiter_wakes_when_another_thread_stores() {
 
 #[test]
 fn the_read_index_moves_only_inside_a_doorbell_and_the_value_stored_is_ignored() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let sig = sim.signal(3);
     let (a, b) = io_i32(&sim, &[0; 256]);
     let d = Dispatch::new(
@@ -88,7 +88,7 @@ fn the_read_index_moves_only_inside_a_doorbell_and_the_value_stored_is_ignored()
 
 #[test]
 fn the_queue_descriptor_is_rocrs_and_the_index_functions_agree() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let q = sim.queue();
     // SAFETY: (whole block) a live queue.
     unsafe {
@@ -118,7 +118,7 @@ fn the_queue_descriptor_is_rocrs_and_the_index_functions_agree() {
 
 #[test]
 fn the_ring_wraps_over_many_doorbells_on_g2() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let input: Vec<i32> = (0..256).collect();
     let (a, b) = io_i32(&sim, &input);
     let loaded = sim.load(&EmuDesign::vector_scalar_add(256, DType::I32, 1));
@@ -150,7 +150,7 @@ fn the_ring_wraps_over_many_doorbells_on_g2() {
 
 #[test]
 fn queues_on_several_threads_run_independently() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let loaded = sim.load(&EmuDesign::vector_scalar_add(256, DType::I32, 1));
     std::thread::scope(|s| {
         for t in 0..4i32 {

@@ -24,7 +24,7 @@ fn set_access(va: *mut c_void, size: usize, descs: &[AccessDesc]) -> Status {
 
 #[test]
 fn vmem_teardown_needs_access_revoked_first_and_counters_balance() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let before = counters();
     let size = 4 * page();
     // SAFETY: (whole block) out-pointers are live locals; addresses come from the runtime.
@@ -151,7 +151,7 @@ fn map_fd(fd: BorrowedFd<'_>, offset: u64, len: usize) -> *mut u8 {
 
 #[test]
 fn a_vmem_handle_exported_as_a_shareable_fd_shares_its_bytes() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let size = page();
     // SAFETY: (whole block) out-pointers are live locals; the fd is owned once exported.
     unsafe {
@@ -199,7 +199,7 @@ fn a_vmem_handle_exported_as_a_shareable_fd_shares_its_bytes() {
 
 #[test]
 fn set_access_and_unmap_walk_contiguous_mappings() {
-    let sim = Sim::new(PacketAbi::G2);
+    let sim = Sim::new(Profile::RocrNewest);
     let p = page();
     // SAFETY: (whole block) out-pointers are live locals; ranges come from the reservation.
     unsafe {
@@ -268,5 +268,129 @@ fn set_access_and_unmap_walk_contiguous_mappings() {
         );
         assert_eq!(hsa_amd_vmem_address_free(va, 4 * p - 1), Status::SUCCESS);
         assert_eq!(hsa_amd_vmem_handle_release(h), Status::SUCCESS);
+    }
+}
+
+/// A handle of `size` bytes from `pool`, reserved and mapped; `hsa_amd_vmem_map`'s status.
+fn map_new(pool: hsa_core::sys::MemoryPool, size: usize) -> (VmemHandle, *mut c_void, Status) {
+    // SAFETY: (whole block) out-pointers are live locals; the range comes from the reserve.
+    unsafe {
+        let mut h = VmemHandle::default();
+        let st = hsa_amd_vmem_handle_create(pool, size, MemoryType::PINNED, 0, &mut h);
+        assert_eq!(st, Status::SUCCESS, "creating a handle works everywhere");
+        let mut va: *mut c_void = std::ptr::null_mut();
+        assert_eq!(
+            hsa_amd_vmem_address_reserve_align(&mut va, size, 0, 0, 1),
+            Status::SUCCESS
+        );
+        (h, va, hsa_amd_vmem_map(va, size, 0, h, 0))
+    }
+}
+
+#[test]
+fn vmem_maps_aie_memory_only_from_the_first_g2_runtime_on() {
+    for profile in Profile::ALL {
+        let sim = Sim::new(profile);
+        let size = page();
+        let (h, va, st) = map_new(sim.pools[DATA], size);
+        // CPU-pool (KFD) memory maps under every profile.
+        let (hc, vc, stc) = map_new(sim.cpu_pools[0], size);
+        assert_eq!(stc, Status::SUCCESS, "{profile}");
+        let fd = rustix::fs::memfd_create("foreign", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&fd, size as u64).unwrap();
+        let mut imported = VmemHandle::default();
+        // SAFETY: (whole block) live locals and runtime-made handles and ranges.
+        unsafe {
+            let import = hsa_amd_vmem_import_shareable_handle(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                &mut imported,
+            );
+            if profile.vmem_maps_aie_handles() {
+                assert_eq!(
+                    (st, import),
+                    (Status::SUCCESS, Status::SUCCESS),
+                    "{profile}"
+                );
+                assert_eq!(hsa_amd_vmem_unmap(va, size), Status::SUCCESS);
+                assert_eq!(hsa_amd_vmem_handle_release(imported), Status::SUCCESS);
+            } else {
+                assert_eq!(st, Status::ERROR_INVALID_AGENT, "{profile}");
+                assert!(last_error().unwrap().contains("KFD"), "{:?}", last_error());
+                assert_eq!(import, Status::ERROR_INVALID_ALLOCATION, "{profile}");
+            }
+            for (v, hh) in [(va, h), (vc, hc)] {
+                if v == vc {
+                    assert_eq!(hsa_amd_vmem_unmap(v, size), Status::SUCCESS);
+                }
+                assert_eq!(hsa_amd_vmem_address_free(v, size), Status::SUCCESS);
+                assert_eq!(hsa_amd_vmem_handle_release(hh), Status::SUCCESS);
+            }
+        }
+    }
+}
+
+#[test]
+fn only_the_newest_runtime_exports_aie_vmem_and_its_fd_is_sealed() {
+    use rustix::fs::SealFlags;
+    for profile in Profile::ALL {
+        let sim = Sim::new(profile);
+        let size = page();
+        let (h, va, _) = map_new(sim.pools[KERNARG], size);
+        let mut raw: c_int = -1;
+        // SAFETY: a live out-pointer and a runtime-made handle.
+        let st = unsafe { hsa_amd_vmem_export_shareable_handle(&mut raw, h, 0) };
+        if profile != Profile::RocrNewest {
+            assert_eq!(st, Status::ERROR, "{profile}");
+            assert!(
+                last_error().unwrap().contains("does not export AIE memory"),
+                "{:?}",
+                last_error()
+            );
+            continue;
+        }
+        assert_eq!(st, Status::SUCCESS);
+        // SAFETY: the export handed this fd to the caller.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let seals = rustix::fs::fcntl_get_seals(&fd).unwrap();
+        assert!(
+            seals.contains(SealFlags::SHRINK | SealFlags::GROW),
+            "{seals:?}"
+        );
+        for len in [0, size as u64 / 2, 2 * size as u64] {
+            let e = rustix::fs::ftruncate(&fd, len).unwrap_err();
+            assert_eq!(e, rustix::io::Errno::PERM, "ftruncate to {len}");
+        }
+        // The emulator keeps working on the mapping: a dispatch writes its output there.
+        let aie = [AccessDesc {
+            permissions: AccessPermission::RW,
+            agent_handle: sim.aie,
+        }];
+        assert_eq!(set_access(va, size, &aie), Status::SUCCESS);
+        let mut d = valid(&sim, sim.signal(1));
+        d.args[1] = (va as u64, 1024);
+        let q = sim.queue();
+        q.submit(&[sim.packet(&d)]);
+        assert_eq!(q.errors(), vec![], "{:?}", last_error());
+        let m = map_fd(std::os::fd::AsFd::as_fd(&fd), 0, size);
+        // SAFETY: `m` maps one live page of the exported fd.
+        let seen = unsafe { std::slice::from_raw_parts(m, 1024) }.to_vec();
+        assert_eq!(bytes_i32(&seen), vec![6; 256]);
+        // SAFETY: the mapping made above, unmapped once.
+        unsafe { rustix::mm::munmap(m.cast(), size).unwrap() };
+        // An imported handle cannot be exported again (ROCR's AIE memory test).
+        let mut h2 = VmemHandle::default();
+        // SAFETY: (whole block) live locals and runtime-made handles.
+        unsafe {
+            let st =
+                hsa_amd_vmem_import_shareable_handle(std::os::fd::AsRawFd::as_raw_fd(&fd), &mut h2);
+            assert_eq!(st, Status::SUCCESS);
+            let mut again: c_int = -1;
+            assert_eq!(
+                hsa_amd_vmem_export_shareable_handle(&mut again, h2, 0),
+                Status::ERROR
+            );
+            assert!(last_error().unwrap().contains("imported"));
+            assert_eq!(hsa_amd_vmem_handle_release(h2), Status::SUCCESS);
+        }
     }
 }

@@ -29,10 +29,7 @@ impl InProcess {
     /// The emulator's refusal, as text.
     pub fn open() -> Result<InProcess> {
         let err = BenchError::ctx("in-process emulator");
-        hsa_sim::set_config(hsa_sim::SimConfig {
-            packet_abi: PacketAbi::G2,
-            ..Default::default()
-        });
+        hsa_sim::set_config(hsa_sim::SimConfig::default());
         let api = HsaApi::from_static(hsa_sim::fns(), "hsa-sim");
         let mut dev = Device::open(
             api,

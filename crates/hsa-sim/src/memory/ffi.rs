@@ -1,13 +1,13 @@
 //! The pool allocation and dmabuf entry points over [`super::Memory`].
 
 use std::ffi::{c_int, c_void};
-use std::os::fd::{FromRawFd, OwnedFd};
 
 use hsa_core::sys::{Agent, MemoryPool, Status};
 
 use crate::agents::AgentKind;
 use crate::counters::{Counter, bump};
 use crate::runtime::{guard, report, runtime};
+use crate::status::{SimError, record};
 
 /// `hsa_amd_memory_pool_allocate`: page-rounded memory from a pool.
 ///
@@ -101,10 +101,12 @@ pub unsafe extern "C" fn hsa_amd_agents_allow_access(
     })
 }
 
-/// `hsa_amd_portable_export_dmabuf`: for a pool allocation or vmem mapping, a dup of its
-/// backing memfd (`*dmabuf`) and the offset of `ptr` in that fd (`*offset`). Another process
-/// that maps the fd at that offset sees the same bytes. Close it with
-/// `hsa_amd_portable_close_dmabuf`.
+/// `hsa_amd_portable_export_dmabuf`: refused on every profile, with the status ROCR gives
+/// (the crate docs cite the sources): `HSA_STATUS_ERROR` for AIE memory,
+/// `INVALID_AGENT` for CPU-pool memory, `INVALID_ALLOCATION` for anything else. `*dmabuf` is
+/// set to -1, so that closing it with `hsa_amd_portable_close_dmabuf` succeeds as it does in
+/// ROCR's AIE memory test. Export AIE tensors with `hsa_amd_vmem_export_shareable_handle`
+/// (`rocr-newest`).
 ///
 /// # Safety
 /// `dmabuf` and `offset` are null (the call fails) or valid for one write each.
@@ -123,43 +125,38 @@ pub unsafe extern "C" fn hsa_amd_portable_export_dmabuf(
         if ptr.is_null() || dmabuf.is_null() || offset.is_null() || size == 0 {
             return Status::ERROR_INVALID_ARGUMENT;
         }
-        let mut mem = rt.memory();
-        let r = mem.export(ptr as usize, size).map(|(fd, off)| {
-            let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
-            mem.exported.insert(raw);
-            bump(Counter::DmabufsExported);
-            // SAFETY: both out-pointers are non-null and valid for one write by the contract.
-            unsafe {
-                dmabuf.write(raw);
-                offset.write(off);
-            }
-        });
-        report(r)
+        // SAFETY: `dmabuf` is non-null and valid for one write by the contract.
+        unsafe { dmabuf.write(-1) };
+        let e = rt
+            .memory()
+            .export_refusal(ptr as usize, size, rt.config.profile);
+        report(Err(e))
     })
 }
 
-/// `hsa_amd_portable_close_dmabuf`: closes an fd returned by
-/// `hsa_amd_portable_export_dmabuf`. Any other fd (including one already closed) fails with
-/// `HSA_STATUS_ERROR_RESOURCE_FREE`, ROCR's status for a failed `close`, and is left alone:
-/// ROCR would `close` it regardless, the emulator closes only what it handed out.
+/// `hsa_amd_portable_close_dmabuf`: a negative fd (what a refused export leaves) succeeds
+/// with nothing to close, as in ROCR's AIE memory test (`rocr-aie-hsaco.md` §6). The emulator
+/// never hands out dmabufs through `hsa_amd_portable_export_dmabuf`, so any other fd fails
+/// with `HSA_STATUS_ERROR_RESOURCE_FREE` (ROCR's status for a failed `close`) and is left
+/// open: the emulator does not close fds it did not make.
 ///
 /// # Safety
-/// The caller must not use `dmabuf` after success.
+/// Always safe; `unsafe` only as part of the C ABI.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hsa_amd_portable_close_dmabuf(dmabuf: c_int) -> Status {
-    guard(|| {
-        let rt = match runtime() {
-            Ok(rt) => rt,
-            Err(st) => return st,
-        };
-        if !rt.memory().exported.remove(&dmabuf) {
-            return Status::ERROR_RESOURCE_FREE;
+    guard(|| match runtime() {
+        Ok(_) if dmabuf < 0 => Status::SUCCESS,
+        Ok(_) => {
+            record(&SimError::new(
+                Status::ERROR_RESOURCE_FREE,
+                format!(
+                    "hsa_amd_portable_close_dmabuf: fd {dmabuf} was not exported by \
+                     hsa_amd_portable_export_dmabuf"
+                ),
+            ));
+            Status::ERROR_RESOURCE_FREE
         }
-        // SAFETY: `dmabuf` came from `into_raw_fd` in the export above and was removed from
-        // the exported set, so this is its single owner.
-        drop(unsafe { OwnedFd::from_raw_fd(dmabuf) });
-        bump(Counter::DmabufsClosed);
-        Status::SUCCESS
+        Err(st) => st,
     })
 }
 

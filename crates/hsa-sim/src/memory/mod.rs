@@ -1,8 +1,8 @@
-//! Memory: pool allocations, the device heap, the address registry and dmabuf export.
+//! Memory: pool allocations, the device heap, the address registry, and which memory
+//! `hsa_amd_portable_export_dmabuf` refuses.
 //!
 //! - Every allocation from a data pool (AIE pools 0 and 2, the CPU system pool) is its own
-//!   memfd, mapped `MAP_SHARED`: exporting it hands out a dup of that fd, and another process
-//!   (or another mapping) that maps it sees the same bytes.
+//!   memfd, mapped `MAP_SHARED`.
 //! - The device heap (AIE pool 1) is one 64 MiB memfd mapped at a 64 MiB-aligned address, as
 //!   ROCR maps its `AMDXDNA_BO_DEV_HEAP`; allocations are carved from it at 32 KiB alignment.
 //! - The registry maps any address to the allocation or vmem mapping containing it, which is
@@ -11,15 +11,15 @@
 //! Sizes are rounded up to pages; the rounded length is the allocation's extent for every
 //! bounds check, as it is for ROCR's BOs.
 
-use std::collections::{BTreeMap, HashSet};
-use std::ffi::{c_int, c_void};
+use std::collections::BTreeMap;
+use std::ffi::c_void;
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
 
 use hsa_core::sys::{AccessPermission, Agent, DEVICE_HEAP_ALIGNMENT, DEVICE_HEAP_SIZE, Status};
 use rustix::mm::{MapFlags, ProtFlags};
 
 use crate::agents::{PoolKind, page_size};
+use crate::profile::Profile;
 use crate::status::SimError;
 use crate::vmem::VmemState;
 
@@ -172,7 +172,19 @@ impl Drop for Mapping {
     }
 }
 
-/// A new memfd of `len` bytes.
+/// Seals `fd` against shrinking and growing, as every fd the emulator hands out must be: a
+/// dmabuf cannot be truncated, and a client's `ftruncate` on a memfd the emulator also maps
+/// would make the emulator's own accesses fault (`SIGBUS`).
+///
+/// # Errors
+/// `HSA_STATUS_ERROR` when the seals cannot be added (the fd was not created sealable).
+pub(crate) fn seal_size(fd: &OwnedFd) -> Result<(), SimError> {
+    use rustix::fs::SealFlags;
+    rustix::fs::fcntl_add_seals(fd, SealFlags::SHRINK | SealFlags::GROW)
+        .map_err(|e| SimError::new(Status::ERROR, format!("sealing an exported memfd: {e}")))
+}
+
+/// A new memfd of `len` bytes, sealable (see [`seal_size`]).
 pub(crate) fn new_memfd(name: &str, len: usize) -> Result<OwnedFd, SimError> {
     let oom = |e| SimError::new(Status::ERROR_OUT_OF_RESOURCES, format!("memfd: {e}"));
     let fd = rustix::fs::memfd_create(
@@ -191,8 +203,13 @@ pub(crate) fn page_round(n: usize) -> Option<usize> {
 
 #[derive(Debug)]
 enum Backing {
-    Own { fd: Arc<OwnedFd>, _map: Mapping },
-    Heap { offset: usize },
+    /// Its own memfd's mapping (the mapping keeps the file alive).
+    Own {
+        _map: Mapping,
+    },
+    Heap {
+        offset: usize,
+    },
 }
 
 /// One `hsa_amd_memory_pool_allocate` allocation.
@@ -206,7 +223,6 @@ pub(crate) struct PoolAlloc {
 /// The 64 MiB device heap.
 #[derive(Debug)]
 struct DeviceHeap {
-    fd: Arc<OwnedFd>,
     map: Mapping,
     /// Allocated blocks: offset → length.
     blocks: BTreeMap<usize, usize>,
@@ -221,7 +237,6 @@ impl DeviceHeap {
         // The shared mapping now owns the range.
         std::mem::forget(reserved);
         Ok(Self {
-            fd: Arc::new(fd),
             map,
             blocks: BTreeMap::new(),
         })
@@ -276,17 +291,15 @@ pub(crate) struct Memory {
     heap: DeviceHeap,
     allocs: BTreeMap<usize, PoolAlloc>,
     pub vmem: VmemState,
-    exported: HashSet<c_int>,
 }
 
 impl Memory {
-    /// Memory for a runtime whose AIE agent is `aie`.
-    pub fn new(aie: Agent) -> Result<Self, SimError> {
+    /// Memory for a runtime whose AIE agent is `aie`, behaving as `profile`.
+    pub fn new(aie: Agent, profile: Profile) -> Result<Self, SimError> {
         Ok(Self {
             heap: DeviceHeap::new()?,
             allocs: BTreeMap::new(),
-            vmem: VmemState::new(aie),
-            exported: HashSet::new(),
+            vmem: VmemState::new(aie, profile),
         })
     }
 
@@ -340,10 +353,7 @@ impl Memory {
                 // SAFETY: a fresh mapping at a kernel-chosen address.
                 let map = unsafe { Mapping::shared(&fd, 0, len, None) }?;
                 let base = map.addr;
-                let backing = Backing::Own {
-                    fd: Arc::new(fd),
-                    _map: map,
-                };
+                let backing = Backing::Own { _map: map };
                 self.allocs.insert(base, PoolAlloc { len, pool, backing });
                 Ok(base)
             }
@@ -412,46 +422,55 @@ impl Memory {
         Some(())
     }
 
-    /// A dup of the fd backing `[ptr, ptr+size)` and the offset of `ptr` in it.
-    fn export(&mut self, ptr: usize, size: usize) -> Result<(OwnedFd, u64), SimError> {
-        let bad = || {
-            SimError::new(
-                Status::ERROR_INVALID_ALLOCATION,
-                format!(
-                    "hsa_amd_portable_export_dmabuf: [{ptr:#x}, +{size}) is not inside one \
-                     allocation or vmem mapping"
-                ),
-            )
-        };
-        let in_alloc = self
-            .allocs
-            .range(..=ptr)
-            .next_back()
-            .filter(|&(&base, a)| ptr < base + a.len);
-        let (fd, offset) = if let Some((&base, a)) = in_alloc {
-            if ptr.checked_add(size).is_none_or(|end| end > base + a.len) {
-                return Err(bad());
-            }
-            if !a.pool.is_aie() {
-                return Err(SimError::new(
-                    Status::ERROR_INVALID_AGENT,
+    /// Why `hsa_amd_portable_export_dmabuf` refuses `[ptr, ptr+size)`: every profile does.
+    ///
+    /// Memory that is no allocation or mapping gives `INVALID_ALLOCATION`, CPU-pool memory
+    /// `INVALID_AGENT`, and AIE memory (a pool allocation, or a vmem mapping of an AIE-pool
+    /// handle) `HSA_STATUS_ERROR`: ROCm 7.0 does not implement the export, and ROCR's own AIE
+    /// memory test expects it to fail in the newer releases (`rocr-aie.md` §4.3,
+    /// `rocr-aie-hsaco.md` §6). The vmem case is inferred from the pool case.
+    pub fn export_refusal(&self, ptr: usize, size: usize, profile: Profile) -> SimError {
+        let inside = self
+            .resolve(ptr as u64)
+            .filter(|r| r.remaining(ptr as u64) >= size as u64);
+        let kind = match inside.map(|r| r.owner) {
+            None => {
+                return SimError::new(
+                    Status::ERROR_INVALID_ALLOCATION,
                     format!(
-                        "hsa_amd_portable_export_dmabuf: {ptr:#x} is in {}; ROCR exports only \
-                         device allocations",
-                        a.pool.describe()
+                        "hsa_amd_portable_export_dmabuf: [{ptr:#x}, +{size}) is not inside one \
+                         allocation or vmem mapping"
                     ),
-                ));
+                );
             }
-            match &a.backing {
-                Backing::Own { fd, .. } => (fd.clone(), (ptr - base) as u64),
-                Backing::Heap { offset } => (self.heap.fd.clone(), (offset + (ptr - base)) as u64),
-            }
-        } else {
-            self.vmem.backing(ptr, size).ok_or_else(bad)?
+            Some(Owner::Pool(k) | Owner::Vmem { pool: k, .. }) => k,
         };
-        let dup = rustix::io::dup(&*fd)
-            .map_err(|e| SimError::new(Status::ERROR_OUT_OF_RESOURCES, format!("dup: {e}")))?;
-        Ok((dup, offset))
+        if !kind.is_aie() {
+            return SimError::new(
+                Status::ERROR_INVALID_AGENT,
+                format!(
+                    "hsa_amd_portable_export_dmabuf: {ptr:#x} is in {}; ROCR exports only device \
+                     allocations",
+                    kind.describe()
+                ),
+            );
+        }
+        let why = match profile {
+            Profile::Rocm70 => "ROCm 7.0 does not implement it for the AIE driver",
+            _ => "ROCR's AIE driver does not export its memory this way",
+        };
+        let hint = if profile.vmem_exports_aie_handles() {
+            "; export a vmem handle with hsa_amd_vmem_export_shareable_handle instead"
+        } else {
+            ""
+        };
+        SimError::new(
+            Status::ERROR,
+            format!(
+                "hsa_amd_portable_export_dmabuf: {ptr:#x} is in {} ({profile}): {why}{hint}",
+                kind.describe()
+            ),
+        )
     }
 }
 
@@ -488,7 +507,7 @@ mod tests {
 
     #[test]
     fn registry_resolves_interior_addresses_only() {
-        let mut m = Memory::new(Agent { handle: 1 }).unwrap();
+        let mut m = Memory::new(Agent { handle: 1 }, Profile::default()).unwrap();
         let p = m.allocate(PoolKind::Data, 100).unwrap() as u64;
         let r = m.resolve(p + 99).unwrap();
         assert_eq!((r.base, r.len), (p, page_size() as u64));

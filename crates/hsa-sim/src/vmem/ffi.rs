@@ -11,6 +11,7 @@ use hsa_core::sys::{
 use super::{HandleObj, invalid, invalid_allocation};
 use crate::agents::{PoolKind, page_size};
 use crate::counters::{Counter, bump};
+use crate::memory::seal_size;
 use crate::runtime::{Runtime, guard, next_handle, report, runtime};
 use crate::status::SimError;
 
@@ -226,8 +227,11 @@ pub unsafe extern "C" fn hsa_amd_vmem_get_access(
     })
 }
 
-/// `hsa_amd_vmem_export_shareable_handle`: a dup of the handle's memfd, which the caller
-/// closes with `close(2)`.
+/// `hsa_amd_vmem_export_shareable_handle`: on `rocr-newest`, a dup of the handle's memfd,
+/// sealed against shrinking and growing before it is handed out (`ftruncate` on it fails with
+/// `EPERM`, so a client cannot make the emulator's own mappings fault); the caller closes it
+/// with `close(2)`. An AIE-pool handle on an older profile, or an imported handle on any,
+/// fails with `HSA_STATUS_ERROR`.
 ///
 /// # Safety
 /// `dmabuf_fd` is null (the call fails) or valid for one write.
@@ -242,12 +246,33 @@ pub unsafe extern "C" fn hsa_amd_vmem_export_shareable_handle(
     }
     vmem_call(|rt| {
         let mem = rt.memory();
-        let obj = mem.vmem.handles.get(&h.handle).ok_or_else(|| {
-            invalid_allocation(format!(
-                "hsa_amd_vmem_export_shareable_handle: unknown handle {:#x}",
-                h.handle
-            ))
-        })?;
+        let what = "hsa_amd_vmem_export_shareable_handle";
+        let obj =
+            mem.vmem.handles.get(&h.handle).ok_or_else(|| {
+                invalid_allocation(format!("{what}: unknown handle {:#x}", h.handle))
+            })?;
+        let profile = rt.config.profile;
+        if obj.imported {
+            return Err(SimError::new(
+                Status::ERROR,
+                format!(
+                    "{what}: handle {:#x} was imported; ROCR exports only handles it allocated",
+                    h.handle
+                ),
+            ));
+        }
+        if obj.kind.is_aie() && !profile.vmem_exports_aie_handles() {
+            return Err(SimError::new(
+                Status::ERROR,
+                format!(
+                    "{what}: handle {:#x} is from {}; {profile} does not export AIE memory \
+                     (rocr-newest does)",
+                    h.handle,
+                    obj.kind.describe()
+                ),
+            ));
+        }
+        seal_size(&obj.fd)?;
         let fd = rustix::io::dup(&*obj.fd)
             .map_err(|e| SimError::new(Status::ERROR_OUT_OF_RESOURCES, format!("dup: {e}")))?;
         bump(Counter::ShareableHandlesExported);
@@ -258,7 +283,9 @@ pub unsafe extern "C" fn hsa_amd_vmem_export_shareable_handle(
 }
 
 /// `hsa_amd_vmem_import_shareable_handle`: a new handle over a dup of `fd` (a memfd or any
-/// mappable file), sized by `fstat`. The caller keeps its own fd.
+/// mappable file), sized by `fstat`. The caller keeps its own fd. `rocm-7.0` and
+/// `rocr-late-2025` import only a GPU region's dmabuf, and the emulator has no GPU: there it
+/// fails with `INVALID_ALLOCATION`.
 ///
 /// # Safety
 /// `out` is null (the call fails) or valid for one write.
@@ -271,6 +298,13 @@ pub unsafe extern "C" fn hsa_amd_vmem_import_shareable_handle(
         return guard(|| runtime().err().unwrap_or(Status::ERROR_INVALID_ARGUMENT));
     }
     vmem_call(|rt| {
+        if !rt.config.profile.vmem_imports() {
+            return Err(invalid_allocation(format!(
+                "hsa_amd_vmem_import_shareable_handle: fd {fd}: {} imports only dmabufs of GPU \
+                 regions through KFD, and there is no GPU agent",
+                rt.config.profile
+            )));
+        }
         // SAFETY: the fd is only borrowed for `dup` and `fstat` while the caller keeps it
         // open (the caller's contract: it passes an open descriptor).
         let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
@@ -302,6 +336,7 @@ pub unsafe extern "C" fn hsa_amd_vmem_import_shareable_handle(
                 size,
                 fd: Arc::new(dup),
                 refs: 1,
+                imported: true,
             },
         );
         bump(Counter::VmemHandlesCreated);
@@ -332,6 +367,7 @@ pub unsafe extern "C" fn hsa_amd_vmem_retain_alloc_handle(
             ))
         })?;
         let (h, pool, kind, mem_type, fd) = (m.handle, m.pool, m.kind, m.mem_type, m.fd.clone());
+        let imported = m.imported;
         let size = usize::try_from(rustix::fs::fstat(&*fd).map_or(0, |s| s.st_size)).unwrap_or(0);
         mem.vmem
             .handles
@@ -344,6 +380,7 @@ pub unsafe extern "C" fn hsa_amd_vmem_retain_alloc_handle(
                 size,
                 fd,
                 refs: 1,
+                imported,
             });
         bump(Counter::VmemHandlesCreated);
         // SAFETY: `out` is non-null and valid for one write by the contract.

@@ -1,4 +1,13 @@
-//! Virtual memory (`hsa_amd_vmem_*`), as the newest ROCR does it for the AIE agent.
+//! Virtual memory (`hsa_amd_vmem_*`), as the newest ROCR does it for the AIE agent, with the
+//! limits of the older profiles (`rocr-aie.md` §4.2, §4.3; `rocr-aie-hsaco.md` §6):
+//!
+//! - `rocm-7.0` and `rocr-late-2025` map only KFD memory: `hsa_amd_vmem_map` of a handle from
+//!   an AIE pool fails with `INVALID_AGENT`, and `hsa_amd_vmem_import_shareable_handle`
+//!   (which needs a GPU region's dmabuf; the emulator has no GPU) with `INVALID_ALLOCATION`.
+//! - `hsa_amd_vmem_export_shareable_handle` of an AIE-pool handle works on `rocr-newest`
+//!   only (`HSA_STATUS_ERROR` elsewhere). The fd is a dup of the handle's memfd, sealed against
+//!   shrinking and growing first ([`crate::memory::seal_size`]). Re-exporting an imported
+//!   handle fails with `HSA_STATUS_ERROR` on every profile, as ROCR's AIE memory test expects.
 //!
 //! - A handle is a memfd of the requested size (a multiple of the pool's
 //!   `RUNTIME_ALLOC_GRANULE`, the page size).
@@ -25,6 +34,7 @@ use hsa_core::sys::{AccessPermission, Agent, MemoryPool, MemoryType, Status};
 
 use crate::agents::{PoolKind, page_size};
 use crate::memory::{Mapping, Owner, Resolved, new_memfd};
+use crate::profile::Profile;
 use crate::runtime::next_handle;
 use crate::status::SimError;
 
@@ -40,6 +50,8 @@ struct HandleObj {
     size: usize,
     fd: Arc<OwnedFd>,
     refs: u32,
+    /// Made by `hsa_amd_vmem_import_shareable_handle` over someone else's fd.
+    imported: bool,
 }
 
 #[derive(Debug)]
@@ -50,8 +62,8 @@ struct VmemMapping {
     kind: PoolKind,
     mem_type: MemoryType,
     fd: Arc<OwnedFd>,
-    offset: u64,
     access: Vec<(Agent, AccessPermission)>,
+    imported: bool,
 }
 
 impl VmemMapping {
@@ -79,6 +91,7 @@ pub(crate) struct VmemState {
     reservations: BTreeMap<usize, Reservation>,
     /// The AIE agent, whose access makes a mapping a valid kernel argument.
     aie: Agent,
+    profile: Profile,
 }
 
 fn invalid(detail: String) -> SimError {
@@ -90,9 +103,10 @@ fn invalid_allocation(detail: String) -> SimError {
 }
 
 impl VmemState {
-    pub fn new(aie: Agent) -> Self {
+    pub fn new(aie: Agent, profile: Profile) -> Self {
         Self {
             aie,
+            profile,
             ..Self::default()
         }
     }
@@ -119,15 +133,6 @@ impl VmemState {
                 aie_access: m.access_of(self.aie),
             },
         })
-    }
-
-    /// The memfd behind `[ptr, ptr+size)` and the offset of `ptr` in it.
-    pub fn backing(&self, ptr: usize, size: usize) -> Option<(Arc<OwnedFd>, u64)> {
-        let (base, m) = self.mapping_of(ptr)?;
-        if ptr.checked_add(size)? > base + m.len {
-            return None;
-        }
-        Some((m.fd.clone(), m.offset + (ptr - base) as u64))
     }
 
     fn create_handle(
@@ -161,6 +166,7 @@ impl VmemState {
                 size,
                 fd: Arc::new(fd),
                 refs: 1,
+                imported: false,
             },
         );
         Ok(h)
@@ -273,7 +279,19 @@ impl VmemState {
                 obj.size
             )));
         }
+        if obj.kind.is_aie() && !self.profile.vmem_maps_aie_handles() {
+            return Err(SimError::new(
+                Status::ERROR_INVALID_AGENT,
+                format!(
+                    "hsa_amd_vmem_map: handle {h:#x} is from {}; {} maps only KFD (GPU) memory \
+                     through vmem, so allocate AIE buffers with hsa_amd_memory_pool_allocate",
+                    obj.kind.describe(),
+                    self.profile
+                ),
+            ));
+        }
         let (fd, pool, kind, mem_type) = (obj.fd.clone(), obj.pool, obj.kind, obj.mem_type);
+        let imported = obj.imported;
         let (rbase, res) = self.reservation_of(va).ok_or_else(|| {
             invalid(format!(
                 "hsa_amd_vmem_map: {va:#x} is not in a reserved range"
@@ -309,8 +327,8 @@ impl VmemState {
                 kind,
                 mem_type,
                 fd,
-                offset: offset as u64,
                 access: Vec::new(),
+                imported,
             },
         );
         Ok(())

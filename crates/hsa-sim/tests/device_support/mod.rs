@@ -8,11 +8,19 @@ use std::time::Duration;
 use hsa_core::{
     Device, DeviceOptions, Dispatch, Generation, HsaApi, PacketAbi, ProgramId, TensorId,
 };
-use hsa_sim::SimConfig;
+use hsa_sim::{Profile, SimConfig};
 use npu_artifacts::NpuGen;
 use npu_artifacts::emu::{DType, EmuDesign};
 
-pub const ABIS: [PacketAbi; 3] = [PacketAbi::G2, PacketAbi::G1b, PacketAbi::G1a];
+/// The hardware each profile is emulated on here: ROCm 7.0 names every AIE agent `aie2`, and
+/// hsa-core picks the instruction generation by that name, so under ROCm 7.0 only a Phoenix
+/// (npu1) runs what hsa-core builds. The later releases run on a Strix (npu2).
+pub fn agent_for(profile: Profile) -> NpuGen {
+    match profile {
+        Profile::Rocm70 => NpuGen::Npu1,
+        _ => NpuGen::Npu2,
+    }
+}
 
 pub fn npu_gen(g: Generation) -> NpuGen {
     match g {
@@ -21,13 +29,14 @@ pub fn npu_gen(g: Generation) -> NpuGen {
     }
 }
 
-/// Opens the statically linked emulator speaking `abi`.
-pub fn open_static(abi: PacketAbi, opts: DeviceOptions) -> Device {
+/// Opens the statically linked emulator behaving as `profile`.
+pub fn open_static(profile: Profile, opts: DeviceOptions) -> Device {
     hsa_sim::set_config(SimConfig {
-        agent: NpuGen::Npu2,
-        packet_abi: abi,
+        agent: agent_for(profile),
+        profile,
         timeout: Duration::from_millis(300),
     });
+    let abi: PacketAbi = profile.packet_abi();
     let api = HsaApi::from_static(hsa_sim::fns(), "hsa-sim");
     Device::open(
         api,

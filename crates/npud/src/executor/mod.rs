@@ -357,9 +357,15 @@ fn open_device(cfg: &Config) -> Result<Device, StartError> {
         Backend::Emulator => {
             let agent =
                 hsa_sim::agent_from_name(&cfg.emulator.agent_name).unwrap_or(hsa_sim::NpuGen::Npu2);
+            // The ROCR release whose packet ABI the daemon speaks.
+            let profile = match cfg.device_options().packet_abi {
+                hsa_core::PacketAbi::G2 => hsa_sim::Profile::RocrNewest,
+                hsa_core::PacketAbi::G1b => hsa_sim::Profile::RocrLate2025,
+                hsa_core::PacketAbi::G1a => hsa_sim::Profile::Rocm70,
+            };
             hsa_sim::set_config(hsa_sim::SimConfig {
                 agent,
-                packet_abi: cfg.device_options().packet_abi,
+                profile,
                 timeout: Duration::from_millis(cfg.emulator.timeout_ms),
             });
             Ok(HsaApi::from_static(hsa_sim::fns(), "hsa-sim (emulator)"))

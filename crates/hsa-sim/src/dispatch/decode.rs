@@ -1,25 +1,10 @@
-//! The doorbell: decoding packets of the configured generation and running them as one chain.
+//! Decoding one ring slot into a [`Command`], for the profile's packet generation.
 //!
-//! A store to a queue's doorbell signal runs, before it returns, every packet from the read
-//! index up to the write index (the value stored is ignored), as ROCR's
-//! `AieAqlQueue::SubmitPackets` does. For each packet in order: decode it, check the rules
-//! ([`crate::rules`]), run its kernel, advance the read index past it and decrement its
-//! completion signal by 1 (G2 and G1b; handle 0 means none; G1a has none).
-//!
-//! **On the first failing packet** nothing more runs: the packets before it are retired
-//! (read index past them, signals decremented), the read index stays at the failing packet,
-//! the queue is suspended (later doorbells do nothing) and, after the batch, the queue's error
-//! callback is called with the status from the ringing thread, as the newest ROCR does. The
-//! detail goes to [`crate::last_error`] and the log. Recreate the queue to go on.
-//!
-//! Chains: G2 splits a batch itself to fit the driver's 4 KiB chain buffer, so any batch of up
-//! to 64 packets runs. G1a and G1b do not: the batch's run of START_CU packets must fit 4 KiB,
-//! each command costing a 52-byte slot header plus `4·(1 + count)` bytes (CU mask and the
-//! `5 + 3N` payload dwords), which reproduces IRON's measurement of 40 commands with N = 2
-//! (and 41 failing). A batch that does not fit fails at its first packet and nothing runs.
+//! G2 packets carry their arguments in a kernarg buffer the runtime must know; G1 packets
+//! point at a payload in any host memory. G1a (ROCm 7.0) indexes the ring without wrapping,
+//! so its packet 64 lies past the ring (`rocr-aie.md` §2, §5.2).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use hsa_core::sys::{
     AIE_PACKET_OPCODE_KMQ, AIE_PACKET_TYPE_READY, AIE_QUEUE_SIZE, AMD_PACKET_TYPE_AIE_ERT,
@@ -28,17 +13,11 @@ use hsa_core::sys::{
 };
 
 use crate::config::PacketAbi;
-use crate::counters::{Counter, bump};
 use crate::queue::{PACKET_SIZE, QueueObj};
 use crate::rules;
-use crate::runtime::{Runtime, runtime};
-use crate::signal::{SignalObj, complete};
-use crate::status::{SimError, record};
-
-/// The driver's command chain buffer (`MAX_CHAIN_CMDBUF_SIZE`).
-pub const CHAIN_BUFFER_BYTES: u64 = 4096;
-/// Bytes of a `cmd_chain_slot_npu` header.
-pub const CHAIN_SLOT_HEADER_BYTES: u64 = 52;
+use crate::runtime::Runtime;
+use crate::signal::SignalObj;
+use crate::status::SimError;
 
 /// One decoded packet, whatever its generation.
 #[derive(Debug)]
@@ -52,67 +31,10 @@ pub(crate) struct Command {
     pub completion: Option<Arc<SignalObj>>,
 }
 
-/// Rings `q`'s doorbell: runs its pending packets, then reports a failure.
-pub(crate) fn ring(q: &Arc<QueueObj>) {
-    let Ok(rt) = runtime() else { return };
-    let failure = {
-        let mut state = q.state();
-        if q.suspended.load(Ordering::Acquire) {
-            tracing::debug!("hsa-sim: doorbell on a suspended queue ignored");
-            return;
-        }
-        run_batch(&rt, q, &mut state).err()
-    };
-    if let Some(e) = failure {
-        record(&e);
-        q.suspended.store(true, Ordering::Release);
-        bump(Counter::PacketsFailed);
-        q.notify_error(&e);
-    }
-}
-
-fn run_batch(
-    rt: &Runtime,
-    q: &QueueObj,
-    state: &mut crate::queue::QueueState,
-) -> Result<(), SimError> {
-    let rd = q.read.load(Ordering::Acquire);
-    let wr = q.write.load(Ordering::Acquire);
-    if wr <= rd {
-        return Ok(());
-    }
-    bump(Counter::Doorbells);
-    if wr - rd > u64::from(AIE_QUEUE_SIZE) {
-        return Err(SimError::new(
-            Status::ERROR_INVALID_ARGUMENT,
-            format!(
-                "doorbell: write index {wr} is {} packets ahead of read index {rd}; the \
-                 {AIE_QUEUE_SIZE}-slot ring overflowed (wait for the read index before reusing a slot)",
-                wr - rd
-            ),
-        ));
-    }
-    if q.config.packet_abi != PacketAbi::G2 {
-        check_g1_chain(q, rd, wr)?;
-    }
-    for index in rd..wr {
-        let cmd = decode(rt, q, index)
-            .map_err(|e| SimError::new(e.status, format!("packet {index}: {}", e.detail)))?;
-        rules::execute(rt, q, state, &cmd)
-            .map_err(|e| SimError::new(e.status, format!("packet {index}: {}", e.detail)))?;
-        q.read.store(index + 1, Ordering::Release);
-        if let Some(sig) = &cmd.completion {
-            complete(sig);
-        }
-        bump(Counter::PacketsCompleted);
-    }
-    Ok(())
-}
-
 /// The ring slot of packet `index`; `None` when a G1a ring would read past its end.
 fn slot(q: &QueueObj, index: u64) -> Option<usize> {
     let size = u64::from(AIE_QUEUE_SIZE);
-    let i = match q.config.packet_abi {
+    let i = match q.config.packet_abi() {
         PacketAbi::G2 | PacketAbi::G1b => index % size,
         PacketAbi::G1a if index < size => index,
         PacketAbi::G1a => return None,
@@ -122,7 +44,7 @@ fn slot(q: &QueueObj, index: u64) -> Option<usize> {
     Some(q.ring_base() + offset)
 }
 
-fn read_g2(q: &QueueObj, index: u64) -> Option<AieDispatchPacket> {
+pub(crate) fn read_g2(q: &QueueObj, index: u64) -> Option<AieDispatchPacket> {
     let at = slot(q, index)?;
     // SAFETY: `at` is a 64-byte-aligned slot inside the queue's live ring mapping (the queue is
     // kept alive by the caller's Arc); the packet type is plain data valid for any bits.
@@ -166,8 +88,8 @@ fn completion(rt: &Runtime, s: Signal) -> Result<Option<Arc<SignalObj>>, SimErro
         })
 }
 
-fn decode(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError> {
-    match q.config.packet_abi {
+pub(crate) fn decode(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError> {
+    match q.config.packet_abi() {
         PacketAbi::G2 => decode_g2(rt, q, index),
         PacketAbi::G1a | PacketAbi::G1b => decode_g1(rt, q, index),
     }
@@ -175,14 +97,15 @@ fn decode(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError> {
 
 fn decode_g2(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError> {
     let p = read_g2(q, index).ok_or_else(|| g1a_overrun(index))?;
+    let checks = q.config.profile.checks_packet_header();
     let ty = p.header & 0xFF;
-    if ty != AIE_PACKET_TYPE_READY {
+    if checks && ty != AIE_PACKET_TYPE_READY {
         return Err(bad_format(format!(
             "G2 header type {ty} is not HSA_AMD_AIE_PACKET_TYPE_READY (0) (header {:#06x})",
             p.header
         )));
     }
-    if p.opcode != AIE_PACKET_OPCODE_KMQ {
+    if checks && p.opcode != AIE_PACKET_OPCODE_KMQ {
         return Err(bad_format(format!(
             "G2 opcode {} is not HSA_AMD_AIE_PACKET_OPCODE_KMQ (0)",
             p.opcode
@@ -233,42 +156,19 @@ fn decode_g2(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError
 }
 
 /// The `count` field of a G1 packet that would join the chain, or `None` where the chain stops.
-fn g1_count(q: &QueueObj, index: u64) -> Option<u32> {
+pub(crate) fn g1_count(q: &QueueObj, index: u64) -> Option<u32> {
     let p = read_g1(q, index)?;
     let bits = p.bits();
     (bits.opcode == ert_opcode::START_CU).then_some(bits.count)
 }
 
-fn check_g1_chain(q: &QueueObj, rd: u64, wr: u64) -> Result<(), SimError> {
-    let mut bytes = 0u64;
-    let mut commands = 0u64;
-    for index in rd..wr {
-        let Some(count) = g1_count(q, index) else {
-            break;
-        };
-        bytes += CHAIN_SLOT_HEADER_BYTES + 4 * (1 + u64::from(count));
-        commands += 1;
-    }
-    if bytes > CHAIN_BUFFER_BYTES {
-        return Err(SimError::new(
-            Status::ERROR,
-            format!(
-                "packet {rd}: command chain of {commands} commands needs {bytes} bytes; the \
-                 driver's chain buffer (MAX_CHAIN_CMDBUF_SIZE) holds {CHAIN_BUFFER_BYTES}, and \
-                 G1 runtimes do not split chains: ring the doorbell at least every 32 packets"
-            ),
-        ));
-    }
-    Ok(())
-}
-
 fn decode_g1(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError> {
     let p = read_g1(q, index).ok_or_else(|| g1a_overrun(index))?;
-    let (format, abi) = match q.config.packet_abi {
+    let (format, abi) = match q.config.packet_abi() {
         PacketAbi::G1a => (AMD_PACKET_TYPE_AIE_ERT, "G1a"),
         _ => (AMD_PACKET_TYPE_RESERVED200, "G1b"),
     };
-    if p.header != 0 {
+    if q.config.profile.checks_packet_header() && p.header != 0 {
         return Err(bad_format(format!(
             "{abi} header is {:#06x}; the vendor-specific header must be exactly 0",
             p.header
@@ -330,7 +230,7 @@ fn decode_g1(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError
             (addr, u64::from(dw(5 + 2 * n + i)))
         })
         .collect();
-    let completion = match q.config.packet_abi {
+    let completion = match q.config.packet_abi() {
         PacketAbi::G1b => completion(rt, p.completion_signal)?,
         _ => None,
     };
@@ -384,18 +284,5 @@ fn read_payload(rt: &Runtime, addr: u64, len: u64) -> Result<Vec<u8>, SimError> 
             };
             Ok(v)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn g1_chain_cost_fits_40_commands_of_two_arguments_but_not_41() {
-        let count = hsa_core::sys::ert_payload_count(2) as u64;
-        let per = CHAIN_SLOT_HEADER_BYTES + 4 * (1 + count);
-        assert!(40 * per <= CHAIN_BUFFER_BYTES);
-        assert!(41 * per > CHAIN_BUFFER_BYTES);
     }
 }
