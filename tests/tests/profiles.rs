@@ -41,6 +41,17 @@ fn alternating(program: u64, a: u64, b: u64, k: usize) -> pb::DispatchRequest {
     }
 }
 
+/// Compares tensors, naming the first element that differs (not printing thousands).
+fn same(got: &[i32], want: &[i32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().zip(want).position(|(g, w)| g != w) {
+        panic!(
+            "{what}: element {i} is {} where {} was expected",
+            got[i], want[i]
+        );
+    }
+}
+
 async fn info(s: &mut Session) -> pb::DeviceInfo {
     s.client
         .get_device_info(pb::GetDeviceInfoRequest {})
@@ -109,19 +120,31 @@ async fn core_work(profile: &str, runtime: Runtime) {
         .copy_from_slice(&input);
     s.dispatch(p, &[a.id, b.id]).await.unwrap();
     let plus = |k: i32| input.iter().map(|v| v + k).collect::<Vec<i32>>();
-    assert_eq!(b.map.as_slice_of::<i32>().unwrap(), &plus(1)[..]);
+    same(
+        b.map.as_slice_of::<i32>().unwrap(),
+        &plus(1),
+        "b after one dispatch",
+    );
 
     // A chain of 100: batches of 32, 32, 32 and 4.
     let links = (0..100).map(|k| alternating(p, a.id, b.id, k)).collect();
     let r = s.chain(links).await.unwrap();
     assert!(r.failure.is_none(), "{r:?}");
     assert_eq!((r.completed, r.doorbells), (100, 4));
-    // Link 99 is odd: it wrote a, which the chain took from 0+1 (b) ... to +101.
-    assert_eq!(a.map.as_slice_of::<i32>().unwrap(), &plus(101)[..]);
+    // Link k writes input + k + 1; link 99 is odd, so it wrote a.
+    same(
+        a.map.as_slice_of::<i32>().unwrap(),
+        &plus(100),
+        "a after the chain",
+    );
 
     // 32 links of six arguments: 27 fit the G1 chain buffer and 31 the early G2 one; one
     // doorbell for all 32 fails on those runtimes.
-    let six = s.register(&EmuDesign::noop(6, 4096)).await.unwrap().program_id;
+    let six = s
+        .register(&EmuDesign::noop(6, 4096))
+        .await
+        .unwrap()
+        .program_id;
     let mut ids = Vec::new();
     let mut keep = Vec::new();
     for _ in 0..6 {
@@ -159,7 +182,11 @@ async fn core_work(profile: &str, runtime: Runtime) {
         done.push(r.request_id);
     }
     assert_eq!(done, (0..20).collect::<Vec<u64>>());
-    assert_eq!(b.map.as_slice_of::<i32>().unwrap(), &plus(102)[..]);
+    same(
+        b.map.as_slice_of::<i32>().unwrap(),
+        &plus(101),
+        "b after the stream",
+    );
 }
 
 /// A fault on the runtimes that report one: INTERNAL, the program quarantined, the device
@@ -173,7 +200,11 @@ async fn device_fault(profile: &str, runtime: Runtime) {
         .await
         .unwrap()
         .program_id;
-    let fault = s.register(&EmuDesign::fault(N * 4)).await.unwrap().program_id;
+    let fault = s
+        .register(&EmuDesign::fault(N * 4))
+        .await
+        .unwrap()
+        .program_id;
     let mut a = s.alloc_mapped(BYTES).await.unwrap();
     let b = s.alloc_mapped(BYTES).await.unwrap();
     a.map.as_mut_slice_of::<i32>().unwrap().fill(7);
@@ -222,7 +253,11 @@ async fn truncation(profile: &str, runtime: Runtime) {
     ] {
         for len in [0, BYTES / 2, BYTES * 4] {
             let e = rustix::fs::ftruncate(fd, len).expect_err(what);
-            assert_eq!(e, rustix::io::Errno::PERM, "{profile}: truncating {what} to {len}");
+            assert_eq!(
+                e,
+                rustix::io::Errno::PERM,
+                "{profile}: truncating {what} to {len}"
+            );
         }
         // The fds the daemon hands out take no further seal either (F_SEAL_SEAL): a write seal
         // would turn the daemon's own later mappings into errors.
@@ -238,18 +273,25 @@ async fn truncation(profile: &str, runtime: Runtime) {
     a.map.as_mut_slice_of::<i32>().unwrap().fill(41);
     s.dispatch(p, &[a.id, out.id]).await.unwrap();
     s.dispatch(p, &[imported, out.id]).await.unwrap();
-    assert!(out.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 1));
+    assert!(
+        out.map
+            .as_slice_of::<i32>()
+            .unwrap()
+            .iter()
+            .all(|v| *v == 1)
+    );
     let req = s.req(pb::ReadTensorRequest {
         tensor_id: a.id,
         offset: 0,
         length: BYTES,
+        chunk_bytes: 0,
     });
     let mut chunks = s.client.read_tensor(req).await.unwrap().into_inner();
-    let mut got = 0;
+    let mut got = Vec::new();
     while let Some(c) = chunks.next().await {
-        got += c.unwrap().data.len();
+        got.extend_from_slice(&c.unwrap().data);
     }
-    assert_eq!(got, BYTES as usize);
+    assert_eq!(got, npud_e2e::i32_bytes(&vec![41; N as usize]));
     assert!(info(&mut s).await.serving);
 }
 

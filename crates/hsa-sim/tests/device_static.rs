@@ -72,7 +72,13 @@ fn an_exported_vmem_tensor_fd_shares_bytes_with_the_device_on_the_newest_runtime
     let _g = hsa_sim::serial_test_guard();
     for profile in [Profile::RocrG2May2026, Profile::RocrNewest] {
         // Pool memory is never exportable (ROCR's AIE memory test expects the export to fail).
-        let mut dev = open_static(profile, DeviceOptions::default());
+        let mut dev = open_static(
+            profile,
+            DeviceOptions {
+                tensor_backing: TensorBacking::Pool,
+                ..Default::default()
+            },
+        );
         let t = dev.alloc_tensor(4096).unwrap();
         assert!(dev.export_tensor(t).is_err(), "{profile}: pool export");
         drop(dev);

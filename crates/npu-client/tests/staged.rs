@@ -18,11 +18,7 @@ fn status(d: &Daemon, json: bool) -> String {
         cmd.arg("--json");
     }
     let o = cmd.output().expect("npuctl runs");
-    assert!(
-        o.status.success(),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
@@ -31,8 +27,11 @@ fn local_tensors_work(profile: &str, args: &[&str], sharing: &str) {
     all.extend_from_slice(args);
     let d = Daemon::start_with_args(10_000, &all);
     let client = blocking::Client::connect(Some(&d.unix())).expect("connect");
-    assert!(client.is_local(), "a Unix-socket client shares tensors by fd");
-    assert_eq!(client.device().tensor_sharing, sharing);
+    assert!(
+        client.is_local(),
+        "a Unix-socket client shares tensors by fd"
+    );
+    assert_eq!(client.as_async().device().tensor_sharing, sharing);
     let p = Program::emulated(
         &EmuDesign::vector_scalar_add(1024, DType::I32, 5),
         client.generation(),
@@ -54,12 +53,18 @@ fn local_tensors_work(profile: &str, args: &[&str], sharing: &str) {
     assert_eq!(json["device"]["tensor_sharing"], sharing, "{json}");
     assert_eq!(json["device"]["emulator_profile"], profile, "{json}");
     if sharing == "staged" {
-        assert!(plain.contains("staged: local clients get a memfd"), "{plain}");
+        assert!(
+            plain.contains("staged: local clients get a memfd"),
+            "{plain}"
+        );
         assert!(plain.contains("no export works"), "{plain}");
     } else {
         assert!(plain.contains("in place (vmem-export)"), "{plain}");
     }
-    assert!(plain.contains(&format!("emulator profile {profile}")), "{plain}");
+    assert!(
+        plain.contains(&format!("emulator profile {profile}")),
+        "{plain}"
+    );
 }
 
 #[test]

@@ -73,8 +73,11 @@ impl Default for LogConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EmulatorConfig {
-    /// `aie2` (npu1) or `aie2p` (npu2).
+    /// The NPU the emulator models: `aie2` (npu1) or `aie2p` (npu2).
     pub agent_name: String,
+    /// The ROCR release the emulator behaves as, failures included: `rocr-newest`,
+    /// `rocr-g2-2026-05`, `rocr-late-2025` or `rocm-7.0` (hsa-sim's profiles).
+    pub profile: String,
     /// How long a hanging kernel blocks before it fails as the driver's watchdog would, in ms.
     pub timeout_ms: u64,
 }
@@ -83,6 +86,7 @@ impl Default for EmulatorConfig {
     fn default() -> Self {
         Self {
             agent_name: "aie2p".into(),
+            profile: hsa_sim::Profile::default().as_str().into(),
             timeout_ms: 2000,
         }
     }
@@ -149,10 +153,13 @@ pub struct Config {
     pub backend: Backend,
     /// Path of libhsa-runtime64.so for the `hsa` backend (otherwise discovered).
     pub library: Option<PathBuf>,
-    /// `g2`, `g1b` or `g1a`.
-    pub packet_abi: String,
-    /// `npu1` or `npu2`, overriding the generation read from the agent name.
+    /// `g2`, `g1b` or `g1a`; unset: `g2` on `hsa`, the profile's own on the emulator.
+    pub packet_abi: Option<String>,
+    /// `npu1` or `npu2`, overriding the generation read from the agent name or sysfs.
     pub generation: Option<String>,
+    /// Where sysfs is mounted: the NPU's PCI id is read there when the agent name does not
+    /// tell the generation (ROCm 7.0 names every NPU `aie2`).
+    pub sysfs_root: PathBuf,
     pub emulator: EmulatorConfig,
     pub executor: ExecutorConfig,
     pub limits: Limits,
@@ -173,8 +180,9 @@ impl Default for Config {
             tcp: None,
             backend: Backend::Emulator,
             library: None,
-            packet_abi: "g2".into(),
+            packet_abi: None,
             generation: None,
+            sysfs_root: PathBuf::from("/sys"),
             emulator: EmulatorConfig::default(),
             executor: ExecutorConfig::default(),
             limits: Limits::default(),
@@ -217,6 +225,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "library",
     "packet_abi",
     "generation",
+    "sysfs_root",
     "emulator",
     "executor",
     "limits",
@@ -265,8 +274,30 @@ impl Config {
             key,
             reason: reason.into(),
         };
-        if self.packet_abi.parse::<hsa_core::PacketAbi>().is_err() {
-            return Err(invalid("packet_abi", "expected g2, g1b or g1a"));
+        let profile = self
+            .emulator
+            .profile
+            .parse::<hsa_sim::Profile>()
+            .map_err(|_| {
+                invalid(
+                    "emulator.profile",
+                    "expected rocr-newest, rocr-g2-2026-05, rocr-late-2025 or rocm-7.0",
+                )
+            })?;
+        if let Some(abi) = &self.packet_abi {
+            let abi = abi
+                .parse::<hsa_core::PacketAbi>()
+                .map_err(|_| invalid("packet_abi", "expected g2, g1b or g1a"))?;
+            if self.backend == Backend::Emulator && abi != profile.packet_abi() {
+                return Err(ConfigError::Invalid {
+                    key: "packet_abi",
+                    reason: format!(
+                        "the emulator profile {profile} speaks {}, not {abi}; leave packet_abi \
+                         unset on the emulator, or choose a profile that speaks {abi}",
+                        profile.packet_abi()
+                    ),
+                });
+            }
         }
         if let Some(g) = &self.generation
             && g.parse::<hsa_core::Generation>().is_err()
@@ -348,11 +379,27 @@ impl Config {
         (cores.saturating_sub(1) / 2).clamp(1, 4)
     }
 
+    /// The emulator profile (checked by [`Config::load`]; the default if unparsable).
+    pub fn emulator_profile(&self) -> hsa_sim::Profile {
+        self.emulator.profile.parse().unwrap_or_default()
+    }
+
+    /// The packet ABI spoken to the runtime: `packet_abi` when set, else the emulator
+    /// profile's on the emulator and G2 on `hsa`.
+    pub fn packet_abi(&self) -> hsa_core::PacketAbi {
+        match (&self.packet_abi, self.backend) {
+            (Some(abi), _) => abi.parse().unwrap_or_default(),
+            (None, Backend::Emulator) => self.emulator_profile().packet_abi(),
+            (None, Backend::Hsa) => hsa_core::PacketAbi::G2,
+        }
+    }
+
     /// The device options this configuration asks for.
     pub fn device_options(&self) -> hsa_core::DeviceOptions {
         hsa_core::DeviceOptions {
-            packet_abi: self.packet_abi.parse().unwrap_or(hsa_core::PacketAbi::G2),
+            packet_abi: self.packet_abi(),
             generation: self.generation.as_deref().and_then(|g| g.parse().ok()),
+            sysfs_root: self.sysfs_root.clone(),
             ..hsa_core::DeviceOptions::default()
         }
     }
@@ -375,6 +422,8 @@ pub struct Overrides {
     pub packet_abi: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub generation: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sysfs_root: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session_grace_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -421,12 +470,14 @@ pub struct OverrideEmulator {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_name: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
 }
 
 impl OverrideEmulator {
     fn is_empty(&self) -> bool {
-        self.agent_name.is_none() && self.timeout_ms.is_none()
+        self.agent_name.is_none() && self.profile.is_none() && self.timeout_ms.is_none()
     }
 }
 

@@ -33,15 +33,23 @@ struct Cli {
     /// Path of libhsa-runtime64.so (hsa backend).
     #[arg(long)]
     library: Option<PathBuf>,
-    /// AIE packet ABI: g2, g1b or g1a.
+    /// AIE packet ABI: g2, g1b or g1a (default: g2 on hsa, the profile's on the emulator).
     #[arg(long)]
     packet_abi: Option<String>,
-    /// npu1 or npu2, overriding the agent name.
+    /// npu1 or npu2, overriding the agent name and the PCI id in sysfs.
     #[arg(long)]
     generation: Option<String>,
+    /// Where sysfs is mounted (the NPU's PCI id is read there when the agent name is not
+    /// specific).
+    #[arg(long)]
+    sysfs_root: Option<PathBuf>,
     /// The emulator's agent: aie2 (npu1) or aie2p (npu2).
     #[arg(long)]
     emulator_agent: Option<String>,
+    /// The ROCR release the emulator behaves as: rocr-newest, rocr-g2-2026-05, rocr-late-2025
+    /// or rocm-7.0.
+    #[arg(long)]
+    emulator_profile: Option<String>,
     /// The emulator's hang timeout, in milliseconds.
     #[arg(long)]
     emulator_timeout_ms: Option<u64>,
@@ -91,6 +99,7 @@ fn main() -> ExitCode {
         library: cli.library,
         packet_abi: cli.packet_abi,
         generation: cli.generation,
+        sysfs_root: cli.sysfs_root,
         session_grace_ms: cli.session_grace_ms,
         io_threads: cli.io_threads,
         log: OverrideLog {
@@ -99,6 +108,7 @@ fn main() -> ExitCode {
         },
         emulator: OverrideEmulator {
             agent_name: cli.emulator_agent,
+            profile: cli.emulator_profile,
             timeout_ms: cli.emulator_timeout_ms,
         },
         executor: OverrideExecutor {

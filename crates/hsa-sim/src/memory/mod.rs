@@ -172,15 +172,28 @@ impl Drop for Mapping {
     }
 }
 
-/// Seals `fd` against shrinking and growing, as every fd the emulator hands out must be: a
-/// dmabuf cannot be truncated, and a client's `ftruncate` on a memfd the emulator also maps
-/// would make the emulator's own accesses fault (`SIGBUS`).
+/// Seals `fd` against shrinking and growing, and then against any further seal, as every fd
+/// the emulator hands out must be: a dmabuf can be neither truncated nor sealed, a client's
+/// `ftruncate` on a memfd the emulator also maps would make the emulator's own accesses fault
+/// (`SIGBUS`), and a write seal added by a client would refuse the emulator's later writes.
+/// Sealing an fd that is already sealed this way succeeds (each export hands out a new fd for
+/// the same memory, so the seals may be there from an earlier export).
 ///
 /// # Errors
 /// `HSA_STATUS_ERROR` when the seals cannot be added (the fd was not created sealable).
 pub(crate) fn seal_size(fd: &OwnedFd) -> Result<(), SimError> {
     use rustix::fs::SealFlags;
-    rustix::fs::fcntl_add_seals(fd, SealFlags::SHRINK | SealFlags::GROW)
+    let want = SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL;
+    let seals = rustix::fs::fcntl_get_seals(fd).map_err(|e| {
+        SimError::new(
+            Status::ERROR,
+            format!("reading an exported memfd's seals: {e}"),
+        )
+    })?;
+    if seals.contains(want) {
+        return Ok(());
+    }
+    rustix::fs::fcntl_add_seals(fd, want)
         .map_err(|e| SimError::new(Status::ERROR, format!("sealing an exported memfd: {e}")))
 }
 

@@ -38,10 +38,20 @@ pub fn open_static(profile: Profile, opts: DeviceOptions) -> Device {
     });
     let abi: PacketAbi = profile.packet_abi();
     let api = HsaApi::from_static(hsa_sim::fns(), "hsa-sim");
+    // ROCm 7.0 names every NPU aie2, so the binding cannot tell the generation from the name:
+    // say it, as a user of that runtime would (or its sysfs would).
+    let generation = opts.generation.or(match profile {
+        Profile::Rocm70 => Some(match agent_for(profile) {
+            NpuGen::Npu1 => Generation::Npu1,
+            NpuGen::Npu2 => Generation::Npu2,
+        }),
+        _ => None,
+    });
     Device::open(
         api,
         DeviceOptions {
             packet_abi: abi,
+            generation,
             ..opts
         },
     )

@@ -161,10 +161,9 @@ pub struct DeviceFacts {
 /// The profile hsa-sim names in its build version (`hsa-sim 0.1.0 (software AIE agent,
 /// profile rocm-7.0)`), or `None` for any other runtime.
 fn emulator_profile(build_version: Option<&str>) -> Option<String> {
-    let v = build_version.filter(|v| v.starts_with("hsa-sim"))?;
-    let rest = &v[v.find("profile ")? + "profile ".len()..];
-    let end = rest.find([')', ',', ' ']).unwrap_or(rest.len());
-    Some(rest[..end].to_owned())
+    build_version
+        .and_then(hsa_sim::profile_of_build_version)
+        .map(|p| p.as_str().to_owned())
 }
 
 /// The handlers' side of the executor.
@@ -357,15 +356,9 @@ fn open_device(cfg: &Config) -> Result<Device, StartError> {
         Backend::Emulator => {
             let agent =
                 hsa_sim::agent_from_name(&cfg.emulator.agent_name).unwrap_or(hsa_sim::NpuGen::Npu2);
-            // The ROCR release whose packet ABI the daemon speaks.
-            let profile = match cfg.device_options().packet_abi {
-                hsa_core::PacketAbi::G2 => hsa_sim::Profile::RocrNewest,
-                hsa_core::PacketAbi::G1b => hsa_sim::Profile::RocrLate2025,
-                hsa_core::PacketAbi::G1a => hsa_sim::Profile::Rocm70,
-            };
             hsa_sim::set_config(hsa_sim::SimConfig {
                 agent,
-                profile,
+                profile: cfg.emulator_profile(),
                 timeout: Duration::from_millis(cfg.emulator.timeout_ms),
             });
             Ok(HsaApi::from_static(hsa_sim::fns(), "hsa-sim (emulator)"))
