@@ -90,7 +90,7 @@ pub fn hsa_sim_library() -> PathBuf {
 pub struct Options {
     /// The emulator profile (`rocm-7.0`, ...); the daemon's default when `None`. On
     /// `rocm-7.0`, whose agent name does not tell the generation, `--generation npu2` is
-    /// passed unless `args` names one.
+    /// passed unless `args` names a generation or a sysfs root.
     pub profile: Option<String>,
     pub runtime: Runtime,
     pub grace_ms: u64,
@@ -162,7 +162,10 @@ impl Options {
             }
         }
         if self.profile.as_deref() == Some("rocm-7.0")
-            && !self.args.iter().any(|a| a == "--generation")
+            && !self
+                .args
+                .iter()
+                .any(|a| a == "--generation" || a == "--sysfs-root")
         {
             args.extend(["--generation".into(), "npu2".into()]);
         }
@@ -188,6 +191,23 @@ impl Daemon {
     /// # Panics
     /// When it does not become ready within 30 s (with its stderr in the message).
     pub fn start(opts: Options) -> Daemon {
+        match Self::try_start(opts) {
+            Ok(d) => d,
+            Err((status, stderr)) => {
+                panic!("npud exited with {status} before it was ready:\n{stderr}")
+            }
+        }
+    }
+
+    /// Starts a daemon that may refuse to start: its exit status and stderr when it exits
+    /// before it is ready.
+    ///
+    /// # Errors
+    /// The exit status and what the daemon wrote to stderr.
+    ///
+    /// # Panics
+    /// When it neither becomes ready nor exits within 30 s.
+    pub fn try_start(opts: Options) -> Result<Daemon, (ExitStatus, String)> {
         let dir = tempfile::Builder::new()
             .prefix("npud")
             .tempdir_in("/tmp")
@@ -205,8 +225,8 @@ impl Daemon {
             stderr,
             opts,
         };
-        d.spawn();
-        d
+        d.spawn()?;
+        Ok(d)
     }
 
     /// Starts the daemon again with the same sockets, files and options once it has exited
@@ -221,7 +241,9 @@ impl Daemon {
                 "restart needs the previous daemon to have exited"
             );
         }
-        self.spawn();
+        if let Err((status, stderr)) = self.spawn() {
+            panic!("npud exited with {status} before it was ready:\n{stderr}");
+        }
     }
 
     /// Waits up to `timeout` for the daemon to exit on its own.
@@ -239,7 +261,7 @@ impl Daemon {
         }
     }
 
-    fn spawn(&mut self) {
+    fn spawn(&mut self) -> Result<(), (ExitStatus, String)> {
         let opts = &self.opts;
         let ready = self.dir.path().join("ready");
         let _ = std::fs::remove_file(&ready);
@@ -300,10 +322,8 @@ impl Daemon {
             if let Some(c) = self.child.as_mut()
                 && let Ok(Some(status)) = c.try_wait()
             {
-                panic!(
-                    "npud exited with {status} before it was ready:\n{}",
-                    self.stderr()
-                );
+                self.child = None;
+                return Err((status, self.stderr()));
             }
             assert!(
                 Instant::now() < until,
@@ -312,6 +332,7 @@ impl Daemon {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        Ok(())
     }
 
     /// What the daemon wrote to stderr so far.

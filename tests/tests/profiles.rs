@@ -341,3 +341,102 @@ async fn a_fault_on_rocm_7_0_is_silent_both_ways() {
     device_fault("rocm-7.0", Runtime::Linked).await;
     device_fault("rocm-7.0", Runtime::Loaded).await;
 }
+
+/// A stand-in sysfs with one accel device of the given PCI vendor and device id.
+fn sysfs(vendor: &str, device: &str) -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("class/accel/accel0/device");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("vendor"), format!("{vendor}\n")).unwrap();
+    std::fs::write(dir.join("device"), format!("{device}\n")).unwrap();
+    root
+}
+
+/// ROCm 7.0 names every NPU `aie2`, Strix included: the daemon takes the generation from the
+/// PCI id in sysfs or from `--generation`, and refuses to guess.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rocm_7_0_takes_the_generation_from_sysfs_or_the_flag_and_never_guesses() {
+    for runtime in [Runtime::Linked, Runtime::Loaded] {
+        // No NPU in sysfs and no flag: refused, saying what to set.
+        let empty = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(empty.path().join("class/accel")).unwrap();
+        let opts = Options::default()
+            .profile("rocm-7.0", runtime)
+            .arg("--sysfs-root")
+            .arg(empty.path().to_str().unwrap());
+        let (status, stderr) = Daemon::try_start(opts).expect_err("no generation, no start");
+        assert!(!status.success());
+        assert!(
+            stderr.contains("cannot tell the NPU generation"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("\"aie2\""), "{stderr}");
+        assert!(stderr.contains("--generation npu1"), "{stderr}");
+        assert!(stderr.contains("lists no accel device"), "{stderr}");
+
+        // Another vendor's accelerator is no NPU.
+        let other = sysfs("0x8086", "0x643e");
+        let opts = Options::default()
+            .profile("rocm-7.0", runtime)
+            .arg("--sysfs-root")
+            .arg(other.path().to_str().unwrap());
+        let (_, stderr) = Daemon::try_start(opts).expect_err("a foreign device");
+        assert!(stderr.contains("0x8086:0x643e"), "{stderr}");
+
+        // Each PCI id gives its generation, and designs for it run.
+        for (id, agent, generation) in [("0x1502", "aie2", "npu1"), ("0x17f0", "aie2p", "npu2")] {
+            let root = sysfs("0x1022", id);
+            let mut opts = Options::default()
+                .profile("rocm-7.0", runtime)
+                .arg("--sysfs-root")
+                .arg(root.path().to_str().unwrap());
+            // The emulated NPU is the one sysfs describes.
+            match runtime {
+                Runtime::Linked => opts = opts.arg("--emulator-agent").arg(agent),
+                Runtime::Loaded => opts = opts.env("HSA_SIM_AGENT_NAME", agent),
+            }
+            let d = Daemon::start(opts);
+            let mut s = Session::open(d.connect().await, "sysfs").await.unwrap();
+            let i = info(&mut s).await;
+            assert_eq!(
+                (i.agent_name.as_str(), i.generation.as_str()),
+                ("aie2", generation)
+            );
+            assert!(
+                i.generation_source.starts_with("sysfs ")
+                    && i.generation_source
+                        .ends_with(&format!("accel0/device/device = {id}")),
+                "{}",
+                i.generation_source
+            );
+            let p = s
+                .register(&EmuDesign::vector_scalar_add(N, DType::I32, 2))
+                .await
+                .unwrap()
+                .program_id;
+            let mut a = s.alloc_mapped(BYTES).await.unwrap();
+            let b = s.alloc_mapped(BYTES).await.unwrap();
+            a.map.as_mut_slice_of::<i32>().unwrap().fill(40);
+            s.dispatch(p, &[a.id, b.id]).await.unwrap();
+            assert!(b.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 42));
+        }
+    }
+}
+
+/// Where the name is specific, it decides, and sysfs is not needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_specific_agent_name_decides_the_generation() {
+    let empty = tempfile::tempdir().unwrap();
+    let d = Daemon::start(
+        Options::default()
+            .profile("rocr-late-2025", Runtime::Linked)
+            .arg("--sysfs-root")
+            .arg(empty.path().to_str().unwrap()),
+    );
+    let mut s = Session::open(d.connect().await, "name").await.unwrap();
+    let i = info(&mut s).await;
+    assert_eq!(
+        (i.generation.as_str(), i.generation_source.as_str()),
+        ("npu2", "agent name aie2p")
+    );
+}

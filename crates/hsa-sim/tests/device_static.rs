@@ -48,6 +48,36 @@ fn a_chain_of_100_wraps_the_ring_rings_four_doorbells_and_recreates_g1a_queues()
     }
 }
 
+/// 32 links of six arguments: 27 commands fit a G1 chain buffer and 31 an early-G2 one, so
+/// runtimes that do not split chains (rocm-7.0, rocr-late-2025, rocr-g2-2026-05) refuse one
+/// doorbell for all 32. hsa-core sizes its batches by that cost on every profile, and the
+/// emulator's own doorbell counter shows what reached it.
+#[test]
+fn thirty_two_links_of_six_arguments_ring_as_many_doorbells_as_the_chain_buffer_needs() {
+    let _g = hsa_sim::serial_test_guard();
+    for profile in Profile::ALL {
+        let mut dev = open_static(profile, DeviceOptions::default());
+        let prog = load(&mut dev, &EmuDesign::noop(6, 4096));
+        let args: Vec<_> = (0..6).map(|_| dev.alloc_tensor(4096).unwrap()).collect();
+        let links: Vec<Dispatch> = (0..32).map(|_| Dispatch::new(prog, args.clone())).collect();
+        let plan = dev.doorbell_plan(&links).unwrap();
+        let want = match profile.packet_abi() {
+            hsa_core::PacketAbi::G2 => vec![31, 1],
+            _ => vec![27, 5],
+        };
+        assert_eq!(plan, want, "{profile}");
+        let before = hsa_sim::counters();
+        let report = dev
+            .run_chain(&links)
+            .unwrap_or_else(|e| panic!("{profile}: {e}"));
+        let seen = hsa_sim::counters().since(&before);
+        assert_eq!(report.doorbells, 2, "{profile}");
+        assert_eq!(seen.doorbells, 2, "{profile}: doorbells the emulator saw");
+        assert_eq!(seen.packets_completed, 32, "{profile}");
+        assert_eq!(seen.packets_failed, 0, "{profile}");
+    }
+}
+
 #[test]
 fn vmem_backed_tensors_work_as_arguments() {
     let _g = hsa_sim::serial_test_guard();
