@@ -1,6 +1,12 @@
 //! The program store: validated programs kept once by content hash, with the sessions that
 //! reference them, their quarantine flag, their cache state and their statistics.
 //!
+//! Quarantine is kept by content hash, apart from the programs stored: a program that faulted
+//! the device gets a [`QuarantineRecord`] (written to the state directory when there is one, and
+//! read back at start), and while the record exists its bytes are refused at registration and
+//! at dispatch with FAILED_PRECONDITION, whether or not a session still holds them. Only
+//! [`Programs::clear_quarantine`] (the ClearQuarantine call) removes a record.
+//!
 //! Programs are validated with npu-artifacts when registered ([`validate`]): malformed bytes are
 //! INVALID_ARGUMENT with the artifact's own message, a program for another generation or
 //! another backend is FAILED_PRECONDITION. A program is dropped when its last session lets go;
@@ -18,6 +24,8 @@ use npu_proto::v1 as pb;
 use crate::config::Backend;
 use crate::error::NpudError;
 use crate::sessions::MAX_NAME_BYTES;
+use crate::state_dir::quarantine::is_hash;
+use crate::state_dir::{QuarantineDir, QuarantineRecord};
 use crate::stats::{DispatchStats, Outcome};
 
 /// A stored program: its bytes and what the daemon needs to know to check a dispatch.
@@ -163,15 +171,19 @@ struct Store {
     by_hash: HashMap<String, u64>,
     entries: BTreeMap<u64, Entry>,
     next_id: u64,
+    /// Quarantine records by content hash, stored programs or not.
+    quarantine: HashMap<String, QuarantineRecord>,
 }
 
-/// Every stored program.
+/// Every stored program, and every quarantine record.
 #[derive(Debug)]
 pub struct Programs {
     inner: Mutex<Store>,
     max_bytes: u64,
     device: NpuGen,
     backend: Backend,
+    /// Where records are kept across restarts; `None` when `state_dir` is empty.
+    records: Option<QuarantineDir>,
 }
 
 /// The result of a registration.
@@ -192,15 +204,28 @@ pub enum Runnable {
 }
 
 impl Programs {
-    pub fn new(max_bytes: u64, device: NpuGen, backend: Backend) -> Self {
+    /// A store that refuses the programs `quarantined` names, and writes new records to
+    /// `records` (when persistence is on).
+    pub fn new(
+        max_bytes: u64,
+        device: NpuGen,
+        backend: Backend,
+        records: Option<QuarantineDir>,
+        quarantined: Vec<QuarantineRecord>,
+    ) -> Self {
         Self {
             inner: Mutex::new(Store {
                 next_id: 1,
+                quarantine: quarantined
+                    .into_iter()
+                    .map(|r| (r.content_hash.clone(), r))
+                    .collect(),
                 ..Store::default()
             }),
             max_bytes,
             device,
             backend,
+            records,
         }
     }
 
@@ -212,7 +237,8 @@ impl Programs {
     /// reference.
     ///
     /// # Errors
-    /// As [`validate`]; INVALID_ARGUMENT for a name over 128 bytes.
+    /// As [`validate`]; INVALID_ARGUMENT for a name over 128 bytes; FAILED_PRECONDITION for
+    /// bytes with a quarantine record (naming the hash, when and why, and how to clear it).
     pub fn register(
         &self,
         session: u64,
@@ -229,6 +255,9 @@ impl Programs {
         let hash = content_hash(&pdi, &insts);
         {
             let mut g = self.lock();
+            if let Some(r) = g.quarantine.get(&hash) {
+                return Err(refused_at_registration(r));
+            }
             if let Some(id) = g.by_hash.get(&hash).copied()
                 && let Some(e) = g.entries.get_mut(&id)
             {
@@ -241,6 +270,9 @@ impl Programs {
         }
         let summary = validate(&pdi, &insts, self.max_bytes, self.device, self.backend)?;
         let mut g = self.lock();
+        if let Some(r) = g.quarantine.get(&hash) {
+            return Err(refused_at_registration(r));
+        }
         // Another session may have stored the same bytes while this one validated.
         if let Some(id) = g.by_hash.get(&hash).copied()
             && let Some(e) = g.entries.get_mut(&id)
@@ -320,16 +352,23 @@ impl Programs {
         field: impl std::fmt::Display,
     ) -> Result<Arc<Program>, NpudError> {
         let mut g = self.lock();
-        let e = g
-            .entries
+        let Store {
+            entries,
+            quarantine,
+            ..
+        } = &mut *g;
+        let e = entries
             .get_mut(&id)
             .filter(|e| e.refs.contains(&session))
             .ok_or_else(|| not_found(&field, id))?;
         if e.quarantined {
+            let why = quarantine
+                .get(&e.program.hash)
+                .map_or_else(|| "it faulted the device".to_owned(), explain);
             let err = NpudError::FailedPrecondition(format!(
-                "{field}: program {id} ({}) is quarantined: it faulted the device; register a \
-                 fixed design",
-                e.program.display_name()
+                "{field}: program {id} ({}, hash {}) is quarantined {why}",
+                e.program.display_name(),
+                e.program.hash,
             ));
             e.stats.record(1, Outcome::Fail(err.code_name()), 0, 0);
             return Err(err);
@@ -347,10 +386,97 @@ impl Programs {
         }
     }
 
-    pub fn quarantine(&self, id: u64) {
-        if let Some(e) = self.lock().entries.get_mut(&id) {
+    /// Quarantines program `id` for `reason`: flags it, keeps a record of its hash, and writes
+    /// the record durably to the state directory (a failure there is logged: the program then
+    /// stays quarantined only until the daemon stops). Returns the record.
+    pub fn quarantine(&self, id: u64, reason: &str) -> Option<QuarantineRecord> {
+        let record = {
+            let mut g = self.lock();
+            let e = g.entries.get_mut(&id)?;
             e.quarantined = true;
+            let r = QuarantineRecord::now(&e.program.hash, &e.program.name, reason);
+            g.quarantine.insert(r.content_hash.clone(), r.clone());
+            r
+        };
+        if let Some(dir) = &self.records
+            && let Err(e) = dir.write(&record)
+        {
+            tracing::error!(
+                program = id,
+                hash = %record.content_hash,
+                error = %e,
+                "the quarantine record could not be written; the program is quarantined only \
+                 until the daemon stops"
+            );
         }
+        Some(record)
+    }
+
+    /// Removes the quarantine record of `hash` (on disk first, then in memory) and lets a stored
+    /// program with those bytes run again. Returns the record removed; `None` when there was
+    /// none.
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT when `hash` is not a content hash; INTERNAL when the record's file
+    /// cannot be removed (nothing changes then).
+    pub fn clear_quarantine(&self, hash: &str) -> Result<Option<QuarantineRecord>, NpudError> {
+        let hash = hash.trim().to_ascii_lowercase();
+        if !is_hash(&hash) {
+            return Err(NpudError::InvalidArgument(format!(
+                "content_hash: {hash:?} is not a content hash (64 hex characters, as `npuctl \
+                 programs` and RegisterProgram show it)"
+            )));
+        }
+        let on_disk = match &self.records {
+            Some(dir) => dir.remove(&hash).map_err(|e| {
+                NpudError::Internal(format!("clearing the quarantine of {hash}: {e}"))
+            })?,
+            None => false,
+        };
+        let mut g = self.lock();
+        let removed = g.quarantine.remove(&hash);
+        if let Some(id) = g.by_hash.get(&hash).copied()
+            && let Some(e) = g.entries.get_mut(&id)
+        {
+            e.quarantined = false;
+        }
+        Ok(match removed {
+            Some(r) => Some(r),
+            // A file this daemon had not read (written by hand, or by another daemon since).
+            None if on_disk => Some(QuarantineRecord {
+                content_hash: hash,
+                name: String::new(),
+                faulted_unix_s: 0,
+                reason: String::new(),
+            }),
+            None => None,
+        })
+    }
+
+    /// Quarantine records: every one (`None`), or those of `session`'s programs.
+    pub fn quarantine_records(&self, session: Option<u64>) -> Vec<pb::QuarantineRecord> {
+        let g = self.lock();
+        let stored = |hash: &str| {
+            g.by_hash
+                .get(hash)
+                .and_then(|id| g.entries.get(id))
+                .map(|e| (e.program.id, e.refs.clone()))
+        };
+        let mut v: Vec<pb::QuarantineRecord> = g
+            .quarantine
+            .values()
+            .filter_map(|r| {
+                let program = stored(&r.content_hash);
+                match (session, &program) {
+                    (None, _) => {}
+                    (Some(s), Some((_, refs))) if refs.contains(&s) => {}
+                    _ => return None,
+                }
+                Some(record_proto(r, program.map_or(0, |(id, _)| id)))
+            })
+            .collect();
+        v.sort_by(|a, b| a.content_hash.cmp(&b.content_hash));
+        v
     }
 
     /// The executor loaded (`true`, counted as a load) or unloaded a program.
@@ -440,6 +566,43 @@ fn drop_if_unused(g: &mut Store, id: u64) -> Option<u64> {
     Some(id)
 }
 
+/// `since T: reason; to run it again, ...`: when and why a program was quarantined, and how to
+/// clear it.
+fn explain(r: &QuarantineRecord) -> String {
+    format!(
+        "since {}: {}; once the design is fixed (or to try it again), clear it with `npuctl \
+         programs --clear-quarantine {}`",
+        r.faulted_at(),
+        r.reason,
+        r.content_hash
+    )
+}
+
+fn refused_at_registration(r: &QuarantineRecord) -> NpudError {
+    let name = if r.name.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", r.name)
+    };
+    NpudError::FailedPrecondition(format!(
+        "program {}{name} is quarantined {}",
+        r.content_hash,
+        explain(r)
+    ))
+}
+
+/// A record as the API shows it; `program_id` is the stored program with its bytes, or 0.
+pub fn record_proto(r: &QuarantineRecord, program_id: u64) -> pb::QuarantineRecord {
+    pb::QuarantineRecord {
+        content_hash: r.content_hash.clone(),
+        name: r.name.clone(),
+        faulted_unix_s: r.faulted_unix_s,
+        faulted_at: r.faulted_at(),
+        reason: r.reason.clone(),
+        program_id,
+    }
+}
+
 fn not_found(field: impl std::fmt::Display, id: u64) -> NpudError {
     NpudError::NotFound(format!(
         "{field}: no program {id} in this session (register it first)"
@@ -457,7 +620,7 @@ mod tests {
     }
 
     fn store() -> Programs {
-        Programs::new(8 << 20, NpuGen::Npu2, Backend::Emulator)
+        Programs::new(8 << 20, NpuGen::Npu2, Backend::Emulator, None, Vec::new())
     }
 
     #[test]
@@ -524,5 +687,60 @@ mod tests {
             "{e}"
         );
         r.program.check_args(&[4096, 4096, 4], "args").unwrap();
+    }
+
+    #[test]
+    fn a_quarantined_hash_is_refused_at_registration_and_dispatch_until_cleared() {
+        let dir = tempfile::tempdir().unwrap();
+        let (records, _) = QuarantineDir::open(dir.path()).unwrap();
+        let p = Programs::new(
+            8 << 20,
+            NpuGen::Npu2,
+            Backend::Emulator,
+            Some(records),
+            Vec::new(),
+        );
+        let (pdi, insts) = vsa(1);
+        let a = p
+            .register(1, pdi.clone(), insts.clone(), "vsa".into())
+            .unwrap();
+        let hash = a.program.hash.clone();
+        let r = p.quarantine(a.program.id, "it faulted the device: boom").unwrap();
+        assert_eq!(r.name, "vsa");
+        let e = p.for_dispatch(1, a.program.id, "program_id").unwrap_err();
+        assert!(matches!(e, NpudError::FailedPrecondition(_)), "{e}");
+        for needle in [
+            "program_id: program 1 (vsa, hash ",
+            "is quarantined since ",
+            "boom",
+            &format!("npuctl programs --clear-quarantine {hash}"),
+        ] {
+            assert!(e.message().contains(needle), "{needle:?} in {e}");
+        }
+        // Dropped by every session, its bytes are still refused: the record is by hash.
+        assert_eq!(p.release_session(1), vec![a.program.id]);
+        let e = p
+            .register(2, pdi.clone(), insts.clone(), String::new())
+            .unwrap_err();
+        assert!(matches!(e, NpudError::FailedPrecondition(_)), "{e}");
+        assert!(
+            e.message()
+                .starts_with(&format!("program {hash} (vsa) is quarantined since ")),
+            "{e}"
+        );
+        assert_eq!(p.quarantine_records(None).len(), 1);
+        assert!(p.quarantine_records(Some(2)).is_empty());
+
+        // A restarted store reads the record back.
+        let (records, back) = QuarantineDir::open(dir.path()).unwrap();
+        assert_eq!(back, vec![r.clone()]);
+        let p = Programs::new(8 << 20, NpuGen::Npu2, Backend::Emulator, Some(records), back);
+        assert!(p.register(3, pdi.clone(), insts.clone(), String::new()).is_err());
+        let e = p.clear_quarantine("not a hash").unwrap_err();
+        assert!(matches!(e, NpudError::InvalidArgument(_)), "{e}");
+        assert_eq!(p.clear_quarantine(&hash.to_uppercase()).unwrap(), Some(r));
+        assert_eq!(p.clear_quarantine(&hash).unwrap(), None);
+        p.register(3, pdi, insts, String::new()).unwrap();
+        assert!(QuarantineDir::open(dir.path()).unwrap().1.is_empty());
     }
 }
