@@ -97,6 +97,24 @@ impl InFlight {
         ))
     }
 
+    /// What the record in `state` holds now, without opening it for writing: for tools and
+    /// tests that watch a running daemon.
+    ///
+    /// # Errors
+    /// [`StateError::Io`] when the file cannot be read; a record that does not parse is an
+    /// `InvalidData` error with the reason.
+    pub fn peek(state: &Path) -> Result<Vec<InFlightProgram>, StateError> {
+        let path = state.join(FILE_NAME);
+        let bytes = std::fs::read(&path).map_err(|e| StateError::io("reading", &path, e))?;
+        parse(&bytes).map_err(|why| {
+            StateError::io(
+                "parsing",
+                &path,
+                std::io::Error::new(std::io::ErrorKind::InvalidData, why),
+            )
+        })
+    }
+
     /// Writes an empty record over the whole file (preallocating it) and syncs it: done once
     /// at start, after the programs it held were quarantined.
     ///
