@@ -60,7 +60,9 @@ pub fn npuctl_binary() -> PathBuf {
         deps
     };
     let bin = profile.join("npuctl");
-    let _guard = BUILD.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _guard = BUILD
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if !bin.is_file() {
         let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
         cmd.args(["build", "-p", "npu-client", "--bin", "npuctl"])

@@ -61,7 +61,12 @@ async fn a_faulted_program_stays_quarantined_across_a_restart_until_npuctl_clear
     let record = state.path().join("quarantine").join(format!("{hash}.json"));
     assert!(record.is_file(), "no record at {}", record.display());
     drop((s, a, b));
-    assert_eq!(d.terminate().and_then(|s| s.code()), Some(0), "{}", d.stderr());
+    assert_eq!(
+        d.terminate().and_then(|s| s.code()),
+        Some(0),
+        "{}",
+        d.stderr()
+    );
 
     // The restarted daemon refuses the same bytes at registration, and says how to clear them.
     let d = Daemon::start(Options {
@@ -76,7 +81,11 @@ async fn a_faulted_program_stays_quarantined_across_a_restart_until_npuctl_clear
         "it faulted the device: ".to_owned(),
         format!("clear it with `npuctl programs --clear-quarantine {hash}`"),
     ] {
-        assert!(e.message().contains(&needle), "{needle:?} in {:?}", e.message());
+        assert!(
+            e.message().contains(&needle),
+            "{needle:?} in {:?}",
+            e.message()
+        );
     }
 
     // The operator's listing shows it, with when it faulted.
@@ -109,7 +118,9 @@ async fn a_faulted_program_stays_quarantined_across_a_restart_until_npuctl_clear
     // The operator clears it (this test runs as root or as the daemon's own user).
     let text = stdout(&npuctl(&d, &["programs", "--clear-quarantine", &hash]));
     assert!(
-        text.starts_with(&format!("cleared the quarantine of {hash} (fault), quarantined since 20")),
+        text.starts_with(&format!(
+            "cleared the quarantine of {hash} (fault), quarantined since 20"
+        )),
         "{text}"
     );
     assert!(!record.exists());
@@ -156,7 +167,11 @@ async fn a_daemon_killed_mid_dispatch_quarantines_that_program_at_its_next_start
             assert_eq!(now[0].name, "hang");
             break;
         }
-        assert!(Instant::now() < until, "the dispatch never went in flight:\n{}", d.stderr());
+        assert!(
+            Instant::now() < until,
+            "the dispatch never went in flight:\n{}",
+            d.stderr()
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     d.send_signal(rustix::process::Signal::KILL);
@@ -171,7 +186,11 @@ async fn a_daemon_killed_mid_dispatch_quarantines_that_program_at_its_next_start
         "{}",
         d.stderr()
     );
-    assert!(npud::state_dir::InFlight::peek(state.path()).unwrap().is_empty());
+    assert!(
+        npud::state_dir::InFlight::peek(state.path())
+            .unwrap()
+            .is_empty()
+    );
     let mut s = Session::open(d.connect().await, "after").await.unwrap();
     let e = s.register(&hang).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
@@ -181,7 +200,10 @@ async fn a_daemon_killed_mid_dispatch_quarantines_that_program_at_its_next_start
             .contains("the daemon died while it ran on the device"),
         "{e:?}"
     );
-    assert!(e.message().contains("npuctl programs --clear-quarantine"), "{e:?}");
+    assert!(
+        e.message().contains("npuctl programs --clear-quarantine"),
+        "{e:?}"
+    );
 
     // Everyone else is served: another client registers and runs a design.
     let mut other = Session::open(d.connect().await, "bystander").await.unwrap();

@@ -205,7 +205,11 @@ fn default_runtime_dir() -> PathBuf {
 /// else `/var/lib/npud` for root, else `$XDG_STATE_HOME/npud`, else `~/.local/state/npud`, and
 /// `/tmp/npud-<uid>/state` without `HOME`.
 fn default_state_dir() -> PathBuf {
-    let var = |k| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |k| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     if let Some(d) = std::env::var("STATE_DIRECTORY")
         .ok()
         .and_then(|v| v.split(':').next().map(str::to_owned))
@@ -581,7 +585,10 @@ mod tests {
     #[test]
     fn the_state_directory_follows_systemd_then_the_user_and_empty_turns_it_off() {
         Jail::expect_with(|jail| {
-            jail.set_env("STATE_DIRECTORY", "/var/lib/npud-from-systemd:/var/lib/other");
+            jail.set_env(
+                "STATE_DIRECTORY",
+                "/var/lib/npud-from-systemd:/var/lib/other",
+            );
             let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
             assert_eq!(c.state_dir, PathBuf::from("/var/lib/npud-from-systemd"));
             jail.set_env("STATE_DIRECTORY", "");

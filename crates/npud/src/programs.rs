@@ -705,7 +705,9 @@ mod tests {
             .register(1, pdi.clone(), insts.clone(), "vsa".into())
             .unwrap();
         let hash = a.program.hash.clone();
-        let r = p.quarantine(a.program.id, "it faulted the device: boom").unwrap();
+        let r = p
+            .quarantine(a.program.id, "it faulted the device: boom")
+            .unwrap();
         assert_eq!(r.name, "vsa");
         let e = p.for_dispatch(1, a.program.id, "program_id").unwrap_err();
         assert!(matches!(e, NpudError::FailedPrecondition(_)), "{e}");
@@ -734,8 +736,17 @@ mod tests {
         // A restarted store reads the record back.
         let (records, back) = QuarantineDir::open(dir.path()).unwrap();
         assert_eq!(back, vec![r.clone()]);
-        let p = Programs::new(8 << 20, NpuGen::Npu2, Backend::Emulator, Some(records), back);
-        assert!(p.register(3, pdi.clone(), insts.clone(), String::new()).is_err());
+        let p = Programs::new(
+            8 << 20,
+            NpuGen::Npu2,
+            Backend::Emulator,
+            Some(records),
+            back,
+        );
+        assert!(
+            p.register(3, pdi.clone(), insts.clone(), String::new())
+                .is_err()
+        );
         let e = p.clear_quarantine("not a hash").unwrap_err();
         assert!(matches!(e, NpudError::InvalidArgument(_)), "{e}");
         assert_eq!(p.clear_quarantine(&hash.to_uppercase()).unwrap(), Some(r));

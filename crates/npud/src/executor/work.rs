@@ -211,12 +211,14 @@ impl Worker {
     /// the fault, and report the service NOT_SERVING while the queue is recreated.
     fn device_fault(&mut self, program: Option<&Program>, error: &HsaError) -> NpudError {
         self.faults.fetch_add(1, Ordering::Relaxed);
-        let _ = self.serving.send(false);
+        // Written before NOT_SERVING: the record's fsyncs are not recovery, and clients that
+        // submit meanwhile are queued rather than told to retry.
         if let Some(p) = program {
             self.programs
                 .quarantine(p.id, &format!("it faulted the device: {error}"));
         }
         self.clear_in_flight();
+        let _ = self.serving.send(false);
         let msg = match program {
             Some(p) => {
                 tracing::error!(program = p.id, error = %error, "a program faulted the device; quarantined it");

@@ -272,7 +272,10 @@ mod tests {
             ]
         );
         r.reset().unwrap();
-        assert_eq!(std::fs::metadata(dir.path().join(FILE_NAME)).unwrap().len(), FILE_BYTES as u64);
+        assert_eq!(
+            std::fs::metadata(dir.path().join(FILE_NAME)).unwrap().len(),
+            FILE_BYTES as u64
+        );
         assert!(open(dir.path()).1.is_empty());
     }
 

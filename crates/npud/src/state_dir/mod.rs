@@ -143,7 +143,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let file = tmp.path().join("a-file");
         std::fs::write(&file, b"").unwrap();
-        let e = Persisted::open(&file.join("state")).unwrap_err().to_string();
+        let e = Persisted::open(&file.join("state"))
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("state directory: creating "), "{e}");
         assert!(e.contains("a-file/state"), "{e}");
         assert!(e.contains("os error"), "{e}");

@@ -334,7 +334,10 @@ mod tests {
         let r = record();
         q.write(&r).unwrap();
         let text = fs::read_to_string(q.path_of(H)).unwrap();
-        assert!(text.contains("\"faulted_at\": \"2026-05-04T12:00:00Z\""), "{text}");
+        assert!(
+            text.contains("\"faulted_at\": \"2026-05-04T12:00:00Z\""),
+            "{text}"
+        );
         let (q, back) = QuarantineDir::open(dir.path()).unwrap();
         assert_eq!(back, vec![r]);
         assert!(q.remove(H).unwrap());
@@ -378,9 +381,17 @@ mod tests {
         let (_, back) = QuarantineDir::open(dir.path()).unwrap();
         assert_eq!(back.len(), 2, "{back:?}");
         assert_eq!(back[0].content_hash, H);
-        assert!(back[0].reason.starts_with("unknown: its quarantine record is unreadable"));
+        assert!(
+            back[0]
+                .reason
+                .starts_with("unknown: its quarantine record is unreadable")
+        );
         assert_eq!(back[1].content_hash, other);
-        assert!(back[1].reason.contains("not its file's"), "{}", back[1].reason);
+        assert!(
+            back[1].reason.contains("not its file's"),
+            "{}",
+            back[1].reason
+        );
     }
 
     #[test]
