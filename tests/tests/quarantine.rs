@@ -115,6 +115,32 @@ async fn a_faulted_program_stays_quarantined_across_a_restart_until_npuctl_clear
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
     assert!(e.message().contains("only over the Unix socket"), "{e:?}");
 
+    // Nor may another local user: the quarantined program could abort the daemon again.
+    if rustix::process::getuid().is_root() {
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
+        std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let o = Command::new(npuctl_binary())
+            .args(["programs", "--clear-quarantine", &hash, "--addr"])
+            .arg(&d.socket)
+            .env_remove("NPUD_ADDR")
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{err}");
+        assert!(
+            err.contains(
+                "ClearQuarantine failed (PERMISSION_DENIED): ClearQuarantine is allowed only over \
+                 the Unix socket, to root and to the daemon's own uid (0); this peer is uid 65534"
+            ),
+            "{err}"
+        );
+        assert!(record.is_file());
+    }
+
     // The operator clears it (this test runs as root or as the daemon's own user).
     let text = stdout(&npuctl(&d, &["programs", "--clear-quarantine", &hash]));
     assert!(
