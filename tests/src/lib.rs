@@ -85,6 +85,43 @@ pub fn hsa_sim_library() -> PathBuf {
     );
 }
 
+/// The `npuctl` binary of this build (`target/<profile>/npuctl`), built with `cargo build -p
+/// npu-client --bin npuctl` first when it is missing (`cargo nextest run -p npu-client ...`
+/// builds it anyway).
+///
+/// # Panics
+/// When it is missing and cannot be built.
+pub fn npuctl_binary() -> PathBuf {
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let exe = std::env::current_exe().expect("the test executable has a path");
+    let deps = exe.parent().expect("the test executable is in a directory");
+    let profile = if deps.file_name().is_some_and(|n| n == "deps") {
+        deps.parent().expect("deps has a parent")
+    } else {
+        deps
+    };
+    let bin = profile.join("npuctl");
+    let _guard = BUILD
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !bin.is_file() {
+        let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        cmd.args(["build", "-p", "npu-client", "--bin", "npuctl"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if profile.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status();
+        assert!(
+            bin.is_file(),
+            "no npuctl at {} and `cargo build -p npu-client --bin npuctl` did not make one \
+             ({status:?})",
+            bin.display()
+        );
+    }
+    bin
+}
+
 /// How to start a daemon.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -101,6 +138,10 @@ pub struct Options {
     /// Start it through `npud-socket-activate`, as systemd's socket activation would: the two
     /// Unix sockets are bound by that wrapper and passed as fds 3 and 4 (names `npud`, `fd`).
     pub socket_activated: bool,
+    /// `--state-dir`; by default `state` in the daemon's own temporary directory, so that no
+    /// test's quarantine reaches another test or the machine's real state directory. Set it to
+    /// a directory that outlives the daemon to restart one with the same state.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -113,6 +154,7 @@ impl Default for Options {
             env: Vec::new(),
             args: Vec::new(),
             socket_activated: false,
+            state_dir: None,
         }
     }
 }
@@ -290,6 +332,12 @@ impl Daemon {
             .arg(&self.fd_socket)
             .arg("--ready-file")
             .arg(&ready)
+            .arg("--state-dir")
+            .arg(
+                opts.state_dir
+                    .clone()
+                    .unwrap_or_else(|| self.dir.path().join("state")),
+            )
             .arg("--session-grace-ms")
             .arg(opts.grace_ms.to_string())
             .arg("--log-level")

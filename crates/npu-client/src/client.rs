@@ -299,11 +299,45 @@ impl Operator {
     ///
     /// A transport error or timeout.
     pub async fn programs(&self) -> Result<Vec<pb::ProgramListing>, ClientError> {
+        Ok(self.program_listing().await?.programs)
+    }
+
+    /// Every stored program, and every quarantine record (stored program or not).
+    ///
+    /// # Errors
+    ///
+    /// A transport error or timeout.
+    pub async fn program_listing(&self) -> Result<pb::ListProgramsResponse, ClientError> {
         self.inner
             .call_anonymous("ListPrograms", |mut c| async move {
                 c.list_programs(pb::ListProgramsRequest {})
                     .await
-                    .map(|r| r.into_inner().programs)
+                    .map(tonic::Response::into_inner)
+            })
+            .await
+    }
+
+    /// Removes the quarantine record of the program whose content hash is `content_hash`, so
+    /// that its bytes may be registered and run again (`removed` is false when there was none).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Daemon`] with `PERMISSION_DENIED` unless the caller is root or the
+    /// daemon's own uid on its Unix socket, `INVALID_ARGUMENT` for a malformed hash; a transport
+    /// error or timeout.
+    pub async fn clear_quarantine(
+        &self,
+        content_hash: &str,
+    ) -> Result<pb::ClearQuarantineResponse, ClientError> {
+        let content_hash = content_hash.to_owned();
+        self.inner
+            .call_anonymous("ClearQuarantine", |mut c| {
+                let content_hash = content_hash.clone();
+                async move {
+                    c.clear_quarantine(pb::ClearQuarantineRequest { content_hash })
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
             })
             .await
     }

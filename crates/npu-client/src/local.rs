@@ -3,8 +3,9 @@
 //! own tests can use to run against a real daemon without an NPU.
 //!
 //! The daemon runs with `--backend emulator` on `DIR/npud.sock` and `DIR/npud.fd.sock`, where
-//! `DIR` is a new directory under `/tmp` (Unix socket paths are limited to 108 bytes), logs to
-//! `DIR/npud.log`, and is ready when it writes `DIR/ready`. `NPUD_*` and `HSA_SIM_*` variables
+//! `DIR` is a new directory under `/tmp` (Unix socket paths are limited to 108 bytes), keeps its
+//! state (quarantine records) in `DIR/state` unless the options' `args` name a `--state-dir`,
+//! logs to `DIR/npud.log`, and is ready when it writes `DIR/ready`. `NPUD_*` and `HSA_SIM_*` variables
 //! of the calling process are not passed on (the options' `env` is), so the caller's own
 //! configuration cannot change what it measures or tests. Dropping a [`LocalDaemon`] kills it.
 
@@ -138,6 +139,11 @@ impl LocalDaemon {
             .stderr(log);
         if let Some(a) = self.tcp {
             cmd.arg("--tcp").arg(a.to_string());
+        }
+        // Never the user's own state directory: a test's faulting design must not stay
+        // quarantined for the next run, nor for the user's real daemon.
+        if !self.opts.args.iter().any(|a| a == "--state-dir") {
+            cmd.arg("--state-dir").arg(self.dir.path().join("state"));
         }
         if let Some(ms) = self.opts.session_grace_ms {
             cmd.arg("--session-grace-ms").arg(ms.to_string());

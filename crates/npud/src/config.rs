@@ -163,6 +163,9 @@ pub struct Config {
     pub emulator: EmulatorConfig,
     pub executor: ExecutorConfig,
     pub limits: Limits,
+    /// Where quarantine records and the in-flight record live across restarts (default: see
+    /// `default_state_dir`); empty: nowhere (quarantine lasts until the daemon stops).
+    pub state_dir: PathBuf,
     /// How long a session outlives its last connection, in ms.
     pub session_grace_ms: u64,
     /// Threads serving gRPC and the fd socket (the executor has its own); 0: as
@@ -186,6 +189,7 @@ impl Default for Config {
             emulator: EmulatorConfig::default(),
             executor: ExecutorConfig::default(),
             limits: Limits::default(),
+            state_dir: default_state_dir(),
             session_grace_ms: 10_000,
             io_threads: 0,
             log: LogConfig::default(),
@@ -202,6 +206,35 @@ fn default_runtime_dir() -> PathBuf {
     match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(d) if !d.is_empty() => PathBuf::from(d).join("npud"),
         _ => PathBuf::from(format!("/tmp/npud-{}", uid.as_raw())),
+    }
+}
+
+/// `$STATE_DIRECTORY` (systemd sets it from `StateDirectory=`; the first when it lists several),
+/// else `/var/lib/npud` for root, else `$XDG_STATE_HOME/npud`, else `~/.local/state/npud`, and
+/// `/tmp/npud-<uid>/state` without `HOME`.
+fn default_state_dir() -> PathBuf {
+    let var = |k| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(d) = std::env::var("STATE_DIRECTORY")
+        .ok()
+        .and_then(|v| v.split(':').next().map(str::to_owned))
+        .filter(|v| !v.is_empty())
+    {
+        return PathBuf::from(d);
+    }
+    let uid = rustix::process::getuid();
+    if uid.is_root() {
+        return PathBuf::from("/var/lib/npud");
+    }
+    if let Some(d) = var("XDG_STATE_HOME").filter(|d| d.is_absolute()) {
+        return d.join("npud");
+    }
+    match var("HOME") {
+        Some(h) => h.join(".local/state/npud"),
+        None => PathBuf::from(format!("/tmp/npud-{}/state", uid.as_raw())),
     }
 }
 
@@ -229,6 +262,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "emulator",
     "executor",
     "limits",
+    "state_dir",
     "session_grace_ms",
     "io_threads",
     "log",
@@ -425,6 +459,8 @@ pub struct Overrides {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sysfs_root: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub session_grace_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub io_threads: Option<u32>,
@@ -593,6 +629,37 @@ mod tests {
             jail.set_env("NPUD_EXECUTOR__SPIN_MS", "1");
             let e = Config::load(None, &Overrides::default()).unwrap_err();
             assert!(e.to_string().contains("spin_ms"), "{e}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_state_directory_follows_systemd_then_the_user_and_empty_turns_it_off() {
+        Jail::expect_with(|jail| {
+            jail.set_env(
+                "STATE_DIRECTORY",
+                "/var/lib/npud-from-systemd:/var/lib/other",
+            );
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.state_dir, PathBuf::from("/var/lib/npud-from-systemd"));
+            jail.set_env("STATE_DIRECTORY", "");
+            if !rustix::process::getuid().is_root() {
+                jail.set_env("XDG_STATE_HOME", "/home/u/.state");
+                let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+                assert_eq!(c.state_dir, PathBuf::from("/home/u/.state/npud"));
+            }
+            jail.set_env("NPUD_STATE_DIR", "/srv/npud");
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.state_dir, PathBuf::from("/srv/npud"));
+            let flags = Overrides {
+                state_dir: Some(PathBuf::new()),
+                ..Overrides::default()
+            };
+            let c = Config::load(None, &flags).map_err(|e| e.to_string())?;
+            assert_eq!(c.state_dir, PathBuf::new());
+            jail.set_env("NPUD_STATE_DIR", "");
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.state_dir, PathBuf::new());
             Ok(())
         });
     }

@@ -5,8 +5,9 @@
 //! [`service`] (the `npud.v1.Npud` handlers), [`fdsock`] (file descriptors over SCM_RIGHTS),
 //! [`sessions`] and [`conn`] (who is calling, and when they left), [`programs`] (the content-hash
 //! program store), [`executor`] (the one thread that owns the device), [`config`] and
-//! [`error`] (the one place errors become gRPC statuses), [`systemd`] (socket activation,
-//! readiness, the watchdog).
+//! [`error`] (the one place errors become gRPC statuses), [`state_dir`] (quarantine records and
+//! the in-flight record, kept across restarts), [`systemd`] (socket activation, readiness, the
+//! watchdog).
 
 #![forbid(unsafe_code)]
 
@@ -19,5 +20,6 @@ pub mod programs;
 pub mod server;
 pub mod service;
 pub mod sessions;
+pub mod state_dir;
 pub mod stats;
 pub mod systemd;

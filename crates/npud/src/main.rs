@@ -53,6 +53,9 @@ struct Cli {
     /// The emulator's hang timeout, in milliseconds.
     #[arg(long)]
     emulator_timeout_ms: Option<u64>,
+    /// Where quarantine records survive restarts ("" keeps them in memory only).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
     /// How long a session outlives its last connection, in milliseconds.
     #[arg(long)]
     session_grace_ms: Option<u64>,
@@ -100,6 +103,7 @@ fn main() -> ExitCode {
         packet_abi: cli.packet_abi,
         generation: cli.generation,
         sysfs_root: cli.sysfs_root,
+        state_dir: cli.state_dir,
         session_grace_ms: cli.session_grace_ms,
         io_threads: cli.io_threads,
         log: OverrideLog {
@@ -123,6 +127,15 @@ fn main() -> ExitCode {
         }
     };
     init_logging(&cfg);
+    // Before the device opens: the programs a dead predecessor was running must be quarantined
+    // before anything can run them again. An unusable directory is a configuration error.
+    let persisted = match npud::state_dir::Persisted::open(&cfg.state_dir) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::from(2);
+        }
+    };
     let (opened, serving) = match npud::server::open(&cfg) {
         Ok(x) => x,
         Err(e) => {
@@ -137,7 +150,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(npud::server::run(cfg, opened, serving, cli.ready_file)) {
+    match rt.block_on(npud::server::run(
+        cfg,
+        opened,
+        serving,
+        persisted,
+        cli.ready_file,
+    )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

@@ -27,6 +27,7 @@ use crate::fdsock::{self, Tickets};
 use crate::programs::{Programs, Runs};
 use crate::service::{NpudService, State};
 use crate::sessions::Sessions;
+use crate::state_dir::Persisted;
 use crate::systemd::{self, Activated};
 
 /// How long shutdown waits for requests in flight.
@@ -69,6 +70,7 @@ pub async fn run(
     mut cfg: Config,
     opened: Opened,
     serving_rx: watch::Receiver<bool>,
+    persisted: Persisted,
     ready_file: Option<PathBuf>,
 ) -> Result<(), ServeError> {
     // Sockets systemd passed are used as they are, and their files are left to systemd.
@@ -137,9 +139,11 @@ pub async fn run(
         cfg.limits.max_program_bytes,
         generation,
         Runs::of_runtime(opened.facts.info.runtime_version.as_deref()),
+        persisted.quarantine,
+        persisted.records,
     ));
     let facts = opened.facts.clone();
-    let executor = opened.run(programs.clone());
+    let executor = opened.run(programs.clone(), persisted.inflight);
     let sessions = Arc::new(Sessions::new(
         Duration::from_millis(cfg.session_grace_ms),
         cfg.limits.max_sessions,

@@ -24,3 +24,31 @@ fn a_bad_environment_value_names_the_key() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("limits.max_cached_programs"), "{err}");
 }
+
+#[test]
+fn an_unusable_state_directory_is_a_start_error_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("not-a-directory");
+    std::fs::write(&file, b"").unwrap();
+    let state = file.join("state");
+    let out = Command::new(env!("CARGO_BIN_EXE_npud"))
+        .args(["--backend", "emulator", "--config", "/dev/null"])
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--socket")
+        .arg(tmp.path().join("s"))
+        .arg("--fd-socket")
+        .arg(tmp.path().join("f"))
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("state directory: creating {}: ", state.display())),
+        "{err}"
+    );
+    assert!(err.contains("Not a directory (os error 20)"), "{err}");
+    // Nothing was served.
+    assert!(!tmp.path().join("s").exists());
+}

@@ -30,6 +30,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::config::{Backend, Config};
 use crate::error::NpudError;
 use crate::programs::{Program, Programs};
+use crate::state_dir::InFlight;
 use cache::ProgramCache;
 use idle::Idle;
 use sched::RoundRobin;
@@ -220,7 +221,7 @@ pub struct Executor {
 #[derive(Debug)]
 pub struct Opened {
     pub facts: DeviceFacts,
-    setup: std::sync::mpsc::Sender<Arc<Programs>>,
+    setup: std::sync::mpsc::Sender<Setup>,
     handle: ExecutorHandle,
     thread: JoinHandle<()>,
 }
@@ -245,7 +246,7 @@ impl Executor {
     pub fn start(cfg: &Config, serving: watch::Sender<bool>) -> Result<Opened, StartError> {
         let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
         let (opened_tx, opened_rx) = std::sync::mpsc::channel();
-        let (setup_tx, setup_rx) = std::sync::mpsc::channel::<Arc<Programs>>();
+        let (setup_tx, setup_rx) = std::sync::mpsc::channel::<Setup>();
         let cfg = cfg.clone();
         let faults = Arc::new(AtomicU64::new(0));
         let thread_faults = faults.clone();
@@ -273,7 +274,7 @@ impl Executor {
                         return;
                     }
                 };
-                let Ok(programs) = setup_rx.recv() else {
+                let Ok(Setup { programs, inflight }) = setup_rx.recv() else {
                     return;
                 };
                 let l = &cfg.limits;
@@ -288,6 +289,7 @@ impl Executor {
                     programs,
                     serving,
                     faults: thread_faults,
+                    inflight,
                     idle: Idle::new(Duration::from_micros(cfg.executor.spin_us)),
                 };
                 worker.run(rx);
@@ -338,10 +340,18 @@ impl Executor {
     }
 }
 
+/// What the executor needs besides the device, handed over once it is open.
+#[derive(Debug)]
+struct Setup {
+    programs: Arc<Programs>,
+    inflight: Option<InFlight>,
+}
+
 impl Opened {
-    /// Hands the executor its program store and lets it start serving.
-    pub fn run(self, programs: Arc<Programs>) -> Executor {
-        if self.setup.send(programs).is_err() {
+    /// Hands the executor its program store and its in-flight record (`None` without a state
+    /// directory), and lets it start serving.
+    pub fn run(self, programs: Arc<Programs>, inflight: Option<InFlight>) -> Executor {
+        if self.setup.send(Setup { programs, inflight }).is_err() {
             tracing::error!("the executor thread stopped before it started serving");
         }
         Executor {
@@ -380,6 +390,8 @@ struct Worker {
     programs: Arc<Programs>,
     serving: watch::Sender<bool>,
     faults: Arc<AtomicU64>,
+    /// Which programs are on the device, for the next start if this process dies meanwhile.
+    inflight: Option<InFlight>,
     idle: Idle,
 }
 

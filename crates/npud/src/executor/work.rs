@@ -1,6 +1,11 @@
 //! Running one work item on the device: the deadline check, argument checks against the
 //! program's DDR patches, loading programs (evicting least-recently-used ones), staging client
 //! memfds, the chain itself, and what a device fault does (quarantine, queue recovery).
+//!
+//! Around the doorbell the executor keeps the state directory's in-flight record: every distinct
+//! program of the work item (one dispatch, or every link of a chain, whatever batches hsa-core
+//! rings it in) is recorded before `run_chain` and cleared after it returns, so that a runtime
+//! that aborts the process on a device fault leaves behind which programs to quarantine.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -116,7 +121,18 @@ impl Worker {
         self.tensors.stage_in(&mut self.dev, &staged)?;
         let start = Instant::now();
         let queue_ns = nanos(start.duration_since(item.admitted));
+        self.record_in_flight(item);
         let result = self.dev.run_chain(&dispatches);
+        if !matches!(
+            &result,
+            Err(ChainError {
+                error: HsaError::Device { .. } | HsaError::Timeout { .. },
+                ..
+            })
+        ) {
+            // A device fault keeps the record until its program's quarantine is on disk.
+            self.clear_in_flight();
+        }
         if let Err(e) = self.tensors.stage_out(&self.dev, &staged) {
             tracing::error!(error = %e, "copying results back to a client memfd failed");
         }
@@ -163,14 +179,48 @@ impl Worker {
         }
     }
 
-    /// A program faulted the device: quarantine it, count the fault, and report the service
-    /// NOT_SERVING while the queue is recreated.
+    /// Records the distinct programs of `item` as on the device (nothing without a state
+    /// directory).
+    fn record_in_flight(&mut self, item: &WorkItem) {
+        let Some(r) = self.inflight.as_mut() else {
+            return;
+        };
+        let mut seen: Vec<u64> = Vec::new();
+        r.begin(
+            item.links
+                .iter()
+                .filter(|l| {
+                    let new = !seen.contains(&l.program.id);
+                    if new {
+                        seen.push(l.program.id);
+                    }
+                    new
+                })
+                .map(|l| (l.program.hash.as_str(), l.program.name.as_str())),
+        );
+    }
+
+    fn clear_in_flight(&mut self) {
+        if let Some(r) = self.inflight.as_mut() {
+            r.end();
+        }
+    }
+
+    /// A program faulted the device: quarantine it (durably, before the in-flight record that
+    /// would otherwise quarantine every program of the item at the next start is cleared), count
+    /// the fault, and report the service NOT_SERVING while the queue is recreated.
     fn device_fault(&mut self, program: Option<&Program>, error: &HsaError) -> NpudError {
         self.faults.fetch_add(1, Ordering::Relaxed);
+        // Written before NOT_SERVING: the record's fsyncs are not recovery, and clients that
+        // submit meanwhile are queued rather than told to retry.
+        if let Some(p) = program {
+            self.programs
+                .quarantine(p.id, &format!("it faulted the device: {error}"));
+        }
+        self.clear_in_flight();
         let _ = self.serving.send(false);
         let msg = match program {
             Some(p) => {
-                self.programs.quarantine(p.id);
                 tracing::error!(program = p.id, error = %error, "a program faulted the device; quarantined it");
                 format!(
                     "the device failed program {} ({}): {error}; the program is quarantined",

@@ -1,6 +1,6 @@
 //! The `npud.v1.Npud` gRPC service. Each area lives in its own file (sessions and device info,
 //! programs, tensors, work, statistics); this file holds the shared state, the session check
-//! every call but four starts with, and the trait impl that routes to them. Handlers return
+//! every call but five starts with, and the trait impl that routes to them. Handlers return
 //! [`NpudError`]; it becomes a `tonic::Status` only through its `From` impl.
 
 mod programs;
@@ -252,6 +252,13 @@ impl Npud for NpudService {
 
     async fn get_statistics(&self, _: Request<pb::GetStatisticsRequest>) -> Res<pb::Statistics> {
         ok(Ok(self.statistics().await))
+    }
+
+    async fn clear_quarantine(
+        &self,
+        req: Request<pb::ClearQuarantineRequest>,
+    ) -> Res<pb::ClearQuarantineResponse> {
+        ok(self.clear_quarantine(req))
     }
 }
 

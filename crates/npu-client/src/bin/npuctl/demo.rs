@@ -175,7 +175,7 @@ async fn steps(a: &Args, daemon: &mut LocalDaemon, npud: &Path, dir: &Path) -> R
 
     println!("\ndaemon statistics (this demo's session still open):");
     crate::status::run(Some(&sock), false).await?;
-    crate::programs::run(Some(&sock), false).await?;
+    crate::programs::run(&crate::programs::Args::default(), Some(&sock), false).await?;
     crate::sessions::run(Some(&sock), false).await?;
     println!();
     drop((a0, o0, o1));

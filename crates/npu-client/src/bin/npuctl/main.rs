@@ -41,8 +41,8 @@ enum Command {
     Status,
     /// Open sessions and their counters.
     Sessions,
-    /// Stored programs and their counters.
-    Programs,
+    /// Stored programs, their counters, and quarantined programs; or clear a quarantine.
+    Programs(programs::Args),
     /// Summarize a design directory (main.pdi + insts.bin) and list its instruction stream.
     Inspect(inspect::Args),
     /// Write an emulated design (main.pdi + insts.bin) for the emulator.
@@ -68,7 +68,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Status => status::run(addr, cli.json).await,
         Command::Sessions => sessions::run(addr, cli.json).await,
-        Command::Programs => programs::run(addr, cli.json).await,
+        Command::Programs(a) => programs::run(&a, addr, cli.json).await,
         Command::Inspect(a) => inspect::run(&a, cli.json),
         Command::EmuDesign(a) => emu_design::run(&a, addr, cli.json).await,
         Command::Run(a) => run::run(&a, addr, cli.json).await,

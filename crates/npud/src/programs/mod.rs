@@ -1,6 +1,12 @@
 //! The program store: validated programs kept once by content hash, with the sessions that
 //! reference them, their quarantine flag, their cache state and their statistics.
 //!
+//! Quarantine is kept by content hash, apart from the programs stored: a program that faulted
+//! the device gets a [`QuarantineRecord`] (written to the state directory when there is one, and
+//! read back at start), and while the record exists its bytes are refused at registration and
+//! at dispatch with FAILED_PRECONDITION, whether or not a session still holds them. Only
+//! [`Programs::clear_quarantine`] (the ClearQuarantine call) removes a record.
+//!
 //! Programs are validated with npu-artifacts when registered ([`validate`]): malformed bytes are
 //! INVALID_ARGUMENT with the artifact's own message, a program for another generation, or a
 //! real design on the emulator (or an emulated one on an NPU), is FAILED_PRECONDITION. A program is dropped when its last session lets go;
@@ -12,12 +18,19 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use npu_artifacts::NpuGen;
-use npu_artifacts::pdi::PdiKind;
 use npu_proto::v1 as pb;
 
 use crate::error::NpudError;
 use crate::sessions::MAX_NAME_BYTES;
+use crate::state_dir::{QuarantineDir, QuarantineRecord};
+
+mod quarantine;
+mod validate;
+
 use crate::stats::{DispatchStats, Outcome};
+pub use quarantine::record_proto;
+use quarantine::{explain, refused_at_registration};
+pub use validate::validate;
 
 /// A stored program: its bytes and what the daemon needs to know to check a dispatch.
 #[derive(Debug)]
@@ -83,70 +96,6 @@ pub fn content_hash(pdi: &[u8], insts: &[u8]) -> String {
     h.finalize().to_hex().to_string()
 }
 
-/// Checks uploaded bytes before they are stored.
-///
-/// # Errors
-/// RESOURCE_EXHAUSTED above `max_bytes`; INVALID_ARGUMENT with the artifact error for malformed
-/// bytes; FAILED_PRECONDITION for another generation, or a design the device cannot run.
-pub fn validate(
-    pdi: &[u8],
-    insts: &[u8],
-    max_bytes: u64,
-    device: NpuGen,
-    runs: Runs,
-) -> Result<pb::ProgramSummary, NpudError> {
-    let total = (pdi.len() as u64).saturating_add(insts.len() as u64);
-    if total > max_bytes {
-        return Err(NpudError::ResourceExhausted(format!(
-            "pdi and insts: {total} bytes together; at most {max_bytes} (limits.max_program_bytes)"
-        )));
-    }
-    if pdi.is_empty() {
-        return Err(NpudError::InvalidArgument("pdi: empty".into()));
-    }
-    if insts.is_empty() {
-        return Err(NpudError::InvalidArgument("insts: empty".into()));
-    }
-    let (kind, txn) = npu_artifacts::design::check_pair(pdi, insts)
-        .map_err(|e| NpudError::InvalidArgument(format!("invalid program: {e}")))?;
-    txn.check_generation(device)
-        .map_err(|e| NpudError::FailedPrecondition(format!("insts: {e}")))?;
-    let kind_name = match (&kind, runs) {
-        (PdiKind::Emulated(d), Runs::EmulatedDesigns) => d.kernel.name().to_owned(),
-        (PdiKind::Partial(_), Runs::RealDesigns) => "pdi".to_owned(),
-        (PdiKind::Partial(_), Runs::EmulatedDesigns) => {
-            return Err(NpudError::FailedPrecondition(
-                "pdi: a real partial PDI (PPDI): real designs need an NPU; this daemon runs the \
-                 emulator (hsa-sim), which runs emulated designs only"
-                    .into(),
-            ));
-        }
-        (PdiKind::Emulated(d), Runs::RealDesigns) => {
-            return Err(NpudError::FailedPrecondition(format!(
-                "pdi: an emulated design ({}) runs only on the emulator (hsa-sim); this daemon \
-                 drives an NPU",
-                d.kernel.name()
-            )));
-        }
-        (PdiKind::Xclbin(_), _) => {
-            return Err(NpudError::InvalidArgument(
-                "pdi: an xclbin, not a PDI; the HSA path needs main.pdi from aiecc --get-pdi"
-                    .into(),
-            ));
-        }
-    };
-    Ok(pb::ProgramSummary {
-        generation: gen_name(txn.generation).to_owned(),
-        arg_count: u32::try_from(txn.arg_count()).unwrap_or(u32::MAX),
-        min_arg_bytes: txn.min_arg_sizes(),
-        kind: kind_name,
-        insts_bytes: u32::try_from(insts.len()).unwrap_or(u32::MAX),
-        pdi_bytes: u32::try_from(pdi.len()).unwrap_or(u32::MAX),
-        columns: u32::from(txn.cols),
-        op_count: txn.op_count,
-    })
-}
-
 #[derive(Debug)]
 struct Entry {
     program: Arc<Program>,
@@ -162,15 +111,19 @@ struct Store {
     by_hash: HashMap<String, u64>,
     entries: BTreeMap<u64, Entry>,
     next_id: u64,
+    /// Quarantine records by content hash, stored programs or not.
+    quarantine: HashMap<String, QuarantineRecord>,
 }
 
-/// Every stored program.
+/// Every stored program, and every quarantine record.
 #[derive(Debug)]
 pub struct Programs {
     inner: Mutex<Store>,
     max_bytes: u64,
     device: NpuGen,
     runs: Runs,
+    /// Where records are kept across restarts; `None` when `state_dir` is empty.
+    records: Option<QuarantineDir>,
 }
 
 /// What kind of design the device runs: decided by the runtime that was opened, not by how
@@ -213,15 +166,28 @@ pub enum Runnable {
 }
 
 impl Programs {
-    pub fn new(max_bytes: u64, device: NpuGen, runs: Runs) -> Self {
+    /// A store that refuses the programs `quarantined` names, and writes new records to
+    /// `records` (when persistence is on).
+    pub fn new(
+        max_bytes: u64,
+        device: NpuGen,
+        runs: Runs,
+        records: Option<QuarantineDir>,
+        quarantined: Vec<QuarantineRecord>,
+    ) -> Self {
         Self {
             inner: Mutex::new(Store {
                 next_id: 1,
+                quarantine: quarantined
+                    .into_iter()
+                    .map(|r| (r.content_hash.clone(), r))
+                    .collect(),
                 ..Store::default()
             }),
             max_bytes,
             device,
             runs,
+            records,
         }
     }
 
@@ -233,7 +199,8 @@ impl Programs {
     /// reference.
     ///
     /// # Errors
-    /// As [`validate`]; INVALID_ARGUMENT for a name over 128 bytes.
+    /// As [`validate`]; INVALID_ARGUMENT for a name over 128 bytes; FAILED_PRECONDITION for
+    /// bytes with a quarantine record (naming the hash, when and why, and how to clear it).
     pub fn register(
         &self,
         session: u64,
@@ -250,6 +217,9 @@ impl Programs {
         let hash = content_hash(&pdi, &insts);
         {
             let mut g = self.lock();
+            if let Some(r) = g.quarantine.get(&hash) {
+                return Err(refused_at_registration(r));
+            }
             if let Some(id) = g.by_hash.get(&hash).copied()
                 && let Some(e) = g.entries.get_mut(&id)
             {
@@ -262,6 +232,9 @@ impl Programs {
         }
         let summary = validate(&pdi, &insts, self.max_bytes, self.device, self.runs)?;
         let mut g = self.lock();
+        if let Some(r) = g.quarantine.get(&hash) {
+            return Err(refused_at_registration(r));
+        }
         // Another session may have stored the same bytes while this one validated.
         if let Some(id) = g.by_hash.get(&hash).copied()
             && let Some(e) = g.entries.get_mut(&id)
@@ -341,16 +314,23 @@ impl Programs {
         field: impl std::fmt::Display,
     ) -> Result<Arc<Program>, NpudError> {
         let mut g = self.lock();
-        let e = g
-            .entries
+        let Store {
+            entries,
+            quarantine,
+            ..
+        } = &mut *g;
+        let e = entries
             .get_mut(&id)
             .filter(|e| e.refs.contains(&session))
             .ok_or_else(|| not_found(&field, id))?;
         if e.quarantined {
+            let why = quarantine
+                .get(&e.program.hash)
+                .map_or_else(|| "it faulted the device".to_owned(), explain);
             let err = NpudError::FailedPrecondition(format!(
-                "{field}: program {id} ({}) is quarantined: it faulted the device; register a \
-                 fixed design",
-                e.program.display_name()
+                "{field}: program {id} ({}, hash {}) is quarantined {why}",
+                e.program.display_name(),
+                e.program.hash,
             ));
             e.stats.record(1, Outcome::Fail(err.code_name()), 0, 0);
             return Err(err);
@@ -365,12 +345,6 @@ impl Programs {
             None => Runnable::Gone,
             Some(e) if e.quarantined => Runnable::Quarantined,
             Some(_) => Runnable::Yes,
-        }
-    }
-
-    pub fn quarantine(&self, id: u64) {
-        if let Some(e) = self.lock().entries.get_mut(&id) {
-            e.quarantined = true;
         }
     }
 
@@ -478,7 +452,13 @@ mod tests {
     }
 
     fn store() -> Programs {
-        Programs::new(8 << 20, NpuGen::Npu2, Runs::EmulatedDesigns)
+        Programs::new(
+            8 << 20,
+            NpuGen::Npu2,
+            Runs::EmulatedDesigns,
+            None,
+            Vec::new(),
+        )
     }
 
     #[test]

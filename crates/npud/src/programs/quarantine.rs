@@ -1,0 +1,224 @@
+//! Quarantine in the store: records by content hash, apart from the programs stored, so that the
+//! bytes of a program that faulted the device stay refused (at registration and at dispatch)
+//! after every session let go of it and after a restart, until ClearQuarantine removes the
+//! record. The records' files are `state_dir::quarantine`'s.
+
+use npu_proto::v1 as pb;
+
+use super::Programs;
+use crate::error::NpudError;
+use crate::state_dir::QuarantineRecord;
+use crate::state_dir::quarantine::is_hash;
+
+impl Programs {
+    /// Quarantines program `id` for `reason`: flags it, keeps a record of its hash, and writes
+    /// the record durably to the state directory (a failure there is logged: the program then
+    /// stays quarantined only until the daemon stops). Returns the record.
+    pub fn quarantine(&self, id: u64, reason: &str) -> Option<QuarantineRecord> {
+        let record = {
+            let mut g = self.lock();
+            let e = g.entries.get_mut(&id)?;
+            e.quarantined = true;
+            let r = QuarantineRecord::now(&e.program.hash, &e.program.name, reason);
+            g.quarantine.insert(r.content_hash.clone(), r.clone());
+            r
+        };
+        if let Some(dir) = &self.records
+            && let Err(e) = dir.write(&record)
+        {
+            tracing::error!(
+                program = id,
+                hash = %record.content_hash,
+                error = %e,
+                "the quarantine record could not be written; the program is quarantined only \
+                 until the daemon stops"
+            );
+        }
+        Some(record)
+    }
+
+    /// Removes the quarantine record of `hash` (on disk first, then in memory) and lets a stored
+    /// program with those bytes run again. Returns the record removed; `None` when there was
+    /// none.
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT when `hash` is not a content hash; INTERNAL when the record's file
+    /// cannot be removed (nothing changes then).
+    pub fn clear_quarantine(&self, hash: &str) -> Result<Option<QuarantineRecord>, NpudError> {
+        let hash = hash.trim().to_ascii_lowercase();
+        if !is_hash(&hash) {
+            return Err(NpudError::InvalidArgument(format!(
+                "content_hash: {hash:?} is not a content hash (64 hex characters, as `npuctl \
+                 programs` and RegisterProgram show it)"
+            )));
+        }
+        let on_disk = match &self.records {
+            Some(dir) => dir.remove(&hash).map_err(|e| {
+                NpudError::Internal(format!("clearing the quarantine of {hash}: {e}"))
+            })?,
+            None => false,
+        };
+        let mut g = self.lock();
+        let removed = g.quarantine.remove(&hash);
+        if let Some(id) = g.by_hash.get(&hash).copied()
+            && let Some(e) = g.entries.get_mut(&id)
+        {
+            e.quarantined = false;
+        }
+        Ok(match removed {
+            Some(r) => Some(r),
+            // A file this daemon had not read (written by hand, or by another daemon since).
+            None if on_disk => Some(QuarantineRecord {
+                content_hash: hash,
+                name: String::new(),
+                faulted_unix_s: 0,
+                reason: String::new(),
+            }),
+            None => None,
+        })
+    }
+
+    /// Quarantine records: every one (`None`), or those of `session`'s programs.
+    pub fn quarantine_records(&self, session: Option<u64>) -> Vec<pb::QuarantineRecord> {
+        let g = self.lock();
+        let stored = |hash: &str| {
+            g.by_hash
+                .get(hash)
+                .and_then(|id| g.entries.get(id))
+                .map(|e| (e.program.id, e.refs.clone()))
+        };
+        let mut v: Vec<pb::QuarantineRecord> = g
+            .quarantine
+            .values()
+            .filter_map(|r| {
+                let program = stored(&r.content_hash);
+                match (session, &program) {
+                    (None, _) => {}
+                    (Some(s), Some((_, refs))) if refs.contains(&s) => {}
+                    _ => return None,
+                }
+                Some(record_proto(r, program.map_or(0, |(id, _)| id)))
+            })
+            .collect();
+        v.sort_by(|a, b| a.content_hash.cmp(&b.content_hash));
+        v
+    }
+}
+
+/// `since T: reason; to run it again, ...`: when and why a program was quarantined, and how to
+/// clear it.
+pub(super) fn explain(r: &QuarantineRecord) -> String {
+    format!(
+        "since {}: {}; once the design is fixed (or to try it again), clear it with `npuctl \
+         programs --clear-quarantine {}`",
+        r.faulted_at(),
+        r.reason,
+        r.content_hash
+    )
+}
+
+pub(super) fn refused_at_registration(r: &QuarantineRecord) -> NpudError {
+    let name = if r.name.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", r.name)
+    };
+    NpudError::FailedPrecondition(format!(
+        "program {}{name} is quarantined {}",
+        r.content_hash,
+        explain(r)
+    ))
+}
+
+/// A record as the API shows it; `program_id` is the stored program with its bytes, or 0.
+pub fn record_proto(r: &QuarantineRecord, program_id: u64) -> pb::QuarantineRecord {
+    pb::QuarantineRecord {
+        content_hash: r.content_hash.clone(),
+        name: r.name.clone(),
+        faulted_unix_s: r.faulted_unix_s,
+        faulted_at: r.faulted_at(),
+        reason: r.reason.clone(),
+        program_id,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use npu_artifacts::NpuGen;
+    use npu_artifacts::emu::{DType, EmuDesign};
+
+    use super::super::Runs;
+    use super::*;
+    use crate::state_dir::QuarantineDir;
+
+    fn vsa(scalar: i64) -> (Vec<u8>, Vec<u8>) {
+        let d = EmuDesign::vector_scalar_add(1024, DType::I32, scalar);
+        (d.to_pdi(), d.insts(NpuGen::Npu2))
+    }
+
+    #[test]
+    fn a_quarantined_hash_is_refused_at_registration_and_dispatch_until_cleared() {
+        let dir = tempfile::tempdir().unwrap();
+        let (records, _) = QuarantineDir::open(dir.path()).unwrap();
+        let p = Programs::new(
+            8 << 20,
+            NpuGen::Npu2,
+            Runs::EmulatedDesigns,
+            Some(records),
+            Vec::new(),
+        );
+        let (pdi, insts) = vsa(1);
+        let a = p
+            .register(1, pdi.clone(), insts.clone(), "vsa".into())
+            .unwrap();
+        let hash = a.program.hash.clone();
+        let r = p
+            .quarantine(a.program.id, "it faulted the device: boom")
+            .unwrap();
+        assert_eq!(r.name, "vsa");
+        let e = p.for_dispatch(1, a.program.id, "program_id").unwrap_err();
+        assert!(matches!(e, NpudError::FailedPrecondition(_)), "{e}");
+        for needle in [
+            "program_id: program 1 (vsa, hash ",
+            "is quarantined since ",
+            "boom",
+            &format!("npuctl programs --clear-quarantine {hash}"),
+        ] {
+            assert!(e.message().contains(needle), "{needle:?} in {e}");
+        }
+        // Dropped by every session, its bytes are still refused: the record is by hash.
+        assert_eq!(p.release_session(1), vec![a.program.id]);
+        let e = p
+            .register(2, pdi.clone(), insts.clone(), String::new())
+            .unwrap_err();
+        assert!(matches!(e, NpudError::FailedPrecondition(_)), "{e}");
+        assert!(
+            e.message()
+                .starts_with(&format!("program {hash} (vsa) is quarantined since ")),
+            "{e}"
+        );
+        assert_eq!(p.quarantine_records(None).len(), 1);
+        assert!(p.quarantine_records(Some(2)).is_empty());
+
+        // A restarted store reads the record back.
+        let (records, back) = QuarantineDir::open(dir.path()).unwrap();
+        assert_eq!(back, vec![r.clone()]);
+        let p = Programs::new(
+            8 << 20,
+            NpuGen::Npu2,
+            Runs::EmulatedDesigns,
+            Some(records),
+            back,
+        );
+        assert!(
+            p.register(3, pdi.clone(), insts.clone(), String::new())
+                .is_err()
+        );
+        let e = p.clear_quarantine("not a hash").unwrap_err();
+        assert!(matches!(e, NpudError::InvalidArgument(_)), "{e}");
+        assert_eq!(p.clear_quarantine(&hash.to_uppercase()).unwrap(), Some(r));
+        assert_eq!(p.clear_quarantine(&hash).unwrap(), None);
+        p.register(3, pdi, insts, String::new()).unwrap();
+        assert!(QuarantineDir::open(dir.path()).unwrap().1.is_empty());
+    }
+}
