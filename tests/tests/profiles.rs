@@ -440,3 +440,84 @@ async fn a_specific_agent_name_decides_the_generation() {
         ("npu2", "agent name aie2p")
     );
 }
+
+/// On the runtimes that abort the process from the queue's error path, a faulting program
+/// kills the daemon. Restarted as systemd's `Restart=on-failure` would, on the same state
+/// directory, the daemon refuses those bytes (the in-flight record says it died running them),
+/// and other clients reconnect and work: one bad program is not a crash loop.
+async fn a_fault_that_kills_the_daemon(profile: &str, runtime: Runtime) {
+    use std::os::unix::process::ExitStatusExt;
+    let mut d = start(profile, runtime);
+    let vsa = EmuDesign::vector_scalar_add(N, DType::I32, 1);
+
+    let mut good = Session::open(d.connect().await, "innocent").await.unwrap();
+    let p = good.register(&vsa).await.unwrap().program_id;
+    let mut a = good.alloc_mapped(BYTES).await.unwrap();
+    let b = good.alloc_mapped(BYTES).await.unwrap();
+    a.map.as_mut_slice_of::<i32>().unwrap().fill(1);
+    good.dispatch(p, &[a.id, b.id]).await.unwrap();
+
+    let mut bad = Session::open(d.connect().await, "faulting").await.unwrap();
+    let fault = EmuDesign::fault(N * 4);
+    let f = bad.register(&fault).await.unwrap();
+    let x = bad.alloc_mapped(BYTES).await.unwrap();
+    let y = bad.alloc_mapped(BYTES).await.unwrap();
+    let e = bad
+        .dispatch(f.program_id, &[x.id, y.id])
+        .await
+        .expect_err("the daemon dies during the dispatch");
+    assert!(
+        matches!(
+            e.code(),
+            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal
+        ),
+        "{e:?}"
+    );
+    let status = d
+        .wait_exit(std::time::Duration::from_secs(20))
+        .expect("the runtime aborted the daemon");
+    assert_eq!(
+        status.signal(),
+        Some(6),
+        "{status:?}: SIGABRT\n{}",
+        d.stderr()
+    );
+    assert!(d.stderr().contains(profile), "{}", d.stderr());
+
+    d.restart();
+    let mut again = Session::open(d.connect().await, "faulting again")
+        .await
+        .unwrap();
+    let e = again.register(&fault).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    for says in [
+        f.content_hash.as_str(),
+        "the daemon died while it ran on the device",
+        "npuctl programs --clear-quarantine",
+    ] {
+        assert!(e.message().contains(says), "{says}: {}", e.message());
+    }
+
+    // The innocent client's session died with the daemon; it reconnects and works again.
+    let mut good = Session::open(d.connect().await, "innocent, reconnected")
+        .await
+        .unwrap();
+    let p = good.register(&vsa).await.unwrap().program_id;
+    let mut a = good.alloc_mapped(BYTES).await.unwrap();
+    let b = good.alloc_mapped(BYTES).await.unwrap();
+    a.map.as_mut_slice_of::<i32>().unwrap().fill(9);
+    good.dispatch(p, &[a.id, b.id]).await.unwrap();
+    assert!(b.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 10));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fault_on_rocr_late_2025_kills_the_daemon_once_not_in_a_loop() {
+    a_fault_that_kills_the_daemon("rocr-late-2025", Runtime::Linked).await;
+    a_fault_that_kills_the_daemon("rocr-late-2025", Runtime::Loaded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fault_on_rocr_g2_2026_05_kills_the_daemon_once_not_in_a_loop() {
+    a_fault_that_kills_the_daemon("rocr-g2-2026-05", Runtime::Linked).await;
+    a_fault_that_kills_the_daemon("rocr-g2-2026-05", Runtime::Loaded).await;
+}
