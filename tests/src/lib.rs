@@ -27,20 +27,27 @@ use tonic::{Request, Status};
 /// # Panics
 /// When it is not there (build it with `cargo build -p npud`).
 pub fn binary(name: &str) -> PathBuf {
+    built(&[name]).unwrap_or_else(|exe| {
+        panic!(
+            "no {name} binary near {exe}: run `cargo build -p npud` (or `cargo nextest run -p npud \
+             -p npud-e2e`)"
+        )
+    })
+}
+
+/// The first of `names` (paths relative to a directory) found in a directory above the test
+/// executable, up to `target/`; the executable's path when none is.
+fn built(names: &[&str]) -> Result<PathBuf, String> {
     let exe = std::env::current_exe().expect("the test executable has a path");
     for dir in exe.ancestors().skip(1) {
-        let candidate = dir.join(name);
-        if candidate.is_file() {
-            return candidate;
+        if let Some(found) = names.iter().map(|n| dir.join(n)).find(|c| c.is_file()) {
+            return Ok(found);
         }
         if dir.file_name().is_some_and(|n| n == "target") {
             break;
         }
     }
-    panic!(
-        "no {name} binary near {}: run `cargo build -p npud` (or `cargo nextest run -p npud -p npud-e2e`)",
-        exe.display()
-    );
+    Err(exe.display().to_string())
 }
 
 /// The emulator's runtime profiles, as users install the runtimes they model (hsa-sim's
@@ -68,21 +75,8 @@ pub enum Runtime {
 /// # Panics
 /// When it is not there (build it with `cargo build -p hsa-sim`).
 pub fn hsa_sim_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable has a path");
-    for dir in exe.ancestors().skip(1) {
-        for candidate in [dir.join("deps/libhsa_sim.so"), dir.join("libhsa_sim.so")] {
-            if candidate.is_file() {
-                return candidate;
-            }
-        }
-        if dir.file_name().is_some_and(|n| n == "target") {
-            break;
-        }
-    }
-    panic!(
-        "no libhsa_sim.so near {}: run `cargo build -p hsa-sim`",
-        exe.display()
-    );
+    built(&["deps/libhsa_sim.so", "libhsa_sim.so"])
+        .unwrap_or_else(|exe| panic!("no libhsa_sim.so near {exe}: run `cargo build -p hsa-sim`"))
 }
 
 /// The `npuctl` binary of this build (`target/<profile>/npuctl`), built with `cargo build -p

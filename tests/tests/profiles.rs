@@ -52,6 +52,19 @@ fn same(got: &[i32], want: &[i32], what: &str) {
     }
 }
 
+/// Registers vector_scalar_add (adding `scalar`) and maps an input and an output tensor for
+/// it: (program, input, output).
+async fn vsa(s: &mut Session, scalar: i64) -> (u64, Mapped, Mapped) {
+    let p = s
+        .register(&EmuDesign::vector_scalar_add(N, DType::I32, scalar))
+        .await
+        .unwrap()
+        .program_id;
+    let a = s.alloc_mapped(BYTES).await.unwrap();
+    let b = s.alloc_mapped(BYTES).await.unwrap();
+    (p, a, b)
+}
+
 async fn info(s: &mut Session) -> pb::DeviceInfo {
     s.client
         .get_device_info(pb::GetDeviceInfoRequest {})
@@ -100,13 +113,7 @@ async fn core_work(profile: &str, runtime: Runtime) {
     }
 
     // One dispatch.
-    let p = s
-        .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
-        .await
-        .unwrap()
-        .program_id;
-    let mut a = s.alloc_mapped(BYTES).await.unwrap();
-    let b = s.alloc_mapped(BYTES).await.unwrap();
+    let (p, mut a, b) = vsa(&mut s, 1).await;
     let want_storage = if in_place {
         pb::TensorStorage::DeviceShared
     } else {
@@ -195,18 +202,12 @@ async fn core_work(profile: &str, runtime: Runtime) {
 async fn device_fault(profile: &str, runtime: Runtime) {
     let d = start(profile, runtime);
     let mut s = Session::open(d.connect().await, "faults").await.unwrap();
-    let p = s
-        .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
-        .await
-        .unwrap()
-        .program_id;
+    let (p, mut a, b) = vsa(&mut s, 1).await;
     let fault = s
         .register(&EmuDesign::fault(N * 4))
         .await
         .unwrap()
         .program_id;
-    let mut a = s.alloc_mapped(BYTES).await.unwrap();
-    let b = s.alloc_mapped(BYTES).await.unwrap();
     a.map.as_mut_slice_of::<i32>().unwrap().fill(7);
     let r = s.dispatch(fault, &[a.id, b.id]).await;
     match profile {
@@ -235,13 +236,7 @@ async fn device_fault(profile: &str, runtime: Runtime) {
 async fn truncation(profile: &str, runtime: Runtime) {
     let d = start(profile, runtime);
     let mut s = Session::open(d.connect().await, "attacker").await.unwrap();
-    let p = s
-        .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
-        .await
-        .unwrap()
-        .program_id;
-    let mut a = s.alloc_mapped(BYTES).await.unwrap();
-    let out = s.alloc_mapped(BYTES).await.unwrap();
+    let (p, mut a, out) = vsa(&mut s, 1).await;
     // The client's own memfd, imported: the daemon accepts it only sealed.
     let imported_fd = npu_fd::memfd::create("attacker", BYTES).unwrap();
     let (imported, sent) = s.import(imported_fd.as_fd(), BYTES).await.unwrap();
@@ -409,13 +404,7 @@ async fn rocm_7_0_takes_the_generation_from_sysfs_or_the_flag_and_never_guesses(
                 "{}",
                 i.generation_source
             );
-            let p = s
-                .register(&EmuDesign::vector_scalar_add(N, DType::I32, 2))
-                .await
-                .unwrap()
-                .program_id;
-            let mut a = s.alloc_mapped(BYTES).await.unwrap();
-            let b = s.alloc_mapped(BYTES).await.unwrap();
+            let (p, mut a, b) = vsa(&mut s, 2).await;
             a.map.as_mut_slice_of::<i32>().unwrap().fill(40);
             s.dispatch(p, &[a.id, b.id]).await.unwrap();
             assert!(b.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 42));
@@ -448,12 +437,9 @@ async fn a_specific_agent_name_decides_the_generation() {
 async fn a_fault_that_kills_the_daemon(profile: &str, runtime: Runtime) {
     use std::os::unix::process::ExitStatusExt;
     let mut d = start(profile, runtime);
-    let vsa = EmuDesign::vector_scalar_add(N, DType::I32, 1);
 
     let mut good = Session::open(d.connect().await, "innocent").await.unwrap();
-    let p = good.register(&vsa).await.unwrap().program_id;
-    let mut a = good.alloc_mapped(BYTES).await.unwrap();
-    let b = good.alloc_mapped(BYTES).await.unwrap();
+    let (p, mut a, b) = vsa(&mut good, 1).await;
     a.map.as_mut_slice_of::<i32>().unwrap().fill(1);
     good.dispatch(p, &[a.id, b.id]).await.unwrap();
 
@@ -502,9 +488,7 @@ async fn a_fault_that_kills_the_daemon(profile: &str, runtime: Runtime) {
     let mut good = Session::open(d.connect().await, "innocent, reconnected")
         .await
         .unwrap();
-    let p = good.register(&vsa).await.unwrap().program_id;
-    let mut a = good.alloc_mapped(BYTES).await.unwrap();
-    let b = good.alloc_mapped(BYTES).await.unwrap();
+    let (p, mut a, b) = vsa(&mut good, 1).await;
     a.map.as_mut_slice_of::<i32>().unwrap().fill(9);
     good.dispatch(p, &[a.id, b.id]).await.unwrap();
     assert!(b.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 10));

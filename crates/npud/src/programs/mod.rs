@@ -191,6 +191,22 @@ impl Programs {
         }
     }
 
+    /// What registering `hash` for `session` comes to when the bytes are already known: a
+    /// refusal while they are quarantined, or the stored program (now referenced by
+    /// `session`); `None` for new bytes.
+    fn known(g: &mut Store, session: u64, hash: &str) -> Option<Result<Registered, NpudError>> {
+        if let Some(r) = g.quarantine.get(hash) {
+            return Some(Err(refused_at_registration(r)));
+        }
+        let id = g.by_hash.get(hash).copied()?;
+        let e = g.entries.get_mut(&id)?;
+        e.refs.insert(session);
+        Some(Ok(Registered {
+            program: e.program.clone(),
+            newly_stored: false,
+        }))
+    }
+
     fn lock(&self) -> MutexGuard<'_, Store> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -215,35 +231,15 @@ impl Programs {
             )));
         }
         let hash = content_hash(&pdi, &insts);
-        {
-            let mut g = self.lock();
-            if let Some(r) = g.quarantine.get(&hash) {
-                return Err(refused_at_registration(r));
-            }
-            if let Some(id) = g.by_hash.get(&hash).copied()
-                && let Some(e) = g.entries.get_mut(&id)
-            {
-                e.refs.insert(session);
-                return Ok(Registered {
-                    program: e.program.clone(),
-                    newly_stored: false,
-                });
-            }
+        if let Some(known) = Self::known(&mut self.lock(), session, &hash) {
+            return known;
         }
         let summary = validate(&pdi, &insts, self.max_bytes, self.device, self.runs)?;
         let mut g = self.lock();
-        if let Some(r) = g.quarantine.get(&hash) {
-            return Err(refused_at_registration(r));
-        }
-        // Another session may have stored the same bytes while this one validated.
-        if let Some(id) = g.by_hash.get(&hash).copied()
-            && let Some(e) = g.entries.get_mut(&id)
-        {
-            e.refs.insert(session);
-            return Ok(Registered {
-                program: e.program.clone(),
-                newly_stored: false,
-            });
+        // Another session may have stored the same bytes (or a fault quarantined them) while
+        // this one validated.
+        if let Some(known) = Self::known(&mut g, session, &hash) {
+            return known;
         }
         let id = g.next_id;
         g.next_id += 1;
