@@ -158,7 +158,7 @@ async fn requests_without_or_with_a_wrong_token_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_client_loses_its_tensors_and_program_references_after_the_grace_period() {
     let d = Daemon::start(Options {
-        grace_ms: 500,
+        grace_ms: 1500,
         ..Options::default()
     });
     let mut other = Session::open(d.connect().await, "survivor").await.unwrap();
@@ -197,8 +197,27 @@ async fn a_killed_client_loses_its_tensors_and_program_references_after_the_grac
     child.wait().unwrap();
     let killed = Instant::now();
 
-    // Within the grace period the session is still there, disconnected.
+    // Within the grace period the session is still there, disconnected, with its tensors and
+    // its program reference.
     let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let st = other.statistics().await.unwrap();
+        let s = st
+            .sessions
+            .iter()
+            .find(|s| s.session_id == session)
+            .expect("the session outlives its client within the 1500 ms grace period");
+        assert_eq!((s.tensors, s.tensor_bytes, s.programs), (2, 2 * BYTES, 1));
+        assert_eq!(st.programs[0].references, 2);
+        if !s.connected {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the dead client still counts as connected"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let st = loop {
         let st = other.statistics().await.unwrap();
         if st.sessions.iter().all(|s| s.session_id != session) {
@@ -211,8 +230,8 @@ async fn a_killed_client_loses_its_tensors_and_program_references_after_the_grac
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(
-        killed.elapsed() >= Duration::from_millis(500),
-        "the session ended {:?} after its client died, before the 500 ms grace period",
+        killed.elapsed() >= Duration::from_millis(1500),
+        "the session ended {:?} after its client died, before the 1500 ms grace period",
         killed.elapsed()
     );
     assert_eq!(st.sessions_ended, 1);
@@ -281,14 +300,15 @@ async fn a_session_resumes_on_a_new_connection_within_the_grace_period() {
     assert_eq!(st.sessions_ended, 0);
 }
 
+#[cfg_attr(not(as_root), ignore = "needs root to run a client under another uid")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_unix_session_and_its_tickets_are_bound_to_the_peers_uid() {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
-    if !rustix::process::getuid().is_root() {
-        eprintln!("skipped: needs root to run a client under another uid");
-        return;
-    }
+    assert!(
+        rustix::process::getuid().is_root(),
+        "built as root (tests/build.rs) but run as another user: rebuild as this user"
+    );
     let d = Daemon::start(Options::default());
     let mut s = Session::open(d.connect().await, "root").await.unwrap();
     let r = s

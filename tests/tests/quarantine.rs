@@ -115,32 +115,6 @@ async fn a_faulted_program_stays_quarantined_across_a_restart_until_npuctl_clear
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
     assert!(e.message().contains("only over the Unix socket"), "{e:?}");
 
-    // Nor may another local user: the quarantined program could abort the daemon again.
-    if rustix::process::getuid().is_root() {
-        use std::os::unix::fs::PermissionsExt;
-        use std::os::unix::process::CommandExt;
-        std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
-        let o = Command::new(npuctl_binary())
-            .args(["programs", "--clear-quarantine", &hash, "--addr"])
-            .arg(&d.socket)
-            .env_remove("NPUD_ADDR")
-            .uid(65534)
-            .gid(65534)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success(), "{err}");
-        assert!(
-            err.contains(
-                "ClearQuarantine failed (PERMISSION_DENIED): ClearQuarantine is allowed only over \
-                 the Unix socket, to root and to the daemon's own uid (0); this peer is uid 65534"
-            ),
-            "{err}"
-        );
-        assert!(record.is_file());
-    }
-
     // The operator clears it (this test runs as root or as the daemon's own user).
     let text = stdout(&npuctl(&d, &["programs", "--clear-quarantine", &hash]));
     assert!(
@@ -242,4 +216,48 @@ async fn a_daemon_killed_mid_dispatch_quarantines_that_program_at_its_next_start
     x.map.as_mut_slice_of::<i32>().unwrap().fill(41);
     other.dispatch(vsa.program_id, &[x.id, y.id]).await.unwrap();
     assert!(y.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 42));
+}
+
+/// Another local user may not clear a quarantine: the quarantined program could abort the
+/// daemon again.
+#[cfg_attr(not(as_root), ignore = "needs root to run npuctl under another uid")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_local_user_may_not_clear_a_quarantine() {
+    assert!(
+        rustix::process::getuid().is_root(),
+        "built as root (tests/build.rs) but run as another user: rebuild as this user"
+    );
+    let state = tempfile::tempdir().unwrap();
+    let d = Daemon::start(with_state(state.path()));
+    let mut s = Session::open(d.connect().await, "faulting").await.unwrap();
+    let reg = s.register(&EmuDesign::fault(N * 4)).await.unwrap();
+    let hash = reg.content_hash.clone();
+    let a = s.alloc_mapped(BYTES).await.unwrap();
+    let b = s.alloc_mapped(BYTES).await.unwrap();
+    let e = s.dispatch(reg.program_id, &[a.id, b.id]).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Internal, "{e:?}");
+    let record = state.path().join("quarantine").join(format!("{hash}.json"));
+    assert!(record.is_file());
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let o = Command::new(npuctl_binary())
+        .args(["programs", "--clear-quarantine", &hash, "--addr"])
+        .arg(&d.socket)
+        .env_remove("NPUD_ADDR")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains(
+            "ClearQuarantine failed (PERMISSION_DENIED): ClearQuarantine is allowed only over \
+             the Unix socket, to root and to the daemon's own uid (0); this peer is uid 65534"
+        ),
+        "{err}"
+    );
+    assert!(record.is_file());
 }

@@ -108,14 +108,11 @@ mod tests {
     fn a_command_already_queued_is_taken_at_once() {
         let (tx, mut rx) = mpsc::channel(4);
         tx.try_send(7).unwrap();
-        let mut idle = Idle::new(Duration::from_millis(50));
-        let t = Instant::now();
+        // A window of an hour: were a queued command not taken at once, the test would hang
+        // (and the runner's timeout would say so); nothing here reads a clock.
+        let mut idle = Idle::new(Duration::from_secs(3600));
         assert_eq!(idle.next(&mut rx), Some(7));
         assert!(idle.armed());
-        assert!(
-            t.elapsed() < Duration::from_millis(50),
-            "it polled to the end"
-        );
     }
 
     #[test]
