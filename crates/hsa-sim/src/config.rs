@@ -144,14 +144,39 @@ pub(crate) fn effective() -> SimConfig {
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// A process-wide lock for tests that initialise the runtime or change its configuration.
+thread_local! {
+    /// How many [`SerialGuard`]s this thread holds (the lock is taken by the first only).
+    static HELD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// What [`serial_test_guard`] returns: the process-wide test lock, held until the outermost
+/// guard of this thread is dropped.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct SerialGuard {
+    _lock: Option<MutexGuard<'static, ()>>,
+}
+
+impl Drop for SerialGuard {
+    fn drop(&mut self) {
+        HELD.with(|h| h.set(h.get().saturating_sub(1)));
+    }
+}
+
+/// A process-wide lock for tests that initialise the runtime, change its configuration or read
+/// its process-wide counters.
 ///
 /// The runtime is one per process; `cargo test` runs a binary's tests on several threads, so
-/// such tests hold this guard for their whole body. A panic in a holder does not poison it for
-/// the others.
+/// such tests hold this guard for their whole body. A thread that already holds it may take it
+/// again (a test holds it around helpers that take it themselves), so a test can read the
+/// counters before and after everything its helpers do. A panic in a holder does not poison it
+/// for the others.
 #[doc(hidden)]
-pub fn serial_test_guard() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+pub fn serial_test_guard() -> SerialGuard {
+    let lock = (HELD.with(std::cell::Cell::get) == 0)
+        .then(|| SERIAL.lock().unwrap_or_else(PoisonError::into_inner));
+    HELD.with(|h| h.set(h.get() + 1));
+    SerialGuard { _lock: lock }
 }
 
 #[cfg(test)]

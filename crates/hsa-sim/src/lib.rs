@@ -153,8 +153,8 @@ mod vmem;
 
 pub use agents::*;
 pub use config::{
-    PacketAbi, SimConfig, agent_from_name, product_name, reset_config, serial_test_guard,
-    set_config,
+    PacketAbi, SerialGuard, SimConfig, agent_from_name, product_name, reset_config,
+    serial_test_guard, set_config,
 };
 pub use counters::{Counters, counters, hsa_sim_counters};
 pub use memory::*;

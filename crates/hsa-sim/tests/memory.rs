@@ -241,6 +241,9 @@ fn portable_dmabuf_export_of_aie_memory_fails_on_every_profile() {
 
 #[test]
 fn a_full_create_destroy_cycle_balances_the_counters() {
+    // Held across the whole cycle, so no other test moves the process-wide counters between
+    // the two readings.
+    let _g = hsa_sim::serial_test_guard();
     let before = counters();
     {
         let sim = Sim::new(Profile::RocrNewest);

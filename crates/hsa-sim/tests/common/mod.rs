@@ -6,7 +6,7 @@
 pub mod profiles;
 
 use std::ffi::c_void;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use hsa_core::sys::{
@@ -34,7 +34,7 @@ pub struct Sim {
     /// The emulated hardware generation (which TXN generation runs), whatever the agent's
     /// name says (ROCm 7.0 always says `aie2`).
     pub agent: npu_artifacts::NpuGen,
-    _guard: MutexGuard<'static, ()>,
+    _guard: hsa_sim::SerialGuard,
 }
 
 unsafe extern "C" fn collect_agent(a: Agent, data: *mut c_void) -> Status {
