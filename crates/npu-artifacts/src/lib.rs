@@ -59,6 +59,7 @@
 
 pub mod design;
 pub mod emu;
+pub mod hsaco;
 mod error;
 mod le;
 pub mod pdi;
