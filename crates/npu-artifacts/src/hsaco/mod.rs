@@ -48,7 +48,8 @@
 //! know the kind); `insts_size > 0`; `PdiInsts`: `insts_size % 4 == 0`; every blob
 //! `offset >= blob_pool_offset` and `offset + size <= sh_size`; `pdi_size == 0 => pdi_offset == 0`;
 //! `FullElf => pdi_size == 0`; `name_offset < string_table_size` with a NUL before the string
-//! table ends; unique names. Then ROCR's loader: `num_cols >= 1` (`<=` agent columns with
+//! table ends; the name is non-empty UTF-8 (npud's rule, stricter than ROCR, which takes any
+//! bytes; [`KernelNameText`](HsacoRule::KernelNameText)); unique names. Then ROCR's loader: `num_cols >= 1` (`<=` agent columns with
 //! [`AieSection::check_columns`]); `PdiInsts` has a PDI; `FullElf` only in `aie2p`; the
 //! `FullElf` name is a kernel of its full ELF; a non-zero `kernarg_size` equals 16 × its
 //! arguments; the kernel has a PDI patch site. Reserved words are not checked (ROCR does not).

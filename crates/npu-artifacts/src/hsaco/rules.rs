@@ -49,6 +49,9 @@ pub enum HsacoRule {
     PdiAbsent,
     /// `name_offset < string_table_size`, with a NUL before the string table ends.
     NameInStringTable,
+    /// A kernel name is non-empty UTF-8. npud's own rule, stricter than ROCR (which takes any
+    /// bytes): the format document calls names UTF-8, and an empty name is no symbol to look up.
+    KernelNameText,
     /// Kernel names are unique in a section.
     UniqueNames,
     /// `kind` is 0 (`PdiInsts`) or 1 (`FullElf`).
@@ -129,6 +132,7 @@ impl HsacoRule {
             BlobInPool => "blob inside the blob pool",
             PdiAbsent => "pdi_size == 0 => pdi_offset == 0",
             NameInStringTable => "name_offset < string_table_size with a NUL before its end",
+            KernelNameText => "kernel name is non-empty UTF-8",
             UniqueNames => "unique kernel names",
             Kind => "kind < 2",
             NumCols => "num_cols >= 1",

@@ -222,6 +222,13 @@ pub(crate) fn parse_section<'a>(
                 format!("kernel {i}: name_offset {name_off} has no NUL-terminated name inside the {st_size}-byte string table"),
             ));
         };
+        let Some(name_text) = std::str::from_utf8(name).ok().filter(|n| !n.is_empty()) else {
+            return Err(fail(
+                HsacoRule::KernelNameText,
+                at(0),
+                format!("kernel {i}: name {:?} at string-table offset {name_off}; expected non-empty UTF-8", String::from_utf8_lossy(name)),
+            ));
+        };
         if !names.insert(name) {
             return Err(fail(HsacoRule::UniqueNames, at(0), format!("kernel {i}: name {:?} is already defined", String::from_utf8_lossy(name))));
         }
@@ -230,7 +237,7 @@ pub(crate) fn parse_section<'a>(
             bytes: slice(bytes, u64::from(off), u64::from(len)).unwrap_or(&[]),
         };
         kernels.push(Kernel {
-            name: String::from_utf8_lossy(name).into_owned(),
+            name: name_text.to_owned(),
             kind,
             insts: blob(insts_off, insts_size),
             pdi: (pdi_size != 0).then(|| blob(pdi_off, pdi_size)),

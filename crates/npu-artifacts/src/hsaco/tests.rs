@@ -239,6 +239,8 @@ fn entry_rules() {
     // "k2" without its NUL inside a string table shortened to 5 bytes.
     mutated(|s| put(s, 24, 5), HsacoRule::NameInStringTable, 0x5c);
     mutated(|s| put(s, E1, 0), HsacoRule::UniqueNames, 0x5c);
+    mutated(|s| put(s, E1, 2), HsacoRule::KernelNameText, 0x5c);
+    mutated(|s| s[0x89] = 0xff, HsacoRule::KernelNameText, 0x30);
     mutated(|s| put(s, E1 + 24, 0), HsacoRule::NumCols, 0x5c + 24);
     mutated(|s| { put(s, E0 + 12, 0); put(s, E0 + 16, 0); }, HsacoRule::PdiPresent, 0x40);
     // A FullElf insts blob need not be whole words (its kind is checked first).
