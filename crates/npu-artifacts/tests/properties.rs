@@ -4,8 +4,8 @@
 //! mutated and packed hsacos parse or fail cleanly, and packed kernel sets read back equal.
 
 use npu_artifacts::design::{self, Design};
-use npu_artifacts::hsaco::{self, FullElf, Hsaco, HsacoBuilder, KernelKind, PdiInstsKernel};
 use npu_artifacts::emu::{DType, EmuDesign, EmuKernel};
+use npu_artifacts::hsaco::{self, FullElf, Hsaco, HsacoBuilder, KernelKind, PdiInstsKernel};
 use npu_artifacts::pdi::{self, PdiKind};
 use npu_artifacts::txn::{self, TxnBuilder, TxnProgram};
 use npu_artifacts::{ArtifactError, NpuGen};

@@ -10,7 +10,9 @@
 //!   `.note.xrt.configuration` says 1 column.
 
 use super::EmuDesign;
-use crate::hsaco::{ElfKernel, ElfKernelSpec, FullElfBuilder, HsacoBuilder, PdiInstsKernel, SiteTarget};
+use crate::hsaco::{
+    ElfKernel, ElfKernelSpec, FullElfBuilder, HsacoBuilder, PdiInstsKernel, SiteTarget,
+};
 use crate::{ArtifactError, NpuGen};
 
 /// The first 16 bytes of an emulated design's control code.
@@ -55,7 +57,10 @@ impl EmuDesign {
     pub fn to_full_elf(&self) -> Result<Vec<u8>, ArtifactError> {
         self.validate()?;
         let mut ctrl = EMU_CTRL_MAGIC.to_vec();
-        ctrl.resize(EMU_CTRL_ARG_SITES as usize + 12 * usize::from(self.num_args), 0);
+        ctrl.resize(
+            EMU_CTRL_ARG_SITES as usize + 12 * usize::from(self.num_args),
+            0,
+        );
         let arg_sites = (0..u16::from(self.num_args))
             .map(|i| (EMU_CTRL_ARG_SITES + 12 * u32::from(i), i, 0))
             .collect();
@@ -80,7 +85,9 @@ impl EmuDesign {
     ///
     /// [`EmuDesign::validate`]'s errors.
     pub fn to_full_elf_hsaco(&self) -> Result<Vec<u8>, ArtifactError> {
-        HsacoBuilder::new().full_elf(&self.to_full_elf()?, None)?.build()
+        HsacoBuilder::new()
+            .full_elf(&self.to_full_elf()?, None)?
+            .build()
     }
 
     /// The design a full ELF kernel written by [`EmuDesign::to_full_elf`] carries.
@@ -92,10 +99,18 @@ impl EmuDesign {
     pub fn from_full_elf_kernel(k: &ElfKernel<'_>) -> Result<Self, ArtifactError> {
         let bad = |detail: String| ArtifactError::Emu { detail };
         if !k.ctrl_code.starts_with(EMU_CTRL_MAGIC) {
-            return Err(bad(format!("full ELF kernel {:?}: control code is not emulated (no {:?} at offset 0)", k.name, String::from_utf8_lossy(EMU_CTRL_MAGIC))));
+            return Err(bad(format!(
+                "full ELF kernel {:?}: control code is not emulated (no {:?} at offset 0)",
+                k.name,
+                String::from_utf8_lossy(EMU_CTRL_MAGIC)
+            )));
         }
         let [pdi] = k.pdis.as_slice() else {
-            return Err(bad(format!("full ELF kernel {:?} loads {} PDIs; expected 1", k.name, k.pdis.len())));
+            return Err(bad(format!(
+                "full ELF kernel {:?} loads {} PDIs; expected 1",
+                k.name,
+                k.pdis.len()
+            )));
         };
         let d = Self::from_pdi(pdi.bytes)?;
         for s in &k.sites {
@@ -104,11 +119,17 @@ impl EmuDesign {
                 SiteTarget::Arg(i) => EMU_CTRL_ARG_SITES + 12 * u32::from(i),
             };
             if s.offset != expected {
-                return Err(bad(format!("full ELF kernel {:?}: site for {:?} at offset {}; expected {expected}", k.name, s.target, s.offset)));
+                return Err(bad(format!(
+                    "full ELF kernel {:?}: site for {:?} at offset {}; expected {expected}",
+                    k.name, s.target, s.offset
+                )));
             }
         }
         if k.arg_count != u32::from(d.num_args) {
-            return Err(bad(format!("full ELF kernel {:?} has {} argument sites; the design has {} buffers", k.name, k.arg_count, d.num_args)));
+            return Err(bad(format!(
+                "full ELF kernel {:?} has {} argument sites; the design has {} buffers",
+                k.name, k.arg_count, d.num_args
+            )));
         }
         Ok(d)
     }
@@ -127,7 +148,9 @@ mod tests {
         for g in [NpuGen::Npu1, NpuGen::Npu2] {
             let bytes = d.to_hsaco(g).unwrap();
             let s = parse_for_arch(&bytes, g).unwrap();
-            let [k] = s.kernels.as_slice() else { panic!("one kernel") };
+            let [k] = s.kernels.as_slice() else {
+                panic!("one kernel")
+            };
             assert_eq!(k.name, "vector_scalar_add");
             assert_eq!(k.kind, KernelKind::PdiInsts);
             assert_eq!(k.kernarg_size, 32);
@@ -139,7 +162,11 @@ mod tests {
 
     #[test]
     fn full_elf_hsaco_reads_back_the_design() {
-        for d in [EmuDesign::matmul(4, 4, 4, DType::I16, DType::I32), EmuDesign::noop(0, 4), EmuDesign::noop(7, 64)] {
+        for d in [
+            EmuDesign::matmul(4, 4, 4, DType::I16, DType::I32),
+            EmuDesign::noop(0, 4),
+            EmuDesign::noop(7, 64),
+        ] {
             let bytes = d.to_full_elf_hsaco().unwrap();
             let h = Hsaco::parse(&bytes).unwrap();
             let s = h.section(NpuGen::Npu2).unwrap();

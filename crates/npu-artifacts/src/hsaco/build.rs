@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 
 use super::full_elf::FullElf;
-use super::{AIE_MAGIC, EM_AMDGPU, ENTRY_MIN, HEADER_MIN, KernelKind, VERSION_MAJOR, VERSION_MINOR};
+use super::{
+    AIE_MAGIC, EM_AMDGPU, ENTRY_MIN, HEADER_MIN, KernelKind, VERSION_MAJOR, VERSION_MINOR,
+};
 use crate::{ArtifactError, NpuGen};
 
 /// A `PdiInsts` kernel to pack.
@@ -44,7 +46,11 @@ fn build_err(detail: String) -> ArtifactError {
 }
 
 fn u32_len(what: &str, len: usize) -> Result<u32, ArtifactError> {
-    u32::try_from(len).map_err(|_| build_err(format!("{what} is {len} bytes; the format's offsets are 32-bit")))
+    u32::try_from(len).map_err(|_| {
+        build_err(format!(
+            "{what} is {len} bytes; the format's offsets are 32-bit"
+        ))
+    })
 }
 
 impl HsacoBuilder {
@@ -77,11 +83,18 @@ impl HsacoBuilder {
     /// [`ArtifactError::HsacoBuild`] for an empty or NUL-containing name, a name already in that
     /// section, an empty PDI, an instruction sequence that is empty or not whole 32-bit words,
     /// or `num_cols == 0`: everything ROCR would refuse at load.
-    pub fn pdi_insts(&mut self, arch: NpuGen, k: PdiInstsKernel) -> Result<&mut Self, ArtifactError> {
+    pub fn pdi_insts(
+        &mut self,
+        arch: NpuGen,
+        k: PdiInstsKernel,
+    ) -> Result<&mut Self, ArtifactError> {
         self.check_name(arch, &k.name)?;
         let what = |d: &str| build_err(format!("kernel {:?}: {d}", k.name));
         if k.insts.is_empty() || k.insts.len() % 4 != 0 {
-            return Err(what(&format!("insts.bin is {} bytes; expected a positive multiple of 4", k.insts.len())));
+            return Err(what(&format!(
+                "insts.bin is {} bytes; expected a positive multiple of 4",
+                k.insts.len()
+            )));
         }
         if k.pdi.is_empty() {
             return Err(what("the PDI is empty; ROCR requires one"));
@@ -112,26 +125,39 @@ impl HsacoBuilder {
     /// The ELF's own [`ArtifactError::HsacoFullElf`], or [`ArtifactError::HsacoBuild`] when the
     /// column count is missing, zero or disagrees, a kernel has no PDI patch site (ROCR would
     /// refuse it), or a name is already in the section.
-    pub fn full_elf(&mut self, elf: &[u8], num_cols: Option<u32>) -> Result<&mut Self, ArtifactError> {
+    pub fn full_elf(
+        &mut self,
+        elf: &[u8],
+        num_cols: Option<u32>,
+    ) -> Result<&mut Self, ArtifactError> {
         let parsed = FullElf::parse(elf)?;
         let cols = match (parsed.xrt_columns()?, num_cols) {
             (Some(a), Some(b)) if a != b => {
-                return Err(build_err(format!("--num-cols {b} disagrees with the full ELF's .note.xrt.configuration ({a})")));
+                return Err(build_err(format!(
+                    "--num-cols {b} disagrees with the full ELF's .note.xrt.configuration ({a})"
+                )));
             }
             (Some(c), _) | (None, Some(c)) => c,
             (None, None) => {
-                return Err(build_err("the full ELF has no .note.xrt.configuration; give the column count".into()));
+                return Err(build_err(
+                    "the full ELF has no .note.xrt.configuration; give the column count".into(),
+                ));
             }
         };
         if cols == 0 {
-            return Err(build_err("num_cols is 0; expected the partition's column count".into()));
+            return Err(build_err(
+                "num_cols is 0; expected the partition's column count".into(),
+            ));
         }
         let mut kernels: Vec<_> = parsed.kernels.iter().collect();
         kernels.sort_by(|a, b| a.name.cmp(&b.name));
         for k in &kernels {
             self.check_name(NpuGen::Npu2, &k.name)?;
             if !k.has_pdi_site() {
-                return Err(build_err(format!("full ELF kernel {:?} has no PDI patch site; ROCR refuses to load it", k.name)));
+                return Err(build_err(format!(
+                    "full ELF kernel {:?} has no PDI patch site; ROCR refuses to load it",
+                    k.name
+                )));
             }
         }
         let mut bytes = elf.to_vec();
@@ -152,7 +178,9 @@ impl HsacoBuilder {
 
     fn check_name(&self, arch: NpuGen, name: &str) -> Result<(), ArtifactError> {
         if name.is_empty() || name.contains('\0') {
-            return Err(build_err(format!("kernel name {name:?}: expected a non-empty name without NUL")));
+            return Err(build_err(format!(
+                "kernel name {name:?}: expected a non-empty name without NUL"
+            )));
         }
         let dup = self
             .sections
@@ -161,7 +189,10 @@ impl HsacoBuilder {
             .flat_map(|(_, e)| e)
             .any(|e| e.name == name);
         if dup {
-            return Err(build_err(format!("kernel name {name:?} is already in the {} section", arch.agent_name())));
+            return Err(build_err(format!(
+                "kernel name {name:?} is already in the {} section",
+                arch.agent_name()
+            )));
         }
         Ok(())
     }
@@ -208,7 +239,19 @@ impl HsacoBuilder {
                 Some(p) => place(p, &mut pool)?,
                 None => (0, 0),
             };
-            for w in [name_off, insts_off, insts_size, pdi_off, pdi_size, e.kernarg_size, e.num_cols, e.kind.code(), 0, 0, 0] {
+            for w in [
+                name_off,
+                insts_off,
+                insts_size,
+                pdi_off,
+                pdi_size,
+                e.kernarg_size,
+                e.num_cols,
+                e.kind.code(),
+                0,
+                0,
+                0,
+            ] {
                 table.extend_from_slice(&w.to_le_bytes());
             }
         }
@@ -260,50 +303,50 @@ impl HsacoBuilder {
 /// back (unaligned), then the section headers (8-aligned): `[0] NULL`, `[1] .shstrtab`, then one
 /// `SHT_PROGBITS` per section with no flags and align 1.
 pub(crate) fn write_container(sections: &[(&str, &[u8])]) -> Vec<u8> {
-        let mut shstrtab = b"\0.shstrtab\0".to_vec();
-        let mut data = Vec::new();
-        let mut headers: Vec<[u64; 4]> = Vec::new(); // name, offset in data, size
-        for (name, bytes) in sections {
-            let at = shstrtab.len() as u64;
-            shstrtab.extend_from_slice(name.as_bytes());
-            shstrtab.push(0);
-            headers.push([at, data.len() as u64, bytes.len() as u64, 0]);
-            data.extend_from_slice(bytes);
-        }
-        let data_start = 64 + shstrtab.len() as u64;
-        let shoff = (data_start + data.len() as u64).next_multiple_of(8);
-        let shnum = u16::try_from(2 + headers.len()).unwrap_or(u16::MAX);
-        let mut out = Vec::new();
-        out.extend_from_slice(b"\x7fELF\x02\x01\x01");
-        out.resize(16, 0);
-        out.extend_from_slice(&1u16.to_le_bytes()); // ET_REL
-        out.extend_from_slice(&EM_AMDGPU.to_le_bytes());
-        out.extend_from_slice(&1u32.to_le_bytes()); // EV_CURRENT
-        out.extend_from_slice(&0u64.to_le_bytes()); // e_entry
-        out.extend_from_slice(&0u64.to_le_bytes()); // e_phoff
-        out.extend_from_slice(&shoff.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes()); // e_flags
-        for h in [64u16, 0, 0, 64, shnum, 1] {
-            out.extend_from_slice(&h.to_le_bytes());
-        }
-        out.extend_from_slice(&shstrtab);
-        out.extend_from_slice(&data);
-        out.resize(usize::try_from(shoff).unwrap_or(usize::MAX), 0);
-        out.extend_from_slice(&[0u8; 64]); // [0] NULL
-        let mut shdr = |name: u64, ty: u32, offset: u64, size: u64| {
-            out.extend_from_slice(&u32::try_from(name).unwrap_or(0).to_le_bytes());
-            out.extend_from_slice(&ty.to_le_bytes());
-            out.extend_from_slice(&0u64.to_le_bytes()); // flags: no SHF_ALLOC
-            out.extend_from_slice(&0u64.to_le_bytes()); // addr
-            out.extend_from_slice(&offset.to_le_bytes());
-            out.extend_from_slice(&size.to_le_bytes());
-            out.extend_from_slice(&[0u8; 8]); // link, info
-            out.extend_from_slice(&1u64.to_le_bytes()); // addralign
-            out.extend_from_slice(&0u64.to_le_bytes()); // entsize
-        };
-        shdr(1, 3, 64, shstrtab.len() as u64); // .shstrtab, SHT_STRTAB
-        for [name, off, size, _] in headers {
-            shdr(name, 1, data_start + off, size); // SHT_PROGBITS
-        }
-        out
+    let mut shstrtab = b"\0.shstrtab\0".to_vec();
+    let mut data = Vec::new();
+    let mut headers: Vec<[u64; 4]> = Vec::new(); // name, offset in data, size
+    for (name, bytes) in sections {
+        let at = shstrtab.len() as u64;
+        shstrtab.extend_from_slice(name.as_bytes());
+        shstrtab.push(0);
+        headers.push([at, data.len() as u64, bytes.len() as u64, 0]);
+        data.extend_from_slice(bytes);
+    }
+    let data_start = 64 + shstrtab.len() as u64;
+    let shoff = (data_start + data.len() as u64).next_multiple_of(8);
+    let shnum = u16::try_from(2 + headers.len()).unwrap_or(u16::MAX);
+    let mut out = Vec::new();
+    out.extend_from_slice(b"\x7fELF\x02\x01\x01");
+    out.resize(16, 0);
+    out.extend_from_slice(&1u16.to_le_bytes()); // ET_REL
+    out.extend_from_slice(&EM_AMDGPU.to_le_bytes());
+    out.extend_from_slice(&1u32.to_le_bytes()); // EV_CURRENT
+    out.extend_from_slice(&0u64.to_le_bytes()); // e_entry
+    out.extend_from_slice(&0u64.to_le_bytes()); // e_phoff
+    out.extend_from_slice(&shoff.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes()); // e_flags
+    for h in [64u16, 0, 0, 64, shnum, 1] {
+        out.extend_from_slice(&h.to_le_bytes());
+    }
+    out.extend_from_slice(&shstrtab);
+    out.extend_from_slice(&data);
+    out.resize(usize::try_from(shoff).unwrap_or(usize::MAX), 0);
+    out.extend_from_slice(&[0u8; 64]); // [0] NULL
+    let mut shdr = |name: u64, ty: u32, offset: u64, size: u64| {
+        out.extend_from_slice(&u32::try_from(name).unwrap_or(0).to_le_bytes());
+        out.extend_from_slice(&ty.to_le_bytes());
+        out.extend_from_slice(&0u64.to_le_bytes()); // flags: no SHF_ALLOC
+        out.extend_from_slice(&0u64.to_le_bytes()); // addr
+        out.extend_from_slice(&offset.to_le_bytes());
+        out.extend_from_slice(&size.to_le_bytes());
+        out.extend_from_slice(&[0u8; 8]); // link, info
+        out.extend_from_slice(&1u64.to_le_bytes()); // addralign
+        out.extend_from_slice(&0u64.to_le_bytes()); // entsize
+    };
+    shdr(1, 3, 64, shstrtab.len() as u64); // .shstrtab, SHT_STRTAB
+    for [name, off, size, _] in headers {
+        shdr(name, 1, data_start + off, size); // SHT_PROGBITS
+    }
+    out
 }

@@ -87,7 +87,10 @@ pub fn parse_container(file: &[u8]) -> Result<Container, ArtifactError> {
         return Err(err(
             HsacoRule::ElfMagic,
             0,
-            format!("first bytes are {:02x?}; expected 7f 45 4c 46", &file[..file.len().min(4)]),
+            format!(
+                "first bytes are {:02x?}; expected 7f 45 4c 46",
+                &file[..file.len().min(4)]
+            ),
         ));
     }
     if file.len() < 64 || file[4] != 2 {

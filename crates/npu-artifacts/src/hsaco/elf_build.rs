@@ -3,7 +3,8 @@
 //! relocations and a `.note.xrt.configuration`. It carries whatever control code it is given;
 //! npud uses it for emulated designs and tests, not to build real NPU programs.
 
-use super::full_elf::{GRP_COMDAT, OSABI_AIE2P, PatchScheme, SHT_GROUP, SHT_PROGBITS};
+use super::full_elf::{GRP_COMDAT, OSABI_AIE2P, SHT_GROUP, SHT_PROGBITS};
+use super::sites::PatchScheme;
 
 /// One kernel of a full ELF to build.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +71,14 @@ impl FullElfBuilder {
         let mut secs: Vec<Sec> = Vec::new();
         let mut push = |shstr: &mut Vec<u8>, name: &str, ty, data, link, info, entsize| {
             let n = add_str(shstr, name);
-            secs.push(Sec { name: n, ty, data, link, info, entsize });
+            secs.push(Sec {
+                name: n,
+                ty,
+                data,
+                link,
+                info,
+                entsize,
+            });
             u32::try_from(secs.len()).unwrap_or(u32::MAX) // index, counting NULL as 0
         };
         // Indices: 1 .shstrtab (filled at the end), 2 .strtab, 3 .symtab.
@@ -93,8 +101,24 @@ impl FullElfBuilder {
         let symtab_i = push(&mut shstr, ".symtab", 2, symtab, strtab_i, 1, 16);
         let mut ctrl_index = Vec::new();
         for (k, inst_sym) in self.kernels.iter().zip(&groups) {
-            let c = push(&mut shstr, &format!(".ctrltext.{}", k.instance), SHT_PROGBITS, k.ctrl_code.clone(), 0, 0, 0);
-            push(&mut shstr, ".group", SHT_GROUP, words(&[GRP_COMDAT, c]), symtab_i, *inst_sym, 4);
+            let c = push(
+                &mut shstr,
+                &format!(".ctrltext.{}", k.instance),
+                SHT_PROGBITS,
+                k.ctrl_code.clone(),
+                0,
+                0,
+                0,
+            );
+            push(
+                &mut shstr,
+                ".group",
+                SHT_GROUP,
+                words(&[GRP_COMDAT, c]),
+                symtab_i,
+                *inst_sym,
+                4,
+            );
             ctrl_index.push(c);
         }
         for (name, bytes) in &self.pdis {
@@ -146,7 +170,9 @@ impl FullElfBuilder {
         out.extend_from_slice(&[0u8; 40]);
         for (s, off) in secs.iter().zip(offsets) {
             let size = u32::try_from(s.data.len()).unwrap_or(u32::MAX);
-            out.extend(words(&[s.name, s.ty, 0, 0, off, size, s.link, s.info, 1, s.entsize]));
+            out.extend(words(&[
+                s.name, s.ty, 0, 0, off, size, s.link, s.info, 1, s.entsize,
+            ]));
         }
         let shnum = u16::try_from(secs.len() + 1).unwrap_or(u16::MAX);
         out[0..4].copy_from_slice(b"\x7fELF");

@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::HsacoRule;
+use super::sites::{PatchScheme, PatchSite, SiteTarget, arg_index};
 use super::strtab::{StrTab, slice};
 use crate::ArtifactError;
 use crate::le::{u16_at, u32_at};
@@ -13,8 +14,6 @@ use crate::le::{u16_at, u32_at};
 pub const OSABI_AIE2P: u8 = 69;
 /// `GRP_COMDAT`.
 pub const GRP_COMDAT: u32 = 1;
-/// Highest argument index a relocation may name.
-pub const MAX_ARG_INDEX: u32 = 4095;
 
 pub(crate) const SHT_PROGBITS: u32 = 1;
 pub(crate) const SHT_GROUP: u32 = 17;
@@ -22,41 +21,6 @@ const ELF32_HEADER: u64 = 52;
 const SHDR32: u64 = 40;
 const SYM32: u64 = 16;
 const RELA32: u64 = 12;
-
-/// How a patch site is written (`ELF32_R_TYPE`, or the low 4 bits of `r_addend` when
-/// `EI_ABIVERSION == 1`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(transparent)]
-pub struct PatchScheme(pub u32);
-
-impl PatchScheme {
-    /// A shim DMA buffer descriptor's 48-bit address (three words), for a kernel argument.
-    pub const SHIM_DMA_48: Self = Self(5);
-    /// A 64-bit address stored low word first, for a PDI.
-    pub const ADDRESS_64: Self = Self(8);
-}
-
-/// What a patch site receives.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum SiteTarget {
-    /// The address of kernel argument N.
-    Arg(u16),
-    /// The device address of the PDI in the section with this name.
-    Pdi(String),
-}
-
-/// One relocation of a kernel's control code.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PatchSite {
-    /// The scheme.
-    pub scheme: PatchScheme,
-    /// Byte offset in the control code (`r_offset`).
-    pub offset: u32,
-    /// The addend, decoded for the ELF's `EI_ABIVERSION`.
-    pub addend: u32,
-    /// An argument or a PDI.
-    pub target: SiteTarget,
-}
 
 /// A `.pdi*` section a kernel loads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,18 +115,7 @@ fn demangle(sym: &[u8]) -> &[u8] {
         .ok()
         .and_then(|d| d.parse().ok())
         .unwrap_or(usize::MAX);
-    rest.get(digits..)
-        .and_then(|r| r.get(..len))
-        .unwrap_or(sym)
-}
-
-/// A decimal argument index 0..=4095 (digits only).
-fn arg_index(name: &[u8]) -> Option<u16> {
-    if name.is_empty() || name.len() > 4 || !name.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let v: u16 = std::str::from_utf8(name).ok()?.parse().ok()?;
-    (u32::from(v) <= MAX_ARG_INDEX).then_some(v)
+    rest.get(digits..).and_then(|r| r.get(..len)).unwrap_or(sym)
 }
 
 impl<'a> FullElf<'a> {
@@ -211,7 +164,10 @@ impl<'a> FullElf<'a> {
         let shstrndx = u16_at(bytes, 50).unwrap_or(0);
         let hdr_err = |at, d: String| err(HsacoRule::NestedSectionHeaders, at, d);
         if u64::from(shentsize) != SHDR32 {
-            return Err(hdr_err(46, format!("e_shentsize is {shentsize}; expected 40")));
+            return Err(hdr_err(
+                46,
+                format!("e_shentsize is {shentsize}; expected 40"),
+            ));
         }
         if shnum == 0 {
             return Err(hdr_err(48, "e_shnum is 0; expected at least 1".into()));
@@ -277,8 +233,8 @@ impl<'a> FullElf<'a> {
 
         // .symtab and its strings.
         let sym_err = |at, d: String| err(HsacoRule::Symtab, at, d);
-        let symtab_i = by_name(b".symtab")
-            .ok_or_else(|| sym_err(0, "no .symtab section".into()))?;
+        let symtab_i =
+            by_name(b".symtab").ok_or_else(|| sym_err(0, "no .symtab section".into()))?;
         let symtab_h = &secs[symtab_i];
         if u64::from(symtab_h.entsize) != SYM32 {
             return Err(sym_err(
@@ -309,7 +265,10 @@ impl<'a> FullElf<'a> {
             if words.len() < 4 || words.len() % 4 != 0 {
                 return Err(gerr(
                     g.at + 20,
-                    format!("group section {gi} is {} bytes; expected a non-empty array of 32-bit words", words.len()),
+                    format!(
+                        "group section {gi} is {} bytes; expected a non-empty array of 32-bit words",
+                        words.len()
+                    ),
                 ));
             }
             let flags = u32_at(words, 0).unwrap_or(0);
@@ -337,22 +296,36 @@ impl<'a> FullElf<'a> {
             if inst >= sym_count {
                 return Err(gerr(
                     g.at + 28,
-                    format!("group section {gi} sh_info {inst} is not a .symtab index (count {sym_count})"),
+                    format!(
+                        "group section {gi} sh_info {inst} is not a .symtab index (count {sym_count})"
+                    ),
                 ));
             }
             let inst_name = strtab
                 .get(u64::from(sym_field(symtab, inst, 0)))
-                .ok_or_else(|| gerr(symtab_h.offset + inst as u64 * 16, format!("instance symbol {inst} has no name in the string table")))?;
+                .ok_or_else(|| {
+                    gerr(
+                        symtab_h.offset + inst as u64 * 16,
+                        format!("instance symbol {inst} has no name in the string table"),
+                    )
+                })?;
             let kern = usize::from(u16_at(symtab, inst * 16 + 14).unwrap_or(0));
             if kern >= sym_count {
                 return Err(gerr(
                     symtab_h.offset + inst as u64 * 16 + 14,
-                    format!("instance symbol {inst}'s st_shndx {kern} is not a .symtab index (count {sym_count})"),
+                    format!(
+                        "instance symbol {inst}'s st_shndx {kern} is not a .symtab index (count {sym_count})"
+                    ),
                 ));
             }
             let kern_name = strtab
                 .get(u64::from(sym_field(symtab, kern, 0)))
-                .ok_or_else(|| gerr(symtab_h.offset + kern as u64 * 16, format!("kernel symbol {kern} has no name in the string table")))?;
+                .ok_or_else(|| {
+                    gerr(
+                        symtab_h.offset + kern as u64 * 16,
+                        format!("kernel symbol {kern} has no name in the string table"),
+                    )
+                })?;
             let c = &secs[ctrl as usize];
             if c.ty != SHT_PROGBITS || c.size == 0 {
                 return Err(err(
@@ -392,21 +365,32 @@ impl<'a> FullElf<'a> {
         }
 
         // Relocations, read only when .rela.dyn, .dynsym and .dynstr all exist.
-        if let (Some(ri), Some(di), Some(_)) =
-            (by_name(b".rela.dyn"), by_name(b".dynsym"), by_name(b".dynstr"))
-        {
+        if let (Some(ri), Some(di), Some(_)) = (
+            by_name(b".rela.dyn"),
+            by_name(b".dynsym"),
+            by_name(b".dynstr"),
+        ) {
             let rerr = |at, d: String| err(HsacoRule::Relocations, at, d);
             let (rh, dh) = (&secs[ri], &secs[di]);
             if u64::from(rh.entsize) != RELA32 {
-                return Err(rerr(rh.at + 36, format!(".rela.dyn sh_entsize is {}; expected 12", rh.entsize)));
+                return Err(rerr(
+                    rh.at + 36,
+                    format!(".rela.dyn sh_entsize is {}; expected 12", rh.entsize),
+                ));
             }
             if u64::from(dh.entsize) != SYM32 {
-                return Err(rerr(dh.at + 36, format!(".dynsym sh_entsize is {}; expected 16", dh.entsize)));
+                return Err(rerr(
+                    dh.at + 36,
+                    format!(".dynsym sh_entsize is {}; expected 16", dh.entsize),
+                ));
             }
             let rela = data(rh)?;
             let dynsym = data(dh)?;
             let dynstr_h = secs.get(dh.link as usize).ok_or_else(|| {
-                rerr(dh.at + 24, format!(".dynsym sh_link {} is not a section", dh.link))
+                rerr(
+                    dh.at + 24,
+                    format!(".dynsym sh_link {} is not a section", dh.link),
+                )
             })?;
             let dynstr = StrTab::new(data(dynstr_h)?);
             let dyn_count = dynsym.len() / 16;
@@ -428,13 +412,25 @@ impl<'a> FullElf<'a> {
                 let r_addend = u32_at(rela, r * 12 + 8).unwrap_or(0);
                 let sym = (r_info >> 8) as usize;
                 if sym >= dyn_count {
-                    return Err(rerr(at + 4, format!("relocation {r} names .dynsym {sym}; .dynsym has {dyn_count} symbols")));
+                    return Err(rerr(
+                        at + 4,
+                        format!(
+                            "relocation {r} names .dynsym {sym}; .dynsym has {dyn_count} symbols"
+                        ),
+                    ));
                 }
                 let shndx = u32::from(u16_at(dynsym, sym * 16 + 14).unwrap_or(0));
-                let Some(users) = by_ctrl.get(&shndx) else { continue };
-                let name = dynstr.get(u64::from(sym_field(dynsym, sym, 0))).ok_or_else(|| {
-                    rerr(dh.offset + sym as u64 * 16, format!("relocation {r}'s symbol {sym} has no name in .dynstr"))
-                })?;
+                let Some(users) = by_ctrl.get(&shndx) else {
+                    continue;
+                };
+                let name = dynstr
+                    .get(u64::from(sym_field(dynsym, sym, 0)))
+                    .ok_or_else(|| {
+                        rerr(
+                            dh.offset + sym as u64 * 16,
+                            format!("relocation {r}'s symbol {sym} has no name in .dynstr"),
+                        )
+                    })?;
                 let (scheme, addend) = if abi_version == 1 {
                     (PatchScheme(r_addend & 0xF), r_addend >> 4)
                 } else {
@@ -444,46 +440,105 @@ impl<'a> FullElf<'a> {
                 let off = u64::from(r_offset);
                 let target = if name.starts_with(b".pdi") {
                     if scheme != PatchScheme::ADDRESS_64 {
-                        return Err(err(HsacoRule::RelocationSymbol, at, format!("relocation {r} for PDI {} has scheme {}; expected 8 (Address64)", lossy(name), scheme.0)));
+                        return Err(err(
+                            HsacoRule::RelocationSymbol,
+                            at,
+                            format!(
+                                "relocation {r} for PDI {} has scheme {}; expected 8 (Address64)",
+                                lossy(name),
+                                scheme.0
+                            ),
+                        ));
                     }
                     if !pdi_checked.contains_key(name) {
                         let same = pdi_sections.get(name).ok_or_else(|| {
-                            err(HsacoRule::PdiSection, at + 4, format!("relocation {r} names PDI section {}, which does not exist", lossy(name)))
+                            err(
+                                HsacoRule::PdiSection,
+                                at + 4,
+                                format!(
+                                    "relocation {r} names PDI section {}, which does not exist",
+                                    lossy(name)
+                                ),
+                            )
                         })?;
                         let first = data(&secs[same[0]])?;
                         for &o in &same[1..] {
                             if data(&secs[o])? != first {
-                                return Err(err(HsacoRule::PdiSection, secs[o].at, format!("sections {} and {o} are both named {} but their contents differ", same[0], lossy(name))));
+                                return Err(err(
+                                    HsacoRule::PdiSection,
+                                    secs[o].at,
+                                    format!(
+                                        "sections {} and {o} are both named {} but their contents differ",
+                                        same[0],
+                                        lossy(name)
+                                    ),
+                                ));
                             }
                         }
                         pdi_checked.insert(name, first);
                     }
                     if off == 0 || off % 4 != 0 || off + 8 > ctrl_len {
-                        return Err(err(HsacoRule::PdiSite, at, format!("relocation {r}: PDI site at control-code offset {off}; expected non-zero, a multiple of 4, and offset + 8 <= {ctrl_len}")));
+                        return Err(err(
+                            HsacoRule::PdiSite,
+                            at,
+                            format!(
+                                "relocation {r}: PDI site at control-code offset {off}; expected non-zero, a multiple of 4, and offset + 8 <= {ctrl_len}"
+                            ),
+                        ));
                     }
                     SiteTarget::Pdi(lossy(name))
                 } else if let Some(arg) = arg_index(name) {
                     if scheme != PatchScheme::SHIM_DMA_48 {
-                        return Err(err(HsacoRule::RelocationSymbol, at, format!("relocation {r} for argument {arg} has scheme {}; expected 5 (ShimDma48)", scheme.0)));
+                        return Err(err(
+                            HsacoRule::RelocationSymbol,
+                            at,
+                            format!(
+                                "relocation {r} for argument {arg} has scheme {}; expected 5 (ShimDma48)",
+                                scheme.0
+                            ),
+                        ));
                     }
                     if off % 4 != 0 || off + 12 > ctrl_len {
-                        return Err(err(HsacoRule::ArgSite, at, format!("relocation {r}: argument {arg} site at control-code offset {off}; expected a multiple of 4 and offset + 12 <= {ctrl_len}")));
+                        return Err(err(
+                            HsacoRule::ArgSite,
+                            at,
+                            format!(
+                                "relocation {r}: argument {arg} site at control-code offset {off}; expected a multiple of 4 and offset + 12 <= {ctrl_len}"
+                            ),
+                        ));
                     }
                     SiteTarget::Arg(arg)
                 } else {
-                    return Err(err(HsacoRule::RelocationSymbol, at, format!("relocation {r} names symbol {:?}; expected .pdi* or an argument index 0..=4095", lossy(name))));
+                    return Err(err(
+                        HsacoRule::RelocationSymbol,
+                        at,
+                        format!(
+                            "relocation {r} names symbol {:?}; expected .pdi* or an argument index 0..=4095",
+                            lossy(name)
+                        ),
+                    ));
                 };
                 for &k in users {
                     let kern = &mut kernels[k];
                     match &target {
-                        SiteTarget::Arg(a) => kern.arg_count = kern.arg_count.max(u32::from(*a) + 1),
+                        SiteTarget::Arg(a) => {
+                            kern.arg_count = kern.arg_count.max(u32::from(*a) + 1)
+                        }
                         SiteTarget::Pdi(n) => {
                             if !kern.pdis.iter().any(|p| &p.name == n) {
-                                kern.pdis.push(ElfPdi { name: n.clone(), bytes: pdi_checked[name] });
+                                kern.pdis.push(ElfPdi {
+                                    name: n.clone(),
+                                    bytes: pdi_checked[name],
+                                });
                             }
                         }
                     }
-                    kern.sites.push(PatchSite { scheme, offset: r_offset, addend, target: target.clone() });
+                    kern.sites.push(PatchSite {
+                        scheme,
+                        offset: r_offset,
+                        addend,
+                        target: target.clone(),
+                    });
                 }
             }
         }
@@ -491,7 +546,12 @@ impl<'a> FullElf<'a> {
             Some(i) => Some((secs[i].offset, data(&secs[i])?)),
             None => None,
         };
-        Ok(Self { bytes, abi_version, kernels, note })
+        Ok(Self {
+            bytes,
+            abi_version,
+            kernels,
+            note,
+        })
     }
 
     /// The kernel with this `<kernel>:<instance>` name.
@@ -543,15 +603,5 @@ mod tests {
         assert_eq!(demangle(b"_Z9ab"), b"_Z9ab", "too short: unchanged");
         assert_eq!(demangle(b"_Zx"), b"_Zx");
         assert_eq!(demangle(b"_Z99999999999a"), b"_Z99999999999a");
-    }
-
-    #[test]
-    fn argument_names_are_decimal_up_to_4095() {
-        assert_eq!(arg_index(b"0"), Some(0));
-        assert_eq!(arg_index(b"4095"), Some(4095));
-        assert_eq!(arg_index(b"4096"), None);
-        assert_eq!(arg_index(b"12a"), None);
-        assert_eq!(arg_index(b""), None);
-        assert_eq!(arg_index(b"00001"), None);
     }
 }

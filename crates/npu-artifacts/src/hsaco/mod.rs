@@ -85,10 +85,11 @@
 //! Read from ROCm/rocm-systems `projects/rocr-runtime/docs/aie-hsaco-format.md` (@`e7e99bce`) and
 //! `runtime/hsa-runtime/core/runtime/amd_aie_code.cpp` (the stored text @`07ee4564`), and
 //! Xilinx/mlir-aie `python/compiler/hsaco/format.py` (@`8fca24e5`). The byte-exact test packs the
-//! format document's own example section. Where ROCR versions differ this module takes the
-//! stricter rule: the `amd_aie_code.cpp` text read here picks the first AIE section whatever its
-//! name (and leaves the arch to the loader), checks `insts_size % 4` for every kind, and lacks the
-//! region-order and string-table-bound checks that the format document lists; the packer pads a
+//! format document's own example section. Where the two ROCR sources differ this module follows
+//! the format document, which lists more checks: the `amd_aie_code.cpp` text read here picks the
+//! first AIE section whatever its name (the loader then compares the arch; the document says the
+//! first section named like the arch), checks `insts_size % 4` for every kind, and lacks the
+//! `header_size`, region-order and string-table-bound checks the document lists; the packer pads a
 //! full ELF to a multiple of 4 bytes so both versions accept it. Not verified against a
 //! ROCR-loaded file or an `aiecc` full ELF: the nested-ELF rules come from the document, and an
 //! argument name with leading zeros or more than 4 digits is refused here (the document says
@@ -100,17 +101,16 @@ mod elf_build;
 mod full_elf;
 mod rules;
 mod section;
+mod sites;
 mod strtab;
 
 pub use build::{HsacoBuilder, PdiInstsKernel};
 pub use container::{Container, ElfSection, parse_container};
 pub use elf_build::{ElfKernelSpec, FullElfBuilder};
-pub use full_elf::{
-    ElfKernel, ElfPdi, FullElf, GRP_COMDAT, MAX_ARG_INDEX, OSABI_AIE2P, PatchScheme, PatchSite,
-    SiteTarget,
-};
+pub use full_elf::{ElfKernel, ElfPdi, FullElf, GRP_COMDAT, OSABI_AIE2P};
 pub use rules::HsacoRule;
 pub use section::{AieSection, Blob, Kernel};
+pub use sites::{MAX_ARG_INDEX, PatchScheme, PatchSite, SiteTarget};
 
 use crate::{ArtifactError, NpuGen};
 use std::fmt;

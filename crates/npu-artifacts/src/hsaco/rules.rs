@@ -152,7 +152,9 @@ impl HsacoRule {
             KernelPresent => "a group with a .ctrltext member",
             UniqueElfKernels => "unique full ELF kernel names",
             Relocations => ".rela.dyn/.dynsym/.dynstr",
-            RelocationSymbol => "relocation symbol .pdi* (scheme 8) or argument 0..=4095 (scheme 5)",
+            RelocationSymbol => {
+                "relocation symbol .pdi* (scheme 8) or argument 0..=4095 (scheme 5)"
+            }
             PdiSection => ".pdi* section present and same-named sections identical",
             PdiSite => "PDI site != 0, % 4 == 0, + 8 <= ctrl size",
             ArgSite => "argument site % 4 == 0, + 12 <= ctrl size",

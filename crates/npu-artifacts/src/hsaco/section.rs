@@ -93,9 +93,8 @@ impl<'a> AieSection<'a> {
     pub fn check_columns(&self, agent_columns: u32) -> Result<(), ArtifactError> {
         for (i, k) in self.kernels.iter().enumerate() {
             if k.num_cols > agent_columns {
-                let off = u64::from(self.header_size)
-                    + i as u64 * u64::from(self.kernel_entry_size)
-                    + 24;
+                let off =
+                    u64::from(self.header_size) + i as u64 * u64::from(self.kernel_entry_size) + 24;
                 return Err(ArtifactError::HsacoSection {
                     arch: self.arch.agent_name(),
                     rule: HsacoRule::NumCols,
@@ -129,10 +128,7 @@ pub(crate) fn parse_section<'a>(
     };
     // The caller found the magic in a section of at least 48 bytes.
     let w = |o| u32_at(bytes, o).unwrap_or(0);
-    let version = (
-        u16_at(bytes, 4).unwrap_or(0),
-        u16_at(bytes, 6).unwrap_or(0),
-    );
+    let version = (u16_at(bytes, 4).unwrap_or(0), u16_at(bytes, 6).unwrap_or(0));
     let header_size = w(8);
     let kernel_count = w(12);
     let entry_size = w(16);
@@ -140,38 +136,68 @@ pub(crate) fn parse_section<'a>(
     let st_size = w(24);
     let pool = w(28);
     if version.0 != VERSION_MAJOR {
-        return Err(fail(HsacoRule::VersionMajor, 4, format!("version_major is {}; expected 1", version.0)));
+        return Err(fail(
+            HsacoRule::VersionMajor,
+            4,
+            format!("version_major is {}; expected 1", version.0),
+        ));
     }
     if (header_size as usize) < HEADER_MIN {
-        return Err(fail(HsacoRule::HeaderSize, 8, format!("header_size is {header_size}; expected at least 48")));
+        return Err(fail(
+            HsacoRule::HeaderSize,
+            8,
+            format!("header_size is {header_size}; expected at least 48"),
+        ));
     }
     if (entry_size as usize) < ENTRY_MIN {
-        return Err(fail(HsacoRule::KernelEntrySize, 16, format!("kernel_entry_size is {entry_size}; expected at least 44")));
+        return Err(fail(
+            HsacoRule::KernelEntrySize,
+            16,
+            format!("kernel_entry_size is {entry_size}; expected at least 44"),
+        ));
     }
     let table_end = u64::from(header_size) + u64::from(kernel_count) * u64::from(entry_size);
     if table_end > size {
         return Err(fail(
             HsacoRule::KernelTableInSection,
             12,
-            format!("{kernel_count} entries of {entry_size} bytes from {header_size} end at {table_end}, past the {size}-byte section"),
+            format!(
+                "{kernel_count} entries of {entry_size} bytes from {header_size} end at {table_end}, past the {size}-byte section"
+            ),
         ));
     }
     if u64::from(st_off) < table_end {
-        return Err(fail(HsacoRule::StringTableAfterTable, 20, format!("string_table_offset is {st_off}; the kernel table ends at {table_end}")));
+        return Err(fail(
+            HsacoRule::StringTableAfterTable,
+            20,
+            format!("string_table_offset is {st_off}; the kernel table ends at {table_end}"),
+        ));
     }
     let st_end = u64::from(st_off) + u64::from(st_size);
     if st_end > size {
-        return Err(fail(HsacoRule::StringTableInSection, 24, format!("string table {st_off} + {st_size} ends at {st_end}, past the {size}-byte section")));
+        return Err(fail(
+            HsacoRule::StringTableInSection,
+            24,
+            format!(
+                "string table {st_off} + {st_size} ends at {st_end}, past the {size}-byte section"
+            ),
+        ));
     }
     if u64::from(pool) < st_end || u64::from(pool) > size {
         return Err(fail(
             HsacoRule::BlobPoolAfterStrings,
             28,
-            format!("blob_pool_offset is {pool}; expected from {st_end} (string table end) to {size} (section size)"),
+            format!(
+                "blob_pool_offset is {pool}; expected from {st_end} (string table end) to {size} (section size)"
+            ),
         ));
     }
     if kernel_count == 0 {
-        return Err(fail(HsacoRule::KernelCount, 12, "kernel_count is 0; expected at least 1".into()));
+        return Err(fail(
+            HsacoRule::KernelCount,
+            12,
+            "kernel_count is 0; expected at least 1".into(),
+        ));
     }
     let strings = StrTab::new(&bytes[st_off as usize..st_end as usize]);
     let mut names = HashSet::new();
@@ -186,51 +212,93 @@ pub(crate) fn parse_section<'a>(
         let kind = match kind {
             0 => KernelKind::PdiInsts,
             1 => KernelKind::FullElf,
-            k => return Err(fail(HsacoRule::Kind, at(28), format!("kernel {i}: kind is {k}; expected 0 (PdiInsts) or 1 (FullElf)"))),
+            k => {
+                return Err(fail(
+                    HsacoRule::Kind,
+                    at(28),
+                    format!("kernel {i}: kind is {k}; expected 0 (PdiInsts) or 1 (FullElf)"),
+                ));
+            }
         };
         if insts_size == 0 {
-            return Err(fail(HsacoRule::InstsSize, at(8), format!("kernel {i}: insts_size is 0")));
+            return Err(fail(
+                HsacoRule::InstsSize,
+                at(8),
+                format!("kernel {i}: insts_size is 0"),
+            ));
         }
         if kind == KernelKind::PdiInsts && insts_size % 4 != 0 {
-            return Err(fail(HsacoRule::InstsWords, at(8), format!("kernel {i}: insts_size is {insts_size}; expected a multiple of 4")));
+            return Err(fail(
+                HsacoRule::InstsWords,
+                at(8),
+                format!("kernel {i}: insts_size is {insts_size}; expected a multiple of 4"),
+            ));
         }
         if !in_pool(insts_off, insts_size) {
             return Err(fail(
                 HsacoRule::BlobInPool,
                 at(4),
-                format!("kernel {i}: insts blob {insts_off} + {insts_size}; expected inside the blob pool {pool}..{size}"),
+                format!(
+                    "kernel {i}: insts blob {insts_off} + {insts_size}; expected inside the blob pool {pool}..{size}"
+                ),
             ));
         }
         if pdi_size == 0 && pdi_off != 0 {
-            return Err(fail(HsacoRule::PdiAbsent, at(12), format!("kernel {i}: pdi_size is 0 but pdi_offset is {pdi_off}; expected 0")));
+            return Err(fail(
+                HsacoRule::PdiAbsent,
+                at(12),
+                format!("kernel {i}: pdi_size is 0 but pdi_offset is {pdi_off}; expected 0"),
+            ));
         }
         if kind == KernelKind::FullElf && pdi_size != 0 {
-            return Err(fail(HsacoRule::FullElfNoPdi, at(16), format!("kernel {i}: FullElf with pdi_size {pdi_size}; expected 0 (the PDI is inside the full ELF)")));
+            return Err(fail(
+                HsacoRule::FullElfNoPdi,
+                at(16),
+                format!(
+                    "kernel {i}: FullElf with pdi_size {pdi_size}; expected 0 (the PDI is inside the full ELF)"
+                ),
+            ));
         }
         if pdi_size != 0 && !in_pool(pdi_off, pdi_size) {
             return Err(fail(
                 HsacoRule::BlobInPool,
                 at(12),
-                format!("kernel {i}: PDI blob {pdi_off} + {pdi_size}; expected inside the blob pool {pool}..{size}"),
+                format!(
+                    "kernel {i}: PDI blob {pdi_off} + {pdi_size}; expected inside the blob pool {pool}..{size}"
+                ),
             ));
         }
-        let name = (name_off < st_size).then(|| strings.get(u64::from(name_off))).flatten();
+        let name = (name_off < st_size)
+            .then(|| strings.get(u64::from(name_off)))
+            .flatten();
         let Some(name) = name else {
             return Err(fail(
                 HsacoRule::NameInStringTable,
                 at(0),
-                format!("kernel {i}: name_offset {name_off} has no NUL-terminated name inside the {st_size}-byte string table"),
+                format!(
+                    "kernel {i}: name_offset {name_off} has no NUL-terminated name inside the {st_size}-byte string table"
+                ),
             ));
         };
         let Some(name_text) = std::str::from_utf8(name).ok().filter(|n| !n.is_empty()) else {
             return Err(fail(
                 HsacoRule::KernelNameText,
                 at(0),
-                format!("kernel {i}: name {:?} at string-table offset {name_off}; expected non-empty UTF-8", String::from_utf8_lossy(name)),
+                format!(
+                    "kernel {i}: name {:?} at string-table offset {name_off}; expected non-empty UTF-8",
+                    String::from_utf8_lossy(name)
+                ),
             ));
         };
         if !names.insert(name) {
-            return Err(fail(HsacoRule::UniqueNames, at(0), format!("kernel {i}: name {:?} is already defined", String::from_utf8_lossy(name))));
+            return Err(fail(
+                HsacoRule::UniqueNames,
+                at(0),
+                format!(
+                    "kernel {i}: name {:?} is already defined",
+                    String::from_utf8_lossy(name)
+                ),
+            ));
         }
         let blob = |off: u32, len: u32| Blob {
             offset: off,
@@ -252,22 +320,49 @@ pub(crate) fn parse_section<'a>(
     for (i, k) in kernels.iter_mut().enumerate() {
         let e = u64::from(header_size) + i as u64 * u64::from(entry_size);
         if k.num_cols == 0 {
-            return Err(fail(HsacoRule::NumCols, e + 24, format!("kernel {i} {:?}: num_cols is 0; expected at least 1", k.name)));
+            return Err(fail(
+                HsacoRule::NumCols,
+                e + 24,
+                format!(
+                    "kernel {i} {:?}: num_cols is 0; expected at least 1",
+                    k.name
+                ),
+            ));
         }
         match k.kind {
             KernelKind::PdiInsts => {
                 if k.pdi.is_none() {
-                    return Err(fail(HsacoRule::PdiPresent, e + 16, format!("kernel {i} {:?}: PdiInsts with pdi_size 0; ROCR requires a PDI", k.name)));
+                    return Err(fail(
+                        HsacoRule::PdiPresent,
+                        e + 16,
+                        format!(
+                            "kernel {i} {:?}: PdiInsts with pdi_size 0; ROCR requires a PDI",
+                            k.name
+                        ),
+                    ));
                 }
             }
             KernelKind::FullElf => {
                 if arch != NpuGen::Npu2 {
-                    return Err(fail(HsacoRule::FullElfArch, e + 28, format!("kernel {i} {:?}: FullElf in an {} section; full ELF exists for aie2p only", k.name, arch.agent_name())));
+                    return Err(fail(
+                        HsacoRule::FullElfArch,
+                        e + 28,
+                        format!(
+                            "kernel {i} {:?}: FullElf in an {} section; full ELF exists for aie2p only",
+                            k.name,
+                            arch.agent_name()
+                        ),
+                    ));
                 }
                 let key = (k.insts.offset, k.insts.bytes.len());
                 if !elves.contains_key(&key) {
                     let parsed = FullElf::parse(k.insts.bytes).map_err(|err| match err {
-                        ArtifactError::HsacoFullElf { rule, offset, detail, .. } => ArtifactError::HsacoFullElf {
+                        ArtifactError::HsacoFullElf {
+                            rule,
+                            offset,
+                            detail,
+                            ..
+                        } => ArtifactError::HsacoFullElf {
                             rule,
                             offset,
                             blob_file_offset: Some(file_offset + u64::from(k.insts.offset)),
@@ -279,18 +374,43 @@ pub(crate) fn parse_section<'a>(
                 }
                 let elf = &elves[&key];
                 let Some(ek) = elf.kernel(&k.name) else {
-                    let known: Vec<&str> = elf.kernels.iter().take(8).map(|k| k.name.as_str()).collect();
-                    return Err(fail(HsacoRule::FullElfKernelName, e, format!("kernel {i} {:?} is not in its full ELF, which defines {known:?}", k.name)));
+                    let known: Vec<&str> = elf
+                        .kernels
+                        .iter()
+                        .take(8)
+                        .map(|k| k.name.as_str())
+                        .collect();
+                    return Err(fail(
+                        HsacoRule::FullElfKernelName,
+                        e,
+                        format!(
+                            "kernel {i} {:?} is not in its full ELF, which defines {known:?}",
+                            k.name
+                        ),
+                    ));
                 };
                 if k.kernarg_size != 0 && k.kernarg_size != ek.kernarg_size() {
                     return Err(fail(
                         HsacoRule::KernargSize,
                         e + 20,
-                        format!("kernel {i} {:?}: kernarg_size is {}; its full ELF has {} arguments, so expected 0 or {}", k.name, k.kernarg_size, ek.arg_count, ek.kernarg_size()),
+                        format!(
+                            "kernel {i} {:?}: kernarg_size is {}; its full ELF has {} arguments, so expected 0 or {}",
+                            k.name,
+                            k.kernarg_size,
+                            ek.arg_count,
+                            ek.kernarg_size()
+                        ),
                     ));
                 }
                 if !ek.has_pdi_site() {
-                    return Err(fail(HsacoRule::PdiSitePresent, e, format!("kernel {i} {:?}: its control code has no PDI patch site", k.name)));
+                    return Err(fail(
+                        HsacoRule::PdiSitePresent,
+                        e,
+                        format!(
+                            "kernel {i} {:?}: its control code has no PDI patch site",
+                            k.name
+                        ),
+                    ));
                 }
                 k.full_elf = Some(ek.clone());
             }

@@ -5,7 +5,13 @@ use super::build::write_container;
 use super::*;
 use crate::le::u32_at;
 
-fn kernel(name: &str, insts: &[u8], pdi: &[u8], kernarg_size: u32, num_cols: u32) -> PdiInstsKernel {
+fn kernel(
+    name: &str,
+    insts: &[u8],
+    pdi: &[u8],
+    kernarg_size: u32,
+    num_cols: u32,
+) -> PdiInstsKernel {
     PdiInstsKernel {
         name: name.into(),
         pdi: pdi.to_vec(),
@@ -21,8 +27,10 @@ const PDI: &[u8] = b"PDIDATA!";
 /// `aie-hsaco --arch aie2p --kernel k1:insts.bin:main.pdi:32:4 --kernel k2:...:16:4`.
 fn doc_builder() -> HsacoBuilder {
     let mut b = HsacoBuilder::new();
-    b.pdi_insts(NpuGen::Npu2, kernel("k1", INSTS, PDI, 32, 4)).unwrap();
-    b.pdi_insts(NpuGen::Npu2, kernel("k2", INSTS, PDI, 16, 4)).unwrap();
+    b.pdi_insts(NpuGen::Npu2, kernel("k1", INSTS, PDI, 32, 4))
+        .unwrap();
+    b.pdi_insts(NpuGen::Npu2, kernel("k2", INSTS, PDI, 16, 4))
+        .unwrap();
     b
 }
 
@@ -63,14 +71,22 @@ fn section_error(section: &[u8]) -> ArtifactError {
 fn assert_section_rule(e: &ArtifactError, rule: HsacoRule, offset: u64) {
     let msg = e.to_string();
     match e {
-        ArtifactError::HsacoSection { rule: r, offset: o, file_offset, .. } => {
+        ArtifactError::HsacoSection {
+            rule: r,
+            offset: o,
+            file_offset,
+            ..
+        } => {
             assert_eq!((*r, *o), (rule, offset), "{msg}");
             assert_eq!(*file_offset, 0x51 + offset, "{msg}");
         }
         other => panic!("expected a section error for {rule:?}, got {other:?}"),
     }
     assert!(msg.contains(rule.text()), "{msg}");
-    assert!(msg.contains(&format!("section offset {offset:#x}")), "{msg}");
+    assert!(
+        msg.contains(&format!("section offset {offset:#x}")),
+        "{msg}"
+    );
 }
 
 #[track_caller]
@@ -97,9 +113,12 @@ fn packs_the_format_documents_example_byte_for_byte() {
 #[test]
 fn pack_parse_round_trips_both_arches() {
     let mut b = HsacoBuilder::new();
-    b.pdi_insts(NpuGen::Npu1, kernel("a", &[0; 12], b"P1", 32, 4)).unwrap();
-    b.pdi_insts(NpuGen::Npu2, kernel("a", &[1; 8], b"P2", 48, 8)).unwrap();
-    b.pdi_insts(NpuGen::Npu2, kernel("b", &[1; 8], b"P3", 16, 1)).unwrap();
+    b.pdi_insts(NpuGen::Npu1, kernel("a", &[0; 12], b"P1", 32, 4))
+        .unwrap();
+    b.pdi_insts(NpuGen::Npu2, kernel("a", &[1; 8], b"P2", 48, 8))
+        .unwrap();
+    b.pdi_insts(NpuGen::Npu2, kernel("b", &[1; 8], b"P3", 16, 1))
+        .unwrap();
     let bytes = b.build().unwrap();
     let h = Hsaco::parse(&bytes).unwrap();
     assert_eq!(h.sections.len(), 2);
@@ -108,9 +127,15 @@ fn pack_parse_round_trips_both_arches() {
     assert_eq!(s1.kernels[0].pdi.unwrap().bytes, b"P1");
     let s2 = parse_for_arch(&bytes, NpuGen::Npu2).unwrap();
     assert_eq!(s2.kernels.len(), 2);
-    assert_eq!(s2.kernels[0].insts, s2.kernels[1].insts, "identical insts stored once");
+    assert_eq!(
+        s2.kernels[0].insts, s2.kernels[1].insts,
+        "identical insts stored once"
+    );
     assert_eq!(s2.kernels[1].pdi.unwrap().bytes, b"P3");
-    assert_eq!((s2.kernels[1].kernarg_size, s2.kernels[1].num_cols), (16, 1));
+    assert_eq!(
+        (s2.kernels[1].kernarg_size, s2.kernels[1].num_cols),
+        (16, 1)
+    );
     assert!(is_hsaco(&bytes));
 }
 
@@ -149,7 +174,9 @@ fn container_rules() {
     let file = doc_builder().build().unwrap();
     let rule_of = |b: &[u8]| match parse_for_arch(b, NpuGen::Npu2).unwrap_err() {
         e @ ArtifactError::HsacoContainer { .. } => {
-            let ArtifactError::HsacoContainer { rule, .. } = &e else { unreachable!() };
+            let ArtifactError::HsacoContainer { rule, .. } = &e else {
+                unreachable!()
+            };
             assert!(e.to_string().contains(rule.text()), "{e}");
             *rule
         }
@@ -193,7 +220,12 @@ fn the_first_section_named_for_the_arch_is_used() {
     let mut bad = good.clone();
     put(&mut bad, 4, 2);
     // A non-AIE section of the arch's name first, then the good one, then a broken duplicate.
-    let file = write_container(&[("aie2p", b"not an AIE section"), ("aie2p", &good), ("aie2p", &bad), ("aie4", &good)]);
+    let file = write_container(&[
+        ("aie2p", b"not an AIE section"),
+        ("aie2p", &good),
+        ("aie2p", &bad),
+        ("aie4", &good),
+    ]);
     let s = parse_for_arch(&file, NpuGen::Npu2).unwrap();
     assert_eq!(s.section_index, 3);
     let h = Hsaco::parse(&file).unwrap();
@@ -208,10 +240,18 @@ fn header_rules() {
     mutated(|s| put(s, 8, 47), HsacoRule::HeaderSize, 8);
     mutated(|s| put(s, 16, 43), HsacoRule::KernelEntrySize, 16);
     mutated(|s| put(s, 12, 100), HsacoRule::KernelTableInSection, 12);
-    mutated(|s| put(s, 12, u32::MAX), HsacoRule::KernelTableInSection, 12);
+    mutated(
+        |s| put(s, 12, u32::MAX),
+        HsacoRule::KernelTableInSection,
+        12,
+    );
     mutated(|s| put(s, 20, 0x87), HsacoRule::StringTableAfterTable, 20);
     mutated(|s| put(s, 24, 0x17), HsacoRule::StringTableInSection, 24);
-    mutated(|s| put(s, 24, u32::MAX), HsacoRule::StringTableInSection, 24);
+    mutated(
+        |s| put(s, 24, u32::MAX),
+        HsacoRule::StringTableInSection,
+        24,
+    );
     mutated(|s| put(s, 28, 0x8d), HsacoRule::BlobPoolAfterStrings, 28);
     mutated(|s| put(s, 28, 0x9f), HsacoRule::BlobPoolAfterStrings, 28);
     mutated(|s| put(s, 12, 0), HsacoRule::KernelCount, 12);
@@ -242,7 +282,14 @@ fn entry_rules() {
     mutated(|s| put(s, E1, 2), HsacoRule::KernelNameText, 0x5c);
     mutated(|s| s[0x89] = 0xff, HsacoRule::KernelNameText, 0x30);
     mutated(|s| put(s, E1 + 24, 0), HsacoRule::NumCols, 0x5c + 24);
-    mutated(|s| { put(s, E0 + 12, 0); put(s, E0 + 16, 0); }, HsacoRule::PdiPresent, 0x40);
+    mutated(
+        |s| {
+            put(s, E0 + 12, 0);
+            put(s, E0 + 16, 0);
+        },
+        HsacoRule::PdiPresent,
+        0x40,
+    );
     // A FullElf insts blob need not be whole words (its kind is checked first).
     let e = section_error(&{
         let mut s = doc_section();
@@ -252,7 +299,17 @@ fn entry_rules() {
         put(&mut s, E0 + 8, 7);
         s
     });
-    assert!(matches!(e, ArtifactError::HsacoFullElf { rule: HsacoRule::NestedElfHeader, blob_file_offset: Some(0xdf), .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            ArtifactError::HsacoFullElf {
+                rule: HsacoRule::NestedElfHeader,
+                blob_file_offset: Some(0xdf),
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("kernel 0 \"k1\""), "{e}");
 }
 
@@ -261,7 +318,11 @@ fn agent_columns_are_checked_on_request() {
     let file = doc_builder().build().unwrap();
     let s = parse_for_arch(&file, NpuGen::Npu2).unwrap();
     s.check_columns(4).unwrap();
-    assert_section_rule(&s.check_columns(3).unwrap_err(), HsacoRule::NumCols, 0x30 + 24);
+    assert_section_rule(
+        &s.check_columns(3).unwrap_err(),
+        HsacoRule::NumCols,
+        0x30 + 24,
+    );
 }
 
 // ---- FullElf ----
@@ -272,7 +333,9 @@ fn elf_kernel(kernel: &str, instance: &str, args: u16) -> ElfKernelSpec {
         instance: instance.into(),
         ctrl_code: (0u8..64).collect(),
         pdi_sites: vec![(8, ".pdi".into())],
-        arg_sites: (0..args).map(|i| (16 + 12 * u32::from(i), i, 4 * u32::from(i))).collect(),
+        arg_sites: (0..args)
+            .map(|i| (16 + 12 * u32::from(i), i, 4 * u32::from(i)))
+            .collect(),
     }
 }
 
@@ -292,7 +355,8 @@ fn full_elf_section(elf: &[u8], name: &str, kernarg: u32) -> Vec<u8> {
     let mut s = Vec::new();
     s.extend_from_slice(&AIE_MAGIC.to_le_bytes());
     s.extend_from_slice(&[1, 0, 0, 0]);
-    let w = |s: &mut Vec<u8>, v: usize| s.extend_from_slice(&u32::try_from(v).unwrap().to_le_bytes());
+    let w =
+        |s: &mut Vec<u8>, v: usize| s.extend_from_slice(&u32::try_from(v).unwrap().to_le_bytes());
     for v in [48, 1, 44, st, name.len() + 1, pool, 0, 0, 0, 0] {
         w(&mut s, v);
     }
@@ -309,7 +373,10 @@ fn full_elf_section(elf: &[u8], name: &str, kernarg: u32) -> Vec<u8> {
 fn elf_rule(bytes: &[u8], rule: HsacoRule) {
     let e = FullElf::parse(bytes).unwrap_err();
     let msg = e.to_string();
-    assert!(matches!(e, ArtifactError::HsacoFullElf { rule: r, .. } if r == rule), "{msg}");
+    assert!(
+        matches!(e, ArtifactError::HsacoFullElf { rule: r, .. } if r == rule),
+        "{msg}"
+    );
     assert!(msg.contains(rule.text()), "{msg}");
     assert!(msg.contains("at ELF offset 0x"), "{msg}");
 }
@@ -323,7 +390,11 @@ fn shdr(elf: &[u8], name: &str) -> (usize, usize, usize) {
         let h = shoff + i * 40;
         let n = strs + u32_at(elf, h).unwrap() as usize;
         if elf[n..].starts_with(name.as_bytes()) && elf[n + name.len()] == 0 {
-            return (h, u32_at(elf, h + 16).unwrap() as usize, u32_at(elf, h + 20).unwrap() as usize);
+            return (
+                h,
+                u32_at(elf, h + 16).unwrap() as usize,
+                u32_at(elf, h + 20).unwrap() as usize,
+            );
         }
     }
     panic!("no section {name}");
@@ -332,7 +403,10 @@ fn shdr(elf: &[u8], name: &str) -> (usize, usize, usize) {
 #[test]
 fn full_elf_round_trips_in_both_relocation_encodings() {
     for abi in [0, 1] {
-        let mut b = elf(vec![elf_kernel("main", "sequence", 3), elf_kernel("other", "seq2", 0)]);
+        let mut b = elf(vec![
+            elf_kernel("main", "sequence", 3),
+            elf_kernel("other", "seq2", 0),
+        ]);
         b.abi_version = abi;
         let bytes = b.build();
         let e = FullElf::parse(&bytes).unwrap();
@@ -342,26 +416,63 @@ fn full_elf_round_trips_in_both_relocation_encodings() {
         assert_eq!(k.ctrl_code, (0u8..64).collect::<Vec<_>>());
         assert_eq!(k.arg_count, 3);
         assert_eq!(k.kernarg_size(), 48);
-        assert_eq!(k.pdis, [ElfPdi { name: ".pdi".into(), bytes: b"the pdi" }]);
+        assert_eq!(
+            k.pdis,
+            [ElfPdi {
+                name: ".pdi".into(),
+                bytes: b"the pdi"
+            }]
+        );
         assert_eq!(
             k.sites,
             [
-                PatchSite { scheme: PatchScheme::ADDRESS_64, offset: 8, addend: 0, target: SiteTarget::Pdi(".pdi".into()) },
-                PatchSite { scheme: PatchScheme::SHIM_DMA_48, offset: 16, addend: 0, target: SiteTarget::Arg(0) },
-                PatchSite { scheme: PatchScheme::SHIM_DMA_48, offset: 28, addend: 4, target: SiteTarget::Arg(1) },
-                PatchSite { scheme: PatchScheme::SHIM_DMA_48, offset: 40, addend: 8, target: SiteTarget::Arg(2) },
+                PatchSite {
+                    scheme: PatchScheme::ADDRESS_64,
+                    offset: 8,
+                    addend: 0,
+                    target: SiteTarget::Pdi(".pdi".into())
+                },
+                PatchSite {
+                    scheme: PatchScheme::SHIM_DMA_48,
+                    offset: 16,
+                    addend: 0,
+                    target: SiteTarget::Arg(0)
+                },
+                PatchSite {
+                    scheme: PatchScheme::SHIM_DMA_48,
+                    offset: 28,
+                    addend: 4,
+                    target: SiteTarget::Arg(1)
+                },
+                PatchSite {
+                    scheme: PatchScheme::SHIM_DMA_48,
+                    offset: 40,
+                    addend: 8,
+                    target: SiteTarget::Arg(2)
+                },
             ]
         );
         assert_eq!(e.kernel("other:seq2").unwrap().arg_count, 0);
 
         // Packed: one entry per kernel, in name order, sharing one blob padded to whole words.
-        let file = HsacoBuilder::new().full_elf(&bytes, None).unwrap().build().unwrap();
+        let file = HsacoBuilder::new()
+            .full_elf(&bytes, None)
+            .unwrap()
+            .build()
+            .unwrap();
         let s = parse_for_arch(&file, NpuGen::Npu2).unwrap();
         let names: Vec<&str> = s.kernels.iter().map(|k| k.name.as_str()).collect();
         assert_eq!(names, ["main:sequence", "other:seq2"]);
         assert_eq!(s.kernels[0].insts, s.kernels[1].insts);
         assert_eq!(s.kernels[0].insts.bytes.len() % 4, 0);
-        assert_eq!((s.kernels[0].kind, s.kernels[0].num_cols, s.kernels[0].kernarg_size), (KernelKind::FullElf, 4, 48));
+        assert_eq!(
+            (
+                s.kernels[0].kind,
+                s.kernels[0].num_cols,
+                s.kernels[0].kernarg_size
+            ),
+            (KernelKind::FullElf, 4, 48)
+        );
         assert_eq!(s.kernels[0].full_elf.as_ref().unwrap().sites, k.sites);
         assert!(s.kernels[0].pdi.is_none());
     }
@@ -372,14 +483,23 @@ fn full_elf_packer_takes_columns_from_the_note() {
     let mut b = elf(vec![elf_kernel("main", "sequence", 1)]);
     let bytes = b.build();
     HsacoBuilder::new().full_elf(&bytes, Some(4)).unwrap();
-    let e = HsacoBuilder::new().full_elf(&bytes, Some(2)).unwrap_err().to_string();
-    assert_eq!(e, "hsaco packer: --num-cols 2 disagrees with the full ELF's .note.xrt.configuration (4)");
+    let e = HsacoBuilder::new()
+        .full_elf(&bytes, Some(2))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "hsaco packer: --num-cols 2 disagrees with the full ELF's .note.xrt.configuration (4)"
+    );
     b.columns = None;
     let bytes = b.build();
     assert!(HsacoBuilder::new().full_elf(&bytes, None).is_err());
     HsacoBuilder::new().full_elf(&bytes, Some(2)).unwrap();
     b.kernels[0].pdi_sites.clear();
-    let e = HsacoBuilder::new().full_elf(&b.build(), Some(2)).unwrap_err().to_string();
+    let e = HsacoBuilder::new()
+        .full_elf(&b.build(), Some(2))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("has no PDI patch site"), "{e}");
 }
 
@@ -393,17 +513,35 @@ fn full_elf_loader_rules() {
     parse(&full_elf_section(&good, "main:sequence", 0), NpuGen::Npu2).unwrap();
     parse(&full_elf_section(&good, "main:sequence", 32), NpuGen::Npu2).unwrap();
     let rule = |s: &[u8], arch| match parse(s, arch).unwrap_err() {
-        ArtifactError::HsacoSection { rule, offset, detail, .. } => (rule, offset, detail),
+        ArtifactError::HsacoSection {
+            rule,
+            offset,
+            detail,
+            ..
+        } => (rule, offset, detail),
         e => panic!("{e}"),
     };
-    assert_eq!(rule(&full_elf_section(&good, "main:sequence", 0), NpuGen::Npu1).0, HsacoRule::FullElfArch);
+    assert_eq!(
+        rule(&full_elf_section(&good, "main:sequence", 0), NpuGen::Npu1).0,
+        HsacoRule::FullElfArch
+    );
     let (r, o, d) = rule(&full_elf_section(&good, "main:other", 0), NpuGen::Npu2);
     assert_eq!((r, o), (HsacoRule::FullElfKernelName, 48));
     assert!(d.contains("[\"main:sequence\"]"), "{d}");
-    assert_eq!(rule(&full_elf_section(&good, "main:sequence", 48), NpuGen::Npu2).0, HsacoRule::KernargSize);
+    assert_eq!(
+        rule(&full_elf_section(&good, "main:sequence", 48), NpuGen::Npu2).0,
+        HsacoRule::KernargSize
+    );
     let mut b = elf(vec![elf_kernel("main", "sequence", 2)]);
     b.kernels[0].pdi_sites.clear();
-    assert_eq!(rule(&full_elf_section(&b.build(), "main:sequence", 0), NpuGen::Npu2).0, HsacoRule::PdiSitePresent);
+    assert_eq!(
+        rule(
+            &full_elf_section(&b.build(), "main:sequence", 0),
+            NpuGen::Npu2
+        )
+        .0,
+        HsacoRule::PdiSitePresent
+    );
 }
 
 #[test]
@@ -421,9 +559,15 @@ fn nested_elf_header_rules() {
     elf_rule(&with(46, &[41, 0]), HsacoRule::NestedSectionHeaders);
     elf_rule(&with(48, &[0, 0]), HsacoRule::NestedSectionHeaders);
     elf_rule(&with(50, &[99, 0]), HsacoRule::NestedSectionHeaders);
-    elf_rule(&with(32, &u32::MAX.to_le_bytes()), HsacoRule::NestedSectionHeaders);
+    elf_rule(
+        &with(32, &u32::MAX.to_le_bytes()),
+        HsacoRule::NestedSectionHeaders,
+    );
     let (h, _, _) = shdr(&good, ".pdi");
-    elf_rule(&with(h + 20, &u32::MAX.to_le_bytes()), HsacoRule::NestedSectionHeaders);
+    elf_rule(
+        &with(h + 20, &u32::MAX.to_le_bytes()),
+        HsacoRule::NestedSectionHeaders,
+    );
 }
 
 #[test]
@@ -431,7 +575,10 @@ fn nested_elf_symbol_and_group_rules() {
     let good = elf(vec![elf_kernel("main", "sequence", 1)]).build();
     let rename = |from: &str, to: &str| {
         let mut b = good.clone();
-        let at = b.windows(from.len()).position(|w| w == from.as_bytes()).unwrap();
+        let at = b
+            .windows(from.len())
+            .position(|w| w == from.as_bytes())
+            .unwrap();
         b[at..at + to.len()].copy_from_slice(to.as_bytes());
         b
     };
@@ -461,11 +608,19 @@ fn nested_elf_symbol_and_group_rules() {
     let mut b = good.clone();
     put(&mut b, c_h + 20, 0);
     elf_rule(&b, HsacoRule::CtrlText);
-    let dup = elf(vec![elf_kernel("main", "sequence", 1), elf_kernel("main", "sequence", 0)]).build();
+    let dup = elf(vec![
+        elf_kernel("main", "sequence", 1),
+        elf_kernel("main", "sequence", 0),
+    ])
+    .build();
     elf_rule(&dup, HsacoRule::UniqueElfKernels);
     // Without .rela.dyn (or .dynsym, .dynstr) no site is read.
     let no_rela = rename(".rela.dyn\0", ".rela.dyX\0");
-    assert!(FullElf::parse(&no_rela).unwrap().kernels[0].sites.is_empty());
+    assert!(
+        FullElf::parse(&no_rela).unwrap().kernels[0]
+            .sites
+            .is_empty()
+    );
 }
 
 #[test]
@@ -487,18 +642,36 @@ fn nested_elf_relocation_rules() {
     let mut b = good.clone();
     put(&mut b, r_off + 8, 5);
     elf_rule(&b, HsacoRule::RelocationSymbol);
-    elf_rule(&build(&|b| b.kernels[0].pdi_sites[0].1 = "scratch".into()), HsacoRule::RelocationSymbol);
-    elf_rule(&build(&|b| b.kernels[0].arg_sites[0].1 = 4096), HsacoRule::RelocationSymbol);
-    elf_rule(&build(&|b| b.kernels[0].pdi_sites[0].1 = ".pdi.missing".into()), HsacoRule::PdiSection);
-    elf_rule(&build(&|b| b.pdis.push((".pdi".into(), b"other".to_vec()))), HsacoRule::PdiSection);
+    elf_rule(
+        &build(&|b| b.kernels[0].pdi_sites[0].1 = "scratch".into()),
+        HsacoRule::RelocationSymbol,
+    );
+    elf_rule(
+        &build(&|b| b.kernels[0].arg_sites[0].1 = 4096),
+        HsacoRule::RelocationSymbol,
+    );
+    elf_rule(
+        &build(&|b| b.kernels[0].pdi_sites[0].1 = ".pdi.missing".into()),
+        HsacoRule::PdiSection,
+    );
+    elf_rule(
+        &build(&|b| b.pdis.push((".pdi".into(), b"other".to_vec()))),
+        HsacoRule::PdiSection,
+    );
     let same = build(&|b| b.pdis.push((".pdi".into(), b"the pdi".to_vec())));
     assert_eq!(FullElf::parse(&same).unwrap().kernels[0].pdis.len(), 1);
     for off in [0, 6, 57] {
-        elf_rule(&build(&|b| b.kernels[0].pdi_sites[0].0 = off), HsacoRule::PdiSite);
+        elf_rule(
+            &build(&|b| b.kernels[0].pdi_sites[0].0 = off),
+            HsacoRule::PdiSite,
+        );
     }
     build_ok(&build(&|b| b.kernels[0].pdi_sites[0].0 = 56));
     for off in [2, 56] {
-        elf_rule(&build(&|b| b.kernels[0].arg_sites[0].0 = off), HsacoRule::ArgSite);
+        elf_rule(
+            &build(&|b| b.kernels[0].arg_sites[0].0 = off),
+            HsacoRule::ArgSite,
+        );
     }
     build_ok(&build(&|b| b.kernels[0].arg_sites[0].0 = 52));
     // Two PDIs, an empty one before and after (as MLIR-AIR's control code loads them).
@@ -521,23 +694,44 @@ fn xrt_configuration_note_rule() {
     let mut b = good.clone();
     put(&mut b, n_off + 8, 5);
     let e = FullElf::parse(&b).unwrap().xrt_columns().unwrap_err();
-    assert!(matches!(e, ArtifactError::HsacoFullElf { rule: HsacoRule::XrtConfigurationNote, .. }), "{e}");
-    assert!(e.to_string().contains(HsacoRule::XrtConfigurationNote.text()));
+    assert!(
+        matches!(
+            e,
+            ArtifactError::HsacoFullElf {
+                rule: HsacoRule::XrtConfigurationNote,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains(HsacoRule::XrtConfigurationNote.text())
+    );
 }
 
 #[test]
 fn packer_refuses_what_rocr_would() {
     let mut b = HsacoBuilder::new();
     let msg = |r: Result<&mut HsacoBuilder, ArtifactError>| r.unwrap_err().to_string();
-    assert!(msg(b.pdi_insts(NpuGen::Npu2, kernel("k", &[1, 2, 3], PDI, 0, 1))).contains("multiple of 4"));
+    assert!(
+        msg(b.pdi_insts(NpuGen::Npu2, kernel("k", &[1, 2, 3], PDI, 0, 1)))
+            .contains("multiple of 4")
+    );
     assert!(msg(b.pdi_insts(NpuGen::Npu2, kernel("k", INSTS, &[], 0, 1))).contains("PDI is empty"));
-    assert!(msg(b.pdi_insts(NpuGen::Npu2, kernel("k", INSTS, PDI, 0, 0))).contains("num_cols is 0"));
-    assert!(msg(b.pdi_insts(NpuGen::Npu2, kernel("", INSTS, PDI, 0, 1))).contains("non-empty name"));
-    b.pdi_insts(NpuGen::Npu2, kernel("k", INSTS, PDI, 0, 1)).unwrap();
+    assert!(
+        msg(b.pdi_insts(NpuGen::Npu2, kernel("k", INSTS, PDI, 0, 0))).contains("num_cols is 0")
+    );
+    assert!(
+        msg(b.pdi_insts(NpuGen::Npu2, kernel("", INSTS, PDI, 0, 1))).contains("non-empty name")
+    );
+    b.pdi_insts(NpuGen::Npu2, kernel("k", INSTS, PDI, 0, 1))
+        .unwrap();
     assert_eq!(
         msg(b.pdi_insts(NpuGen::Npu2, kernel("k", INSTS, PDI, 0, 1))),
         "hsaco packer: kernel name \"k\" is already in the aie2p section"
     );
-    b.pdi_insts(NpuGen::Npu1, kernel("k", INSTS, PDI, 0, 1)).unwrap();
+    b.pdi_insts(NpuGen::Npu1, kernel("k", INSTS, PDI, 0, 1))
+        .unwrap();
     assert!(HsacoBuilder::new().build().is_err());
 }

@@ -104,12 +104,21 @@ pub async fn run(a: &Args, addr: Option<&str>, json: bool) -> crate::CmdResult {
 }
 
 /// `--format hsaco`, `hsaco-full-elf`, `full-elf`: one file.
-async fn write_file(a: &Args, design: &EmuDesign, addr: Option<&str>, json: bool) -> crate::CmdResult {
+async fn write_file(
+    a: &Args,
+    design: &EmuDesign,
+    addr: Option<&str>,
+    json: bool,
+) -> crate::CmdResult {
     let (generation, why) = match a.format {
         Format::Hsaco => generation(a.generation.as_deref(), addr).await?,
         _ => match a.generation.as_deref() {
             None | Some("npu2") => (NpuGen::Npu2, "full ELF exists for aie2p only".to_owned()),
-            Some(g) => return Err(format!("--generation {g}: full ELF exists for npu2 (aie2p) only")),
+            Some(g) => {
+                return Err(format!(
+                    "--generation {g}: full ELF exists for npu2 (aie2p) only"
+                ));
+            }
         },
     };
     let bytes = match a.format {

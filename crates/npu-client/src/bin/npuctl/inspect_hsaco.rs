@@ -57,7 +57,15 @@ pub fn run(path: &Path, json: bool) -> crate::CmdResult {
             s.version.1,
             s.kernels.len()
         );
-        let mut t = table(&["kernel", "kind", "cols", "kernarg", "insts/ELF", "PDI", "detail"]);
+        let mut t = table(&[
+            "kernel",
+            "kind",
+            "cols",
+            "kernarg",
+            "insts/ELF",
+            "PDI",
+            "detail",
+        ]);
         for k in &s.kernels {
             t.add_row(vec![
                 k.name.clone(),
@@ -65,8 +73,9 @@ pub fn run(path: &Path, json: bool) -> crate::CmdResult {
                 k.num_cols.to_string(),
                 k.effective_kernarg_size().to_string(),
                 format!("{} B @ {:#x}", k.insts.bytes.len(), k.insts.offset),
-                k.pdi
-                    .map_or("-".into(), |p| format!("{} B @ {:#x}", p.bytes.len(), p.offset)),
+                k.pdi.map_or("-".into(), |p| {
+                    format!("{} B @ {:#x}", p.bytes.len(), p.offset)
+                }),
                 detail(k),
             ]);
         }

@@ -51,7 +51,9 @@ fn nth<'a, T>(v: &'a [T], i: usize, n: usize, flag: &str) -> Result<Option<&'a T
         0 => Ok(None),
         1 => Ok(v.first()),
         len if len == n => Ok(v.get(i)),
-        len => Err(format!("{flag} is given {len} times; expected once or once per --name ({n})")),
+        len => Err(format!(
+            "{flag} is given {len} times; expected once or once per --name ({n})"
+        )),
     }
 }
 
@@ -75,11 +77,15 @@ pub fn run(a: &Args, json: bool) -> crate::CmdResult {
         let arch = match nth(&a.arches, i, n, "--arch")? {
             Some(s) => parse_arch(s)?,
             None => txn.as_ref().map(|p| p.generation).ok_or_else(|| {
-                format!("kernel {name:?}: {} is not a TXN stream this tool reads; give --arch", a.insts[i].display())
+                format!(
+                    "kernel {name:?}: {} is not a TXN stream this tool reads; give --arch",
+                    a.insts[i].display()
+                )
             })?,
         };
-        let num_cols = *nth(&a.num_cols, i, n, "--num-cols")?
-            .ok_or_else(|| format!("kernel {name:?}: give --num-cols (the partition's column count)"))?;
+        let num_cols = *nth(&a.num_cols, i, n, "--num-cols")?.ok_or_else(|| {
+            format!("kernel {name:?}: give --num-cols (the partition's column count)")
+        })?;
         let kernarg_size = match nth(&a.kernarg_sizes, i, n, "--kernarg-size")? {
             Some(k) => *k,
             None => txn
@@ -100,7 +106,11 @@ pub fn run(a: &Args, json: bool) -> crate::CmdResult {
         .map_err(|e| e.to_string())?;
     }
     for elf in &a.elves {
-        let cols = if n == 0 { a.num_cols.first().copied() } else { None };
+        let cols = if n == 0 {
+            a.num_cols.first().copied()
+        } else {
+            None
+        };
         b.full_elf(&read(elf)?, cols)
             .map_err(|e| format!("{}: {e}", elf.display()))?;
     }
@@ -111,7 +121,11 @@ pub fn run(a: &Args, json: bool) -> crate::CmdResult {
     let kernels: Vec<(String, String)> = h
         .sections
         .iter()
-        .flat_map(|s| s.kernels.iter().map(|k| (s.arch.agent_name().to_owned(), k.name.clone())))
+        .flat_map(|s| {
+            s.kernels
+                .iter()
+                .map(|k| (s.arch.agent_name().to_owned(), k.name.clone()))
+        })
         .collect();
     if json {
         output::print_json(&json!({
@@ -121,7 +135,12 @@ pub fn run(a: &Args, json: bool) -> crate::CmdResult {
         }));
     } else {
         let list: Vec<String> = kernels.iter().map(|(a, k)| format!("{a}:{k}")).collect();
-        println!("wrote {} ({} bytes): {}", a.out.display(), bytes.len(), list.join(", "));
+        println!(
+            "wrote {} ({} bytes): {}",
+            a.out.display(),
+            bytes.len(),
+            list.join(", ")
+        );
     }
     Ok(())
 }
