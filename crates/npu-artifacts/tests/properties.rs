@@ -130,8 +130,11 @@ fn parse_hsaco(bytes: &[u8]) {
     }
 }
 
-/// A random set of PdiInsts kernels per arch: (arch, name, insts words, PDI bytes, kernarg, cols).
-fn kernel_set() -> impl Strategy<Value = Vec<(NpuGen, String, Vec<u8>, Vec<u8>, u32, u32)>> {
+/// A PdiInsts kernel to pack: (arch, name, insts words, PDI bytes, kernarg, cols).
+type KernelSpec = (NpuGen, String, Vec<u8>, Vec<u8>, u32, u32);
+
+/// A random set of PdiInsts kernels over both arches.
+fn kernel_set() -> impl Strategy<Value = Vec<KernelSpec>> {
     proptest::collection::vec(
         (
             any_gen(),
@@ -146,7 +149,7 @@ fn kernel_set() -> impl Strategy<Value = Vec<(NpuGen, String, Vec<u8>, Vec<u8>, 
     )
 }
 
-fn pack(set: &[(NpuGen, String, Vec<u8>, Vec<u8>, u32, u32)]) -> (Vec<u8>, Vec<usize>) {
+fn pack(set: &[KernelSpec]) -> (Vec<u8>, Vec<usize>) {
     let mut b = HsacoBuilder::new();
     let mut kept = Vec::new();
     for (i, (arch, name, insts, pdi, kernarg_size, num_cols)) in set.iter().enumerate() {

@@ -90,7 +90,7 @@ impl HsacoBuilder {
     ) -> Result<&mut Self, ArtifactError> {
         self.check_name(arch, &k.name)?;
         let what = |d: &str| build_err(format!("kernel {:?}: {d}", k.name));
-        if k.insts.is_empty() || k.insts.len() % 4 != 0 {
+        if k.insts.is_empty() || !k.insts.len().is_multiple_of(4) {
             return Err(what(&format!(
                 "insts.bin is {} bytes; expected a positive multiple of 4",
                 k.insts.len()
@@ -210,7 +210,7 @@ impl HsacoBuilder {
             .find(|(a, _)| *a == arch)
             .map(|(_, e)| e)
             .ok_or_else(|| build_err(format!("no kernel for {}", arch.agent_name())))?;
-        let table_end = HEADER_MIN + entries.len() * ENTRY_MIN;
+        let table_end = HEADER_MIN as usize + entries.len() * ENTRY_MIN as usize;
         let mut strings = Vec::new();
         let mut name_offsets = Vec::with_capacity(entries.len());
         for e in entries {
@@ -232,7 +232,7 @@ impl HsacoBuilder {
             placed.insert(b, off);
             Ok((off, size))
         };
-        let mut table = Vec::with_capacity(entries.len() * ENTRY_MIN);
+        let mut table = Vec::with_capacity(entries.len() * ENTRY_MIN as usize);
         for (e, name_off) in entries.iter().zip(name_offsets) {
             let (insts_off, insts_size) = place(e.insts, &mut pool)?;
             let (pdi_off, pdi_size) = match e.pdi {
@@ -261,9 +261,9 @@ impl HsacoBuilder {
         out.extend_from_slice(&VERSION_MAJOR.to_le_bytes());
         out.extend_from_slice(&VERSION_MINOR.to_le_bytes());
         for w in [
-            HEADER_MIN as u32,
+            HEADER_MIN,
             u32_len("the kernel table", entries.len())?,
-            ENTRY_MIN as u32,
+            ENTRY_MIN,
             u32_len("the section", table_end)?,
             u32_len("the string table", strings.len())?,
             u32_len("the section", pool_start)?,

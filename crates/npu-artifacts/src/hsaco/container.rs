@@ -47,7 +47,7 @@ impl ElfSection {
     /// Whether ROCR takes it for an AIE section: at least 48 bytes, inside the file, `AIEK` first.
     #[must_use]
     pub fn is_aie(&self, file: &[u8]) -> bool {
-        self.size >= HEADER_MIN as u64
+        self.size >= u64::from(HEADER_MIN)
             && self
                 .bytes(file)
                 .is_some_and(|b| u32_at(b, 0) == Some(AIE_MAGIC))

@@ -17,10 +17,10 @@ pub const GRP_COMDAT: u32 = 1;
 
 pub(crate) const SHT_PROGBITS: u32 = 1;
 pub(crate) const SHT_GROUP: u32 = 17;
-const ELF32_HEADER: u64 = 52;
-const SHDR32: u64 = 40;
-const SYM32: u64 = 16;
-const RELA32: u64 = 12;
+const ELF32_HEADER: usize = 52;
+const SHDR32: usize = 40;
+const SYM32: usize = 16;
+const RELA32: usize = 12;
 
 /// A `.pdi*` section a kernel loads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,7 +125,7 @@ impl<'a> FullElf<'a> {
     ///
     /// [`ArtifactError::HsacoFullElf`] naming the broken rule and the ELF offset.
     pub fn parse(bytes: &'a [u8]) -> Result<Self, ArtifactError> {
-        if bytes.len() < ELF32_HEADER as usize || bytes.get(0..4) != Some(b"\x7fELF".as_slice()) {
+        if bytes.len() < ELF32_HEADER || bytes.get(0..4) != Some(b"\x7fELF".as_slice()) {
             return Err(err(
                 HsacoRule::NestedElfHeader,
                 0,
@@ -163,7 +163,7 @@ impl<'a> FullElf<'a> {
         let shnum = u16_at(bytes, 48).unwrap_or(0);
         let shstrndx = u16_at(bytes, 50).unwrap_or(0);
         let hdr_err = |at, d: String| err(HsacoRule::NestedSectionHeaders, at, d);
-        if u64::from(shentsize) != SHDR32 {
+        if usize::from(shentsize) != SHDR32 {
             return Err(hdr_err(
                 46,
                 format!("e_shentsize is {shentsize}; expected 40"),
@@ -178,7 +178,7 @@ impl<'a> FullElf<'a> {
                 format!("e_shstrndx is {shstrndx}; expected less than e_shnum {shnum}"),
             ));
         }
-        let table = slice(bytes, shoff, u64::from(shnum) * SHDR32).ok_or_else(|| {
+        let table = slice(bytes, shoff, u64::from(shnum) * SHDR32 as u64).ok_or_else(|| {
             hdr_err(
                 32,
                 format!(
@@ -198,7 +198,7 @@ impl<'a> FullElf<'a> {
                 link: w(24),
                 info: w(28),
                 entsize: w(36),
-                at: shoff + u64::from(i) * SHDR32,
+                at: shoff + u64::from(i) * SHDR32 as u64,
             }
         };
         let data = |s: &Shdr<'_>| -> Result<&'a [u8], ArtifactError> {
@@ -236,7 +236,7 @@ impl<'a> FullElf<'a> {
         let symtab_i =
             by_name(b".symtab").ok_or_else(|| sym_err(0, "no .symtab section".into()))?;
         let symtab_h = &secs[symtab_i];
-        if u64::from(symtab_h.entsize) != SYM32 {
+        if symtab_h.entsize as usize != SYM32 {
             return Err(sym_err(
                 symtab_h.at + 36,
                 format!(".symtab sh_entsize is {}; expected 16", symtab_h.entsize),
@@ -250,7 +250,7 @@ impl<'a> FullElf<'a> {
             )
         })?;
         let strtab = StrTab::new(data(strtab_h)?);
-        let sym_count = symtab.len() / SYM32 as usize;
+        let sym_count = symtab.len() / SYM32;
         let sym_field = |table: &[u8], i: usize, o: usize| u32_at(table, i * 16 + o).unwrap_or(0);
 
         // COMDAT groups → kernels.
@@ -372,13 +372,13 @@ impl<'a> FullElf<'a> {
         ) {
             let rerr = |at, d: String| err(HsacoRule::Relocations, at, d);
             let (rh, dh) = (&secs[ri], &secs[di]);
-            if u64::from(rh.entsize) != RELA32 {
+            if rh.entsize as usize != RELA32 {
                 return Err(rerr(
                     rh.at + 36,
                     format!(".rela.dyn sh_entsize is {}; expected 12", rh.entsize),
                 ));
             }
-            if u64::from(dh.entsize) != SYM32 {
+            if dh.entsize as usize != SYM32 {
                 return Err(rerr(
                     dh.at + 36,
                     format!(".dynsym sh_entsize is {}; expected 16", dh.entsize),

@@ -122,9 +122,9 @@ pub const VERSION_MAJOR: u16 = 1;
 /// The section format's minor version.
 pub const VERSION_MINOR: u16 = 0;
 /// Size of the version 1.0 header, and the least `header_size` a reader accepts.
-pub const HEADER_MIN: usize = 48;
+pub const HEADER_MIN: u32 = 48;
 /// Size of a version 1.0 kernel entry, and the least `kernel_entry_size` a reader accepts.
-pub const ENTRY_MIN: usize = 44;
+pub const ENTRY_MIN: u32 = 44;
 /// `EM_AMDGPU`, the container's machine.
 pub const EM_AMDGPU: u16 = 224;
 

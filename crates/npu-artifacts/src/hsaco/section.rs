@@ -1,6 +1,7 @@
 //! One AIE section: header, kernel table, string table and blob pool, validated as ROCR's
 //! section parser and loader do.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 
 use super::full_elf::{ElfKernel, FullElf};
@@ -142,14 +143,14 @@ pub(crate) fn parse_section<'a>(
             format!("version_major is {}; expected 1", version.0),
         ));
     }
-    if (header_size as usize) < HEADER_MIN {
+    if header_size < HEADER_MIN {
         return Err(fail(
             HsacoRule::HeaderSize,
             8,
             format!("header_size is {header_size}; expected at least 48"),
         ));
     }
-    if (entry_size as usize) < ENTRY_MIN {
+    if entry_size < ENTRY_MIN {
         return Err(fail(
             HsacoRule::KernelEntrySize,
             16,
@@ -199,7 +200,7 @@ pub(crate) fn parse_section<'a>(
             "kernel_count is 0; expected at least 1".into(),
         ));
     }
-    let strings = StrTab::new(&bytes[st_off as usize..st_end as usize]);
+    let strings = StrTab::new(slice(bytes, u64::from(st_off), u64::from(st_size)).unwrap_or(&[]));
     let mut names = HashSet::new();
     let mut kernels = Vec::with_capacity(kernel_count as usize);
     let in_pool = |off: u32, len: u32| off >= pool && u64::from(off) + u64::from(len) <= size;
@@ -355,7 +356,7 @@ pub(crate) fn parse_section<'a>(
                     ));
                 }
                 let key = (k.insts.offset, k.insts.bytes.len());
-                if !elves.contains_key(&key) {
+                if let Entry::Vacant(slot) = elves.entry(key) {
                     let parsed = FullElf::parse(k.insts.bytes).map_err(|err| match err {
                         ArtifactError::HsacoFullElf {
                             rule,
@@ -370,7 +371,7 @@ pub(crate) fn parse_section<'a>(
                         },
                         other => other,
                     })?;
-                    elves.insert(key, parsed);
+                    slot.insert(parsed);
                 }
                 let elf = &elves[&key];
                 let Some(ek) = elf.kernel(&k.name) else {
