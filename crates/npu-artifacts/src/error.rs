@@ -352,6 +352,60 @@ pub enum ArtifactError {
         embedded_pdi_bytes: Option<u64>,
     },
 
+    // ---- AIE hsaco ----
+    /// The ELF64 container of an hsaco is broken, or holds no usable AIE section.
+    #[error("hsaco container: rule \"{rule}\" broken at file offset {offset:#x}: {detail}")]
+    HsacoContainer {
+        /// The rule.
+        rule: crate::hsaco::HsacoRule,
+        /// File offset of the offending field or section.
+        offset: u64,
+        /// Expected and found.
+        detail: String,
+    },
+
+    /// An AIE section (header, kernel table, strings, blobs) breaks a rule.
+    #[error(
+        "hsaco section {arch}: rule \"{rule}\" broken at section offset {offset:#x} \
+         (file offset {file_offset:#x}): {detail}"
+    )]
+    HsacoSection {
+        /// The section's arch name.
+        arch: &'static str,
+        /// The rule.
+        rule: crate::hsaco::HsacoRule,
+        /// Offset of the offending field, from the section start.
+        offset: u64,
+        /// The same offset in the file.
+        file_offset: u64,
+        /// Expected and found, naming the kernel entry where there is one.
+        detail: String,
+    },
+
+    /// A nested full ELF (kind `FullElf`) breaks a rule.
+    #[error(
+        "full ELF{}: rule \"{rule}\" broken at ELF offset {offset:#x}{}: {detail}",
+        match blob_file_offset { Some(_) => " in hsaco", None => "" },
+        match blob_file_offset { Some(b) => format!(" (file offset {:#x})", b.saturating_add(*offset)), None => String::new() }
+    )]
+    HsacoFullElf {
+        /// The rule.
+        rule: crate::hsaco::HsacoRule,
+        /// Offset of the offending field from the start of the full ELF.
+        offset: u64,
+        /// File offset of the full ELF inside an hsaco, when it was read from one.
+        blob_file_offset: Option<u64>,
+        /// Expected and found.
+        detail: String,
+    },
+
+    /// The packer was given kernels it cannot write.
+    #[error("hsaco packer: {detail}")]
+    HsacoBuild {
+        /// What is wrong with the input.
+        detail: String,
+    },
+
     // ---- emulated designs ----
     /// An emulated design file that cannot be read.
     #[error("emulated design: {detail}")]

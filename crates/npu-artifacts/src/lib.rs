@@ -15,6 +15,9 @@
 //!   its `AIE_PARTITION` section embeds) and reads emulated designs.
 //! - [`emu`]: the emulated-design format, a small `main.pdi` that names a reference kernel for the
 //!   software NPU (hsa-sim), with a writer for whole design directories.
+//! - [`hsaco`]: ROCR's AIE hsaco (the code object its executable API loads on an NPU agent):
+//!   [`hsaco::parse_for_arch`] validates a section as ROCR's loader does, naming the broken rule
+//!   and its offsets; [`hsaco::HsacoBuilder`] packs `PdiInsts` kernels and full ELFs.
 //! - [`design`]: design directories (`main.pdi` + `insts.bin`, also under `build/`), and
 //!   [`design::check_pair`], the registration check npud runs on uploaded bytes.
 //!
@@ -60,6 +63,7 @@
 pub mod design;
 pub mod emu;
 mod error;
+pub mod hsaco;
 mod le;
 pub mod pdi;
 pub mod txn;

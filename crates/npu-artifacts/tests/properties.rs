@@ -1,9 +1,11 @@
 //! Property tests: random and mutated bytes never panic any parser (and the walk terminates by
 //! construction: every op consumes at least one word); a DDR patch is accepted exactly when its
-//! BD was given a non-zero length first; written emulated designs read back equal.
+//! BD was given a non-zero length first; written emulated designs read back equal; random,
+//! mutated and packed hsacos parse or fail cleanly, and packed kernel sets read back equal.
 
 use npu_artifacts::design::{self, Design};
 use npu_artifacts::emu::{DType, EmuDesign, EmuKernel};
+use npu_artifacts::hsaco::{self, FullElf, Hsaco, HsacoBuilder, KernelKind, PdiInstsKernel};
 use npu_artifacts::pdi::{self, PdiKind};
 use npu_artifacts::txn::{self, TxnBuilder, TxnProgram};
 use npu_artifacts::{ArtifactError, NpuGen};
@@ -105,6 +107,65 @@ fn parse_everything(bytes: &[u8]) {
     let _ = pdi::identify(bytes);
     let _ = EmuDesign::from_pdi(bytes);
     let _ = design::check_pair(bytes, bytes);
+    parse_hsaco(bytes);
+}
+
+/// Runs the hsaco readers on `bytes`: they may fail but must not panic, and what they accept
+/// must be consistent.
+fn parse_hsaco(bytes: &[u8]) {
+    for arch in [NpuGen::Npu1, NpuGen::Npu2] {
+        if let Ok(s) = hsaco::parse_for_arch(bytes, arch) {
+            assert_eq!(s.arch, arch);
+            for k in &s.kernels {
+                assert!(k.num_cols > 0 && !k.name.is_empty());
+                assert_eq!(k.kind == KernelKind::FullElf, k.full_elf.is_some());
+                assert_eq!(k.kind == KernelKind::PdiInsts, k.pdi.is_some());
+            }
+        }
+    }
+    let _ = Hsaco::parse(bytes);
+    if let Ok(e) = FullElf::parse(bytes) {
+        let _ = e.xrt_columns();
+        assert!(!e.kernels.is_empty());
+    }
+}
+
+/// A PdiInsts kernel to pack: (arch, name, insts words, PDI bytes, kernarg, cols).
+type KernelSpec = (NpuGen, String, Vec<u8>, Vec<u8>, u32, u32);
+
+/// A random set of PdiInsts kernels over both arches.
+fn kernel_set() -> impl Strategy<Value = Vec<KernelSpec>> {
+    proptest::collection::vec(
+        (
+            any_gen(),
+            "[a-z_][a-z0-9_:]{0,12}",
+            proptest::collection::vec(any::<u8>(), 1..8).prop_map(|w| w.repeat(4)),
+            // Small alphabets so that identical blobs occur and are deduplicated.
+            proptest::collection::vec(0u8..2, 1..12),
+            any::<u32>(),
+            1u32..=8,
+        ),
+        1..8,
+    )
+}
+
+fn pack(set: &[KernelSpec]) -> (Vec<u8>, Vec<usize>) {
+    let mut b = HsacoBuilder::new();
+    let mut kept = Vec::new();
+    for (i, (arch, name, insts, pdi, kernarg_size, num_cols)) in set.iter().enumerate() {
+        let k = PdiInstsKernel {
+            name: name.clone(),
+            pdi: pdi.clone(),
+            insts: insts.clone(),
+            num_cols: *num_cols,
+            kernarg_size: *kernarg_size,
+        };
+        // A repeated name in one arch is refused; the rest are kept.
+        if b.pdi_insts(*arch, k).is_ok() {
+            kept.push(i);
+        }
+    }
+    (b.build().unwrap(), kept)
 }
 
 /// A valid TXN stream with a mix of ops, to mutate. Its DDR patches follow a BD length set by a
@@ -219,6 +280,65 @@ fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
+
+    #[test]
+    fn packed_kernel_sets_read_back_equal(set in kernel_set()) {
+        let (bytes, kept) = pack(&set);
+        let h = Hsaco::parse(&bytes).unwrap();
+        for arch in [NpuGen::Npu1, NpuGen::Npu2] {
+            let want: Vec<_> = kept.iter().map(|&i| &set[i]).filter(|k| k.0 == arch).collect();
+            let Some(s) = h.section(arch) else {
+                prop_assert!(want.is_empty());
+                continue;
+            };
+            prop_assert_eq!(s, &hsaco::parse_for_arch(&bytes, arch).unwrap());
+            prop_assert_eq!(s.kernels.len(), want.len());
+            for (k, (_, name, insts, pdi, kernarg, cols)) in s.kernels.iter().zip(want) {
+                prop_assert_eq!(&k.name, name);
+                prop_assert_eq!(k.insts.bytes, insts.as_slice());
+                prop_assert_eq!(k.pdi.unwrap().bytes, pdi.as_slice());
+                prop_assert_eq!((k.kernarg_size, k.num_cols), (*kernarg, *cols));
+            }
+            // Identical blobs are stored once: offsets are equal exactly when bytes are.
+            let blobs: Vec<_> = s.kernels.iter().flat_map(|k| [k.insts, k.pdi.unwrap()]).collect();
+            for a in &blobs {
+                for b in &blobs {
+                    prop_assert_eq!(a.offset == b.offset, a.bytes == b.bytes);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mutated_hsacos_never_panic(set in kernel_set(), full_elf in any::<bool>(), muts in proptest::collection::vec(mutation(), 1..6)) {
+        let mut bytes = if full_elf {
+            EmuDesign::noop(2, 16).to_full_elf_hsaco().unwrap()
+        } else {
+            pack(&set).0
+        };
+        for m in &muts {
+            apply(&mut bytes, m);
+        }
+        parse_hsaco(&bytes);
+    }
+
+    #[test]
+    fn mutated_full_elves_never_panic(d in valid_design(), muts in proptest::collection::vec(mutation(), 1..6)) {
+        let mut bytes = d.to_full_elf().unwrap();
+        prop_assert!(FullElf::parse(&bytes).is_ok());
+        for m in &muts {
+            apply(&mut bytes, m);
+        }
+        parse_hsaco(&bytes);
+    }
+
+    #[test]
+    fn random_bytes_behind_an_elf64_header_never_panic(tail in proptest::collection::vec(any::<u8>(), 0..600)) {
+        let mut bytes = pack(&[(NpuGen::Npu2, "k".into(), vec![0; 4], vec![1], 0, 1)]).0;
+        bytes.truncate(64);
+        bytes.extend_from_slice(&tail);
+        parse_hsaco(&bytes);
+    }
 
     #[test]
     fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {

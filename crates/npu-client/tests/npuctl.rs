@@ -247,3 +247,178 @@ fn bench_runs_the_benchmark_binary_with_the_arguments_passed_through() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+#[test]
+fn hsaco_pack_inspect_and_emu_design_formats() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let p = |name: &str| tmp.path().join(name).display().to_string();
+    let ok = |o: Output| {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        o
+    };
+    // Inputs: an emulated design directory for npu1, and an emulated full ELF.
+    ok(npuctl(&[
+        "emu-design",
+        "vector_scalar_add",
+        "--out",
+        &p("vsa"),
+        "--n",
+        "64",
+        "--generation",
+        "npu1",
+    ]));
+    let o = ok(npuctl(&[
+        "emu-design",
+        "matmul",
+        "--n",
+        "8",
+        "--format",
+        "full-elf",
+        "--out",
+        &p("mm.elf"),
+    ]));
+    assert!(stdout(&o).contains("full-elf"), "{}", stdout(&o));
+
+    // Two PdiInsts kernels (the arch from insts.bin's TXN header) and the full ELF.
+    let v = json_of(&npuctl(&[
+        "pack",
+        "--json",
+        "--out",
+        &p("all.hsaco"),
+        "--name",
+        "a",
+        "--pdi",
+        &p("vsa/main.pdi"),
+        "--insts",
+        &p("vsa/insts.bin"),
+        "--name",
+        "b",
+        "--pdi",
+        &p("vsa/main.pdi"),
+        "--insts",
+        &p("vsa/insts.bin"),
+        "--num-cols",
+        "4",
+        "--elf",
+        &p("mm.elf"),
+    ]));
+    assert_eq!(
+        v["kernels"],
+        serde_json::json!([
+            {"arch": "aie2", "name": "a"},
+            {"arch": "aie2", "name": "b"},
+            {"arch": "aie2p", "name": "matmul:sequence"},
+        ])
+    );
+
+    let v = json_of(&npuctl(&["inspect", &p("all.hsaco"), "--json"]));
+    let s = &v["sections"];
+    assert_eq!(s[0]["arch"], "aie2");
+    assert_eq!(s[0]["kernels"][1]["name"], "b");
+    assert_eq!(s[0]["kernels"][1]["kind"], "PdiInsts");
+    assert_eq!(s[0]["kernels"][1]["num_cols"], 4);
+    assert_eq!(s[0]["kernels"][1]["kernarg_size"], 32);
+    assert_eq!(s[0]["kernels"][1]["pdi"]["bytes"], 80);
+    assert_eq!(
+        s[0]["kernels"][0]["insts"], s[0]["kernels"][1]["insts"],
+        "one copy of identical blobs"
+    );
+    let k = &s[1]["kernels"][0];
+    assert_eq!(
+        (k["kind"].as_str(), k["num_cols"].as_u64()),
+        (Some("FullElf"), Some(1))
+    );
+    assert_eq!(k["full_elf"]["arg_count"], 3);
+    assert_eq!(k["full_elf"]["pdis"][0]["name"], ".pdi");
+    assert_eq!(k["full_elf"]["sites"][0]["pdi"], ".pdi");
+    let text = stdout(&ok(npuctl(&["inspect", &p("all.hsaco")])));
+    assert!(
+        text.contains("section aie2p")
+            && text.contains("matmul:sequence")
+            && text.contains("FullElf"),
+        "{text}"
+    );
+
+    // emu-design straight to an hsaco, both kinds.
+    ok(npuctl(&[
+        "emu-design",
+        "relu",
+        "--n",
+        "16",
+        "--format",
+        "hsaco",
+        "--generation",
+        "npu2",
+        "--out",
+        &p("relu.hsaco"),
+    ]));
+    let v = json_of(&npuctl(&["inspect", &p("relu.hsaco"), "--json"]));
+    assert_eq!(v["sections"][0]["arch"], "aie2p");
+    assert_eq!(v["sections"][0]["kernels"][0]["name"], "relu");
+    ok(npuctl(&[
+        "emu-design",
+        "noop",
+        "--n",
+        "16",
+        "--format",
+        "hsaco-full-elf",
+        "--out",
+        &p("noop.hsaco"),
+    ]));
+    let v = json_of(&npuctl(&["inspect", &p("noop.hsaco"), "--json"]));
+    assert_eq!(v["sections"][0]["kernels"][0]["name"], "noop:sequence");
+    let o = npuctl(&[
+        "emu-design",
+        "noop",
+        "--format",
+        "full-elf",
+        "--generation",
+        "npu1",
+        "--out",
+        &p("x.elf"),
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("full ELF exists for npu2 (aie2p) only"));
+}
+
+#[test]
+fn hsaco_errors_a_user_reads() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let path = tmp.path().join("bad.hsaco");
+    let mut bytes = EmuDesign::relu(16, DType::I32)
+        .to_hsaco(npu_client::NpuGen::Npu2)
+        .expect("hsaco");
+    // version_major of the aie2p section, which starts right after `.shstrtab`'s 17 bytes.
+    bytes[64 + 17 + 4] = 2;
+    std::fs::write(&path, &bytes).expect("write");
+    let o = npuctl(&["inspect", &path.display().to_string()]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("bad.hsaco: hsaco section aie2p: rule \"version_major == 1\" broken at section offset 0x4 (file offset 0x55)"),
+        "{err}"
+    );
+    let o = npuctl(&[
+        "pack",
+        "--out",
+        &tmp.path().join("x.hsaco").display().to_string(),
+    ]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nothing to pack"));
+    let o = npuctl(&[
+        "pack",
+        "--out",
+        &tmp.path().join("x.hsaco").display().to_string(),
+        "--name",
+        "a",
+        "--pdi",
+        &path.display().to_string(),
+        "--insts",
+        &path.display().to_string(),
+        "--num-cols",
+        "1",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("is not a TXN stream this tool reads; give --arch")
+    );
+}

@@ -26,6 +26,9 @@
 
 mod dtype;
 mod format;
+mod hsaco;
+
+pub use hsaco::{EMU_CTRL_ARG_SITES, EMU_CTRL_MAGIC, EMU_CTRL_PDI_SITE, EMU_INSTANCE};
 
 pub use dtype::DType;
 

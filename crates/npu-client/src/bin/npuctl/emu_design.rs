@@ -1,4 +1,5 @@
-//! `npuctl emu-design KERNEL --out DIR`: write an emulated design for the emulator.
+//! `npuctl emu-design KERNEL --out DIR`: write an emulated design for the emulator; with
+//! `--format hsaco` (or `hsaco-full-elf`, `full-elf`) `--out` is the file to write.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,9 +15,14 @@ pub struct Args {
     /// passthrough, vector_scalar_add, vector_vector_add, vector_mul, relu, matmul, noop,
     /// fault or hang.
     kernel: String,
-    /// Directory to write main.pdi and insts.bin into (created if missing).
+    /// Directory to write main.pdi and insts.bin into (created if missing); for the other formats,
+    /// the file to write.
     #[arg(long)]
     out: PathBuf,
+    /// dir (main.pdi + insts.bin), hsaco (a PdiInsts kernel in the generation's section),
+    /// hsaco-full-elf (a FullElf kernel, aie2p) or full-elf (the nested ELF alone, aie2p).
+    #[arg(long, value_enum, default_value_t = Format::Dir)]
+    format: Format,
     /// Elements (elementwise kernels), the matrix size n×n×n (matmul), or bytes per buffer
     /// (passthrough, noop, fault, hang). Default: 1024; 64 for matmul; 4096 for byte kernels.
     #[arg(long)]
@@ -31,6 +37,19 @@ pub struct Args {
     /// npu1 or npu2 (default: the daemon's, or npu2 when no daemon answers).
     #[arg(long)]
     generation: Option<String>,
+}
+
+/// What `emu-design` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// main.pdi + insts.bin in a directory.
+    Dir,
+    /// An hsaco with one PdiInsts kernel.
+    Hsaco,
+    /// An hsaco with one FullElf kernel (aie2p).
+    HsacoFullElf,
+    /// The full ELF alone (aie2p), for `npuctl pack --elf`.
+    FullElf,
 }
 
 pub async fn run(a: &Args, addr: Option<&str>, json: bool) -> crate::CmdResult {
@@ -50,6 +69,9 @@ pub async fn run(a: &Args, addr: Option<&str>, json: bool) -> crate::CmdResult {
     if let Some(s) = a.scalar {
         design.scalar = s;
         design.validate().map_err(|e| e.to_string())?;
+    }
+    if a.format != Format::Dir {
+        return write_file(a, &design, addr, json).await;
     }
     let (generation, why) = generation(a.generation.as_deref(), addr).await?;
     std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
@@ -78,6 +100,57 @@ pub async fn run(a: &Args, addr: Option<&str>, json: bool) -> crate::CmdResult {
         files.pdi_path.display(),
         files.insts_path.display()
     );
+    Ok(())
+}
+
+/// `--format hsaco`, `hsaco-full-elf`, `full-elf`: one file.
+async fn write_file(
+    a: &Args,
+    design: &EmuDesign,
+    addr: Option<&str>,
+    json: bool,
+) -> crate::CmdResult {
+    let (generation, why) = match a.format {
+        Format::Hsaco => generation(a.generation.as_deref(), addr).await?,
+        _ => match a.generation.as_deref() {
+            None | Some("npu2") => (NpuGen::Npu2, "full ELF exists for aie2p only".to_owned()),
+            Some(g) => {
+                return Err(format!(
+                    "--generation {g}: full ELF exists for npu2 (aie2p) only"
+                ));
+            }
+        },
+    };
+    let bytes = match a.format {
+        Format::Hsaco => design.to_hsaco(generation),
+        Format::HsacoFullElf => design.to_full_elf_hsaco(),
+        _ => design.to_full_elf(),
+    }
+    .map_err(|e| e.to_string())?;
+    std::fs::write(&a.out, &bytes).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    let format = match a.format {
+        Format::Hsaco => "hsaco",
+        Format::HsacoFullElf => "hsaco-full-elf",
+        _ => "full-elf",
+    };
+    if json {
+        output::print_json(&json!({
+            "kernel": design.kernel.name(),
+            "format": format,
+            "arch": generation.agent_name(),
+            "arg_bytes": design.arg_sizes(),
+            "out": a.out.display().to_string(),
+            "bytes": bytes.len(),
+        }));
+    } else {
+        println!(
+            "wrote {} ({format}, {} bytes, buffers of {:?} bytes) for {generation} ({why}):\n  {}",
+            design.kernel,
+            bytes.len(),
+            design.arg_sizes(),
+            a.out.display()
+        );
+    }
     Ok(())
 }
 

@@ -1,4 +1,5 @@
 //! `npuctl inspect DESIGN_DIR`: what a design's files are, and its instruction stream op by op.
+//! `npuctl inspect FILE.hsaco` goes to [`crate::inspect_hsaco`].
 
 use std::path::PathBuf;
 
@@ -11,7 +12,7 @@ use crate::output::{self, kv_table};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The design directory (main.pdi + insts.bin, or the same under build/).
+    /// The design directory (main.pdi + insts.bin, or the same under build/), or an .hsaco file.
     dir: PathBuf,
     /// Print only the summary, not the op listing.
     #[arg(long)]
@@ -19,6 +20,9 @@ pub struct Args {
 }
 
 pub fn run(a: &Args, json: bool) -> crate::CmdResult {
+    if crate::inspect_hsaco::is_hsaco_file(&a.dir) {
+        return crate::inspect_hsaco::run(&a.dir, json);
+    }
     let d = match Design::open(&a.dir) {
         Ok(d) => d,
         Err(e) => {

@@ -8,7 +8,9 @@ mod bench;
 mod demo;
 mod emu_design;
 mod inspect;
+mod inspect_hsaco;
 mod output;
+mod pack;
 mod programs;
 mod run;
 mod sessions;
@@ -43,9 +45,12 @@ enum Command {
     Sessions,
     /// Stored programs, their counters, and quarantined programs; or clear a quarantine.
     Programs(programs::Args),
-    /// Summarize a design directory (main.pdi + insts.bin) and list its instruction stream.
+    /// Summarize a design directory (main.pdi + insts.bin) and list its instruction stream, or
+    /// show the sections and kernels of an AIE hsaco.
     Inspect(inspect::Args),
-    /// Write an emulated design (main.pdi + insts.bin) for the emulator.
+    /// Write an AIE hsaco from PDI + insts.bin kernels and full ELFs.
+    Pack(pack::Args),
+    /// Write an emulated design for the emulator (main.pdi + insts.bin, or an hsaco).
     EmuDesign(emu_design::Args),
     /// Run a design once over files: inputs, then outputs, in the design's argument order.
     Run(run::Args),
@@ -70,6 +75,7 @@ async fn main() -> ExitCode {
         Command::Sessions => sessions::run(addr, cli.json).await,
         Command::Programs(a) => programs::run(&a, addr, cli.json).await,
         Command::Inspect(a) => inspect::run(&a, cli.json),
+        Command::Pack(a) => pack::run(&a, cli.json),
         Command::EmuDesign(a) => emu_design::run(&a, addr, cli.json).await,
         Command::Run(a) => run::run(&a, addr, cli.json).await,
         Command::Bench(a) => bench::run(&a, addr, cli.json),
