@@ -377,6 +377,57 @@ impl Daemon {
         Ok(())
     }
 
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the daemon is still running.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// The CPU time the daemon has used (user + system), in clock ticks (`/proc/PID/stat`).
+    ///
+    /// # Panics
+    /// When the daemon is not running or its stat file cannot be read.
+    pub fn cpu_ticks(&self) -> u64 {
+        let pid = self.pid().expect("the daemon runs");
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+        // Fields after the command name (which may hold spaces) start after the last ')'.
+        let rest = &stat[stat.rfind(')').expect("a stat line") + 2..];
+        let f: Vec<&str> = rest.split(' ').collect();
+        // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+        f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
+    }
+
+    /// Lowers the running daemon's `RLIMIT_NOFILE` (soft and hard) to `n`, as a tight
+    /// `LimitNOFILE=` would.
+    ///
+    /// # Panics
+    /// When the daemon is not running or `prlimit` fails.
+    pub fn set_nofile(&self, n: u64) {
+        let child = self.child.as_ref().expect("the daemon runs");
+        rustix::process::prlimit(
+            Some(rustix::process::Pid::from_child(child)),
+            rustix::process::Resource::Nofile,
+            rustix::process::Rlimit {
+                current: Some(n),
+                maximum: Some(n),
+            },
+        )
+        .expect("prlimit on the daemon");
+    }
+
+    /// Open file descriptors of the daemon (`/proc/PID/fd`).
+    pub fn open_fds(&self) -> usize {
+        self.pid()
+            .and_then(|p| std::fs::read_dir(format!("/proc/{p}/fd")).ok())
+            .map_or(0, Iterator::count)
+    }
+
     /// What the daemon wrote to stderr so far.
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
@@ -666,4 +717,67 @@ pub fn bytes_i32(b: &[u8]) -> Vec<i32> {
     b.chunks_exact(4)
         .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
+}
+
+/// A codec that sends and receives message bodies as raw bytes, so a test can send bytes that
+/// are no protobuf at all.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
+        let n = bytes::Buf::remaining(src);
+        Ok(Some(bytes::Buf::copy_to_bytes(src, n).to_vec()))
+    }
+}
+
+/// A unary call of `path` (`/npud.v1.Npud/OpenSession`) with `body` as the raw message bytes.
+///
+/// # Errors
+/// The daemon's status.
+pub async fn raw_unary(
+    channel: Channel,
+    path: &'static str,
+    request: Request<Vec<u8>>,
+) -> Result<Vec<u8>, Status> {
+    let mut grpc = tonic::client::Grpc::new(channel)
+        .max_encoding_message_size(usize::MAX)
+        .max_decoding_message_size(usize::MAX);
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unavailable(e.to_string()))?;
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
+    Ok(grpc.unary(request, path, RawCodec).await?.into_inner())
 }
