@@ -781,3 +781,65 @@ pub async fn raw_unary(
     let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
     Ok(grpc.unary(request, path, RawCodec).await?.into_inner())
 }
+
+/// A unary gRPC call made with a bare HTTP/2 client on the Unix socket `socket`: `message` is
+/// sent as the one length-prefixed message, with `headers` (`grpc-timeout`, session metadata)
+/// added. No client-side deadline applies, so the answer is the daemon's own. Returns the
+/// `grpc-status` (from the headers of a trailers-only answer, else from the trailers) and the
+/// `grpc-message`.
+///
+/// # Panics
+/// When the socket does not accept or the HTTP/2 exchange fails.
+pub async fn raw_h2_call(
+    socket: &Path,
+    path: &str,
+    headers: &[(&str, &str)],
+    message: &[u8],
+) -> (i32, String) {
+    use http_body_util::BodyExt;
+    let io = hyper_util::rt::TokioIo::new(
+        tokio::net::UnixStream::connect(socket)
+            .await
+            .expect("connect to npud's socket"),
+    );
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+            .await
+            .expect("an HTTP/2 handshake");
+    tokio::spawn(conn);
+    let len = u32::try_from(message.len()).expect("a message under 4 GiB");
+    let mut frame = Vec::with_capacity(5 + message.len());
+    frame.push(0);
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(message);
+    let mut req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://localhost{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(http_body_util::Full::new(bytes::Bytes::from(frame)))
+        .expect("a request");
+    let resp = send.send_request(req).await.expect("a response");
+    let (parts, body) = resp.into_parts();
+    let status = |h: &http::HeaderMap| {
+        h.get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<i32>().ok())
+    };
+    let text = |h: &http::HeaderMap| {
+        h.get("grpc-message")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    if let Some(code) = status(&parts.headers) {
+        return (code, text(&parts.headers));
+    }
+    let collected = body.collect().await.expect("the response body");
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    (status(&trailers).unwrap_or(-1), text(&trailers))
+}

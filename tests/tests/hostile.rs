@@ -12,7 +12,9 @@ use npu_artifacts::emu::EmuDesign;
 use npu_fd::FdError;
 use npu_fd::wire::{Status as FdStatus, Ticket, client};
 use npu_proto::v1 as pb;
-use npud_e2e::{Daemon, Options, Session, dispatch_request, raw_unary, with_session};
+use npud_e2e::{
+    Daemon, Options, Session, dispatch_request, raw_h2_call, raw_unary, with_session,
+};
 use tonic::{Code, Request};
 
 /// `limits.max_message_bytes` for these tests (the smallest allowed): the transport refuses
@@ -108,15 +110,31 @@ async fn hostile_requests_get_the_documented_codes_and_the_daemon_stays_up() {
     let mut c = culprit.client.clone();
     let hanging = tokio::spawn(async move { c.dispatch(req).await });
     tokio::time::sleep(Duration::from_millis(200)).await;
+    // A bare HTTP/2 client: tonic's own client would end the call at the same instant and
+    // report its own CANCELLED.
+    let id = s.id.to_string();
+    let headers = [
+        ("grpc-timeout", "200m"),
+        (npu_proto::SESSION_HEADER, id.as_str()),
+        (npu_proto::TOKEN_HEADER, s.token.as_str()),
+    ];
+    let alloc = prost::Message::encode_to_vec(&pb::AllocateTensorRequest {
+        size_bytes: 4096,
+        name: String::new(),
+    });
     for attempt in 0..3 {
-        let mut r = s.req(pb::AllocateTensorRequest {
-            size_bytes: 4096,
-            name: String::new(),
-        });
-        r.set_timeout(Duration::from_millis(200));
-        let e = s.client.clone().allocate_tensor(r).await.unwrap_err();
-        assert_eq!(e.code(), Code::DeadlineExceeded, "attempt {attempt}: {e:?}");
+        let (code, message) =
+            raw_h2_call(&d.socket, "/npud.v1.Npud/AllocateTensor", &headers, &alloc).await;
+        assert_eq!(
+            Code::from_i32(code),
+            Code::DeadlineExceeded,
+            "attempt {attempt}: {message}"
+        );
     }
+    // Bytes that are no protobuf, through the same bare client.
+    let (code, message) =
+        raw_h2_call(&d.socket, "/npud.v1.Npud/GetDeviceInfo", &[], NOT_PROTOBUF).await;
+    assert_eq!(Code::from_i32(code), Code::InvalidArgument, "{message}");
     let _ = hanging.await;
 
     // A write-sealed memfd on the fd socket: its own status, not INTERNAL.
