@@ -19,9 +19,10 @@ use tonic::Code;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_ticket_redeemed_from_many_threads_at_once_gives_one_fd() {
-    let d = Daemon::start(Options::default());
+    // Several I/O threads, so that the redeems are served in parallel, not one after another.
+    let d = Daemon::start(Options::default().arg("--io-threads").arg("4"));
     let mut s = Session::open(d.connect().await, "race").await.unwrap();
-    for round in 0..5 {
+    for round in 0..20 {
         let r = s
             .client
             .allocate_tensor(s.req(pb::AllocateTensorRequest {
