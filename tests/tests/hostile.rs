@@ -12,9 +12,7 @@ use npu_artifacts::emu::EmuDesign;
 use npu_fd::FdError;
 use npu_fd::wire::{Status as FdStatus, Ticket, client};
 use npu_proto::v1 as pb;
-use npud_e2e::{
-    Daemon, Options, Session, dispatch_request, raw_h2_call, raw_unary, with_session,
-};
+use npud_e2e::{Daemon, Options, Session, dispatch_request, raw_h2_call, raw_unary, with_session};
 use tonic::{Code, Request};
 
 /// `limits.max_message_bytes` for these tests (the smallest allowed): the transport refuses

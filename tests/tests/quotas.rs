@@ -164,7 +164,10 @@ async fn connections_per_peer_are_limited_and_silent_ones_are_closed() {
     match client::redeem_export(&sock, &Ticket::from_bytes([0; 16])) {
         Err(FdError::Rejected { status, message }) => {
             assert_eq!(status, FdStatus::RESOURCE_EXHAUSTED, "{message}");
-            assert!(message.contains("limits.max_connections_per_peer"), "{message}");
+            assert!(
+                message.contains("limits.max_connections_per_peer"),
+                "{message}"
+            );
         }
         other => panic!("the fd socket took a connection over the limit: {other:?}"),
     }
@@ -228,7 +231,10 @@ async fn an_idle_connection_is_closed_after_the_idle_timeout() {
         }
     })
     .await;
-    assert!(closed.is_ok(), "an idle connection was still open after 5 s");
+    assert!(
+        closed.is_ok(),
+        "an idle connection was still open after 5 s"
+    );
     assert!(started.elapsed() >= Duration::from_millis(400));
 }
 
@@ -252,6 +258,32 @@ async fn out_of_file_descriptors_the_daemon_says_so_does_not_spin_and_recovers()
     assert!(refusal.starts_with("ResourceExhausted"), "{refusal}");
     assert!(refusal.contains("out of file descriptors"), "{refusal}");
     assert!(refusal.contains("RLIMIT_NOFILE"), "{refusal}");
+    // A tensor allocation on a connection that was already open fails for the same cause, and
+    // says so rather than blaming device memory.
+    let mut tensors = Vec::new();
+    let alloc = loop {
+        assert!(
+            tensors.len() < 64,
+            "64 tensors allocated with no descriptors left"
+        );
+        let r = s
+            .client
+            .allocate_tensor(s.req(pb::AllocateTensorRequest {
+                size_bytes: 4096,
+                name: String::new(),
+            }))
+            .await;
+        match r {
+            Ok(t) => tensors.push(t),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(alloc.code(), Code::ResourceExhausted, "{alloc:?}");
+    assert!(
+        alloc.message().contains("out of file descriptors"),
+        "{alloc:?}"
+    );
+    assert!(!alloc.message().contains("out of memory"), "{alloc:?}");
 
     // Keep connections waiting in the backlog, so that every accept fails while we measure.
     let waiting: Vec<StdUnixStream> = (0..8)

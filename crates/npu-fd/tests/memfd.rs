@@ -41,7 +41,10 @@ fn write_sealed_memfd_is_refused_with_its_own_status() {
     rustix::fs::fcntl_add_seals(&fd, SealFlags::WRITE).expect("F_SEAL_WRITE");
     let err = refusal(&fd, SIZE);
     assert_eq!(err.wire_status(), Status::WRITE_SEALED);
-    assert!(err.to_string().starts_with("memfd carries F_SEAL_WRITE: "), "{err}");
+    assert!(
+        err.to_string().starts_with("memfd carries F_SEAL_WRITE: "),
+        "{err}"
+    );
     // F_SEAL_SEAL alone is fine.
     let fd = sealed();
     rustix::fs::fcntl_add_seals(&fd, SealFlags::SEAL).expect("F_SEAL_SEAL");

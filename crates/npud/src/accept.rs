@@ -227,6 +227,26 @@ pub fn nofile_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
 
+/// Whether the process is out of file descriptors (or within a few of its limit), as a message
+/// for a client whose request failed for it; `None` when it is not. Called on failure paths
+/// only (an allocation the runtime refused), where memory exhaustion and descriptor exhaustion
+/// look alike: a memfd that cannot be created is `OUT_OF_RESOURCES` to the runtime.
+pub fn fd_exhaustion() -> Option<String> {
+    let limit = nofile_limit()?;
+    let open = match std::fs::read_dir("/proc/self/fd") {
+        Ok(d) => d.count() as u64,
+        // Reading the directory needs a descriptor itself.
+        Err(e) if out_of_fds(&e) => limit,
+        Err(_) => return None,
+    };
+    (open + 4 >= limit).then(|| {
+        format!(
+            "the daemon is out of file descriptors ({open} of RLIMIT_NOFILE {limit} in use; \
+             LimitNOFILE= in npud.service): try again later"
+        )
+    })
+}
+
 /// What a client refused for fd exhaustion reads.
 fn fd_exhaustion_message(e: &io::Error) -> String {
     let limit = nofile_limit().map_or_else(|| "unlimited".to_owned(), |n| n.to_string());

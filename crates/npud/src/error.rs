@@ -317,16 +317,26 @@ impl From<hsa_core::HsaError> for NpudError {
             H::Unsupported { .. } => Self::FailedPrecondition(e.to_string()),
             H::HeapFull { .. } => Self::ResourceExhausted(e.to_string()),
             H::Call { status, .. } if *status == Status::ERROR_OUT_OF_RESOURCES => {
-                Self::ResourceExhausted(format!("the device is out of memory: {e}"))
+                out_of_memory(&e)
             }
             H::Call { call, status, .. }
                 if *status == Status::ERROR_INVALID_ALLOCATION
                     && (call.ends_with("_allocate") || call.ends_with("handle_create")) =>
             {
-                Self::ResourceExhausted(format!("the device is out of memory: {e}"))
+                out_of_memory(&e)
             }
             _ => Self::Internal(format!("the runtime failed: {e}")),
         }
+    }
+}
+
+/// An allocation the runtime refused for want of resources: out of memory, unless the daemon
+/// is out of file descriptors (the emulator's and staged runtimes' tensors are memfds), which
+/// the message then says instead.
+fn out_of_memory(e: &hsa_core::HsaError) -> NpudError {
+    match crate::accept::fd_exhaustion() {
+        Some(why) => NpudError::ResourceExhausted(format!("{why} (the runtime said: {e})")),
+        None => NpudError::ResourceExhausted(format!("the device is out of memory: {e}")),
     }
 }
 
