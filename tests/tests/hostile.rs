@@ -22,6 +22,20 @@ const MAX_MESSAGE: usize = 64 << 10;
 /// A field number 2047 with wire type 7, which does not exist: no protobuf decoder accepts it.
 const NOT_PROTOBUF: &[u8] = &[0xff, 0x7f, 0xff, 0xff, 0xff];
 
+/// One hostile request and what it must get.
+struct Case {
+    what: &'static str,
+    /// The method, `/npud.v1.Npud/...`.
+    path: &'static str,
+    /// The message bytes.
+    body: Vec<u8>,
+    /// Whether the request carries the session's metadata.
+    in_session: bool,
+    code: Code,
+    /// Text the status message must hold.
+    text: &'static str,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_requests_get_the_documented_codes_and_the_daemon_stays_up() {
     let mut d = Daemon::start(
@@ -33,58 +47,65 @@ async fn hostile_requests_get_the_documented_codes_and_the_daemon_stays_up() {
     let s = Session::open(d.connect().await, "hostile").await.unwrap();
     let oversized = vec![0_u8; 2 * MAX_MESSAGE + 1024];
 
-    // (what, method, body, with the session's metadata, expected code, text the message holds)
-    let table: [(&str, &'static str, Vec<u8>, bool, Code, &str); 6] = [
-        (
-            "no protobuf, no session needed",
-            "/npud.v1.Npud/OpenSession",
-            NOT_PROTOBUF.to_vec(),
-            false,
-            Code::InvalidArgument,
-            "not a valid message",
-        ),
-        (
-            "no protobuf, in a session",
-            "/npud.v1.Npud/RegisterProgram",
-            NOT_PROTOBUF.to_vec(),
-            true,
-            Code::InvalidArgument,
-            "not a valid message",
-        ),
-        (
-            "no protobuf, a tensor call",
-            "/npud.v1.Npud/AllocateTensor",
-            NOT_PROTOBUF.to_vec(),
-            true,
-            Code::InvalidArgument,
-            "not a valid message",
-        ),
-        (
-            "a truncated length-delimited field",
-            "/npud.v1.Npud/RegisterProgram",
-            vec![0x0a, 0x40, 1, 2, 3],
-            true,
-            Code::InvalidArgument,
-            "not a valid message",
-        ),
-        (
-            "over twice max_message_bytes",
-            "/npud.v1.Npud/OpenSession",
-            oversized.clone(),
-            false,
-            Code::ResourceExhausted,
-            "limits.max_message_bytes",
-        ),
-        (
-            "over twice max_message_bytes, in a session",
-            "/npud.v1.Npud/RegisterProgram",
-            oversized,
-            true,
-            Code::ResourceExhausted,
-            "limits.max_message_bytes",
-        ),
+    let table = [
+        Case {
+            what: "no protobuf, no session needed",
+            path: "/npud.v1.Npud/OpenSession",
+            body: NOT_PROTOBUF.to_vec(),
+            in_session: false,
+            code: Code::InvalidArgument,
+            text: "not a valid message",
+        },
+        Case {
+            what: "no protobuf, in a session",
+            path: "/npud.v1.Npud/RegisterProgram",
+            body: NOT_PROTOBUF.to_vec(),
+            in_session: true,
+            code: Code::InvalidArgument,
+            text: "not a valid message",
+        },
+        Case {
+            what: "no protobuf, a tensor call",
+            path: "/npud.v1.Npud/AllocateTensor",
+            body: NOT_PROTOBUF.to_vec(),
+            in_session: true,
+            code: Code::InvalidArgument,
+            text: "not a valid message",
+        },
+        Case {
+            what: "a truncated length-delimited field",
+            path: "/npud.v1.Npud/RegisterProgram",
+            body: vec![0x0a, 0x40, 1, 2, 3],
+            in_session: true,
+            code: Code::InvalidArgument,
+            text: "not a valid message",
+        },
+        Case {
+            what: "over twice max_message_bytes",
+            path: "/npud.v1.Npud/OpenSession",
+            body: oversized.clone(),
+            in_session: false,
+            code: Code::ResourceExhausted,
+            text: "limits.max_message_bytes",
+        },
+        Case {
+            what: "over twice max_message_bytes, in a session",
+            path: "/npud.v1.Npud/RegisterProgram",
+            body: oversized,
+            in_session: true,
+            code: Code::ResourceExhausted,
+            text: "limits.max_message_bytes",
+        },
     ];
-    for (what, path, body, in_session, code, text) in table {
+    for Case {
+        what,
+        path,
+        body,
+        in_session,
+        code,
+        text,
+    } in table
+    {
         let req = if in_session {
             with_session(body, s.id, &s.token)
         } else {
