@@ -377,6 +377,57 @@ impl Daemon {
         Ok(())
     }
 
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the daemon is still running.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// The CPU time the daemon has used (user + system), in clock ticks (`/proc/PID/stat`).
+    ///
+    /// # Panics
+    /// When the daemon is not running or its stat file cannot be read.
+    pub fn cpu_ticks(&self) -> u64 {
+        let pid = self.pid().expect("the daemon runs");
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+        // Fields after the command name (which may hold spaces) start after the last ')'.
+        let rest = &stat[stat.rfind(')').expect("a stat line") + 2..];
+        let f: Vec<&str> = rest.split(' ').collect();
+        // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+        f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
+    }
+
+    /// Lowers the running daemon's `RLIMIT_NOFILE` (soft and hard) to `n`, as a tight
+    /// `LimitNOFILE=` would.
+    ///
+    /// # Panics
+    /// When the daemon is not running or `prlimit` fails.
+    pub fn set_nofile(&self, n: u64) {
+        let child = self.child.as_ref().expect("the daemon runs");
+        rustix::process::prlimit(
+            Some(rustix::process::Pid::from_child(child)),
+            rustix::process::Resource::Nofile,
+            rustix::process::Rlimit {
+                current: Some(n),
+                maximum: Some(n),
+            },
+        )
+        .expect("prlimit on the daemon");
+    }
+
+    /// Open file descriptors of the daemon (`/proc/PID/fd`).
+    pub fn open_fds(&self) -> usize {
+        self.pid()
+            .and_then(|p| std::fs::read_dir(format!("/proc/{p}/fd")).ok())
+            .map_or(0, Iterator::count)
+    }
+
     /// What the daemon wrote to stderr so far.
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
@@ -666,4 +717,129 @@ pub fn bytes_i32(b: &[u8]) -> Vec<i32> {
     b.chunks_exact(4)
         .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
+}
+
+/// A codec that sends and receives message bodies as raw bytes, so a test can send bytes that
+/// are no protobuf at all.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
+        let n = bytes::Buf::remaining(src);
+        Ok(Some(bytes::Buf::copy_to_bytes(src, n).to_vec()))
+    }
+}
+
+/// A unary call of `path` (`/npud.v1.Npud/OpenSession`) with `body` as the raw message bytes.
+///
+/// # Errors
+/// The daemon's status.
+pub async fn raw_unary(
+    channel: Channel,
+    path: &'static str,
+    request: Request<Vec<u8>>,
+) -> Result<Vec<u8>, Status> {
+    let mut grpc = tonic::client::Grpc::new(channel)
+        .max_encoding_message_size(usize::MAX)
+        .max_decoding_message_size(usize::MAX);
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unavailable(e.to_string()))?;
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
+    Ok(grpc.unary(request, path, RawCodec).await?.into_inner())
+}
+
+/// A unary gRPC call made with a bare HTTP/2 client on the Unix socket `socket`: `message` is
+/// sent as the one length-prefixed message, with `headers` (`grpc-timeout`, session metadata)
+/// added. No client-side deadline applies, so the answer is the daemon's own. Returns the
+/// `grpc-status` (from the headers of a trailers-only answer, else from the trailers) and the
+/// `grpc-message`.
+///
+/// # Panics
+/// When the socket does not accept or the HTTP/2 exchange fails.
+pub async fn raw_h2_call(
+    socket: &Path,
+    path: &str,
+    headers: &[(&str, &str)],
+    message: &[u8],
+) -> (i32, String) {
+    use http_body_util::BodyExt;
+    let io = hyper_util::rt::TokioIo::new(
+        tokio::net::UnixStream::connect(socket)
+            .await
+            .expect("connect to npud's socket"),
+    );
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+            .await
+            .expect("an HTTP/2 handshake");
+    tokio::spawn(conn);
+    let len = u32::try_from(message.len()).expect("a message under 4 GiB");
+    let mut frame = Vec::with_capacity(5 + message.len());
+    frame.push(0);
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(message);
+    let mut req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://localhost{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(http_body_util::Full::new(bytes::Bytes::from(frame)))
+        .expect("a request");
+    let resp = send.send_request(req).await.expect("a response");
+    let (parts, body) = resp.into_parts();
+    let status = |h: &http::HeaderMap| {
+        h.get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<i32>().ok())
+    };
+    let text = |h: &http::HeaderMap| {
+        h.get("grpc-message")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    if let Some(code) = status(&parts.headers) {
+        return (code, text(&parts.headers));
+    }
+    let collected = body.collect().await.expect("the response body");
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    (status(&trailers).unwrap_or(-1), text(&trailers))
 }

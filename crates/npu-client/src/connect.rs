@@ -212,7 +212,10 @@ pub(crate) fn endpoint(addr: &Address, opts: &ConnectOptions) -> Result<Endpoint
         .connect_timeout(opts.connect_timeout)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(20))
-        .keep_alive_timeout(Duration::from_secs(10));
+        .keep_alive_timeout(Duration::from_secs(10))
+        // npud closes connections that send nothing for limits.idle_timeout_ms (5 min by
+        // default); pings while idle keep a quiet client's channel, and with it its session.
+        .keep_alive_while_idle(true);
     if let Address::Https(_) = addr {
         let mut tls = ClientTlsConfig::new();
         tls = match &opts.tls_ca_pem {

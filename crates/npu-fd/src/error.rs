@@ -56,6 +56,16 @@ pub enum FdError {
         declared: u64,
     },
 
+    /// The memfd carries a write seal, so it cannot be mapped writable.
+    #[error(
+        "memfd carries {seal}: the daemon writes results into imported tensors and cannot map \
+         it writable; send a memfd sealed with F_SEAL_SHRINK | F_SEAL_GROW only"
+    )]
+    WriteSealed {
+        /// The seal found, by its C name.
+        seal: &'static str,
+    },
+
     /// The fd was not opened read-write.
     #[error(
         "fd is open {access}, but the daemon maps tensors read-write: send the memfd itself \
@@ -165,6 +175,7 @@ impl FdError {
             FdError::MissingSeals { .. } => Status::MISSING_SEALS,
             FdError::SizeMismatch { .. } => Status::SIZE_MISMATCH,
             FdError::NotReadWrite { .. } => Status::NOT_READ_WRITE,
+            FdError::WriteSealed { .. } => Status::WRITE_SEALED,
             FdError::Malformed(_) | FdError::Truncated { .. } => Status::MALFORMED,
             FdError::Rejected { status, .. } => *status,
             _ => Status::INTERNAL,

@@ -5,11 +5,13 @@
 //! writes it while a dispatch runs. If the client could shrink the memfd after the daemon mapped
 //! it, the daemon's next touch of a vanished page would raise `SIGBUS` and kill it. So the daemon
 //! accepts only memfds that carry `F_SEAL_SHRINK` and `F_SEAL_GROW` (the size is then fixed for
-//! the life of the inode), whose size equals the declared tensor size, and that were sent open
-//! read-write. [`check_import`] enforces exactly that and nothing more.
+//! the life of the inode), that carry no write seal (the daemon writes results into them), whose
+//! size equals the declared tensor size, and that were sent open read-write. [`check_import`]
+//! enforces exactly that and nothing more.
 //!
 //! Limits of the contract:
-//! - `F_SEAL_WRITE` is never required: the client writes its next inputs into the same memory.
+//! - `F_SEAL_WRITE` is never required, and is refused (as is `F_SEAL_FUTURE_WRITE`): the client
+//!   writes its next inputs into the same memory and the daemon its results.
 //!   The daemon therefore never relies on the contents staying put; see [`crate::mapping`] for
 //!   when the contents may be read.
 //! - Seals are per inode, so they hold for every fd and mapping of that memfd, in every process.
@@ -204,13 +206,14 @@ pub fn inspect(fd: BorrowedFd<'_>) -> Result<FdFacts, FdError> {
 /// Checks an fd a client sent for a tensor it declared as `declared_size` bytes.
 ///
 /// Accepts a memfd (or another shmem file) that carries `F_SEAL_SHRINK` and `F_SEAL_GROW`, is
-/// exactly `declared_size` bytes long and is open read-write. Other seals, `F_SEAL_WRITE`
-/// included, are neither required nor refused here.
+/// exactly `declared_size` bytes long and is open read-write. A write seal (`F_SEAL_WRITE`,
+/// `F_SEAL_FUTURE_WRITE`) is refused: such a memfd cannot be mapped writable. `F_SEAL_SEAL` is
+/// neither required nor refused.
 ///
 /// # Errors
 ///
 /// In the order checked: [`FdError::NotMemfd`], [`FdError::MissingSeals`],
-/// [`FdError::SizeMismatch`], [`FdError::NotReadWrite`]; or [`FdError::Sys`] from [`inspect`].
+/// [`FdError::WriteSealed`], [`FdError::SizeMismatch`], [`FdError::NotReadWrite`]; or [`FdError::Sys`] from [`inspect`].
 pub fn check_import(fd: BorrowedFd<'_>, declared_size: u64) -> Result<FdFacts, FdError> {
     let facts = inspect(fd)?;
     match facts.kind {
@@ -224,6 +227,14 @@ pub fn check_import(fd: BorrowedFd<'_>, declared_size: u64) -> Result<FdFacts, F
             missing: seal_names(missing),
             sealing_locked: facts.seals.contains(SealFlags::SEAL),
         });
+    }
+    for (seal, name) in [
+        (SealFlags::WRITE, "F_SEAL_WRITE"),
+        (SealFlags::FUTURE_WRITE, "F_SEAL_FUTURE_WRITE"),
+    ] {
+        if facts.seals.contains(seal) {
+            return Err(FdError::WriteSealed { seal: name });
+        }
     }
     if facts.size != declared_size {
         return Err(FdError::SizeMismatch {

@@ -36,10 +36,19 @@ fn sealed_memfd_passes_and_cannot_be_resized() {
 }
 
 #[test]
-fn write_sealed_memfd_is_not_refused_for_it() {
+fn write_sealed_memfd_is_refused_with_its_own_status() {
     let fd = sealed();
     rustix::fs::fcntl_add_seals(&fd, SealFlags::WRITE).expect("F_SEAL_WRITE");
-    memfd::check_import(fd.as_fd(), SIZE).expect("extra seals are fine");
+    let err = refusal(&fd, SIZE);
+    assert_eq!(err.wire_status(), Status::WRITE_SEALED);
+    assert!(
+        err.to_string().starts_with("memfd carries F_SEAL_WRITE: "),
+        "{err}"
+    );
+    // F_SEAL_SEAL alone is fine.
+    let fd = sealed();
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SEAL).expect("F_SEAL_SEAL");
+    memfd::check_import(fd.as_fd(), SIZE).expect("F_SEAL_SEAL is neither required nor refused");
 }
 
 #[test]

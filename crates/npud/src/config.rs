@@ -123,6 +123,19 @@ pub struct Limits {
     pub max_message_bytes: u64,
     /// Largest PDI plus instruction stream a program may have, in bytes.
     pub max_program_bytes: u64,
+    /// Open sessions one uid may hold (TCP clients, who have no uid, share one count).
+    pub max_sessions_per_uid: u32,
+    /// Bytes of the programs one session references, each distinct content counted once.
+    pub max_program_bytes_per_session: u64,
+    /// Open connections on the gRPC listeners and the fd socket together.
+    pub max_connections: u32,
+    /// Open connections from one peer (a uid on the Unix sockets, an IP address over TCP).
+    pub max_connections_per_peer: u32,
+    /// How long a new connection may take to send its first request bytes (the HTTP/2
+    /// preface, or an fd-socket frame), in ms.
+    pub handshake_timeout_ms: u64,
+    /// How long a connection may stay without receiving a byte before it is closed, in ms.
+    pub idle_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -136,6 +149,12 @@ impl Default for Limits {
             max_cached_programs: 16,
             max_message_bytes: 16 << 20,
             max_program_bytes: 8 << 20,
+            max_sessions_per_uid: 16,
+            max_program_bytes_per_session: 64 << 20,
+            max_connections: 1024,
+            max_connections_per_peer: 128,
+            handshake_timeout_ms: 10_000,
+            idle_timeout_ms: 300_000,
         }
     }
 }
@@ -381,6 +400,21 @@ impl Config {
                 u64::from(l.max_pending_per_session),
             ),
             ("limits.max_program_bytes", l.max_program_bytes),
+            (
+                "limits.max_sessions_per_uid",
+                u64::from(l.max_sessions_per_uid),
+            ),
+            (
+                "limits.max_program_bytes_per_session",
+                l.max_program_bytes_per_session,
+            ),
+            ("limits.max_connections", u64::from(l.max_connections)),
+            (
+                "limits.max_connections_per_peer",
+                u64::from(l.max_connections_per_peer),
+            ),
+            ("limits.handshake_timeout_ms", l.handshake_timeout_ms),
+            ("limits.idle_timeout_ms", l.idle_timeout_ms),
         ] {
             if v == 0 {
                 return Err(invalid(key, "must be at least 1"));

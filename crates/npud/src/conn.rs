@@ -3,20 +3,41 @@
 //! period.
 //!
 //! [`Conn`] is the IO type tonic serves; its [`ConnInfo`] (an id, and the peer's uid and pid on
-//! a Unix socket or its address over TCP) is in every request's extensions.
+//! a Unix socket or its address over TCP) is in every request's extensions. It holds the
+//! connection's [`Slot`] in the connection limits, and closes the connection (a read fails
+//! with `TimedOut`, which ends hyper's connection task) when the peer sends no bytes for
+//! `limits.idle_timeout_ms`, or has not sent the 24-byte HTTP/2 client preface within
+//! `limits.handshake_timeout_ms`. Bytes of any HTTP/2 frame count, PINGs included, so a client
+//! that keeps an idle channel open with HTTP/2 keepalive pings keeps it. A refused connection
+//! ([`ConnInfo::refused`]) is closed [`REFUSED_LIFETIME`] after it was accepted, whatever it
+//! sends.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
+use tokio::time::{Instant, Sleep};
 use tonic::transport::server::Connected;
 
+use crate::accept::{Accepted, Admission, REFUSED_LIFETIME, Slot};
 use crate::sessions::Sessions;
+
+/// Length of the HTTP/2 client connection preface (`PRI * HTTP/2.0...`).
+const PREFACE_LEN: usize = 24;
+
+/// How long a connection may take to start, and stay silent after.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub handshake: Duration,
+    pub idle: Duration,
+}
 
 /// Who is on the other end of a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +50,9 @@ pub struct ConnInfo {
     pub pid: Option<i32>,
     /// The peer's address, over TCP.
     pub addr: Option<SocketAddr>,
+    /// Set when the connection was accepted only to be refused: why (naming the limit or the
+    /// cause). Every request on it is answered RESOURCE_EXHAUSTED with this message.
+    pub refused: Option<Arc<str>>,
 }
 
 #[derive(Debug)]
@@ -43,42 +67,96 @@ pub struct Conn {
     stream: Stream,
     info: ConnInfo,
     sessions: Arc<Sessions>,
+    _slot: Option<Slot>,
+    _refusing: Option<crate::accept::RefusingGuard>,
+    /// Fires at the handshake deadline, then (re-armed lazily) at the idle deadline.
+    deadline: Pin<Box<Sleep>>,
+    last_read: Instant,
+    preface_left: usize,
+    idle: Duration,
+    /// A refused connection: the deadline is never extended.
+    fixed: bool,
 }
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
 impl Conn {
-    /// Wraps an accepted Unix stream, reading the peer's credentials.
-    pub fn unix(s: UnixStream, sessions: Arc<Sessions>) -> Self {
-        let cred = s.peer_cred().ok();
-        // A Unix peer whose credentials cannot be read is still local; it gets u32::MAX, which
-        // is no real user's uid, so it can use no other user's session.
-        let info = ConnInfo {
-            id: NEXT_CONN.fetch_add(1, Ordering::Relaxed),
-            uid: Some(cred.map_or(u32::MAX, |c| c.uid())),
-            pid: cred.and_then(|c| c.pid()),
-            addr: None,
+    /// Wraps an accepted stream, reading the peer's credentials on a Unix socket.
+    pub fn new(
+        accepted: Accepted,
+        admission: Admission,
+        sessions: Arc<Sessions>,
+        t: Timeouts,
+    ) -> Self {
+        let id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+        let (stream, mut info) = match accepted {
+            Accepted::Unix(s) => {
+                let cred = s.peer_cred().ok();
+                // A Unix peer whose credentials cannot be read is still local; it gets
+                // u32::MAX, which is no real user's uid, so it can use no other user's session.
+                let info = ConnInfo {
+                    id,
+                    uid: Some(cred.map_or(u32::MAX, |c| c.uid())),
+                    pid: cred.and_then(|c| c.pid()),
+                    addr: None,
+                    refused: None,
+                };
+                (Stream::Unix(s), info)
+            }
+            Accepted::Tcp(s) => {
+                let _ = s.set_nodelay(true);
+                let info = ConnInfo {
+                    id,
+                    uid: None,
+                    pid: None,
+                    addr: s.peer_addr().ok(),
+                    refused: None,
+                };
+                (Stream::Tcp(s), info)
+            }
+        };
+        let now = Instant::now();
+        let (slot, refusing, first, fixed) = match admission {
+            Admission::Admitted(slot) => (Some(slot), None, t.handshake, false),
+            Admission::Refused { why, _guard } => {
+                info.refused = Some(why);
+                (
+                    None,
+                    Some(_guard),
+                    REFUSED_LIFETIME.min(t.handshake.max(Duration::from_millis(1))),
+                    true,
+                )
+            }
         };
         Self {
-            stream: Stream::Unix(s),
+            stream,
             info,
             sessions,
+            _slot: slot,
+            _refusing: refusing,
+            deadline: Box::pin(tokio::time::sleep_until(now + first)),
+            last_read: now,
+            preface_left: PREFACE_LEN,
+            idle: t.idle,
+            fixed,
         }
     }
 
-    /// Wraps an accepted TCP stream.
-    pub fn tcp(s: TcpStream, sessions: Arc<Sessions>) -> Self {
-        let _ = s.set_nodelay(true);
-        let info = ConnInfo {
-            id: NEXT_CONN.fetch_add(1, Ordering::Relaxed),
-            uid: None,
-            pid: None,
-            addr: s.peer_addr().ok(),
-        };
-        Self {
-            stream: Stream::Tcp(s),
-            info,
-            sessions,
+    /// Whether the connection has been silent too long; re-arms the timer when a read
+    /// since it was set moved the deadline.
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        loop {
+            if self.deadline.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            if self.fixed || self.preface_left > 0 {
+                return true;
+            }
+            let due = self.last_read + self.idle;
+            if due <= Instant::now() {
+                return true;
+            }
+            self.deadline.as_mut().reset(due);
         }
     }
 }
@@ -104,9 +182,39 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = match &mut this.stream {
             Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+        };
+        match r {
+            Poll::Ready(Ok(())) => {
+                let n = buf.filled().len() - before;
+                if n > 0 {
+                    this.last_read = Instant::now();
+                    if this.preface_left > 0 {
+                        this.preface_left = this.preface_left.saturating_sub(n);
+                        if this.preface_left == 0 && !this.fixed {
+                            // The handshake deadline no longer applies.
+                            this.deadline.as_mut().reset(this.last_read + this.idle);
+                        }
+                    }
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending if this.poll_expired(cx) => {
+                let what = if this.fixed {
+                    "refused connection closed"
+                } else if this.preface_left > 0 {
+                    "no HTTP/2 handshake within limits.handshake_timeout_ms"
+                } else {
+                    "idle past limits.idle_timeout_ms"
+                };
+                tracing::debug!(conn = this.info.id, "{what}");
+                Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, what)))
+            }
+            other => other,
         }
     }
 }

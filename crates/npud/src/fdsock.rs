@@ -2,22 +2,26 @@
 //! with `SCM_RIGHTS`, each exchange redeeming a one-time [`Ticket`] that a gRPC call issued.
 //!
 //! A ticket is bound to a session, a tensor, the peer uid of the gRPC connection that asked
-//! for it, and an operation (export or import), and expires after [`TICKET_TTL`]. It is
-//! consumed by a successful exchange; a refused import (an unsealed memfd, a wrong size, not a
-//! memfd) keeps it, so the client can send a fixed memfd, and the tensor stays awaiting its
-//! import. Frames and fd passing are `npu_fd::wire`'s; this module decides what a ticket is
+//! for it, and an operation (export or import), and expires after [`TICKET_TTL`]. Redeeming
+//! takes it out of the table in one step under the table's lock ([`Tickets::take`]), so of
+//! two redeems of one ticket racing on two connections exactly one gets it; the other is
+//! told the ticket is unknown. A refused import (an unsealed memfd, a wrong size, not a
+//! memfd) puts it back, so the client can send a fixed memfd, and the tensor stays awaiting
+//! its import. Expired tickets leave the table at the next issue and at every
+//! [`Tickets::sweep`] (the session reaper's tick), whether or not anything is issued again. Frames and fd passing are `npu_fd::wire`'s; this module decides what a ticket is
 //! worth.
 
 use std::collections::HashMap;
 use std::os::fd::AsFd;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use npu_fd::wire::{Op, Response, Status, Ticket, server};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::accept::{Accepted, Acceptor, Admission, REFUSED_LIFETIME};
+use crate::conn::Timeouts;
 use crate::error::NpudError;
 use crate::executor::{Command, ExecutorHandle};
 
@@ -43,12 +47,27 @@ struct Issued {
 }
 
 /// Outstanding tickets.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Tickets {
     map: Mutex<HashMap<Ticket, Issued>>,
+    ttl: Duration,
+}
+
+impl Default for Tickets {
+    fn default() -> Self {
+        Self::with_ttl(TICKET_TTL)
+    }
 }
 
 impl Tickets {
+    /// Tickets that expire `ttl` after they are issued.
+    pub fn with_ttl(ttl: Duration) -> Self {
+        Self {
+            map: Mutex::new(HashMap::new()),
+            ttl,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<Ticket, Issued>> {
         self.map.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -75,15 +94,17 @@ impl Tickets {
                 uid,
                 tensor,
                 grant,
-                expires: now + TICKET_TTL,
+                expires: now + self.ttl,
             },
         );
         Ok(ticket)
     }
 
-    /// Looks a ticket up for `op` by `uid`, without consuming it.
-    fn check(&self, ticket: &Ticket, uid: u32, op: Op) -> Result<Issued, Response> {
-        let g = self.lock();
+    /// Checks a ticket for `op` by `uid` and takes it out of the table, in one step under
+    /// the lock: of concurrent redeems of one ticket, one gets it and the rest are refused
+    /// as unknown. A ticket refused for another uid or op stays.
+    fn take(&self, ticket: &Ticket, uid: u32, op: Op) -> Result<Issued, Response> {
+        let mut g = self.lock();
         let issued = g
             .get(ticket)
             .filter(|i| i.expires > Instant::now())
@@ -91,7 +112,8 @@ impl Tickets {
             .ok_or_else(|| {
                 Response::error(
                     Status::UNKNOWN_TICKET,
-                    "unknown ticket: it was never issued, has expired (60 s) or was already redeemed",
+                    "unknown ticket: it was never issued, has expired (60 s) or was already \
+                     redeemed (or is being redeemed on another connection)",
                 )
             })?;
         if issued.uid != uid {
@@ -113,11 +135,34 @@ impl Tickets {
                 format!("the ticket is for {expected}, not {op}"),
             ));
         }
+        g.remove(ticket);
         Ok(issued)
     }
 
-    fn consume(&self, ticket: &Ticket) {
-        self.lock().remove(ticket);
+    /// Puts back a ticket whose exchange was refused (a memfd that failed the import
+    /// checks), so the client can try again with a fixed one, unless it has expired.
+    fn put_back(&self, ticket: Ticket, issued: Issued) {
+        if issued.expires > Instant::now() {
+            self.lock().insert(ticket, issued);
+        }
+    }
+
+    /// Drops the tickets that have expired; returns how many.
+    pub fn sweep(&self, now: Instant) -> usize {
+        let mut g = self.lock();
+        let before = g.len();
+        g.retain(|_, i| i.expires > now);
+        before - g.len()
+    }
+
+    /// Outstanding tickets.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no ticket is outstanding.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Drops the tickets of an ended session.
@@ -127,24 +172,25 @@ impl Tickets {
 }
 
 /// Serves the fd socket until `stop` is cancelled.
+///
+/// Each connection must send its first frame within `limits.handshake_timeout_ms` and each
+/// later one within `limits.idle_timeout_ms`, or it is closed. A connection over a
+/// connection limit (or accepted while the daemon is out of descriptors) gets its first
+/// request answered with RESOURCE_EXHAUSTED naming the limit, and is closed.
 pub async fn serve(
-    listener: UnixListener,
-    path: PathBuf,
+    mut acceptor: Acceptor,
     tickets: Arc<Tickets>,
     exec: ExecutorHandle,
+    timeouts: Timeouts,
     stop: CancellationToken,
 ) {
     loop {
-        let stream = tokio::select! {
+        let (stream, admission) = tokio::select! {
             () = stop.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, socket = %path.display(), "accepting on the fd socket failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            a = acceptor.next() => a,
+        };
+        let Accepted::Unix(stream) = stream else {
+            continue;
         };
         let tickets = tickets.clone();
         let exec = exec.clone();
@@ -152,13 +198,28 @@ pub async fn serve(
         tokio::spawn(async move {
             tokio::select! {
                 () = stop.cancelled() => {}
-                () = connection(stream, tickets, exec) => {}
+                () = connection(stream, admission, tickets, exec, timeouts) => {}
             }
         });
     }
 }
 
-async fn connection(stream: UnixStream, tickets: Arc<Tickets>, exec: ExecutorHandle) {
+async fn connection(
+    stream: UnixStream,
+    admission: Admission,
+    tickets: Arc<Tickets>,
+    exec: ExecutorHandle,
+    timeouts: Timeouts,
+) {
+    if let Admission::Refused { why, .. } = &admission {
+        // Read the request (its fd, if any, is closed with it) so the client reads the answer.
+        let read = tokio::time::timeout(REFUSED_LIFETIME, server::read_request(&stream)).await;
+        if matches!(read, Ok(Ok(Some(_)))) {
+            let r = Response::error(Status::RESOURCE_EXHAUSTED, why.to_string());
+            let _ = server::write_response(&stream, &r, None).await;
+        }
+        return;
+    }
     let uid = match server::peer_uid(&stream) {
         Ok(u) => u,
         Err(e) => {
@@ -166,17 +227,24 @@ async fn connection(stream: UnixStream, tickets: Arc<Tickets>, exec: ExecutorHan
             return;
         }
     };
+    let mut wait = timeouts.handshake;
     loop {
-        let (request, fd) = match server::read_request(&stream).await {
-            Ok(Some(r)) => r,
-            Ok(None) => return,
-            Err(e) => {
+        let read = tokio::time::timeout(wait, server::read_request(&stream)).await;
+        wait = timeouts.idle;
+        let (request, fd) = match read {
+            Err(_) => {
+                tracing::debug!(uid, "fd socket connection silent past its timeout; closed");
+                return;
+            }
+            Ok(Ok(Some(r))) => r,
+            Ok(Ok(None)) => return,
+            Ok(Err(e)) => {
                 // Out of step with the frames: answer once and hang up.
                 let _ = server::write_response(&stream, &Response::from_error(&e), None).await;
                 return;
             }
         };
-        let issued = match tickets.check(&request.ticket, uid, request.op) {
+        let issued = match tickets.take(&request.ticket, uid, request.op) {
             Ok(i) => i,
             Err(resp) => {
                 if server::write_response(&stream, &resp, None).await.is_err() {
@@ -196,7 +264,6 @@ async fn connection(stream: UnixStream, tickets: Arc<Tickets>, exec: ExecutorHan
                     .await;
                 match r {
                     Ok((fd, offset, size)) => {
-                        tickets.consume(&request.ticket);
                         tracing::debug!(tensor = issued.tensor, uid, "exported a tensor's fd");
                         server::write_response(
                             &stream,
@@ -205,13 +272,17 @@ async fn connection(stream: UnixStream, tickets: Arc<Tickets>, exec: ExecutorHan
                         )
                         .await
                     }
-                    Err(e) => server::write_response(&stream, &refusal(&e), None).await,
+                    Err(e) => {
+                        tickets.put_back(request.ticket, issued);
+                        server::write_response(&stream, &refusal(&e), None).await
+                    }
                 }
             }
             (Grant::Import { size }, Some(fd)) => {
                 match npu_fd::memfd::check_import(fd.as_fd(), size) {
                     Err(e) => {
                         tracing::info!(tensor = issued.tensor, error = %e, "refused an imported fd");
+                        tickets.put_back(request.ticket, issued);
                         server::write_response(&stream, &Response::from_error(&e), None).await
                     }
                     Ok(_) => {
@@ -225,11 +296,13 @@ async fn connection(stream: UnixStream, tickets: Arc<Tickets>, exec: ExecutorHan
                             .await;
                         match r {
                             Ok(()) => {
-                                tickets.consume(&request.ticket);
                                 tracing::debug!(tensor = issued.tensor, uid, "imported a memfd");
                                 server::write_response(&stream, &Response::ok(), None).await
                             }
-                            Err(e) => server::write_response(&stream, &refusal(&e), None).await,
+                            Err(e) => {
+                                tickets.put_back(request.ticket, issued);
+                                server::write_response(&stream, &refusal(&e), None).await
+                            }
                         }
                     }
                 }
@@ -246,11 +319,73 @@ async fn connection(stream: UnixStream, tickets: Arc<Tickets>, exec: ExecutorHan
     }
 }
 
+/// The fd-socket status for a refusal of the executor's: one status per kind of refusal.
 fn refusal(e: &NpudError) -> Response {
     let status = match e {
-        NpudError::NotFound(_) => Status::UNKNOWN_TICKET,
-        _ => Status::INTERNAL,
+        NpudError::NotFound(_) => Status::TENSOR_GONE,
+        NpudError::FailedPrecondition(_) | NpudError::InvalidArgument(_) => Status::TENSOR_STATE,
+        NpudError::ResourceExhausted(_) => Status::RESOURCE_EXHAUSTED,
+        NpudError::Unavailable(_) | NpudError::DeadlineExceeded(_) => Status::UNAVAILABLE,
+        NpudError::PermissionDenied(_) | NpudError::Unauthenticated(_) => Status::WRONG_UID,
+        NpudError::Internal(_) => Status::INTERNAL,
     };
     // The frame keeps the first 224 bytes of the message.
     Response::error(status, e.message())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ticket_is_taken_once_and_expired_ones_are_swept_without_a_new_issue() {
+        let t = Tickets::with_ttl(Duration::from_millis(50));
+        let a = t.issue(1, 1000, 7, Grant::Export).unwrap();
+        let b = t.issue(1, 1000, 8, Grant::Export).unwrap();
+        assert_eq!(t.len(), 2);
+        // Another uid or op is refused and leaves it in place.
+        assert_eq!(
+            t.take(&a, 1001, Op::RedeemExport).unwrap_err().status,
+            Status::WRONG_UID
+        );
+        assert_eq!(
+            t.take(&a, 1000, Op::Import).unwrap_err().status,
+            Status::WRONG_OP
+        );
+        assert_eq!(t.take(&a, 1000, Op::RedeemExport).unwrap().tensor, 7);
+        assert_eq!(
+            t.take(&a, 1000, Op::RedeemExport).unwrap_err().status,
+            Status::UNKNOWN_TICKET
+        );
+        assert_eq!(t.len(), 1);
+        // b is never redeemed: a sweep after its lifetime frees it, with nothing issued since.
+        assert_eq!(t.sweep(Instant::now()), 0);
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(t.sweep(Instant::now()), 1);
+        assert!(t.is_empty());
+        assert_eq!(
+            t.take(&b, 1000, Op::RedeemExport).unwrap_err().status,
+            Status::UNKNOWN_TICKET
+        );
+    }
+
+    #[test]
+    fn every_executor_refusal_has_its_own_status() {
+        let cases = [
+            (NpudError::NotFound("x".into()), Status::TENSOR_GONE),
+            (
+                NpudError::FailedPrecondition("x".into()),
+                Status::TENSOR_STATE,
+            ),
+            (
+                NpudError::ResourceExhausted("x".into()),
+                Status::RESOURCE_EXHAUSTED,
+            ),
+            (NpudError::Unavailable("x".into()), Status::UNAVAILABLE),
+            (NpudError::Internal("x".into()), Status::INTERNAL),
+        ];
+        for (e, want) in cases {
+            assert_eq!(refusal(&e).status, want, "{e:?}");
+        }
+    }
 }

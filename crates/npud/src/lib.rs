@@ -11,6 +11,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod accept;
 pub mod config;
 pub mod conn;
 pub mod error;

@@ -14,14 +14,16 @@ use std::time::{Duration, Instant};
 use npu_proto::v1::npud_server::NpudServer;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tonic::transport::server::Router;
+use tower_layer::{Identity, Stack};
 
+use crate::accept::{Acceptor, Limiter, Listener};
 use crate::config::Config;
-use crate::conn::Conn;
+use crate::conn::{Conn, Timeouts};
+use crate::error::DocumentedCodes;
 use crate::executor::{Executor, Opened};
 use crate::fdsock::{self, Tickets};
 use crate::programs::{Programs, Runs};
@@ -137,6 +139,7 @@ pub async fn run(
     };
     let programs = Arc::new(Programs::new(
         cfg.limits.max_program_bytes,
+        cfg.limits.max_program_bytes_per_session,
         generation,
         Runs::of_runtime(opened.facts.info.runtime_version.as_deref()),
         persisted.quarantine,
@@ -147,6 +150,7 @@ pub async fn run(
     let sessions = Arc::new(Sessions::new(
         Duration::from_millis(cfg.session_grace_ms),
         cfg.limits.max_sessions,
+        cfg.limits.max_sessions_per_uid,
     ));
     let tickets = Arc::new(Tickets::default());
     let state = Arc::new(State {
@@ -203,47 +207,62 @@ pub async fn run(
 
     tokio::spawn(reaper(state.clone(), stop.clone()));
     tokio::spawn(systemd::watchdog(state.exec.clone(), stop.clone()));
+    let limiter = Limiter::new(&cfg.limits);
+    let timeouts = Timeouts {
+        handshake: Duration::from_millis(cfg.limits.handshake_timeout_ms),
+        idle: Duration::from_millis(cfg.limits.idle_timeout_ms),
+    };
     let fd_task = tokio::spawn(fdsock::serve(
-        fds,
-        cfg.fd_socket.clone(),
+        Acceptor::new(Listener::Unix(fds), "fd socket", limiter.clone()),
         tickets,
         state.exec.clone(),
+        timeouts,
         stop.clone(),
     ));
 
     let service = NpudService::new(state.clone());
     let max = usize::try_from(cfg.limits.max_message_bytes).unwrap_or(usize::MAX);
-    let router = |svc: NpudService| -> Result<Router, ServeError> {
-        let v1 = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(npu_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()?;
-        let v1alpha = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(npu_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1alpha()?;
-        Ok(Server::builder()
-            .add_service(health.clone())
-            .add_service(v1)
-            .add_service(v1alpha)
-            .add_service(
-                NpudServer::new(svc)
-                    .max_decoding_message_size(max.saturating_mul(2))
-                    .max_encoding_message_size(max.saturating_mul(2)),
-            ))
-    };
+    let router =
+        |svc: NpudService| -> Result<Router<Stack<DocumentedCodes, Identity>>, ServeError> {
+            let v1 = tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(npu_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .build_v1()?;
+            let v1alpha = tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(npu_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .build_v1alpha()?;
+            Ok(Server::builder()
+                .layer(DocumentedCodes {
+                    max_message_bytes: cfg.limits.max_message_bytes,
+                })
+                .add_service(health.clone())
+                .add_service(v1)
+                .add_service(v1alpha)
+                .add_service(
+                    NpudServer::new(svc)
+                        .max_decoding_message_size(max.saturating_mul(2))
+                        .max_encoding_message_size(max.saturating_mul(2)),
+                ))
+        };
 
-    let uds_sessions = sessions.clone();
-    let incoming =
-        UnixListenerStream::new(uds).map(move |r| r.map(|s| Conn::unix(s, uds_sessions.clone())));
+    let incoming = accepted(
+        Acceptor::new(Listener::Unix(uds), "gRPC socket", limiter.clone()),
+        sessions.clone(),
+        timeouts,
+        stop.clone(),
+    );
     let uds_server = router(service.clone())?
         .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned());
     let mut servers = vec![tokio::spawn(uds_server)];
     if let Some(tcp) = tcp {
         let local = tcp.local_addr().ok();
-        let tcp_sessions = sessions.clone();
-        let incoming =
-            TcpListenerStream::new(tcp).map(move |r| r.map(|s| Conn::tcp(s, tcp_sessions.clone())));
+        let incoming = accepted(
+            Acceptor::new(Listener::Tcp(tcp), "tcp", limiter.clone()),
+            sessions.clone(),
+            timeouts,
+            stop.clone(),
+        );
         servers.push(tokio::spawn(
             router(service.clone())?
                 .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned()),
@@ -294,7 +313,33 @@ pub async fn run(
     Ok(())
 }
 
-/// Ends sessions whose connections have been gone for the grace period.
+/// The connections an acceptor admits (or accepts only to refuse), as tonic's incoming
+/// stream. The acceptor runs in its own task, one connection ahead of tonic, and drops its
+/// listener at shutdown.
+fn accepted(
+    mut acceptor: Acceptor,
+    sessions: Arc<Sessions>,
+    timeouts: Timeouts,
+    stop: CancellationToken,
+) -> ReceiverStream<Result<Conn, std::io::Error>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        loop {
+            let (s, admission) = tokio::select! {
+                () = stop.cancelled() => break,
+                a = acceptor.next() => a,
+            };
+            let conn = Conn::new(s, admission, sessions.clone(), timeouts);
+            if tx.send(Ok(conn)).await.is_err() {
+                break;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// Ends sessions whose connections have been gone for the grace period, and drops tickets
+/// that expired unredeemed.
 async fn reaper(state: Arc<State>, stop: CancellationToken) {
     let every =
         (state.sessions.grace() / 4).clamp(Duration::from_millis(20), Duration::from_secs(1));
@@ -303,6 +348,10 @@ async fn reaper(state: Arc<State>, stop: CancellationToken) {
         tokio::select! {
             () = stop.cancelled() => break,
             _ = tick.tick() => {}
+        }
+        let expired = state.tickets.sweep(Instant::now());
+        if expired > 0 {
+            tracing::debug!(expired, "dropped tickets that were never redeemed");
         }
         for session in state.sessions.take_expired(Instant::now()) {
             tracing::info!(

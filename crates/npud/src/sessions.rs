@@ -53,10 +53,13 @@ pub struct Sessions {
     inner: Mutex<Inner>,
     grace: Duration,
     max: u32,
+    max_per_uid: u32,
 }
 
 impl Sessions {
-    pub fn new(grace: Duration, max: u32) -> Self {
+    /// A registry of at most `max` sessions, `max_per_uid` of them for any one uid (sessions
+    /// opened over TCP, which has no uid, count as one uid).
+    pub fn new(grace: Duration, max: u32, max_per_uid: u32) -> Self {
         Self {
             inner: Mutex::new(Inner {
                 next_id: 1,
@@ -64,6 +67,7 @@ impl Sessions {
             }),
             grace,
             max,
+            max_per_uid,
         }
     }
 
@@ -80,7 +84,8 @@ impl Sessions {
     /// Opens a session bound to the connection's uid (on a Unix socket).
     ///
     /// # Errors
-    /// INVALID_ARGUMENT for a name over 128 bytes; RESOURCE_EXHAUSTED at `max_sessions`.
+    /// INVALID_ARGUMENT for a name over 128 bytes; RESOURCE_EXHAUSTED at `max_sessions`, or
+    /// at `max_sessions_per_uid` sessions of the caller's uid.
     pub fn open(
         &self,
         client_name: &str,
@@ -100,6 +105,15 @@ impl Sessions {
                 g.sessions.len()
             )));
         }
+        let uid = conn.and_then(|c| c.uid);
+        let mine = g.sessions.values().filter(|s| s.uid == uid).count();
+        if mine >= self.max_per_uid as usize {
+            let who = uid.map_or_else(|| "TCP clients".to_owned(), |u| format!("uid {u}"));
+            return Err(NpudError::ResourceExhausted(format!(
+                "{who} already has {mine} sessions (limits.max_sessions_per_uid); close one, \
+                 or let an abandoned one end after its grace period"
+            )));
+        }
         let id = g.next_id;
         g.next_id += 1;
         g.opened += 1;
@@ -112,7 +126,7 @@ impl Sessions {
             Session {
                 token: token.clone(),
                 client_name: client_name.to_owned(),
-                uid: conn.and_then(|c| c.uid),
+                uid,
                 conns,
                 disconnected_at,
                 stats: DispatchStats::default(),
@@ -304,6 +318,7 @@ mod tests {
             uid: Some(uid),
             pid: None,
             addr: None,
+            refused: None,
         }
     }
 
@@ -322,7 +337,7 @@ mod tests {
 
     #[test]
     fn tokens_are_32_hex_and_checked() {
-        let s = Sessions::new(Duration::from_secs(1), 4);
+        let s = Sessions::new(Duration::from_secs(1), 4, 4);
         let (id, token) = s.open("t", Some(&conn(1, 1000))).unwrap();
         assert_eq!(token.len(), 32);
         assert!(token.bytes().all(|b| b.is_ascii_hexdigit()));
@@ -348,6 +363,7 @@ mod tests {
             uid: None,
             pid: None,
             addr: None,
+            refused: None,
         };
         let e = s.authenticate(&md(id, &token), Some(&tcp)).unwrap_err();
         assert!(matches!(e, NpudError::PermissionDenied(_)), "{e}");
@@ -355,7 +371,7 @@ mod tests {
 
     #[test]
     fn grace_starts_when_the_last_connection_closes() {
-        let s = Sessions::new(Duration::from_millis(100), 4);
+        let s = Sessions::new(Duration::from_millis(100), 4, 4);
         let (id, token) = s.open("t", Some(&conn(1, 5))).unwrap();
         s.attach(id, &token, Some(&conn(2, 5))).unwrap();
         s.connection_closed(1);
@@ -369,10 +385,26 @@ mod tests {
 
     #[test]
     fn max_sessions_is_resource_exhausted() {
-        let s = Sessions::new(Duration::from_secs(1), 1);
+        let s = Sessions::new(Duration::from_secs(1), 1, 1);
         s.open("a", None).unwrap();
         let e = s.open("b", None).unwrap_err();
         assert!(matches!(e, NpudError::ResourceExhausted(_)));
         assert!(e.message().contains("limits.max_sessions"));
+    }
+
+    #[test]
+    fn one_uid_cannot_take_every_session() {
+        let s = Sessions::new(Duration::from_secs(1), 8, 2);
+        s.open("a", Some(&conn(1, 1000))).unwrap();
+        s.open("b", Some(&conn(1, 1000))).unwrap();
+        let e = s.open("c", Some(&conn(1, 1000))).unwrap_err();
+        assert!(matches!(e, NpudError::ResourceExhausted(_)));
+        assert!(
+            e.message()
+                .starts_with("uid 1000 already has 2 sessions (limits.max_sessions_per_uid)"),
+            "{e}"
+        );
+        // Another user still gets one.
+        s.open("d", Some(&conn(2, 1001))).unwrap();
     }
 }

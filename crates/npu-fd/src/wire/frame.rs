@@ -134,6 +134,19 @@ impl Status {
     pub const MALFORMED: Status = Status(8);
     /// The daemon failed for a reason of its own.
     pub const INTERNAL: Status = Status(9);
+    /// The imported memfd carries `F_SEAL_WRITE` or `F_SEAL_FUTURE_WRITE`: the daemon writes
+    /// results into it and cannot map it writable.
+    pub const WRITE_SEALED: Status = Status(10);
+    /// A limit of the daemon's was reached (connections, file descriptors); the message names
+    /// it. The daemon closes the connection after answering.
+    pub const RESOURCE_EXHAUSTED: Status = Status(11);
+    /// The daemon is shutting down or its device is recovering; try again.
+    pub const UNAVAILABLE: Status = Status(12);
+    /// The ticket was valid but its tensor is gone (freed, or its session ended).
+    pub const TENSOR_GONE: Status = Status(13);
+    /// The tensor is not in a state for this exchange (no longer awaiting its import, or the
+    /// memfd could not be mapped); the message says which.
+    pub const TENSOR_STATE: Status = Status(14);
 
     /// The constant's name, for known codes.
     pub const fn name(self) -> Option<&'static str> {
@@ -148,6 +161,11 @@ impl Status {
             7 => "NOT_READ_WRITE",
             8 => "MALFORMED",
             9 => "INTERNAL",
+            10 => "WRITE_SEALED",
+            11 => "RESOURCE_EXHAUSTED",
+            12 => "UNAVAILABLE",
+            13 => "TENSOR_GONE",
+            14 => "TENSOR_STATE",
             _ => return None,
         })
     }

@@ -53,7 +53,13 @@
 //! (the ticket belongs to another user), 3 WRONG_OP (the ticket is for the other op),
 //! 4 NOT_A_MEMFD, 5 MISSING_SEALS, 6 SIZE_MISMATCH, 7 NOT_READ_WRITE (the import checks of
 //! [`crate::memfd::check_import`]), 8 MALFORMED (the request broke the protocol; the daemon
-//! closes the connection after answering), 9 INTERNAL.
+//! closes the connection after answering), 9 INTERNAL, 10 WRITE_SEALED (the imported memfd
+//! carries `F_SEAL_WRITE` or `F_SEAL_FUTURE_WRITE`), 11 RESOURCE_EXHAUSTED (a connection or
+//! file-descriptor limit of the daemon's, named in the message; the daemon closes the
+//! connection after answering), 12 UNAVAILABLE (shutting down or recovering), 13 TENSOR_GONE
+//! (the ticket's tensor was freed or its session ended), 14 TENSOR_STATE (the tensor is not in
+//! a state for this exchange). Codes 10 to 14 were added within version 1: a client that does
+//! not know them still reads a refusal with its message ([`Status`] keeps unknown codes).
 //!
 //! Version 1 rejects a frame with another version, an unknown op, or non-zero reserved bytes,
 //! so a later version can give those bytes meaning under a new version number. A frame with more

@@ -151,7 +151,10 @@ impl Tensors {
             let fd = npu_fd::memfd::create("npud-tensor", size)
                 .and_then(|fd| npu_fd::memfd::freeze_seals(fd.as_fd()).map(|()| fd))
                 .map_err(|e| {
-                    NpudError::ResourceExhausted(format!("creating the tensor's memfd: {e}"))
+                    NpudError::ResourceExhausted(match crate::accept::fd_exhaustion() {
+                        Some(why) => format!("creating the tensor's memfd: {why} ({e})"),
+                        None => format!("creating the tensor's memfd: {e}"),
+                    })
                 })?;
             let mapping = Mapping::new(fd.as_fd(), 0, len)
                 .map_err(|e| NpudError::Internal(format!("mapping the tensor's memfd: {e}")))?;

@@ -79,6 +79,11 @@ impl Program {
         Ok(())
     }
 
+    /// The bytes it holds: PDI plus instruction stream.
+    pub fn byte_len(&self) -> u64 {
+        (self.pdi.len() as u64).saturating_add(self.insts.len() as u64)
+    }
+
     pub fn display_name(&self) -> &str {
         if self.name.is_empty() {
             &self.summary.kind
@@ -120,6 +125,8 @@ struct Store {
 pub struct Programs {
     inner: Mutex<Store>,
     max_bytes: u64,
+    /// Bytes of distinct programs one session may reference (`limits.max_program_bytes_per_session`).
+    max_session_bytes: u64,
     device: NpuGen,
     runs: Runs,
     /// Where records are kept across restarts; `None` when `state_dir` is empty.
@@ -170,6 +177,7 @@ impl Programs {
     /// `records` (when persistence is on).
     pub fn new(
         max_bytes: u64,
+        max_session_bytes: u64,
         device: NpuGen,
         runs: Runs,
         records: Option<QuarantineDir>,
@@ -185,20 +193,52 @@ impl Programs {
                 ..Store::default()
             }),
             max_bytes,
+            max_session_bytes,
             device,
             runs,
             records,
         }
     }
 
+    /// Refuses a program of `bytes` bytes for `session` when the distinct programs it already
+    /// references plus these would pass `limit`. Bytes the session already references are
+    /// never counted twice, so registering the same content again always succeeds.
+    fn check_quota(g: &Store, session: u64, bytes: u64, limit: u64) -> Result<(), NpudError> {
+        let held: u64 = g
+            .entries
+            .values()
+            .filter(|e| e.refs.contains(&session))
+            .map(|e| e.program.byte_len())
+            .sum();
+        if held.saturating_add(bytes) > limit {
+            return Err(NpudError::ResourceExhausted(format!(
+                "this session's programs hold {held} bytes; {bytes} more would pass {limit} \
+                 (limits.max_program_bytes_per_session): unregister programs it no longer uses"
+            )));
+        }
+        Ok(())
+    }
+
     /// What registering `hash` for `session` comes to when the bytes are already known: a
     /// refusal while they are quarantined, or the stored program (now referenced by
     /// `session`); `None` for new bytes.
-    fn known(g: &mut Store, session: u64, hash: &str) -> Option<Result<Registered, NpudError>> {
+    fn known(
+        g: &mut Store,
+        session: u64,
+        hash: &str,
+        limit: u64,
+    ) -> Option<Result<Registered, NpudError>> {
         if let Some(r) = g.quarantine.get(hash) {
             return Some(Err(refused_at_registration(r)));
         }
         let id = g.by_hash.get(hash).copied()?;
+        let e = g.entries.get(&id)?;
+        if !e.refs.contains(&session) {
+            let bytes = e.program.byte_len();
+            if let Err(err) = Self::check_quota(g, session, bytes, limit) {
+                return Some(Err(err));
+            }
+        }
         let e = g.entries.get_mut(&id)?;
         e.refs.insert(session);
         Some(Ok(Registered {
@@ -231,16 +271,21 @@ impl Programs {
             )));
         }
         let hash = content_hash(&pdi, &insts);
-        if let Some(known) = Self::known(&mut self.lock(), session, &hash) {
+        let limit = self.max_session_bytes;
+        if let Some(known) = Self::known(&mut self.lock(), session, &hash, limit) {
             return known;
         }
+        let bytes = (pdi.len() as u64).saturating_add(insts.len() as u64);
+        // Before validation, so that a session at its quota costs no parsing.
+        Self::check_quota(&self.lock(), session, bytes, limit)?;
         let summary = validate(&pdi, &insts, self.max_bytes, self.device, self.runs)?;
         let mut g = self.lock();
         // Another session may have stored the same bytes (or a fault quarantined them) while
-        // this one validated.
-        if let Some(known) = Self::known(&mut g, session, &hash) {
+        // this one validated, and this session may have registered others.
+        if let Some(known) = Self::known(&mut g, session, &hash, limit) {
             return known;
         }
+        Self::check_quota(&g, session, bytes, limit)?;
         let id = g.next_id;
         g.next_id += 1;
         let program = Arc::new(Program {
@@ -448,13 +493,48 @@ mod tests {
     }
 
     fn store() -> Programs {
+        store_with_quota(64 << 20)
+    }
+
+    fn store_with_quota(per_session: u64) -> Programs {
         Programs::new(
             8 << 20,
+            per_session,
             NpuGen::Npu2,
             Runs::EmulatedDesigns,
             None,
             Vec::new(),
         )
+    }
+
+    #[test]
+    fn a_session_s_program_bytes_are_counted_once_per_content_against_its_quota() {
+        let (pdi, insts) = vsa(1);
+        let one = (pdi.len() + insts.len()) as u64;
+        let p = store_with_quota(2 * one);
+        p.register(1, pdi.clone(), insts.clone(), "a".into())
+            .unwrap();
+        // The same bytes again are not counted again.
+        p.register(1, pdi.clone(), insts.clone(), "a again".into())
+            .unwrap();
+        let (pdi2, insts2) = vsa(2);
+        p.register(1, pdi2, insts2, "b".into()).unwrap();
+        let (pdi3, insts3) = vsa(3);
+        let e = p
+            .register(1, pdi3.clone(), insts3.clone(), "c".into())
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            e.message()
+                .contains("(limits.max_program_bytes_per_session)"),
+            "{e}"
+        );
+        // Another session has its own quota, and a program stored by another session counts
+        // against the session that references it.
+        p.register(2, pdi3.clone(), insts3.clone(), "c".into())
+            .unwrap();
+        let e = p.register(1, pdi3, insts3, "c".into()).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
     }
 
     #[test]

@@ -162,6 +162,7 @@ mod tests {
         let (records, _) = QuarantineDir::open(dir.path()).unwrap();
         let p = Programs::new(
             8 << 20,
+            64 << 20,
             NpuGen::Npu2,
             Runs::EmulatedDesigns,
             Some(records),
@@ -205,6 +206,7 @@ mod tests {
         assert_eq!(back, vec![r.clone()]);
         let p = Programs::new(
             8 << 20,
+            64 << 20,
             NpuGen::Npu2,
             Runs::EmulatedDesigns,
             Some(records),

@@ -111,6 +111,7 @@ mod tests {
             uid: Some(uid),
             pid: Some(7),
             addr: None,
+            refused: None,
         }
     }
 
@@ -130,6 +131,7 @@ mod tests {
             uid: None,
             pid: None,
             addr: "127.0.0.1:5".parse().ok(),
+            refused: None,
         };
         let e = may_clear_quarantine(Some(&tcp), 0).unwrap_err();
         assert!(e.message().ends_with("this peer came over TCP"), "{e}");

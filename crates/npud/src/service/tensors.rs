@@ -141,7 +141,13 @@ impl NpudService {
             let chunk = match stream.message().await {
                 Ok(Some(c)) => c,
                 Ok(None) => break,
-                Err(status) => return Err(stream_error(&status, index)),
+                Err(status) => {
+                    return Err(stream_error(
+                        &status,
+                        index,
+                        self.state.limits.max_message_bytes,
+                    ));
+                }
             };
             if tensor == 0 {
                 if chunk.tensor_id == 0 {
@@ -267,7 +273,9 @@ impl NpudService {
 
 /// A broken request stream, naming the chunk it broke at. An oversized chunk is the transport's
 /// OUT_OF_RANGE; it is a size limit, so it is reported as RESOURCE_EXHAUSTED.
-fn stream_error(status: &Status, index: usize) -> NpudError {
+fn stream_error(status: &Status, index: usize, max_message_bytes: u64) -> NpudError {
+    let fixed = crate::error::transport_status(status.code(), status.message(), max_message_bytes);
+    let status = fixed.as_ref().unwrap_or(status);
     let msg = format!("chunks[{index}]: {}", status.message());
     match status.code() {
         tonic::Code::OutOfRange | tonic::Code::ResourceExhausted => {
