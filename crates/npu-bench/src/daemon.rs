@@ -41,6 +41,11 @@ impl Daemon {
                 "NPUD_LIMITS__MAX_SESSIONS".into(),
                 MAX_SESSIONS.to_string().into(),
             ),
+            // Every bench client runs as this uid: the per-uid cap must not be the one measured.
+            (
+                "NPUD_LIMITS__MAX_SESSIONS_PER_UID".into(),
+                MAX_SESSIONS.to_string().into(),
+            ),
             ("NPUD_LIMITS__MAX_PENDING_PER_SESSION".into(), "1024".into()),
         ];
         let inner = LocalDaemon::start(opts).map_err(|e| BenchError(e.to_string()))?;
