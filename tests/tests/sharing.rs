@@ -7,7 +7,7 @@ use std::process::Command;
 
 use npu_artifacts::emu::{DType, EmuDesign};
 use npu_proto::v1 as pb;
-use npud_e2e::{Daemon, Options, Session, binary};
+use npud_e2e::{Daemon, I32Copies, Options, Session, binary};
 
 const N: u32 = 1024;
 const BYTES: u64 = N as u64 * 4;
@@ -75,30 +75,21 @@ async fn an_imported_memfd_is_staged_around_the_dispatch() {
     let mut in_map = npu_fd::Mapping::new(in_fd.as_fd(), 0, LEN).unwrap();
     let out_map = npu_fd::Mapping::new(out_fd.as_fd(), 0, LEN).unwrap();
     let values: Vec<i32> = (0..N as i32).map(|i| 1000 - 3 * i).collect();
-    in_map
-        .as_mut_slice_of::<i32>()
-        .unwrap()
-        .copy_from_slice(&values);
+    in_map.set_i32s(&values).unwrap();
     let (tin, sent) = s.import(in_fd.as_fd(), BYTES).await.unwrap();
     sent.unwrap();
     let (tout, sent) = s.import(out_fd.as_fd(), BYTES).await.unwrap();
     sent.unwrap();
 
     s.dispatch(reg.program_id, &[tin, tout]).await.unwrap();
-    let out = out_map.as_slice_of::<i32>().unwrap();
+    let out = out_map.i32s().unwrap();
     let want: Vec<i32> = values.iter().map(|v| v + 1).collect();
     assert_eq!(out, &want[..]);
 
     // The client writes its next input in place; the next dispatch sees it.
-    in_map.as_mut_slice_of::<i32>().unwrap().fill(41);
+    in_map.fill_i32(41).unwrap();
     s.dispatch(reg.program_id, &[tin, tout]).await.unwrap();
-    assert!(
-        out_map
-            .as_slice_of::<i32>()
-            .unwrap()
-            .iter()
-            .all(|v| *v == 42)
-    );
+    assert!(out_map.i32s().unwrap().iter().all(|v| *v == 42));
 
     let info = s
         .client
@@ -172,11 +163,5 @@ async fn unsealed_short_and_non_memfd_fds_are_refused() {
     s.dispatch(reg.program_id, &[t_fixed, out.id])
         .await
         .unwrap();
-    assert!(
-        out.map
-            .as_slice_of::<i32>()
-            .unwrap()
-            .iter()
-            .all(|v| *v == 1)
-    );
+    assert!(out.map.i32s().unwrap().iter().all(|v| *v == 1));
 }

@@ -109,11 +109,7 @@ macro_rules! c_int {
 c_int!(u8, u16, u32, u64, usize);
 
 /// Reads one fixed-size attribute with `hsa_agent_get_info`.
-fn agent_info<T: CInt>(
-    api: &HsaApi,
-    agent: Agent,
-    attr: AgentInfo,
-) -> Result<T, HsaError> {
+fn agent_info<T: CInt>(api: &HsaApi, agent: Agent, attr: AgentInfo) -> Result<T, HsaError> {
     let mut v = T::default();
     // SAFETY: `v` is a `T` the caller chose to match the size ROCR writes for `attr`, and `T`
     // is a plain integer (`CInt`), valid for any bytes the runtime writes.
@@ -154,11 +150,7 @@ pub(crate) fn agents(api: &HsaApi) -> Result<Vec<AgentDesc>, HsaError> {
         .collect()
 }
 
-fn pool_info<T: CInt>(
-    api: &HsaApi,
-    pool: MemoryPool,
-    attr: PoolInfo,
-) -> Result<T, HsaError> {
+fn pool_info<T: CInt>(api: &HsaApi, pool: MemoryPool, attr: PoolInfo) -> Result<T, HsaError> {
     let mut v = T::default();
     // SAFETY: `v` is a `T` the caller chose to match the size ROCR writes for `attr`, and `T`
     // is a plain integer (`CInt`), valid for any bytes the runtime writes; boolean attributes

@@ -5,9 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hsa_core::{
-    Device, DeviceOptions, Dispatch, Generation, PacketAbi, ProgramId, TensorId,
-};
+use hsa_core::{Device, DeviceOptions, Dispatch, Generation, PacketAbi, ProgramId, TensorId};
 use hsa_sim::{Profile, SimConfig};
 use npu_artifacts::NpuGen;
 use npu_artifacts::emu::{DType, EmuDesign};

@@ -466,7 +466,7 @@ impl Tensors {
                 storage: Storage::Staged { mapping, .. },
                 device: Some(d),
                 ..
-            }) = self.map.get(id)
+            }) = self.map.get_mut(id)
             {
                 dev.with_tensor(*d, 0, mapping.len(), |src| mapping.copy_from_slice(0, src))?
                     .map_err(|e| NpudError::Internal(format!("staging tensor {id} out: {e}")))?;
