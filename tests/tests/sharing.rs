@@ -165,3 +165,89 @@ async fn unsealed_short_and_non_memfd_fds_are_refused() {
         .unwrap();
     assert!(out.map.i32s().unwrap().iter().all(|v| *v == 1));
 }
+
+/// The daemon copies to and from client memory only through raw pointers, so a client that
+/// writes its memory while the daemon copies it gets torn data at worst: every call still
+/// answers, the daemon stays up, and once the client stops, results are right again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_writing_its_memory_during_dispatches_and_reads_cannot_hurt_the_daemon() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let mut d = Daemon::start(Options::default());
+    let mut s = Session::open(d.connect().await, "scribbler").await.unwrap();
+    let reg = s.register(&vsa()).await.unwrap();
+
+    // An imported memfd (the daemon maps it and stages it around each dispatch) and an
+    // exported tensor (the emulator reads and writes the memory the client maps).
+    let in_fd = npu_fd::memfd::create("scribbled-in", BYTES).unwrap();
+    let (tin, sent) = s.import(in_fd.as_fd(), BYTES).await.unwrap();
+    sent.unwrap();
+    let out = s.alloc_mapped(BYTES).await.unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = Arc::new(AtomicU64::new(0));
+    let mut maps = vec![
+        npu_fd::Mapping::new(in_fd.as_fd(), 0, LEN).unwrap(),
+        npu_fd::Mapping::new(out.fd.as_fd(), 0, LEN).unwrap(),
+    ];
+    let scribbler = {
+        let (stop, writes) = (stop.clone(), writes.clone());
+        std::thread::spawn(move || {
+            let mut v = 0_i32;
+            while !stop.load(Ordering::Relaxed) {
+                for m in &mut maps {
+                    m.fill_i32(v).unwrap();
+                }
+                v = v.wrapping_add(1);
+                writes.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+
+    for i in 0..200 {
+        s.dispatch(reg.program_id, &[tin, out.id])
+            .await
+            .unwrap_or_else(|e| panic!("dispatch {i} while the client writes: {e}"));
+        for id in [tin, out.id] {
+            let mut chunks = s
+                .client
+                .read_tensor(s.req(pb::ReadTensorRequest {
+                    tensor_id: id,
+                    offset: 0,
+                    length: 0,
+                    chunk_bytes: 0,
+                }))
+                .await
+                .unwrap()
+                .into_inner();
+            let mut got = 0;
+            while let Some(c) = chunks.message().await.unwrap() {
+                got += c.data.len();
+            }
+            assert_eq!(got, LEN, "read {i} of tensor {id}");
+        }
+        let chunk = pb::WriteTensorChunk {
+            tensor_id: tin,
+            offset: 0,
+            data: vec![7; LEN],
+        };
+        s.client
+            .write_tensor(s.req(tokio_stream::iter([chunk])))
+            .await
+            .unwrap_or_else(|e| panic!("write {i} while the client writes: {e}"));
+    }
+    stop.store(true, Ordering::Relaxed);
+    scribbler.join().unwrap();
+    assert!(
+        writes.load(Ordering::Relaxed) > 0,
+        "the client wrote while the daemon worked"
+    );
+    assert!(d.running(), "the daemon is up");
+
+    // Quiet again: results are exact.
+    let mut input = npu_fd::Mapping::new(in_fd.as_fd(), 0, LEN).unwrap();
+    input.fill_i32(41).unwrap();
+    s.dispatch(reg.program_id, &[tin, out.id]).await.unwrap();
+    assert!(out.map.i32s().unwrap().iter().all(|v| *v == 42));
+}

@@ -235,3 +235,86 @@ async fn a_chain_failing_on_the_device_reports_the_link() {
         "{e}"
     );
 }
+
+#[tokio::test]
+async fn a_written_argument_passed_as_read_is_refused_before_anything_is_sent() {
+    let d = Daemon::start();
+    let client = Client::connect(Some(&d.unix())).await.expect("connect");
+    let g = client.generation();
+    let vva = Program::emulated(&EmuDesign::vector_vector_add(64, DType::I32), g).expect("vva");
+    assert_eq!(vva.read_only_args(), 2);
+    let (a, b) = (
+        client.alloc::<i32>(64).await.expect("a"),
+        client.alloc::<i32>(64).await.expect("b"),
+    );
+    let mut c = client.alloc::<i32>(64).await.expect("c");
+    let e = client
+        .dispatch(&vva, &[&a, &b, &c], &mut [])
+        .await
+        .expect_err("c is written");
+    assert_eq!(
+        e.to_string(),
+        "vector_vector_add gets 3 arguments to read, but it may write argument 2: it only reads \
+         its first 2, pass the rest as written"
+    );
+    let mut chain = client.chain();
+    let (ta, tb, tc) = (chain.read(&a), chain.read(&b), chain.read(&c));
+    chain.then(&vva, &[ta, tb, tc]);
+    let e = chain.run().await.expect_err("c is written");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "chain link 0: args[2] (tensor {}) was added with read, but vector_vector_add may \
+             write it: it only reads its first 2, pass the rest as written",
+            c.id()
+        )
+    );
+    // A handle from another chain names the link.
+    let mut other = client.chain();
+    let foreign = other.write(&mut c);
+    let mut chain = client.chain();
+    let (ta, tb) = (chain.read(&a), chain.read(&b));
+    chain.then(&vva, &[ta, tb, foreign]);
+    let e = chain.run().await.expect_err("foreign handle");
+    assert_eq!(
+        e.to_string(),
+        "chain link 0: args[2] was added to another chain"
+    );
+    let stats = client.statistics().await.expect("statistics");
+    let mine = stats
+        .sessions
+        .iter()
+        .find(|s| s.session_id == client.session_id())
+        .expect("this session");
+    assert_eq!(
+        mine.dispatches
+            .clone()
+            .unwrap_or_default()
+            .success
+            .unwrap_or_default()
+            .count,
+        0,
+        "nothing reached the device"
+    );
+}
+
+#[tokio::test]
+async fn a_dispatch_abandoned_in_flight_leaves_its_outputs_lent_and_its_inputs_free() {
+    let d = Daemon::start();
+    let client = Client::connect(Some(&d.unix())).await.expect("connect");
+    let hang = Program::emulated(&EmuDesign::hang(256), client.generation()).expect("hang");
+    let input = client.alloc::<i32>(64).await.expect("input");
+    let mut output = client.alloc::<i32>(64).await.expect("output");
+    // The device hangs until the daemon's watchdog fires; give up long before that.
+    let gave_up = tokio::time::timeout(
+        std::time::Duration::from_millis(200),
+        client.dispatch(&hang, &[&input], &mut [&mut output]),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the hang did not answer within 200 ms");
+    assert!(output.is_lent(), "the daemon may still write the output");
+    assert!(!input.is_lent(), "inputs are only read, never lent");
+    assert_eq!(input.as_slice()[0], 0);
+    let view = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| output.to_vec()));
+    assert!(view.is_err(), "a view of lent memory panics");
+}
