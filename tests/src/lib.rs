@@ -527,7 +527,7 @@ pub trait I32Copies {
 
 impl I32Copies for Mapping {
     fn i32s(&self) -> Result<Vec<i32>, npu_fd::FdError> {
-        if self.len() % 4 != 0 {
+        if !self.len().is_multiple_of(4) {
             return Err(npu_fd::FdError::RangeOutsideMapping {
                 offset: 0,
                 len: self.len().next_multiple_of(4),

@@ -79,15 +79,15 @@ fn unaligned_offset_maps_from_the_page_below() {
 fn typed_views_check_alignment_and_length() {
     let fd = memfd::create("npu-fd-typed", page() as u64).expect("memfd");
     let mut map = Mapping::new(fd.as_fd(), 0, 64).expect("map");
-    // SAFETY (every view below): the memfd is this test's own and nothing writes it while a
-    // view lives; each view is dropped before the next write.
-    unsafe { map.as_mut_slice_of::<u32>() }.expect("aligned")[1] = 0x0403_0201;
+    // Every view below: the memfd is this test's own and nothing writes it while a view
+    // lives; each view is dropped before the next write.
+    // SAFETY: as just said.
+    let words = unsafe { map.as_mut_slice_of::<u32>() };
+    words.expect("aligned")[1] = 0x0403_0201;
     assert_eq!(map.read_vec::<u8>(4, 4).expect("bytes"), [1, 2, 3, 4]);
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { map.as_slice_of::<u64>() }.expect("aligned").len(),
-        8
-    );
+    let wide = unsafe { map.as_slice_of::<u64>() };
+    assert_eq!(wide.expect("aligned").len(), 8);
 
     let odd = Mapping::new(fd.as_fd(), 2, 8).expect("map at 2");
     // SAFETY: as above.
@@ -102,12 +102,8 @@ fn typed_views_check_alignment_and_length() {
         "{text}"
     );
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { odd.as_slice_of::<u16>() }
-            .expect("2-aligned")
-            .len(),
-        4
-    );
+    let halves = unsafe { odd.as_slice_of::<u16>() };
+    assert_eq!(halves.expect("2-aligned").len(), 4);
 
     let mut short = Mapping::new(fd.as_fd(), 0, 10).expect("map 10");
     // SAFETY: as above.
