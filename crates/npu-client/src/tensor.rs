@@ -46,13 +46,14 @@
 //! ```
 //!
 //! The daemon is another process, so the borrow alone does not stop it. What does is the
-//! protocol: npud writes a tensor's memory only while a call that names it in `writes` is in
-//! flight, and the library marks the tensor lent ([`npu_fd::ClientMemory::lend`]) from before
-//! it sends such a call until the daemon has answered it. A call that ends without the daemon's
-//! answer (its future dropped, a pipeline dropped with the dispatch in flight, a timeout, a
-//! broken connection) leaves its written tensors lent for good, since nothing then says when
-//! the daemon stops writing: their views panic (see [`Tensor::as_slice`]) and their copies fail;
-//! free them and allocate others. [`Tensor::is_lent`] tells.
+//! protocol: npud writes a shared tensor's memory only while a call that names it in `writes`
+//! is in flight, and the library marks the tensor lent ([`npu_fd::ClientMemory::lend`]) from
+//! before it sends such a call until the daemon has answered it. A call that ends without the
+//! daemon's answer (its future dropped, a pipeline dropped with the dispatch in flight, a
+//! timeout, a broken connection) leaves its written tensors lent for good, since nothing then
+//! says when the daemon stops writing: their views panic (see [`Tensor::as_slice`]) and their
+//! copies fail; free them and allocate others. [`Tensor::is_lent`] tells. A staged tensor is
+//! never lent: the daemon does not map its staging copy.
 //!
 //! Tensors a call names in `reads` the daemon only reads; views of them stay valid during the
 //! call.
@@ -375,9 +376,13 @@ impl RawTensor {
         self.staging.is_some()
     }
 
-    /// Marks the tensor lent to a call that names it as written; see the module docs.
+    /// Marks the tensor lent to a call that names it as written; see the module docs. A staged
+    /// tensor is not lent: its memory is a private copy the daemon never maps (the download
+    /// after the call writes it, through `&mut self`).
     pub(crate) fn lend(&mut self) {
-        self.mem.lend();
+        if self.staging.is_none() {
+            self.mem.lend();
+        }
     }
 
     /// Takes the tensor back once the daemon has answered the call it was lent for.
