@@ -79,9 +79,8 @@ fn unaligned_offset_maps_from_the_page_below() {
 fn typed_views_check_alignment_and_length() {
     let fd = memfd::create("npu-fd-typed", page() as u64).expect("memfd");
     let mut map = Mapping::new(fd.as_fd(), 0, 64).expect("map");
-    // Every view below: the memfd is this test's own and nothing writes it while a view
-    // lives; each view is dropped before the next write.
-    // SAFETY: as just said.
+    // SAFETY: the memfd is this test's own and nothing writes it while a view lives; each
+    // view, this one and those below, is dropped before the next write.
     let words = unsafe { map.as_mut_slice_of::<u32>() };
     words.expect("aligned")[1] = 0x0403_0201;
     assert_eq!(map.read_vec::<u8>(4, 4).expect("bytes"), [1, 2, 3, 4]);
