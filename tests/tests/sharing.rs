@@ -251,3 +251,44 @@ async fn a_client_writing_its_memory_during_dispatches_and_reads_cannot_hurt_the
     s.dispatch(reg.program_id, &[tin, out.id]).await.unwrap();
     assert!(out.map.i32s().unwrap().iter().all(|v| *v == 42));
 }
+
+/// After a link faults, the daemon lends itself no slice of device memory (the failed queue may
+/// still write it until it is replaced), yet the imported memfd still receives what the links
+/// before the fault wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imported_memfd_gets_the_links_before_a_fault() {
+    let d = Daemon::start(Options::default());
+    let mut s = Session::open(d.connect().await, "fault-staged")
+        .await
+        .unwrap();
+    let add = s.register(&vsa()).await.unwrap().program_id;
+    let fault = s
+        .register(&EmuDesign::fault(N * 4))
+        .await
+        .unwrap()
+        .program_id;
+    let in_fd = npu_fd::memfd::create("in", BYTES).unwrap();
+    let out_fd = npu_fd::memfd::create("out", BYTES).unwrap();
+    npu_fd::Mapping::new(in_fd.as_fd(), 0, LEN)
+        .unwrap()
+        .fill_i32(5)
+        .unwrap();
+    let (tin, sent) = s.import(in_fd.as_fd(), BYTES).await.unwrap();
+    sent.unwrap();
+    let (tout, sent) = s.import(out_fd.as_fd(), BYTES).await.unwrap();
+    sent.unwrap();
+    let r = s
+        .chain(vec![
+            npud_e2e::dispatch_request(add, &[tin, tout]),
+            npud_e2e::dispatch_request(fault, &[tin, tout]),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(r.completed, 1, "{r:?}");
+    assert_eq!(r.failure.as_ref().map(|f| f.index), Some(1), "{r:?}");
+    let out = npu_fd::Mapping::new(out_fd.as_fd(), 0, LEN).unwrap();
+    assert!(
+        out.i32s().unwrap().iter().all(|v| *v == 6),
+        "link 0's output reached the client's memfd"
+    );
+}
