@@ -20,7 +20,6 @@ use crate::client::Client;
 use crate::error::ClientError;
 use crate::program::Program;
 use crate::tensor::{RawTensor, TensorArg};
-use npu_artifacts::emu::EmuKernel;
 
 /// Timing of one dispatch, as the daemon measured it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -149,28 +148,6 @@ impl Client {
             }
         }
         Ok(())
-    }
-}
-
-impl Program {
-    /// How many leading arguments the design only reads, as far as the library can tell: an
-    /// emulated design's inputs (every argument of `noop`). For any other program 0: the
-    /// library cannot see which buffers a real design's device code writes, so every argument
-    /// goes in `writes`.
-    #[must_use]
-    pub fn read_only_args(&self) -> usize {
-        let Some(d) = self.emulated_design() else {
-            return 0;
-        };
-        match d.kernel {
-            EmuKernel::Noop => usize::from(d.num_args),
-            EmuKernel::VectorVectorAdd | EmuKernel::VectorMul | EmuKernel::Matmul => 2,
-            EmuKernel::Passthrough
-            | EmuKernel::VectorScalarAdd
-            | EmuKernel::Relu
-            | EmuKernel::Fault
-            | EmuKernel::Hang => 1,
-        }
     }
 }
 

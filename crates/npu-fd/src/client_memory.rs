@@ -24,8 +24,9 @@
 //! daemon also reads the memory during calls that name it as read; a read elsewhere does not
 //! change what a view here sees, so those calls need no lending.
 //!
-//! A device or daemon that breaks the protocol, or a process that maps the memory through
-//! `/proc/PID/map_files`, is outside what any type can guard.
+//! A device or daemon that breaks the protocol, or another process of the same user that
+//! reaches the memory anyway (through `/proc/PID/map_files` or `/proc/PID/mem`, or by redeeming
+//! a leaked ticket: tickets are bearer tokens), is outside what any type can guard.
 
 use std::fmt;
 use std::os::fd::AsFd;
