@@ -505,6 +505,47 @@ pub struct Session {
     pub fd_socket: Option<PathBuf>,
 }
 
+/// Copies of `i32`s in and out of a shared mapping: tests read and write tensor memory the
+/// daemon also maps by copying, since a view of shared memory is `unsafe`.
+pub trait I32Copies {
+    /// Every element, copied out.
+    ///
+    /// # Errors
+    /// The mapping's length is not a multiple of 4.
+    fn i32s(&self) -> Result<Vec<i32>, npu_fd::FdError>;
+    /// Sets every element to `v`.
+    ///
+    /// # Errors
+    /// As [`I32Copies::i32s`], or a read-only mapping.
+    fn fill_i32(&mut self, v: i32) -> Result<(), npu_fd::FdError>;
+    /// Copies `v` in at the start.
+    ///
+    /// # Errors
+    /// `v` is longer than the mapping, or a read-only mapping.
+    fn set_i32s(&mut self, v: &[i32]) -> Result<(), npu_fd::FdError>;
+}
+
+impl I32Copies for Mapping {
+    fn i32s(&self) -> Result<Vec<i32>, npu_fd::FdError> {
+        if !self.len().is_multiple_of(4) {
+            return Err(npu_fd::FdError::RangeOutsideMapping {
+                offset: 0,
+                len: self.len().next_multiple_of(4),
+                mapped: self.len(),
+            });
+        }
+        self.read_vec(0, self.len() / 4)
+    }
+
+    fn fill_i32(&mut self, v: i32) -> Result<(), npu_fd::FdError> {
+        self.write_from(0, &vec![v; self.len() / 4])
+    }
+
+    fn set_i32s(&mut self, v: &[i32]) -> Result<(), npu_fd::FdError> {
+        self.write_from(0, v)
+    }
+}
+
 /// A tensor the client maps, and its id.
 #[derive(Debug)]
 pub struct Mapped {

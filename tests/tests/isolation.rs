@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use npu_artifacts::emu::{DType, EmuDesign};
 use npu_proto::v1 as pb;
-use npud_e2e::{Daemon, Options, Session, binary, dispatch_request, with_session};
+use npud_e2e::{Daemon, I32Copies, Options, Session, binary, dispatch_request, with_session};
 
 const N: u32 = 1024;
 const BYTES: u64 = N as u64 * 4;
@@ -243,15 +243,9 @@ async fn a_killed_client_loses_its_tensors_and_program_references_after_the_grac
     );
 
     // The survivor keeps working.
-    x.map.as_mut_slice_of::<i32>().unwrap().fill(99);
+    x.map.fill_i32(99).unwrap();
     other.dispatch(p, &[x.id, y.id]).await.unwrap();
-    assert!(
-        y.map
-            .as_slice_of::<i32>()
-            .unwrap()
-            .iter()
-            .all(|v| *v == 100)
-    );
+    assert!(y.map.i32s().unwrap().iter().all(|v| *v == 100));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

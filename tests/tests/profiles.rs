@@ -13,7 +13,7 @@ use std::os::fd::AsFd;
 
 use npu_artifacts::emu::{DType, EmuDesign};
 use npu_proto::v1 as pb;
-use npud_e2e::{Daemon, Mapped, Options, PROFILES, Runtime, Session, dispatch_request};
+use npud_e2e::{Daemon, I32Copies, Mapped, Options, PROFILES, Runtime, Session, dispatch_request};
 use rustix::fs::SealFlags;
 use tokio_stream::StreamExt;
 
@@ -121,17 +121,10 @@ async fn core_work(profile: &str, runtime: Runtime) {
     };
     assert_eq!(storage(&mut s, &a).await, want_storage);
     let input: Vec<i32> = (0..N as i32).map(|v| v * 3 - 1000).collect();
-    a.map
-        .as_mut_slice_of::<i32>()
-        .unwrap()
-        .copy_from_slice(&input);
+    a.map.set_i32s(&input).unwrap();
     s.dispatch(p, &[a.id, b.id]).await.unwrap();
     let plus = |k: i32| input.iter().map(|v| v + k).collect::<Vec<i32>>();
-    same(
-        b.map.as_slice_of::<i32>().unwrap(),
-        &plus(1),
-        "b after one dispatch",
-    );
+    same(&b.map.i32s().unwrap(), &plus(1), "b after one dispatch");
 
     // A chain of 100: batches of 32, 32, 32 and 4.
     let links = (0..100).map(|k| alternating(p, a.id, b.id, k)).collect();
@@ -139,11 +132,7 @@ async fn core_work(profile: &str, runtime: Runtime) {
     assert!(r.failure.is_none(), "{r:?}");
     assert_eq!((r.completed, r.doorbells), (100, 4));
     // Link k writes input + k + 1; link 99 is odd, so it wrote a.
-    same(
-        a.map.as_slice_of::<i32>().unwrap(),
-        &plus(100),
-        "a after the chain",
-    );
+    same(&a.map.i32s().unwrap(), &plus(100), "a after the chain");
 
     // 32 links of six arguments: 27 fit the G1 chain buffer and 31 the early G2 one; one
     // doorbell for all 32 fails on those runtimes.
@@ -189,11 +178,7 @@ async fn core_work(profile: &str, runtime: Runtime) {
         done.push(r.request_id);
     }
     assert_eq!(done, (0..20).collect::<Vec<u64>>());
-    same(
-        b.map.as_slice_of::<i32>().unwrap(),
-        &plus(101),
-        "b after the stream",
-    );
+    same(&b.map.i32s().unwrap(), &plus(101), "b after the stream");
 }
 
 /// A fault on the runtimes that report one: INTERNAL, the program quarantined, the device
@@ -208,12 +193,12 @@ async fn device_fault(profile: &str, runtime: Runtime) {
         .await
         .unwrap()
         .program_id;
-    a.map.as_mut_slice_of::<i32>().unwrap().fill(7);
+    a.map.fill_i32(7).unwrap();
     let r = s.dispatch(fault, &[a.id, b.id]).await;
     match profile {
         "rocm-7.0" => {
             r.expect("ROCm 7.0 reports no device fault");
-            assert!(b.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 0));
+            assert!(b.map.i32s().unwrap().iter().all(|v| *v == 0));
             let st = s.statistics().await.unwrap();
             assert_eq!(st.device_faults, 0);
         }
@@ -227,7 +212,7 @@ async fn device_fault(profile: &str, runtime: Runtime) {
     }
     // The device serves the next program either way.
     s.dispatch(p, &[a.id, b.id]).await.unwrap();
-    assert!(b.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 8));
+    assert!(b.map.i32s().unwrap().iter().all(|v| *v == 8));
 }
 
 /// A client holding every kind of fd the daemon hands out or accepts tries to truncate, grow
@@ -265,16 +250,10 @@ async fn truncation(profile: &str, runtime: Runtime) {
             }
         }
     }
-    a.map.as_mut_slice_of::<i32>().unwrap().fill(41);
+    a.map.fill_i32(41).unwrap();
     s.dispatch(p, &[a.id, out.id]).await.unwrap();
     s.dispatch(p, &[imported, out.id]).await.unwrap();
-    assert!(
-        out.map
-            .as_slice_of::<i32>()
-            .unwrap()
-            .iter()
-            .all(|v| *v == 1)
-    );
+    assert!(out.map.i32s().unwrap().iter().all(|v| *v == 1));
     let req = s.req(pb::ReadTensorRequest {
         tensor_id: a.id,
         offset: 0,
@@ -405,9 +384,9 @@ async fn rocm_7_0_takes_the_generation_from_sysfs_or_the_flag_and_never_guesses(
                 i.generation_source
             );
             let (p, mut a, b) = vsa(&mut s, 2).await;
-            a.map.as_mut_slice_of::<i32>().unwrap().fill(40);
+            a.map.fill_i32(40).unwrap();
             s.dispatch(p, &[a.id, b.id]).await.unwrap();
-            assert!(b.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 42));
+            assert!(b.map.i32s().unwrap().iter().all(|v| *v == 42));
         }
     }
 }
@@ -440,7 +419,7 @@ async fn a_fault_that_kills_the_daemon(profile: &str, runtime: Runtime) {
 
     let mut good = Session::open(d.connect().await, "innocent").await.unwrap();
     let (p, mut a, b) = vsa(&mut good, 1).await;
-    a.map.as_mut_slice_of::<i32>().unwrap().fill(1);
+    a.map.fill_i32(1).unwrap();
     good.dispatch(p, &[a.id, b.id]).await.unwrap();
 
     let mut bad = Session::open(d.connect().await, "faulting").await.unwrap();
@@ -489,9 +468,9 @@ async fn a_fault_that_kills_the_daemon(profile: &str, runtime: Runtime) {
         .await
         .unwrap();
     let (p, mut a, b) = vsa(&mut good, 1).await;
-    a.map.as_mut_slice_of::<i32>().unwrap().fill(9);
+    a.map.fill_i32(9).unwrap();
     good.dispatch(p, &[a.id, b.id]).await.unwrap();
-    assert!(b.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 10));
+    assert!(b.map.i32s().unwrap().iter().all(|v| *v == 10));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

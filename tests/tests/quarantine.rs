@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use npu_artifacts::emu::{DType, EmuDesign};
 use npu_proto::v1 as pb;
 use npu_proto::v1::npud_client::NpudClient;
-use npud_e2e::{Daemon, Options, Session, npuctl_binary};
+use npud_e2e::{Daemon, I32Copies, Options, Session, npuctl_binary};
 
 const N: u32 = 1024;
 const BYTES: u64 = N as u64 * 4;
@@ -213,9 +213,9 @@ async fn a_daemon_killed_mid_dispatch_quarantines_that_program_at_its_next_start
         .unwrap();
     let mut x = other.alloc_mapped(BYTES).await.unwrap();
     let y = other.alloc_mapped(BYTES).await.unwrap();
-    x.map.as_mut_slice_of::<i32>().unwrap().fill(41);
+    x.map.fill_i32(41).unwrap();
     other.dispatch(vsa.program_id, &[x.id, y.id]).await.unwrap();
-    assert!(y.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 42));
+    assert!(y.map.i32s().unwrap().iter().all(|v| *v == 42));
 }
 
 /// Another local user may not clear a quarantine: the quarantined program could abort the

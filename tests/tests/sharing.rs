@@ -7,7 +7,7 @@ use std::process::Command;
 
 use npu_artifacts::emu::{DType, EmuDesign};
 use npu_proto::v1 as pb;
-use npud_e2e::{Daemon, Options, Session, binary};
+use npud_e2e::{Daemon, I32Copies, Options, Session, binary};
 
 const N: u32 = 1024;
 const BYTES: u64 = N as u64 * 4;
@@ -75,30 +75,21 @@ async fn an_imported_memfd_is_staged_around_the_dispatch() {
     let mut in_map = npu_fd::Mapping::new(in_fd.as_fd(), 0, LEN).unwrap();
     let out_map = npu_fd::Mapping::new(out_fd.as_fd(), 0, LEN).unwrap();
     let values: Vec<i32> = (0..N as i32).map(|i| 1000 - 3 * i).collect();
-    in_map
-        .as_mut_slice_of::<i32>()
-        .unwrap()
-        .copy_from_slice(&values);
+    in_map.set_i32s(&values).unwrap();
     let (tin, sent) = s.import(in_fd.as_fd(), BYTES).await.unwrap();
     sent.unwrap();
     let (tout, sent) = s.import(out_fd.as_fd(), BYTES).await.unwrap();
     sent.unwrap();
 
     s.dispatch(reg.program_id, &[tin, tout]).await.unwrap();
-    let out = out_map.as_slice_of::<i32>().unwrap();
+    let out = out_map.i32s().unwrap();
     let want: Vec<i32> = values.iter().map(|v| v + 1).collect();
     assert_eq!(out, &want[..]);
 
     // The client writes its next input in place; the next dispatch sees it.
-    in_map.as_mut_slice_of::<i32>().unwrap().fill(41);
+    in_map.fill_i32(41).unwrap();
     s.dispatch(reg.program_id, &[tin, tout]).await.unwrap();
-    assert!(
-        out_map
-            .as_slice_of::<i32>()
-            .unwrap()
-            .iter()
-            .all(|v| *v == 42)
-    );
+    assert!(out_map.i32s().unwrap().iter().all(|v| *v == 42));
 
     let info = s
         .client
@@ -172,11 +163,132 @@ async fn unsealed_short_and_non_memfd_fds_are_refused() {
     s.dispatch(reg.program_id, &[t_fixed, out.id])
         .await
         .unwrap();
+    assert!(out.map.i32s().unwrap().iter().all(|v| *v == 1));
+}
+
+/// The daemon copies to and from client memory only through raw pointers, so a client that
+/// writes its memory while the daemon copies it gets torn data at worst: every call still
+/// answers, the daemon stays up, and once the client stops, results are right again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_writing_its_memory_during_dispatches_and_reads_cannot_hurt_the_daemon() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let mut d = Daemon::start(Options::default());
+    let mut s = Session::open(d.connect().await, "scribbler").await.unwrap();
+    let reg = s.register(&vsa()).await.unwrap();
+
+    // An imported memfd (the daemon maps it and stages it around each dispatch) and an
+    // exported tensor (the emulator reads and writes the memory the client maps).
+    let in_fd = npu_fd::memfd::create("scribbled-in", BYTES).unwrap();
+    let (tin, sent) = s.import(in_fd.as_fd(), BYTES).await.unwrap();
+    sent.unwrap();
+    let out = s.alloc_mapped(BYTES).await.unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = Arc::new(AtomicU64::new(0));
+    let mut maps = vec![
+        npu_fd::Mapping::new(in_fd.as_fd(), 0, LEN).unwrap(),
+        npu_fd::Mapping::new(out.fd.as_fd(), 0, LEN).unwrap(),
+    ];
+    let scribbler = {
+        let (stop, writes) = (stop.clone(), writes.clone());
+        std::thread::spawn(move || {
+            let mut v = 0_i32;
+            while !stop.load(Ordering::Relaxed) {
+                for m in &mut maps {
+                    m.fill_i32(v).unwrap();
+                }
+                v = v.wrapping_add(1);
+                writes.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+
+    for i in 0..200 {
+        s.dispatch(reg.program_id, &[tin, out.id])
+            .await
+            .unwrap_or_else(|e| panic!("dispatch {i} while the client writes: {e}"));
+        for id in [tin, out.id] {
+            let mut chunks = s
+                .client
+                .read_tensor(s.req(pb::ReadTensorRequest {
+                    tensor_id: id,
+                    offset: 0,
+                    length: 0,
+                    chunk_bytes: 0,
+                }))
+                .await
+                .unwrap()
+                .into_inner();
+            let mut got = 0;
+            while let Some(c) = chunks.message().await.unwrap() {
+                got += c.data.len();
+            }
+            assert_eq!(got, LEN, "read {i} of tensor {id}");
+        }
+        let chunk = pb::WriteTensorChunk {
+            tensor_id: tin,
+            offset: 0,
+            data: vec![7; LEN],
+        };
+        s.client
+            .write_tensor(s.req(tokio_stream::iter([chunk])))
+            .await
+            .unwrap_or_else(|e| panic!("write {i} while the client writes: {e}"));
+    }
+    stop.store(true, Ordering::Relaxed);
+    scribbler.join().unwrap();
     assert!(
-        out.map
-            .as_slice_of::<i32>()
-            .unwrap()
-            .iter()
-            .all(|v| *v == 1)
+        writes.load(Ordering::Relaxed) > 0,
+        "the client wrote while the daemon worked"
+    );
+    assert!(d.running(), "the daemon is up");
+
+    // Quiet again: results are exact.
+    let mut input = npu_fd::Mapping::new(in_fd.as_fd(), 0, LEN).unwrap();
+    input.fill_i32(41).unwrap();
+    s.dispatch(reg.program_id, &[tin, out.id]).await.unwrap();
+    assert!(out.map.i32s().unwrap().iter().all(|v| *v == 42));
+}
+
+/// After a link faults, the daemon lends itself no slice of device memory (the failed queue may
+/// still write it until it is replaced), yet the imported memfd still receives what the links
+/// before the fault wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imported_memfd_gets_the_links_before_a_fault() {
+    let d = Daemon::start(Options::default());
+    let mut s = Session::open(d.connect().await, "fault-staged")
+        .await
+        .unwrap();
+    let add = s.register(&vsa()).await.unwrap().program_id;
+    let fault = s
+        .register(&EmuDesign::fault(N * 4))
+        .await
+        .unwrap()
+        .program_id;
+    let in_fd = npu_fd::memfd::create("in", BYTES).unwrap();
+    let out_fd = npu_fd::memfd::create("out", BYTES).unwrap();
+    npu_fd::Mapping::new(in_fd.as_fd(), 0, LEN)
+        .unwrap()
+        .fill_i32(5)
+        .unwrap();
+    let (tin, sent) = s.import(in_fd.as_fd(), BYTES).await.unwrap();
+    sent.unwrap();
+    let (tout, sent) = s.import(out_fd.as_fd(), BYTES).await.unwrap();
+    sent.unwrap();
+    let r = s
+        .chain(vec![
+            npud_e2e::dispatch_request(add, &[tin, tout]),
+            npud_e2e::dispatch_request(fault, &[tin, tout]),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(r.completed, 1, "{r:?}");
+    assert_eq!(r.failure.as_ref().map(|f| f.index), Some(1), "{r:?}");
+    let out = npu_fd::Mapping::new(out_fd.as_fd(), 0, LEN).unwrap();
+    assert!(
+        out.i32s().unwrap().iter().all(|v| *v == 6),
+        "link 0's output reached the client's memfd"
     );
 }

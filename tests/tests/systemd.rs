@@ -93,14 +93,11 @@ fn a_socket_activated_daemon_serves_on_the_sockets_it_was_given_and_leaves_their
         let mut a = s.alloc_mapped(4096).await.expect("tensor a by fd");
         let b = s.alloc_mapped(4096).await.expect("tensor b by fd");
         let input: Vec<i32> = (1..=1024).collect();
-        a.map
-            .as_mut_slice()
-            .unwrap()
-            .copy_from_slice(&i32_bytes(&input));
+        a.map.copy_from_slice(0, &i32_bytes(&input)).unwrap();
         s.dispatch(reg.program_id, &[a.id, b.id])
             .await
             .expect("dispatch");
-        let out = bytes_i32(b.map.as_slice());
+        let out = bytes_i32(&b.map.read_vec::<u8>(0, 4096).unwrap());
         assert_eq!(out, input.iter().map(|x| x + 1).collect::<Vec<_>>());
     });
     assert!(

@@ -4,7 +4,7 @@
 
 use npu_artifacts::emu::{DType, EmuDesign};
 use npu_proto::v1 as pb;
-use npud_e2e::{Daemon, Options, Session, bytes_i32, dispatch_request, i32_bytes};
+use npud_e2e::{Daemon, I32Copies, Options, Session, bytes_i32, dispatch_request, i32_bytes};
 use tokio_stream::StreamExt;
 
 const N: u32 = 1024;
@@ -35,10 +35,7 @@ async fn a_chain_of_64_links_adds_64() {
     let d = Daemon::start(Options::default());
     let (mut s, p, mut a, b) = setup(&d).await;
     let input: Vec<i32> = (0..N as i32).map(|i| i * 5 - 300).collect();
-    a.map
-        .as_mut_slice_of::<i32>()
-        .unwrap()
-        .copy_from_slice(&input);
+    a.map.set_i32s(&input).unwrap();
     let links = (0..64).map(|k| alternating(p, a.id, b.id, k)).collect();
     let r = s.chain(links).await.unwrap();
     assert_eq!(r.completed, 64);
@@ -46,9 +43,9 @@ async fn a_chain_of_64_links_adds_64() {
     assert_eq!(r.doorbells, 2, "64 packets ring at most every 32");
     // Link 63 is odd: it wrote a.
     let want: Vec<i32> = input.iter().map(|v| v + 64).collect();
-    assert_eq!(a.map.as_slice_of::<i32>().unwrap(), &want[..]);
+    assert_eq!(a.map.i32s().unwrap(), &want[..]);
     let want_b: Vec<i32> = input.iter().map(|v| v + 63).collect();
-    assert_eq!(b.map.as_slice_of::<i32>().unwrap(), &want_b[..]);
+    assert_eq!(b.map.i32s().unwrap(), &want_b[..]);
     let st = s.statistics().await.unwrap();
     let mine = st.sessions.iter().find(|x| x.session_id == s.id).unwrap();
     assert_eq!(mine.dispatches.as_ref().unwrap().success.unwrap().count, 64);
@@ -59,7 +56,7 @@ async fn a_chain_whose_10th_link_faults_reports_index_10_and_the_rest_did_not_ru
     let d = Daemon::start(Options::default());
     let (mut s, p, mut a, b) = setup(&d).await;
     let fault = s.register(&EmuDesign::fault(N * 4)).await.unwrap();
-    a.map.as_mut_slice_of::<i32>().unwrap().fill(7);
+    a.map.fill_i32(7).unwrap();
     let links: Vec<pb::DispatchRequest> = (0..16)
         .map(|k| {
             if k == 10 {
@@ -78,7 +75,7 @@ async fn a_chain_whose_10th_link_faults_reports_index_10_and_the_rest_did_not_ru
     assert!(f.message.contains("quarantined"), "{}", f.message);
     assert_eq!(f.not_run, (11..16).collect::<Vec<u32>>());
     // Links 0..10 ran (link 9 wrote a); links 11.. did not (they would have changed a again).
-    assert!(a.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 17));
+    assert!(a.map.i32s().unwrap().iter().all(|v| *v == 17));
 
     // The faulting program is quarantined; the others keep working.
     let e = s
@@ -88,7 +85,7 @@ async fn a_chain_whose_10th_link_faults_reports_index_10_and_the_rest_did_not_ru
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
     assert!(e.message().contains("is quarantined"), "{e:?}");
     s.dispatch(p, &[a.id, b.id]).await.unwrap();
-    assert!(b.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 18));
+    assert!(b.map.i32s().unwrap().iter().all(|v| *v == 18));
 
     let st = s.statistics().await.unwrap();
     assert_eq!(st.device_faults, 1);
@@ -107,7 +104,7 @@ async fn a_chain_whose_10th_link_faults_reports_index_10_and_the_rest_did_not_ru
 async fn submit_completes_in_submission_order_with_request_ids() {
     let d = Daemon::start(Options::default());
     let (mut s, p, mut a, b) = setup(&d).await;
-    a.map.as_mut_slice_of::<i32>().unwrap().fill(0);
+    a.map.fill_i32(0).unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(128);
     let outbound = tokio_stream::wrappers::ReceiverStream::new(rx);
     let mut inbound = s.client.submit(s.req(outbound)).await.unwrap().into_inner();
@@ -159,7 +156,7 @@ async fn submit_completes_in_submission_order_with_request_ids() {
     want.push(5);
     assert_eq!(ids, want);
     // Single dispatches write b only; each of the 10 chains adds 2 to a.
-    assert!(a.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 20));
+    assert!(a.map.i32s().unwrap().iter().all(|v| *v == 20));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,7 +205,7 @@ async fn work_whose_deadline_passed_in_the_queue_does_not_run() {
     assert!(r2.message.contains("did not run"), "{}", r2.message);
     let r3 = inbound.next().await.unwrap().unwrap();
     assert_eq!(r3.code, 0, "{r3:?}");
-    assert!(c.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 0));
+    assert!(c.map.i32s().unwrap().iter().all(|v| *v == 0));
     let st = s.statistics().await.unwrap();
     let mine = st.sessions.iter().find(|x| x.session_id == s.id).unwrap();
     let errors = &mine.dispatches.as_ref().unwrap().errors;
@@ -301,16 +298,10 @@ async fn programs_are_evicted_least_recently_used_and_reloaded_on_demand() {
         .await
         .unwrap()
         .program_id;
-    a.map.as_mut_slice_of::<i32>().unwrap().fill(10);
+    a.map.fill_i32(10).unwrap();
     for (p, want) in [(p1, 11), (p2, 12), (p3, 13), (p1, 11)] {
         s.dispatch(p, &[a.id, b.id]).await.unwrap();
-        assert!(
-            b.map
-                .as_slice_of::<i32>()
-                .unwrap()
-                .iter()
-                .all(|v| *v == want)
-        );
+        assert!(b.map.i32s().unwrap().iter().all(|v| *v == want));
     }
     let st = s.statistics().await.unwrap();
     let by_id = |id| st.programs.iter().find(|x| x.program_id == id).unwrap();
@@ -470,7 +461,7 @@ async fn a_grpc_timeout_that_expires_in_the_queue_keeps_the_dispatch_from_runnin
         .await
         .unwrap()
         .program_id;
-    a.map.as_mut_slice_of::<i32>().unwrap().fill(5);
+    a.map.fill_i32(5).unwrap();
     let mut s2 = s.clone();
     let (ia, ib) = (a.id, b.id);
     let blocker = tokio::spawn(async move { s2.dispatch(hang, &[ia, ib]).await });
@@ -490,7 +481,7 @@ async fn a_grpc_timeout_that_expires_in_the_queue_keeps_the_dispatch_from_runnin
         tonic::Code::Internal
     );
     // The hang left b as it was; the timed-out dispatch (5 + 1 into b) never ran.
-    assert!(b.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v != 6));
+    assert!(b.map.i32s().unwrap().iter().all(|v| *v != 6));
     let st = s.statistics().await.unwrap();
     let mine = st.sessions.iter().find(|x| x.session_id == s.id).unwrap();
     let errors = &mine.dispatches.as_ref().unwrap().errors;
@@ -531,23 +522,17 @@ async fn dispatches_are_served_whether_the_executor_polls_or_sleeps() {
         assert_eq!((info.io_threads, info.executor_spin_us), (io, spin));
         let (mut s, p, mut a, b) = setup(&d).await;
         let (mut t, q, mut c, e) = setup(&d).await;
-        a.map.as_mut_slice_of::<i32>().unwrap().fill(0);
-        c.map.as_mut_slice_of::<i32>().unwrap().fill(100);
+        a.map.fill_i32(0).unwrap();
+        c.map.fill_i32(100).unwrap();
         // One client alone, then two at once.
         add_back_and_forth(&mut s, p, a.id, b.id, 20).await;
-        assert!(a.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 20));
+        assert!(a.map.i32s().unwrap().iter().all(|v| *v == 20));
         tokio::join!(
             add_back_and_forth(&mut s, p, a.id, b.id, 20),
             add_back_and_forth(&mut t, q, c.id, e.id, 20),
         );
-        assert!(a.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 40));
-        assert!(
-            c.map
-                .as_slice_of::<i32>()
-                .unwrap()
-                .iter()
-                .all(|v| *v == 120)
-        );
+        assert!(a.map.i32s().unwrap().iter().all(|v| *v == 40));
+        assert!(c.map.i32s().unwrap().iter().all(|v| *v == 120));
     }
 }
 
@@ -603,5 +588,5 @@ async fn work_whose_program_was_unregistered_while_queued_is_refused() {
         r2.message,
         format!("program_id: program {doomed} was unregistered")
     );
-    assert!(c.map.as_slice_of::<i32>().unwrap().iter().all(|v| *v == 0));
+    assert!(c.map.i32s().unwrap().iter().all(|v| *v == 0));
 }

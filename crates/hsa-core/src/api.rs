@@ -129,8 +129,25 @@ impl HsaApi {
         Err(HsaError::LibraryNotFound { tried })
     }
 
-    /// A table of functions linked into this program (how the emulator is used in-process).
-    pub fn from_static(fns: HsaFns, name: &'static str) -> Self {
+    /// A table of functions linked into this program (how the emulator is used in-process;
+    /// `hsa_sim::api()` wraps this for the emulator).
+    ///
+    /// # Safety
+    ///
+    /// As for [`HsaFns::resolve`]: every function in `fns` must be the C function of its
+    /// field's name, or behave exactly as ROCR's headers specify it, with that signature, for
+    /// as long as the table is used. The device layer calls them from safe code on the strength
+    /// of that contract (a function that writes more bytes than the headers say, or keeps a
+    /// pointer past the call, makes safe code undefined).
+    ///
+    /// Safe code cannot vouch for a table:
+    ///
+    /// ```compile_fail,E0133
+    /// fn api(fns: hsa_core::sys::HsaFns) -> hsa_core::HsaApi {
+    ///     hsa_core::HsaApi::from_static(fns, "mine")
+    /// }
+    /// ```
+    pub unsafe fn from_static(fns: HsaFns, name: &'static str) -> Self {
         Self {
             fns,
             source: ApiSource::Static { name },

@@ -4,7 +4,7 @@
 //! the per-link cost).
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use hsa_core::{Device, DeviceOptions, Dispatch, Generation, HsaApi};
+use hsa_core::{Device, DeviceOptions, Dispatch, Generation};
 use npu_artifacts::NpuGen;
 use npu_artifacts::emu::{DType, EmuDesign};
 
@@ -12,7 +12,7 @@ fn open() -> Device {
     let cfg = hsa_sim::SimConfig::default();
     let abi = cfg.packet_abi();
     hsa_sim::set_config(cfg);
-    let api = HsaApi::from_static(hsa_sim::fns(), "hsa-sim");
+    let api = hsa_sim::api("hsa-sim");
     Device::open(
         api,
         DeviceOptions {

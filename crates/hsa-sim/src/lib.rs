@@ -208,3 +208,13 @@ pub fn fns() -> hsa_core::sys::HsaFns {
         portable_close_dmabuf: Some(hsa_amd_portable_close_dmabuf),
     }
 }
+
+/// The emulator as an [`hsa_core::HsaApi`] named `name`: [`fns`] behind the device layer,
+/// linked into this program.
+pub fn api(name: &'static str) -> hsa_core::HsaApi {
+    // SAFETY: every entry of `fns()` is this crate's own implementation of the C function of
+    // that name, with the signature ROCR's headers give it, and it is linked into the program,
+    // so it lives as long as the table. Each implementation checks its pointer arguments as
+    // ROCR's contract lets it and writes no more than the headers say.
+    unsafe { hsa_core::HsaApi::from_static(fns(), name) }
+}

@@ -108,7 +108,8 @@ fn a_dispatch_through_the_loaded_library_runs_and_errors_read_back_through_c() {
     let lib = open();
     // SAFETY: (whole test) every symbol is this crate's function of the C name's signature;
     // calls follow ROCR's contracts: live out-pointers, handles from the runtime, buffers sized
-    // as declared.
+    // as declared. Device memory is viewed as a slice only after the completion signal says
+    // the dispatch finished; the emulator runs nothing else, so nothing writes it meanwhile.
     unsafe {
         let f = HsaFns::resolve(|n| {
             lib.get::<*const c_void>(n.as_bytes())

@@ -189,7 +189,8 @@ fn iron_sequence(api: &HsaApi, profile: Profile) {
     let iron = Iron;
     // SAFETY: every call below follows ROCR's documented contract: valid out-pointers, handles
     // obtained from the runtime, buffers allocated from it and sized as declared. This is the
-    // sequence IRON's ctypes backend performs.
+    // sequence IRON's ctypes backend performs. Buffers are viewed as slices only once the
+    // signal says the work finished, when nothing writes them.
     unsafe {
         iron.ok("hsa_init", (f.init)());
         let (mut freq, mut max_wait) = (0u64, 0u64);

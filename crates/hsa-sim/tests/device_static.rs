@@ -167,9 +167,27 @@ fn a_fault_in_link_10_stops_the_chain_there_and_the_queue_recovers() {
         err.report.queue_recreations, 0,
         "the failed queue is left suspended"
     );
+    // Until the failed queue is gone, its work may still write device memory: no slice of
+    // it is lent, while raw copies still work.
+    let refused = dev
+        .with_tensor(bufs[10], 0, 4, |b| b.to_vec())
+        .expect_err("no slice while the failed queue lives");
+    assert!(
+        refused
+            .to_string()
+            .contains("may still write device memory until recover() replaces its queue"),
+        "{refused}"
+    );
+    assert!(dev.with_tensor_mut(bufs[10], 0, 4, |_| ()).is_err());
+    assert_eq!(read_i32s(&dev, bufs[10], 4)[0], 10, "raw copies still work");
     assert!(
         dev.recover().unwrap(),
         "recover() recreates the failed queue"
+    );
+    assert_eq!(
+        dev.with_tensor(bufs[10], 0, 4, |b| b.to_vec()).unwrap(),
+        10_i32.to_le_bytes(),
+        "slices again once the queue is replaced"
     );
     assert!(!dev.recover().unwrap(), "and then has nothing to do");
     assert_eq!(read_i32s(&dev, bufs[10], 4)[0], 10, "links before 10 ran");

@@ -153,7 +153,8 @@ fn map_fd(fd: BorrowedFd<'_>, offset: u64, len: usize) -> *mut u8 {
 fn a_vmem_handle_exported_as_a_shareable_fd_shares_its_bytes() {
     let sim = Sim::new(Profile::RocrNewest);
     let size = page();
-    // SAFETY: (whole block) out-pointers are live locals; the fd is owned once exported.
+    // SAFETY: (whole block) out-pointers are live locals; the fd is owned once exported; the
+    // slice of the fd's mapping is read after the write that filled it, with no writer left.
     unsafe {
         let mut h = VmemHandle::default();
         assert_eq!(
@@ -372,7 +373,8 @@ fn only_the_newest_runtime_exports_aie_vmem_and_its_fd_is_sealed() {
         q.submit(&[sim.packet(&d)]);
         assert_eq!(q.errors(), vec![], "{:?}", last_error());
         let m = map_fd(std::os::fd::AsFd::as_fd(&fd), 0, size);
-        // SAFETY: `m` maps one live page of the exported fd.
+        // SAFETY: `m` maps one live page of the exported fd, and nothing writes it while the
+        // copy is made: the dispatch that wrote it has completed and nothing else runs.
         let seen = unsafe { std::slice::from_raw_parts(m, 1024) }.to_vec();
         assert_eq!(bytes_i32(&seen), vec![6; 256]);
         // SAFETY: the mapping made above, unmapped once.

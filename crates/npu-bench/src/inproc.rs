@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use hsa_core::{Device, DeviceOptions, Dispatch, Generation, HsaApi, PacketAbi};
+use hsa_core::{Device, DeviceOptions, Dispatch, Generation, PacketAbi};
 use npu_artifacts::NpuGen;
 use npu_artifacts::emu::EmuDesign;
 
@@ -30,7 +30,7 @@ impl InProcess {
     pub fn open() -> Result<InProcess> {
         let err = BenchError::ctx("in-process emulator");
         hsa_sim::set_config(hsa_sim::SimConfig::default());
-        let api = HsaApi::from_static(hsa_sim::fns(), "hsa-sim");
+        let api = hsa_sim::api("hsa-sim");
         let mut dev = Device::open(
             api,
             DeviceOptions {

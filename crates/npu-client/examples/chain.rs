@@ -41,16 +41,19 @@ async fn run() -> Result<bool, ClientError> {
     )?;
     let input: Vec<i32> = (1..).take(N as usize).collect();
     let a = client.tensor_from(&input).await?;
-    let out0 = client.alloc::<i32>(N as usize).await?;
-    let out1 = client.alloc::<i32>(N as usize).await?;
+    let mut out0 = client.alloc::<i32>(N as usize).await?;
+    let mut out1 = client.alloc::<i32>(N as usize).await?;
 
-    let r = client
-        .chain()
-        .then(&add_one, &[&a, &out0])
-        .then(&add_one, &[&out0, &out1])
-        .run()
-        .await?
-        .ok()?;
+    // Each tensor joins the chain once: `read` for what no link writes, `write` for what a
+    // link may write (out0 is written by link 0 and read by link 1).
+    let mut chain = client.chain();
+    let (i, o0, o1) = (
+        chain.read(&a),
+        chain.write(&mut out0),
+        chain.write(&mut out1),
+    );
+    chain.then(&add_one, &[i, o0]).then(&add_one, &[o0, o1]);
+    let r = chain.run().await?.ok()?;
     println!(
         "chain: {} links on {} doorbell ring(s), queue {:?}, device {:?}",
         r.completed, r.doorbells, r.queue, r.device

@@ -76,13 +76,15 @@ fn child(id: i32) -> Result<String, ClientError> {
         client.generation(),
     )?;
     let mut input = client.alloc::<i32>(N as usize)?;
-    let output = client.alloc::<i32>(N as usize)?;
+    let mut output = client.alloc::<i32>(N as usize)?;
     let mut device = std::time::Duration::ZERO;
     for round in 0..ROUNDS {
         for (x, i) in input.as_mut_slice().iter_mut().zip(0..) {
             *x = id * 1_000_000 + round * 10_000 + i;
         }
-        device += client.dispatch(&program, &[&input, &output])?.device;
+        device += client
+            .dispatch(&program, &[&input], &mut [&mut output])?
+            .device;
         if input
             .as_slice()
             .iter()

@@ -53,11 +53,13 @@ async fn run() -> Result<bool, ClientError> {
     let program = Program::from_dir(&dir)?;
 
     let mut input = client.alloc::<i32>(N as usize).await?;
-    let output = client.alloc::<i32>(N as usize).await?;
+    let mut output = client.alloc::<i32>(N as usize).await?;
     for (x, v) in input.as_mut_slice().iter_mut().zip(1..) {
         *x = v;
     }
-    let t = client.dispatch(&program, &[&input, &output]).await?;
+    let t = client
+        .dispatch(&program, &[&input], &mut [&mut output])
+        .await?;
     println!(
         "vector_scalar_add: {N} x i32 on {} ({} tensors), queue {:?}, device {:?}",
         client.address(),

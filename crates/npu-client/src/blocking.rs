@@ -11,9 +11,9 @@
 //! let client = Client::connect(None)?;
 //! let program = Program::from_dir("build")?;
 //! let mut a = client.alloc::<i32>(1024)?;
-//! let b = client.alloc::<i32>(1024)?;
+//! let mut b = client.alloc::<i32>(1024)?;
 //! a.as_mut_slice().fill(41);
-//! client.dispatch(&program, &[&a, &b])?;
+//! client.dispatch(&program, &[&a], &mut [&mut b])?;
 //! assert!(b.as_slice().iter().all(|&x| x == 42));
 //! # Ok::<(), npu_client::ClientError>(())
 //! ```
@@ -25,7 +25,7 @@ use npu_proto::v1 as pb;
 
 use crate::ClientError;
 use crate::connect::{Address, ConnectOptions};
-use crate::dispatch::{ChainResult, DispatchResult};
+use crate::dispatch::{ChainArg, ChainResult, DispatchResult};
 use crate::program::{Program, ProgramInfo};
 use crate::tensor::{Element, Tensor, TensorArg};
 
@@ -151,9 +151,11 @@ impl Client {
     pub fn dispatch(
         &self,
         program: &Program,
-        args: &[&dyn TensorArg],
+        reads: &[&dyn TensorArg],
+        writes: &mut [&mut dyn TensorArg],
     ) -> Result<DispatchResult, ClientError> {
-        self.rt.block_on(self.inner.dispatch(program, args))
+        self.rt
+            .block_on(self.inner.dispatch(program, reads, writes))
     }
 
     /// Starts a chain; see [`crate::Client::chain`].
@@ -179,7 +181,7 @@ impl Client {
     /// # Errors
     ///
     /// As there.
-    pub fn download<T: Element>(&self, tensor: &Tensor<T>) -> Result<(), ClientError> {
+    pub fn download<T: Element>(&self, tensor: &mut Tensor<T>) -> Result<(), ClientError> {
         self.rt.block_on(tensor.download())
     }
 
@@ -210,13 +212,20 @@ pub struct ChainBuilder<'a> {
 }
 
 impl<'a> ChainBuilder<'a> {
+    /// Adds a tensor the links only read; see [`crate::ChainBuilder::read`].
+    pub fn read(&mut self, tensor: &'a dyn TensorArg) -> ChainArg {
+        self.inner.read(tensor)
+    }
+
+    /// Adds a tensor a link may write; see [`crate::ChainBuilder::write`].
+    pub fn write(&mut self, tensor: &'a mut dyn TensorArg) -> ChainArg {
+        self.inner.write(tensor)
+    }
+
     /// Adds a link; see [`crate::ChainBuilder::then`].
-    #[must_use]
-    pub fn then(self, program: &'a Program, args: &[&'a dyn TensorArg]) -> Self {
-        ChainBuilder {
-            rt: self.rt,
-            inner: self.inner.then(program, args),
-        }
+    pub fn then(&mut self, program: &'a Program, args: &[ChainArg]) -> &mut Self {
+        self.inner.then(program, args);
+        self
     }
 
     /// Runs the chain; see [`crate::ChainBuilder::run`].
@@ -250,7 +259,7 @@ pub struct Pipeline<'a> {
     inner: crate::Pipeline<'a>,
 }
 
-impl Pipeline<'_> {
+impl<'a> Pipeline<'a> {
     /// See [`crate::Pipeline::in_flight`].
     #[must_use]
     pub fn in_flight(&self) -> usize {
@@ -265,9 +274,10 @@ impl Pipeline<'_> {
     pub fn submit(
         &mut self,
         program: &Program,
-        args: &[&dyn TensorArg],
+        reads: &[&'a dyn TensorArg],
+        writes: Vec<&'a mut dyn TensorArg>,
     ) -> Result<u64, ClientError> {
-        self.rt.block_on(self.inner.submit(program, args))
+        self.rt.block_on(self.inner.submit(program, reads, writes))
     }
 
     /// The next completion; see [`crate::Pipeline::next_completion`].

@@ -1,11 +1,17 @@
 //! Running programs: [`Client::dispatch`] and [`ChainBuilder`].
 //!
-//! Arguments are whole tensors, in the design's order (IRON's examples: inputs, then outputs).
-//! Staged (remote) tensors are uploaded before the work when dirty and downloaded after it (see
-//! [`crate::tensor`]). Both calls return when the device has finished.
+//! Arguments are whole tensors, in the design's order (IRON's examples: inputs, then outputs),
+//! split by what the device does with them: the ones it only reads are lent as `&Tensor`, the
+//! ones it may write as `&mut Tensor`, so no view of an output lives while the device writes it
+//! (see [What a view guarantees](crate::tensor#what-a-view-guarantees)). Which leading
+//! arguments a design only reads is [`Program::read_only_args`]; any argument after those must
+//! be lent as written, and the call refuses otherwise. Staged (remote) tensors are uploaded
+//! before the work when dirty, and the written ones downloaded after it (see [`crate::tensor`]).
+//! Both calls return when the device has finished.
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use npu_proto::v1 as pb;
@@ -72,34 +78,49 @@ impl ChainResult {
 }
 
 impl Client {
-    /// Runs `program` once over `args` and waits for the device.
+    /// Runs `program` once and waits for the device. Its arguments are `reads` followed by
+    /// `writes`, in the design's order: `reads` the design only reads (at most
+    /// [`Program::read_only_args`] of them), `writes` the rest, which the device may write and
+    /// which are lent to the daemon until it answers.
     ///
     /// Registers the program in this session first if needed.
     ///
     /// # Errors
     ///
-    /// [`ClientError::Invalid`] for a tensor of another session; the daemon's refusal
-    /// (`INVALID_ARGUMENT` for too few or too small arguments, `FAILED_PRECONDITION` for a
-    /// quarantined program, `INTERNAL` when the device failed it, ...) with its message;
-    /// [`ClientError::SessionLost`]; a transport error or timeout.
+    /// [`ClientError::Invalid`] for a tensor of another session, or for more `reads` than the
+    /// design only reads (nothing is sent); the daemon's refusal (`INVALID_ARGUMENT` for too
+    /// few or too small arguments, `FAILED_PRECONDITION` for a quarantined program, `INTERNAL`
+    /// when the device failed it, ...) with its message; [`ClientError::SessionLost`]; a
+    /// transport error or timeout (the written tensors then stay lent: see
+    /// [`crate::Tensor::is_lent`]).
     pub async fn dispatch(
         &self,
         program: &Program,
-        args: &[&dyn TensorArg],
+        reads: &[&dyn TensorArg],
+        writes: &mut [&mut dyn TensorArg],
     ) -> Result<DispatchResult, ClientError> {
-        let raws: Vec<&RawTensor> = args.iter().map(|a| a.raw()).collect();
-        self.check_owned(&raws)?;
+        let reads: Vec<&RawTensor> = reads.iter().map(|a| a.raw()).collect();
+        let mut writes: Vec<&mut RawTensor> = writes.iter_mut().map(|a| a.raw_mut()).collect();
+        check_reads(program, reads.len())?;
+        let all: Vec<&RawTensor> = reads
+            .iter()
+            .copied()
+            .chain(writes.iter().map(|w| &**w))
+            .collect();
+        self.check_owned(&all)?;
         let program_id = self.register(program).await?.id;
-        upload_dirty(&raws).await?;
-        let req = link(program_id, &raws);
-        let r = self
-            .inner
-            .call("Dispatch", |mut c| {
+        upload_dirty(&all).await?;
+        let req = link(program_id, &all);
+        drop(all);
+        let r = lent_during(
+            &mut writes,
+            self.inner.call("Dispatch", |mut c| {
                 let req = req.clone();
                 async move { c.dispatch(req).await.map(tonic::Response::into_inner) }
-            })
-            .await?;
-        download_all(&raws).await?;
+            }),
+        )
+        .await?;
+        download_written(&mut writes).await?;
         Ok(DispatchResult {
             queue: Duration::from_nanos(r.queue_ns),
             device: Duration::from_nanos(r.device_ns),
@@ -111,6 +132,8 @@ impl Client {
     pub fn chain(&self) -> ChainBuilder<'_> {
         ChainBuilder {
             client: self,
+            key: NEXT_CHAIN.fetch_add(1, Ordering::Relaxed),
+            tensors: Vec::new(),
             links: Vec::new(),
         }
     }
@@ -128,19 +151,108 @@ impl Client {
     }
 }
 
+/// Refuses `reads` arguments when the design may write one of them.
+pub(crate) fn check_reads(program: &Program, reads: usize) -> Result<(), ClientError> {
+    let most = program.read_only_args();
+    if reads <= most {
+        return Ok(());
+    }
+    Err(ClientError::Invalid(format!(
+        "{} gets {reads} arguments to read, but it may write argument {most}: {}",
+        program.name(),
+        only_reads(program)
+    )))
+}
+
+/// What the library knows of the arguments `program` only reads, for error messages.
+fn only_reads(program: &Program) -> String {
+    if program.emulated_design().is_some() {
+        format!(
+            "it only reads its first {}, pass the rest as written",
+            program.read_only_args()
+        )
+    } else {
+        "the library cannot tell which arguments a real design writes, so every argument is \
+         passed as written"
+            .to_owned()
+    }
+}
+
+static NEXT_CHAIN: AtomicU64 = AtomicU64::new(1);
+
+/// A tensor added to a chain with [`ChainBuilder::read`] or [`ChainBuilder::write`], for use in
+/// its links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainArg {
+    chain: u64,
+    index: usize,
+}
+
+#[derive(Debug)]
+enum Slot<'a> {
+    Read(&'a RawTensor),
+    Write(&'a mut RawTensor),
+}
+
+impl Slot<'_> {
+    fn raw(&self) -> &RawTensor {
+        match self {
+            Slot::Read(r) => r,
+            Slot::Write(w) => w,
+        }
+    }
+}
+
 /// Links of a chain, built with [`Client::chain`] and run with [`ChainBuilder::run`].
+///
+/// A chain borrows each of its tensors once, for all its links: [`ChainBuilder::read`] for a
+/// tensor no link writes, [`ChainBuilder::write`] for one any link may write (an output that a
+/// later link reads is added once, with `write`). Links name them by the [`ChainArg`] those
+/// return:
+///
+/// ```no_run
+/// # async fn f(client: &npu_client::Client, add_one: &npu_client::Program) -> Result<(), npu_client::ClientError> {
+/// let input = client.tensor_from(&[1i32; 64]).await?;
+/// let (mut mid, mut out) = (client.alloc::<i32>(64).await?, client.alloc::<i32>(64).await?);
+/// let mut chain = client.chain();
+/// let (i, m, o) = (chain.read(&input), chain.write(&mut mid), chain.write(&mut out));
+/// chain.then(add_one, &[i, m]).then(add_one, &[m, o]);
+/// chain.run().await?.ok()?;
+/// assert_eq!(out.as_slice()[0], 3);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct ChainBuilder<'a> {
     client: &'a Client,
-    links: Vec<(&'a Program, Vec<&'a RawTensor>)>,
+    key: u64,
+    tensors: Vec<Slot<'a>>,
+    links: Vec<(&'a Program, Vec<ChainArg>)>,
 }
 
 impl<'a> ChainBuilder<'a> {
-    /// Adds a link: `program` over `args`.
-    #[must_use]
-    pub fn then(mut self, program: &'a Program, args: &[&'a dyn TensorArg]) -> Self {
-        self.links
-            .push((program, args.iter().map(|a| a.raw()).collect()));
+    /// Adds a tensor that the chain's links only read.
+    pub fn read(&mut self, tensor: &'a dyn TensorArg) -> ChainArg {
+        self.add(Slot::Read(tensor.raw()))
+    }
+
+    /// Adds a tensor that a link may write; it is lent to the daemon while the chain runs.
+    pub fn write(&mut self, tensor: &'a mut dyn TensorArg) -> ChainArg {
+        self.add(Slot::Write(tensor.raw_mut()))
+    }
+
+    fn add(&mut self, slot: Slot<'a>) -> ChainArg {
+        self.tensors.push(slot);
+        ChainArg {
+            chain: self.key,
+            index: self.tensors.len() - 1,
+        }
+    }
+
+    /// Adds a link: `program` over `args`, in the design's order. Arguments from
+    /// [`ChainBuilder::read`] may only stand where the design only reads
+    /// ([`Program::read_only_args`]); [`ChainBuilder::run`] refuses the chain otherwise.
+    pub fn then(&mut self, program: &'a Program, args: &[ChainArg]) -> &mut Self {
+        self.links.push((program, args.to_vec()));
         self
     }
 
@@ -160,31 +272,69 @@ impl<'a> ChainBuilder<'a> {
     ///
     /// A link the daemon refuses before anything runs is an error naming the link; a device
     /// failure part way through is reported in [`ChainResult::failure`] (use
-    /// [`ChainResult::ok`] to make it an error). Staged tensors are downloaded in both cases.
+    /// [`ChainResult::ok`] to make it an error). Staged tensors added with `write` are
+    /// downloaded in both cases.
     ///
     /// # Errors
     ///
-    /// As [`Client::dispatch`], and `INVALID_ARGUMENT` for an empty chain.
+    /// As [`Client::dispatch`]; [`ClientError::Invalid`] for an argument of another chain or
+    /// one added with `read` where the design may write; `INVALID_ARGUMENT` for an empty chain.
     pub async fn run(self) -> Result<ChainResult, ClientError> {
-        let client = self.client;
-        let mut links = Vec::with_capacity(self.links.len());
-        let mut all: Vec<&RawTensor> = Vec::new();
-        for (program, raws) in &self.links {
-            client.check_owned(raws)?;
+        let ChainBuilder {
+            client,
+            key,
+            tensors,
+            links: planned,
+        } = self;
+        let mut links = Vec::with_capacity(planned.len());
+        for (n, (program, args)) in planned.iter().enumerate() {
+            let mut raws = Vec::with_capacity(args.len());
+            for (i, a) in args.iter().enumerate() {
+                let slot = tensors
+                    .get(a.index)
+                    .filter(|_| a.chain == key)
+                    .ok_or_else(|| {
+                        ClientError::Invalid(format!(
+                            "chain link {n}: args[{i}] was added to another chain"
+                        ))
+                    })?;
+                if i >= program.read_only_args()
+                    && let Slot::Read(r) = slot
+                {
+                    return Err(ClientError::Invalid(format!(
+                        "chain link {n}: args[{i}] (tensor {}) was added with read, but {} may \
+                         write it: {}",
+                        r.id,
+                        program.name(),
+                        only_reads(program)
+                    )));
+                }
+                raws.push(slot.raw());
+            }
+            client.check_owned(&raws)?;
             let id = client.register(program).await?.id;
-            links.push(link(id, raws));
-            all.extend(raws.iter().copied());
+            links.push(link(id, &raws));
         }
+        let all: Vec<&RawTensor> = tensors.iter().map(Slot::raw).collect();
         upload_dirty(&all).await?;
+        drop(all);
+        let mut writes: Vec<&mut RawTensor> = tensors
+            .into_iter()
+            .filter_map(|s| match s {
+                Slot::Write(w) => Some(w),
+                Slot::Read(_) => None,
+            })
+            .collect();
         let req = pb::ChainRequest { links };
-        let r = client
-            .inner
-            .call("Chain", |mut c| {
+        let r = lent_during(
+            &mut writes,
+            client.inner.call("Chain", |mut c| {
                 let req = req.clone();
                 async move { c.chain(req).await.map(tonic::Response::into_inner) }
-            })
-            .await?;
-        download_all(&all).await?;
+            }),
+        )
+        .await?;
+        download_written(&mut writes).await?;
         Ok(ChainResult {
             completed: r.completed,
             queue: Duration::from_nanos(r.queue_ns),
@@ -214,6 +364,39 @@ pub(crate) fn link(program_id: u64, raws: &[&RawTensor]) -> pb::DispatchRequest 
     }
 }
 
+/// Runs `call` with `writes` lent to the daemon, and takes them back only when the daemon
+/// answered it (see [`answered`]); otherwise they stay lent.
+async fn lent_during<R>(
+    writes: &mut [&mut RawTensor],
+    call: impl Future<Output = Result<R, ClientError>>,
+) -> Result<R, ClientError> {
+    for w in writes.iter_mut() {
+        w.lend();
+    }
+    let r = call.await;
+    if answered(&r) {
+        for w in writes.iter_mut() {
+            w.reclaim();
+        }
+    }
+    r
+}
+
+/// Whether an outcome is the daemon's answer to the whole call, after which it no longer
+/// writes the call's tensors: a result, or a refusal it sent. Not a timeout or a broken
+/// connection, nor `DEADLINE_EXCEEDED`, `CANCELLED` or `UNKNOWN`, which the transport may
+/// produce while the work still runs.
+pub(crate) fn answered<R>(r: &Result<R, ClientError>) -> bool {
+    match r {
+        Ok(_) | Err(ClientError::SessionLost { .. } | ClientError::ChainFailed { .. }) => true,
+        Err(ClientError::Daemon { code, .. }) => !matches!(
+            code,
+            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled | tonic::Code::Unknown
+        ),
+        Err(_) => false,
+    }
+}
+
 fn unique<'a>(raws: &[&'a RawTensor]) -> Vec<&'a RawTensor> {
     let mut seen = HashSet::new();
     raws.iter().copied().filter(|r| seen.insert(r.id)).collect()
@@ -226,9 +409,9 @@ async fn upload_dirty(raws: &[&RawTensor]) -> Result<(), ClientError> {
     Ok(())
 }
 
-async fn download_all(raws: &[&RawTensor]) -> Result<(), ClientError> {
-    for r in unique(raws) {
-        r.download().await?;
+async fn download_written(writes: &mut [&mut RawTensor]) -> Result<(), ClientError> {
+    for w in writes.iter_mut() {
+        w.download().await?;
     }
     Ok(())
 }

@@ -7,11 +7,12 @@
 //! let client = Client::connect(None).await?; // NPUD_ADDR, else the daemon's default socket
 //! let program = Program::from_dir("build/vector_scalar_add")?; // main.pdi + insts.bin
 //! let mut input = client.alloc::<i32>(1024).await?;
-//! let output = client.alloc::<i32>(1024).await?;
+//! let mut output = client.alloc::<i32>(1024).await?;
 //! for (i, x) in input.as_mut_slice().iter_mut().enumerate() {
 //!     *x = i as i32 + 1;
 //! }
-//! let timing = client.dispatch(&program, &[&input, &output]).await?;
+//! // What the design only reads, then what it writes (lent to the daemon until it answers).
+//! let timing = client.dispatch(&program, &[&input], &mut [&mut output]).await?;
 //! assert_eq!(output.as_slice()[0], 2);
 //! println!("queued {:?}, ran {:?}", timing.queue, timing.device);
 //! # Ok(()) }
@@ -21,7 +22,9 @@
 //!   session resumes by itself after a dropped connection, see [Sessions](crate#sessions)).
 //! - [`Program`]: `main.pdi` + `insts.bin`, registered once per session and reused.
 //! - [`Tensor<T>`]: typed memory shared with the device by fd on a local connection, staged
-//!   through the API on a remote one, with the same results (see [`tensor`]).
+//!   through the API on a remote one, with the same results (see [`tensor`]). Its views borrow
+//!   it and every call that writes it takes `&mut`, so safe code never holds a view of bytes
+//!   the daemon or the device is writing ([What a view guarantees](tensor#what-a-view-guarantees)).
 //! - [`Client::dispatch`] and [`Client::chain`] run work; [`DispatchResult`] and [`ChainResult`]
 //!   carry the daemon's queue and device times. [`Client::pipeline`] keeps several dispatches
 //!   in flight on one stream ([`Pipeline`], for tensors shared in place).
@@ -53,7 +56,7 @@ pub mod tensor;
 
 pub use client::{Client, Operator};
 pub use connect::{Address, ConnectOptions};
-pub use dispatch::{ChainBuilder, ChainResult, DispatchResult, LinkFailure};
+pub use dispatch::{ChainArg, ChainBuilder, ChainResult, DispatchResult, LinkFailure};
 pub use error::{ClientError, code_name};
 pub use pipeline::{Completion, Pipeline};
 pub use program::{Program, ProgramInfo};
@@ -87,11 +90,14 @@ mod tests {
 
     /// Compiles only if the futures can be spawned on a multi-threaded runtime.
     #[allow(dead_code)]
-    fn futures_are_send(c: &Client, p: &Program, a: &Tensor<i32>, b: &Tensor<i16>) {
-        send(c.dispatch(p, &[a, b]));
-        send(c.chain().then(p, &[a, b]).run());
+    fn futures_are_send(c: &Client, p: &Program, a: &Tensor<i32>, b: &mut Tensor<i16>) {
+        send(c.dispatch(p, &[a], &mut [&mut *b]));
+        let mut chain = c.chain();
+        let (x, y) = (chain.read(a), chain.write(&mut *b));
+        chain.then(p, &[x, y]);
+        send(chain.run());
         send(c.alloc::<f32>(4));
         send(c.register(p));
-        send(a.download());
+        send(b.download());
     }
 }

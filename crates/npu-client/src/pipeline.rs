@@ -13,10 +13,27 @@
 //! - Tensors must be shared in place (a local connection's fd-shared tensors): a staged
 //!   tensor would need its upload and download between dispatches still in flight, so it is
 //!   refused before anything is sent. Use [`Client::dispatch`] or a chain for those.
+//! - The pipeline borrows the tensors of every dispatch it sends for as long as it lives: the
+//!   ones a dispatch reads as `&Tensor`, the ones it writes as `&mut Tensor` (so one output
+//!   cannot be in two dispatches of one pipeline, and no view of it lives until the pipeline
+//!   is finished or dropped). A written tensor is lent to the daemon from its submission until
+//!   its completion arrives (see [What a view guarantees](crate::tensor#what-a-view-guarantees)).
 //! - A pipeline is not resumed after the connection drops: the stream ends with an error and
 //!   the dispatches still in flight are unknown (the session itself reconnects on the next
 //!   call). A pipeline dropped with dispatches in flight closes its stream; the daemon still
-//!   runs what it had accepted.
+//!   runs what it had accepted, so the tensors those dispatches write stay lent for good
+//!   ([`crate::Tensor::is_lent`]): call [`Pipeline::finish`] first.
+//!
+//! ```compile_fail,E0502
+//! # async fn f(client: &npu_client::Client, p: &npu_client::Program) -> Result<(), npu_client::ClientError> {
+//! let input = client.alloc::<i32>(64).await?;
+//! let mut output = client.alloc::<i32>(64).await?;
+//! let mut pipeline = client.pipeline(4).await?;
+//! pipeline.submit(p, &[&input], vec![&mut output]).await?;
+//! let seen = output.as_slice()[0]; // the dispatch may be writing it
+//! pipeline.finish().await?;
+//! # Ok(()) }
+//! ```
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -49,8 +66,9 @@ pub struct Pipeline<'a> {
     requests: Option<mpsc::Sender<pb::SubmitRequest>>,
     completions: Streaming<pb::SubmitResponse>,
     next_id: u64,
-    /// Ids sent and not yet completed, oldest first.
-    in_flight: VecDeque<u64>,
+    /// Ids sent and not yet completed, oldest first, each with the tensors it writes (lent
+    /// until its completion arrives).
+    in_flight: VecDeque<(u64, Vec<&'a mut RawTensor>)>,
     /// Completions taken off the stream to make room, not yet returned by `next_completion`.
     ready: VecDeque<Completion>,
 }
@@ -91,7 +109,7 @@ impl Client {
     }
 }
 
-impl Pipeline<'_> {
+impl<'a> Pipeline<'a> {
     /// Dispatches in flight at most.
     #[must_use]
     pub fn depth(&self) -> usize {
@@ -110,19 +128,30 @@ impl Pipeline<'_> {
         self.in_flight.len() + self.ready.len()
     }
 
-    /// Sends `program` over `args` (registering the program first if needed) and returns the
-    /// request id its [`Completion`] will carry.
+    /// Sends `program` over `reads` followed by `writes`, in the design's order (registering
+    /// the program first if needed), and returns the request id its [`Completion`] will carry.
+    /// As in [`Client::dispatch`], `reads` are the arguments the design only reads (at most
+    /// [`Program::read_only_args`]); the pipeline keeps both borrowed for the rest of its life.
     ///
     /// # Errors
     ///
-    /// [`ClientError::Invalid`] for a tensor of another session or one staged through the API
-    /// (nothing is sent); a registration error; a transport error when the stream has ended.
+    /// [`ClientError::Invalid`] for a tensor of another session, one staged through the API, or
+    /// more `reads` than the design only reads (nothing is sent); a registration error; a
+    /// transport error when the stream has ended.
     pub async fn submit(
         &mut self,
         program: &Program,
-        args: &[&dyn TensorArg],
+        reads: &[&'a dyn TensorArg],
+        writes: Vec<&'a mut dyn TensorArg>,
     ) -> Result<u64, ClientError> {
-        let raws: Vec<&RawTensor> = args.iter().map(|a| a.raw()).collect();
+        crate::dispatch::check_reads(program, reads.len())?;
+        let mut writes: Vec<&'a mut RawTensor> =
+            writes.into_iter().map(TensorArg::raw_mut).collect();
+        let raws: Vec<&RawTensor> = reads
+            .iter()
+            .map(|a| a.raw())
+            .chain(writes.iter().map(|w| &**w))
+            .collect();
         self.client.check_owned(&raws)?;
         for (i, r) in raws.iter().enumerate() {
             if r.is_staged() {
@@ -146,15 +175,24 @@ impl Pipeline<'_> {
             ))),
             timeout_ms: 0,
         };
+        drop(raws);
+        // Lent before the request leaves: the daemon may write them as soon as it has it.
+        for w in &mut writes {
+            w.lend();
+        }
         let sent = match &self.requests {
             Some(tx) => tx.send(req).await.is_ok(),
             None => false,
         };
         if !sent {
+            // Never sent, so the daemon does not have it.
+            for w in &mut writes {
+                w.reclaim();
+            }
             return Err(self.ended("the stream is closed"));
         }
         self.next_id += 1;
-        self.in_flight.push_back(request_id);
+        self.in_flight.push_back((request_id, writes));
         Ok(request_id)
     }
 
@@ -197,12 +235,19 @@ impl Pipeline<'_> {
             Ok(None) => return Err(self.ended("the daemon ended the stream")),
             Err(status) => return Err(ClientError::daemon("Submit", &status)),
         };
-        match self.in_flight.pop_front() {
-            Some(id) if id == r.request_id => {}
+        match self.in_flight.front_mut() {
+            Some((id, writes)) if *id == r.request_id => {
+                // The daemon is done with this dispatch, whatever its outcome.
+                for w in writes.iter_mut() {
+                    w.reclaim();
+                }
+                self.in_flight.pop_front();
+            }
             expected => {
                 return Err(protocol(format!(
-                    "a completion for request {} while {expected:?} was due",
-                    r.request_id
+                    "a completion for request {} while {:?} was due",
+                    r.request_id,
+                    expected.map(|(id, _)| *id)
                 )));
             }
         }

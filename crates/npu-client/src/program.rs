@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use npu_artifacts::NpuGen;
 use npu_artifacts::design::{self, Design};
-use npu_artifacts::emu::EmuDesign;
+use npu_artifacts::emu::{EmuDesign, EmuKernel};
 use npu_artifacts::pdi::PdiKind;
 use npu_artifacts::txn::TxnProgram;
 use npu_proto::v1 as pb;
@@ -172,6 +172,26 @@ impl Program {
         }
     }
 
+    /// How many leading arguments the design only reads, as far as the library can tell: an
+    /// emulated design's inputs (every argument of `noop`). For any other program 0: the
+    /// library cannot see which buffers a real design's device code writes, so every argument
+    /// goes in `writes`.
+    #[must_use]
+    pub fn read_only_args(&self) -> usize {
+        let Some(d) = self.emulated_design() else {
+            return 0;
+        };
+        match d.kernel {
+            EmuKernel::Noop => usize::from(d.num_args),
+            EmuKernel::VectorVectorAdd | EmuKernel::VectorMul | EmuKernel::Matmul => 2,
+            EmuKernel::Passthrough
+            | EmuKernel::VectorScalarAdd
+            | EmuKernel::Relu
+            | EmuKernel::Fault
+            | EmuKernel::Hang => 1,
+        }
+    }
+
     pub(crate) fn key(&self) -> u64 {
         self.data.key
     }
@@ -217,6 +237,26 @@ mod tests {
         assert_ne!(a.key(), b.key());
         assert_eq!(a.name(), "vector_scalar_add");
         assert_eq!(a.txn().arg_count(), 2);
+    }
+
+    #[test]
+    fn read_only_args_are_an_emulated_designs_inputs() {
+        let g = NpuGen::Npu1;
+        let args = |d: EmuDesign| Program::emulated(&d, g).unwrap().read_only_args();
+        assert_eq!(args(EmuDesign::vector_scalar_add(64, DType::I32, 1)), 1);
+        assert_eq!(
+            args(EmuDesign::passthrough(64)),
+            1,
+            "the trace slot may be written"
+        );
+        assert_eq!(args(EmuDesign::vector_vector_add(64, DType::I32)), 2);
+        assert_eq!(args(EmuDesign::matmul(8, 8, 8, DType::I16, DType::I32)), 2);
+        assert_eq!(
+            args(EmuDesign::hang(64)),
+            1,
+            "a faulting kernel may have written"
+        );
+        assert_eq!(args(EmuDesign::noop(3, 64)), 3, "noop writes nothing");
     }
 
     #[test]

@@ -13,31 +13,64 @@
 //!
 //! - [`Tensor::as_mut_slice`] (and [`Tensor::copy_from_slice`]) mark the tensor dirty;
 //! - a dispatch or chain first uploads every dirty argument (WriteTensor), then runs, then
-//!   downloads every argument (ReadTensor), so outputs read back through [`Tensor::as_slice`].
+//!   downloads every argument it writes (ReadTensor), so outputs read back through
+//!   [`Tensor::as_slice`].
 //!
 //! [`Tensor::upload`] and [`Tensor::download`] do the same transfers by hand (and nothing on a
 //! shared tensor).
 //!
-//! # The sharing contract
+//! # What a view guarantees
 //!
-//! The device (or the download) writes a tensor's memory only while a dispatch that names it
-//! runs, and `dispatch` returns only when that is over; do not read or write a tensor from
-//! another thread while a dispatch that names it is in flight (see [`npu_fd::mapping`]).
+//! A view ([`Tensor::as_slice`], [`Tensor::as_mut_slice`]) borrows the tensor, and everything
+//! that writes a tensor takes it as `&mut`: [`Tensor::download`], [`Tensor::copy_from_slice`],
+//! and every dispatch, chain link or pipelined dispatch, for the tensors it writes (its
+//! `writes`). So the borrow checker keeps a view from living across anything that changes the
+//! bytes under it:
+//!
+//! ```compile_fail,E0502
+//! # async fn f(client: &npu_client::Client, p: &npu_client::Program) -> Result<(), npu_client::ClientError> {
+//! let input = client.alloc::<i32>(64).await?;
+//! let mut output = client.alloc::<i32>(64).await?;
+//! let seen = output.as_slice();
+//! client.dispatch(p, &[&input], &mut [&mut output]).await?; // writes `output`
+//! assert_eq!(seen[0], 0);
+//! # Ok(()) }
+//! ```
+//!
+//! ```compile_fail,E0502
+//! # async fn f(t: &mut npu_client::Tensor<i32>) -> Result<(), npu_client::ClientError> {
+//! let seen = t.as_slice();
+//! t.download().await?;
+//! assert_eq!(seen[0], 0);
+//! # Ok(()) }
+//! ```
+//!
+//! The daemon is another process, so the borrow alone does not stop it. What does is the
+//! protocol: npud writes a shared tensor's memory only while a call that names it in `writes`
+//! is in flight, and the library marks the tensor lent ([`npu_fd::ClientMemory::lend`]) from
+//! before it sends such a call until the daemon has answered it. A call that ends without the
+//! daemon's answer (its future dropped, a pipeline dropped with the dispatch in flight, a
+//! timeout, a broken connection) leaves its written tensors lent for good, since nothing then
+//! says when the daemon stops writing: their views panic (see [`Tensor::as_slice`]) and their
+//! copies fail; free them and allocate others. [`Tensor::is_lent`] tells. A staged tensor is
+//! never lent: the daemon does not map its staging copy.
+//!
+//! Tensors a call names in `reads` the daemon only reads; views of them stay valid during the
+//! call.
 //!
 //! A tensor is freed on the daemon when it is dropped (in the background) or by
 //! [`Tensor::free`]; all of a session's tensors are freed when the session ends.
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use npu_artifacts::emu::DType;
-use npu_fd::Mapping;
-use npu_fd::wire::{Ticket, client as fdclient};
+use npu_fd::wire::Ticket;
+use npu_fd::{ClientMemory, FdError};
 use npu_proto::v1 as pb;
 
 use crate::ClientError;
@@ -45,6 +78,8 @@ use crate::session::Inner;
 
 mod sealed {
     pub trait Sealed {}
+    /// Keeps [`super::TensorArg`] to this crate's tensors.
+    pub trait SealedArg {}
 }
 
 /// Element types of tensors: the types IRON designs use.
@@ -83,30 +118,38 @@ pub struct RawTensor {
     pub(crate) id: u64,
     pub(crate) bytes: u64,
     pub(crate) inner: Arc<Inner>,
-    mem: Mapping,
+    mem: ClientMemory,
     staging: Option<Staging>,
     freed: bool,
 }
 
 #[derive(Debug)]
 struct Staging {
-    fd: OwnedFd,
     dirty: AtomicBool,
 }
 
 /// A tensor (of any element type) passed to a dispatch.
 ///
-/// Implemented by [`Tensor`]; a slice `&[&a, &b]` of tensors of different element types
-/// coerces to `&[&dyn TensorArg]`.
-pub trait TensorArg: Sync {
+/// Implemented by [`Tensor`] only; a slice `&[&a, &b]` of tensors of different element types
+/// coerces to `&[&dyn TensorArg]`, and `&mut [&mut c, &mut d]` to `&mut [&mut dyn TensorArg]`.
+pub trait TensorArg: Sync + Send + sealed::SealedArg {
     /// The untyped tensor.
     #[doc(hidden)]
     fn raw(&self) -> &RawTensor;
+    /// The untyped tensor, for a call that writes it.
+    #[doc(hidden)]
+    fn raw_mut(&mut self) -> &mut RawTensor;
 }
+
+impl<T: Element> sealed::SealedArg for Tensor<T> {}
 
 impl<T: Element> TensorArg for Tensor<T> {
     fn raw(&self) -> &RawTensor {
         &self.raw
+    }
+
+    fn raw_mut(&mut self) -> &mut RawTensor {
+        &mut self.raw
     }
 }
 
@@ -165,13 +208,10 @@ impl<T: Element> Tensor<T> {
             _t: PhantomData,
         };
         // The view's alignment and length are checked once here; as_slice relies on it.
-        t.raw
-            .mem
-            .as_slice_of::<T>()
-            .map_err(ClientError::fd(format!(
-                "viewing tensor {id} as {}",
-                T::DTYPE
-            )))?;
+        t.raw.mem.view::<T>().map_err(ClientError::fd(format!(
+            "viewing tensor {id} as {}",
+            T::DTYPE
+        )))?;
         Ok(t)
     }
 
@@ -206,32 +246,52 @@ impl<T: Element> Tensor<T> {
         self.raw.staging.is_none()
     }
 
+    /// Whether the tensor is lent to a call the daemon never answered (see
+    /// [What a view guarantees](self#what-a-view-guarantees)): its views panic and its copies
+    /// fail, for good.
+    #[must_use]
+    pub fn is_lent(&self) -> bool {
+        self.raw.mem.is_lent()
+    }
+
     /// The elements.
+    ///
+    /// # Panics
+    ///
+    /// When the tensor is lent to a call that ended without the daemon's answer (see
+    /// [What a view guarantees](self#what-a-view-guarantees) and [`Tensor::is_lent`]); the
+    /// daemon may still be writing it.
     #[must_use]
     pub fn as_slice(&self) -> &[T] {
-        self.raw
-            .mem
-            .as_slice_of::<T>()
-            .expect("the view was checked when the tensor was made")
+        match self.raw.mem.view::<T>() {
+            Ok(v) => v,
+            Err(e) => self.raw.view_failed(&e),
+        }
     }
 
     /// The elements, writable; marks a staged tensor dirty, so the next dispatch uploads it.
+    ///
+    /// # Panics
+    ///
+    /// As [`Tensor::as_slice`].
     #[must_use]
     pub fn as_mut_slice(&mut self) -> &mut [T] {
         if let Some(s) = &self.raw.staging {
             s.dirty.store(true, Ordering::SeqCst);
         }
-        self.raw
-            .mem
-            .as_mut_slice_of::<T>()
-            .expect("a writable view was checked when the tensor was made")
+        let id = self.raw.id;
+        match self.raw.mem.view_mut::<T>() {
+            Ok(v) => v,
+            Err(e) => view_failed(id, &e),
+        }
     }
 
     /// Copies `src` in (it must have [`Tensor::len`] elements).
     ///
     /// # Errors
     ///
-    /// [`ClientError::Invalid`] for a length mismatch.
+    /// [`ClientError::Invalid`] for a length mismatch; [`ClientError::Fd`] for a tensor that
+    /// is lent for good ([`Tensor::is_lent`]).
     pub fn copy_from_slice(&mut self, src: &[T]) -> Result<(), ClientError> {
         if src.len() != self.len {
             return Err(ClientError::Invalid(format!(
@@ -240,11 +300,21 @@ impl<T: Element> Tensor<T> {
                 self.len
             )));
         }
-        self.as_mut_slice().copy_from_slice(src);
-        Ok(())
+        if let Some(s) = &self.raw.staging {
+            s.dirty.store(true, Ordering::SeqCst);
+        }
+        let id = self.raw.id;
+        self.raw
+            .mem
+            .write_from(0, src)
+            .map_err(ClientError::fd(format!("writing tensor {id}")))
     }
 
     /// The elements, copied.
+    ///
+    /// # Panics
+    ///
+    /// As [`Tensor::as_slice`].
     #[must_use]
     pub fn to_vec(&self) -> Vec<T> {
         self.as_slice().to_vec()
@@ -259,12 +329,13 @@ impl<T: Element> Tensor<T> {
         self.raw.upload(true).await
     }
 
-    /// Downloads a staged tensor's bytes now (nothing for a shared tensor).
+    /// Downloads a staged tensor's bytes now (nothing for a shared tensor). It writes the
+    /// tensor, so it takes it as `&mut`: no view can live across it.
     ///
     /// # Errors
     ///
     /// The daemon's refusal or a transport error.
-    pub async fn download(&self) -> Result<(), ClientError> {
+    pub async fn download(&mut self) -> Result<(), ClientError> {
         self.raw.download().await
     }
 
@@ -305,6 +376,24 @@ impl RawTensor {
         self.staging.is_some()
     }
 
+    /// Marks the tensor lent to a call that names it as written; see the module docs. A staged
+    /// tensor is not lent: its memory is a private copy the daemon never maps (the download
+    /// after the call writes it, through `&mut self`).
+    pub(crate) fn lend(&mut self) {
+        if self.staging.is_none() {
+            self.mem.lend();
+        }
+    }
+
+    /// Takes the tensor back once the daemon has answered the call it was lent for.
+    pub(crate) fn reclaim(&mut self) {
+        self.mem.reclaim();
+    }
+
+    fn view_failed(&self, e: &FdError) -> ! {
+        view_failed(self.id, e)
+    }
+
     /// Uploads a staged tensor when it is dirty (or always, with `force`).
     pub(crate) async fn upload(&self, force: bool) -> Result<(), ClientError> {
         let Some(s) = &self.staging else {
@@ -313,7 +402,6 @@ impl RawTensor {
         if !force && !s.dirty.load(Ordering::SeqCst) {
             return Ok(());
         }
-        s.dirty.store(false, Ordering::SeqCst);
         let max = usize::try_from(
             self.inner
                 .device
@@ -323,8 +411,12 @@ impl RawTensor {
         )
         .unwrap_or(usize::MAX);
         let chunk = CHUNK_BYTES.min((max / 2).max(4096));
-        let bytes = self.mem.as_slice();
         let id = self.id;
+        let bytes = self
+            .mem
+            .view::<u8>()
+            .map_err(ClientError::fd(format!("uploading tensor {id}")))?;
+        s.dirty.store(false, Ordering::SeqCst);
         let r = self
             .inner
             .call("WriteTensor", |mut c| {
@@ -350,11 +442,12 @@ impl RawTensor {
         r.map(|_| ())
     }
 
-    /// Downloads a staged tensor into its staging mapping.
-    pub(crate) async fn download(&self) -> Result<(), ClientError> {
-        let Some(s) = &self.staging else {
+    /// Downloads a staged tensor into its staging copy, through `&mut self`: no view of the
+    /// copy is alive while it changes.
+    pub(crate) async fn download(&mut self) -> Result<(), ClientError> {
+        if self.staging.is_none() {
             return Ok(());
-        };
+        }
         let id = self.id;
         let chunks = self
             .inner
@@ -376,12 +469,6 @@ impl RawTensor {
             })
             .await?;
         let len = self.mem.len();
-        let mut target = Mapping::new(s.fd.as_fd(), 0, len).map_err(ClientError::fd(format!(
-            "mapping tensor {id}'s staging copy"
-        )))?;
-        let dst = target.as_mut_slice().map_err(ClientError::fd(format!(
-            "writing tensor {id}'s staging copy"
-        )))?;
         let mut got = 0_usize;
         for c in chunks {
             let start = usize::try_from(c.offset).unwrap_or(usize::MAX);
@@ -391,7 +478,11 @@ impl RawTensor {
                     "ReadTensor of tensor {id} sent bytes {start}..{end} of a {len}-byte tensor"
                 )));
             }
-            dst[start..end].copy_from_slice(&c.data);
+            self.mem
+                .write_from(start, &c.data)
+                .map_err(ClientError::fd(format!(
+                    "writing tensor {id}'s staging copy"
+                )))?;
             got += c.data.len();
         }
         if got != len {
@@ -399,21 +490,32 @@ impl RawTensor {
                 "ReadTensor of tensor {id} sent {got} of its {len} bytes"
             )));
         }
-        s.dirty.store(false, Ordering::SeqCst);
+        if let Some(s) = &self.staging {
+            s.dirty.store(false, Ordering::SeqCst);
+        }
         Ok(())
     }
 }
 
+fn view_failed(id: u64, e: &FdError) -> ! {
+    match e {
+        FdError::Lent => panic!(
+            "tensor {id} is lent to a call the daemon never answered (its future was dropped, \
+             its pipeline was dropped with it in flight, or it timed out), so the daemon may \
+             still write it; free it and allocate another"
+        ),
+        other => panic!("tensor {id}: the view checked at allocation failed: {other}"),
+    }
+}
+
 /// A staged tensor: a private sealed memfd the client maps.
-fn staged(bytes: usize, id: u64) -> Result<(Mapping, Option<Staging>), ClientError> {
-    let what = || format!("creating tensor {id}'s staging copy");
-    let fd = npu_fd::memfd::create("npu-client-staging", bytes as u64)
-        .map_err(ClientError::fd(what()))?;
-    let mem = Mapping::new(fd.as_fd(), 0, bytes).map_err(ClientError::fd(what()))?;
+fn staged(bytes: usize, id: u64) -> Result<(ClientMemory, Option<Staging>), ClientError> {
+    let mem = ClientMemory::private("npu-client-staging", bytes).map_err(ClientError::fd(
+        format!("creating tensor {id}'s staging copy"),
+    ))?;
     Ok((
         mem,
         Some(Staging {
-            fd,
             dirty: AtomicBool::new(false),
         }),
     ))
@@ -423,30 +525,24 @@ fn staged(bytes: usize, id: u64) -> Result<(Mapping, Option<Staging>), ClientErr
 async fn shared(
     r: pb::AllocateTensorResponse,
     bytes: usize,
-) -> Result<(Mapping, Option<Staging>), ClientError> {
+) -> Result<(ClientMemory, Option<Staging>), ClientError> {
     let id = r.tensor_id;
     let path = r.fd_socket.clone();
     let shown = r.fd_socket;
     let what = move || format!("sharing tensor {id} through {shown}");
     let ticket = Ticket::from_slice(&r.fd_ticket).map_err(ClientError::fd(what()))?;
     let redeemed = tokio::task::spawn_blocking(move || {
-        let sock = UnixStream::connect(&path).map_err(|e| npu_fd::FdError::Sys {
+        let sock = UnixStream::connect(&path).map_err(|e| FdError::Sys {
             call: "connect",
             source: e,
         })?;
         let _ = sock.set_read_timeout(Some(FD_TIMEOUT));
         let _ = sock.set_write_timeout(Some(FD_TIMEOUT));
-        fdclient::redeem_export(&sock, &ticket)
+        ClientMemory::redeem_export(&sock, &ticket, bytes)
     })
     .await
     .map_err(|e| ClientError::Invalid(format!("the fd-socket task failed: {e}")))?;
-    let (fd, offset, size) = redeemed.map_err(ClientError::fd(what()))?;
-    if size != bytes as u64 {
-        return Err(ClientError::Invalid(format!(
-            "the fd socket gave tensor {id} as {size} bytes; {bytes} were allocated"
-        )));
-    }
-    let mem = Mapping::new(fd.as_fd(), offset, bytes).map_err(ClientError::fd(what()))?;
+    let mem = redeemed.map_err(ClientError::fd(what()))?;
     Ok((mem, None))
 }
 

@@ -17,8 +17,8 @@ async fn run_all(address: &str) -> Result<(bool, Vec<Vec<u8>>), ClientError> {
     let vsa = Program::emulated(&EmuDesign::vector_scalar_add(1024, DType::I32, 1), g)?;
     let input: Vec<i32> = (1..=1024).collect();
     let a = client.tensor_from(&input).await?;
-    let b = client.alloc::<i32>(1024).await?;
-    client.dispatch(&vsa, &[&a, &b]).await?;
+    let mut b = client.alloc::<i32>(1024).await?;
+    client.dispatch(&vsa, &[&a], &mut [&mut b]).await?;
     assert_eq!(b.as_slice(), (2..=1025).collect::<Vec<i32>>().as_slice());
     out.push(bytemuck::cast_slice(b.as_slice()).to_vec());
 
@@ -26,12 +26,12 @@ async fn run_all(address: &str) -> Result<(bool, Vec<Vec<u8>>), ClientError> {
     let vva = Program::emulated(&EmuDesign::vector_vector_add(256, DType::I32), g)?;
     let x: Vec<i32> = (0..256).map(|i| (i * 37) % 100).collect();
     let y: Vec<i32> = (0..256).map(|i| (i * 11) % 100).collect();
-    let (tx, ty, tz) = (
+    let (tx, ty, mut tz) = (
         client.tensor_from(&x).await?,
         client.tensor_from(&y).await?,
         client.alloc::<i32>(256).await?,
     );
-    client.dispatch(&vva, &[&tx, &ty, &tz]).await?;
+    client.dispatch(&vva, &[&tx, &ty], &mut [&mut tz]).await?;
     let want: Vec<i32> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
     assert_eq!(tz.as_slice(), want.as_slice());
     out.push(bytemuck::cast_slice(tz.as_slice()).to_vec());
@@ -45,12 +45,12 @@ async fn run_all(address: &str) -> Result<(bool, Vec<Vec<u8>>), ClientError> {
     let mb: Vec<i16> = (0..n * n)
         .map(|i| i16::try_from(i % 13).unwrap() - 6)
         .collect();
-    let (ta, tb, tc) = (
+    let (ta, tb, mut tc) = (
         client.tensor_from(&ma).await?,
         client.tensor_from(&mb).await?,
         client.alloc::<i32>(n * n).await?,
     );
-    client.dispatch(&mm, &[&ta, &tb, &tc]).await?;
+    client.dispatch(&mm, &[&ta, &tb], &mut [&mut tc]).await?;
     let mut want = vec![0_i32; n * n];
     for r in 0..n {
         for c in 0..n {
@@ -73,12 +73,12 @@ async fn run_all(address: &str) -> Result<(bool, Vec<Vec<u8>>), ClientError> {
         .collect();
     let ba: Vec<bf16> = fa.iter().copied().map(bf16::from_f32).collect();
     let bb: Vec<bf16> = fb.iter().copied().map(bf16::from_f32).collect();
-    let (t1, t2, t3) = (
+    let (t1, t2, mut t3) = (
         client.tensor_from(&ba).await?,
         client.tensor_from(&bb).await?,
         client.alloc::<f32>(m * m).await?,
     );
-    client.dispatch(&bmm, &[&t1, &t2, &t3]).await?;
+    client.dispatch(&bmm, &[&t1, &t2], &mut [&mut t3]).await?;
     for r in 0..m {
         for c in 0..m {
             let want: f32 = (0..m)
@@ -96,8 +96,8 @@ async fn run_all(address: &str) -> Result<(bool, Vec<Vec<u8>>), ClientError> {
     // relu over i8.
     let relu = Program::emulated(&EmuDesign::relu(64, DType::I8), g)?;
     let v: Vec<i8> = (0..64).map(|i| i8::try_from(i).unwrap() - 32).collect();
-    let (r1, r2) = (client.tensor_from(&v).await?, client.alloc::<i8>(64).await?);
-    client.dispatch(&relu, &[&r1, &r2]).await?;
+    let (r1, mut r2) = (client.tensor_from(&v).await?, client.alloc::<i8>(64).await?);
+    client.dispatch(&relu, &[&r1], &mut [&mut r2]).await?;
     let want: Vec<i8> = v.iter().map(|x| (*x).max(0)).collect();
     assert_eq!(r2.as_slice(), want.as_slice());
     out.push(bytemuck::cast_slice(r2.as_slice()).to_vec());
@@ -105,17 +105,14 @@ async fn run_all(address: &str) -> Result<(bool, Vec<Vec<u8>>), ClientError> {
     // A chain, IRON's runlist test: out0 = in + 1, out1 = out0 + 1.
     let mut cin = client.alloc::<i32>(1024).await?;
     cin.copy_from_slice(&input)?;
-    let (c0, c1) = (
+    let (mut c0, mut c1) = (
         client.alloc::<i32>(1024).await?,
         client.alloc::<i32>(1024).await?,
     );
-    let r = client
-        .chain()
-        .then(&vsa, &[&cin, &c0])
-        .then(&vsa, &[&c0, &c1])
-        .run()
-        .await?
-        .ok()?;
+    let mut chain = client.chain();
+    let (i, o0, o1) = (chain.read(&cin), chain.write(&mut c0), chain.write(&mut c1));
+    chain.then(&vsa, &[i, o0]).then(&vsa, &[o0, o1]);
+    let r = chain.run().await?.ok()?;
     assert_eq!(r.completed, 2);
     assert_eq!(c0.as_slice()[0], 2);
     assert_eq!(c1.as_slice(), (3..=1026).collect::<Vec<i32>>().as_slice());
@@ -124,7 +121,7 @@ async fn run_all(address: &str) -> Result<(bool, Vec<Vec<u8>>), ClientError> {
 
     // Writing an input again and dispatching again uses the new values.
     cin.as_mut_slice().fill(100);
-    client.dispatch(&vsa, &[&cin, &c0]).await?;
+    client.dispatch(&vsa, &[&cin], &mut [&mut c0]).await?;
     assert!(c0.as_slice().iter().all(|&v| v == 101));
     out.push(bytemuck::cast_slice(c0.as_slice()).to_vec());
 
@@ -157,16 +154,14 @@ fn blocking_facade_runs_a_dispatch_and_a_chain() {
         )
         .expect("program");
         let a = client.tensor_from(&[7_u32; 64]).expect("a");
-        let b = client.alloc::<u32>(64).expect("b");
-        let c = client.alloc::<u32>(64).expect("c");
-        client.dispatch(&p, &[&a, &b]).expect("dispatch");
+        let mut b = client.alloc::<u32>(64).expect("b");
+        let mut c = client.alloc::<u32>(64).expect("c");
+        client.dispatch(&p, &[&a], &mut [&mut b]).expect("dispatch");
         assert!(b.as_slice().iter().all(|&v| v == 12), "{address}");
-        let r = client
-            .chain()
-            .then(&p, &[&a, &b])
-            .then(&p, &[&b, &c])
-            .run()
-            .expect("chain");
+        let mut chain = client.chain();
+        let (ta, tb, tc) = (chain.read(&a), chain.write(&mut b), chain.write(&mut c));
+        chain.then(&p, &[ta, tb]).then(&p, &[tb, tc]);
+        let r = chain.run().expect("chain");
         assert!(r.failure.is_none());
         assert!(c.as_slice().iter().all(|&v| v == 17), "{address}");
         client.close().expect("close");
@@ -183,9 +178,9 @@ async fn daemon_errors_keep_code_and_message() {
     )
     .expect("program");
     let a = client.alloc::<i32>(64).await.expect("a");
-    let small = client.alloc::<i32>(8).await.expect("small");
+    let mut small = client.alloc::<i32>(8).await.expect("small");
     let e = client
-        .dispatch(&p, &[&a, &a, &small])
+        .dispatch(&p, &[&a, &a], &mut [&mut small])
         .await
         .expect_err("a too-small output");
     assert_eq!(e.code(), Some(tonic::Code::InvalidArgument), "{e}");
@@ -203,7 +198,7 @@ async fn daemon_errors_keep_code_and_message() {
         .await
         .expect("second session");
     let e = other
-        .dispatch(&p, &[&a, &a, &a])
+        .dispatch(&p, &[&a, &a], &mut [&mut small])
         .await
         .expect_err("a tensor of another session");
     assert!(e.to_string().contains("belongs to another session"), "{e}");
@@ -217,16 +212,15 @@ async fn a_chain_failing_on_the_device_reports_the_link() {
     let ok = Program::emulated(&EmuDesign::passthrough(64), g).expect("passthrough");
     let bad = Program::emulated(&EmuDesign::fault(64), g).expect("fault");
     let a = client.tensor_from(&[3_u8; 64]).await.expect("a");
-    let b = client.alloc::<u8>(64).await.expect("b");
-    let t = client.alloc::<u8>(64).await.expect("trace");
-    let r = client
-        .chain()
-        .then(&ok, &[&a, &b, &t])
-        .then(&bad, &[&a, &b])
-        .then(&ok, &[&a, &b, &t])
-        .run()
-        .await
-        .expect("the chain call itself succeeds");
+    let mut b = client.alloc::<u8>(64).await.expect("b");
+    let mut t = client.alloc::<u8>(64).await.expect("trace");
+    let mut chain = client.chain();
+    let (ta, tb, tt) = (chain.read(&a), chain.write(&mut b), chain.write(&mut t));
+    chain
+        .then(&ok, &[ta, tb, tt])
+        .then(&bad, &[ta, tb])
+        .then(&ok, &[ta, tb, tt]);
+    let r = chain.run().await.expect("the chain call itself succeeds");
     let f = r.failure.clone().expect("link 1 failed");
     assert_eq!((r.completed, f.index, f.not_run.clone()), (1, 1, vec![2]));
     assert_eq!(f.code, tonic::Code::Internal);
@@ -240,4 +234,97 @@ async fn a_chain_failing_on_the_device_reports_the_link() {
             .starts_with("chain link 1 failed (INTERNAL): "),
         "{e}"
     );
+}
+
+#[tokio::test]
+async fn a_written_argument_passed_as_read_is_refused_before_anything_is_sent() {
+    let d = Daemon::start();
+    let client = Client::connect(Some(&d.unix())).await.expect("connect");
+    let g = client.generation();
+    let vva = Program::emulated(&EmuDesign::vector_vector_add(64, DType::I32), g).expect("vva");
+    assert_eq!(vva.read_only_args(), 2);
+    let (a, b) = (
+        client.alloc::<i32>(64).await.expect("a"),
+        client.alloc::<i32>(64).await.expect("b"),
+    );
+    let mut c = client.alloc::<i32>(64).await.expect("c");
+    let e = client
+        .dispatch(&vva, &[&a, &b, &c], &mut [])
+        .await
+        .expect_err("c is written");
+    assert_eq!(
+        e.to_string(),
+        "vector_vector_add gets 3 arguments to read, but it may write argument 2: it only reads \
+         its first 2, pass the rest as written"
+    );
+    let mut chain = client.chain();
+    let (ta, tb, tc) = (chain.read(&a), chain.read(&b), chain.read(&c));
+    chain.then(&vva, &[ta, tb, tc]);
+    let e = chain.run().await.expect_err("c is written");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "chain link 0: args[2] (tensor {}) was added with read, but vector_vector_add may \
+             write it: it only reads its first 2, pass the rest as written",
+            c.id()
+        )
+    );
+    // A handle from another chain names the link.
+    let mut other = client.chain();
+    let foreign = other.write(&mut c);
+    let mut chain = client.chain();
+    let (ta, tb) = (chain.read(&a), chain.read(&b));
+    chain.then(&vva, &[ta, tb, foreign]);
+    let e = chain.run().await.expect_err("foreign handle");
+    assert_eq!(
+        e.to_string(),
+        "chain link 0: args[2] was added to another chain"
+    );
+    let stats = client.statistics().await.expect("statistics");
+    let mine = stats
+        .sessions
+        .iter()
+        .find(|s| s.session_id == client.session_id())
+        .expect("this session");
+    assert_eq!(
+        mine.dispatches
+            .clone()
+            .unwrap_or_default()
+            .success
+            .unwrap_or_default()
+            .count,
+        0,
+        "nothing reached the device"
+    );
+}
+
+#[tokio::test]
+async fn a_dispatch_abandoned_in_flight_leaves_its_shared_outputs_lent_and_its_inputs_free() {
+    let d = Daemon::start();
+    // A hung program is quarantined, so each connection hangs a design of another size.
+    for (address, bytes) in [(d.unix(), 256), (d.http(), 512)] {
+        let client = Client::connect(Some(&address)).await.expect("connect");
+        let hang = Program::emulated(&EmuDesign::hang(bytes), client.generation()).expect("hang");
+        let len = bytes as usize / 4;
+        let input = client.alloc::<i32>(len).await.expect("input");
+        let mut output = client.alloc::<i32>(len).await.expect("output");
+        // The device hangs until the daemon's watchdog fires; give up long before that.
+        let gave_up = tokio::time::timeout(
+            std::time::Duration::from_millis(200),
+            client.dispatch(&hang, &[&input], &mut [&mut output]),
+        )
+        .await;
+        assert!(gave_up.is_err(), "the hang did not answer within 200 ms");
+        assert!(!input.is_lent(), "inputs are only read, never lent");
+        assert_eq!(input.as_slice()[0], 0);
+        if output.is_shared() {
+            assert!(output.is_lent(), "the daemon may still write the output");
+            let view = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| output.to_vec()));
+            assert!(view.is_err(), "a view of lent memory panics");
+        } else {
+            // A staged output is the client's private copy: the daemon never writes it.
+            assert!(!output.is_lent(), "{address}");
+            assert_eq!(output.as_slice()[0], 0);
+        }
+    }
 }

@@ -42,9 +42,9 @@ fn status_json_matches_what_the_daemon_reports() {
     )
     .expect("program");
     let a = client.tensor_from(&[1_i32; 256]).expect("a");
-    let b = client.alloc::<i32>(256).expect("b");
+    let mut b = client.alloc::<i32>(256).expect("b");
     for _ in 0..3 {
-        client.dispatch(&p, &[&a, &b]).expect("dispatch");
+        client.dispatch(&p, &[&a], &mut [&mut b]).expect("dispatch");
     }
 
     let v = json_of(&npuctl(&["status", "--json", "--addr", &d.unix()]));

@@ -1,6 +1,6 @@
 //! Pipelined submission against the real daemon: completions in order with their ids, a
-//! failing dispatch reported in its completion while the stream goes on, and staged tensors
-//! refused before anything is sent.
+//! failing dispatch reported in its completion while the stream goes on, staged tensors
+//! refused before anything is sent, and written tensors lent until their completion.
 
 mod common;
 
@@ -22,15 +22,17 @@ async fn a_pipeline_of_100_add_one_dispatches_completes_in_order() {
     .unwrap();
     let input: Vec<i32> = (0..1024_i32).map(|i| i * 3 - 500).collect();
     let a = client.tensor_from(&input).await.unwrap();
-    let b = client.alloc::<i32>(LEN).await.unwrap();
+    let mut outs = Vec::new();
+    for _ in 0..100 {
+        outs.push(client.alloc::<i32>(LEN).await.unwrap());
+    }
     let mut p = client.pipeline(8).await.unwrap();
     assert_eq!(p.depth(), 8);
     let mut ids = Vec::new();
-    for k in 0..100 {
-        // Even links read a and write b, odd ones the other way round: each depends on the one
-        // before, so only in-order execution gives input + 100.
-        let args: [&dyn npu_client::TensorArg; 2] = if k % 2 == 0 { [&a, &b] } else { [&b, &a] };
-        ids.push(p.submit(&add, &args).await.unwrap());
+    // Every dispatch reads a and writes its own output: the pipeline holds each output
+    // borrowed until it is finished, so no two dispatches in it write one tensor.
+    for (k, out) in outs.iter_mut().enumerate() {
+        ids.push(p.submit(&add, &[&a], vec![out]).await.unwrap());
         assert!(
             p.in_flight() <= 8,
             "at most depth in flight, {}",
@@ -49,8 +51,11 @@ async fn a_pipeline_of_100_add_one_dispatches_completes_in_order() {
     for c in &done {
         assert!(c.result.is_ok(), "{c:?}");
     }
-    let want: Vec<i32> = input.iter().map(|v| v + 100).collect();
-    assert_eq!(a.as_slice(), want.as_slice());
+    let want: Vec<i32> = input.iter().map(|v| v + 1).collect();
+    for (k, out) in outs.iter().enumerate() {
+        assert!(!out.is_lent(), "output {k} is taken back at its completion");
+        assert_eq!(out.as_slice(), want.as_slice(), "output {k}");
+    }
     let st = client.statistics().await.unwrap();
     let mine = st
         .sessions
@@ -71,12 +76,14 @@ async fn a_failing_dispatch_is_its_completion_and_the_stream_goes_on() {
     let add = Program::emulated(&EmuDesign::vector_scalar_add(N, DType::I32, 1), g).unwrap();
     let fault = Program::emulated(&EmuDesign::fault(N * 4), g).unwrap();
     let a = client.tensor_from(&vec![7_i32; LEN]).await.unwrap();
-    let b = client.alloc::<i32>(LEN).await.unwrap();
+    let mut b = client.alloc::<i32>(LEN).await.unwrap();
+    let mut c = client.alloc::<i32>(LEN).await.unwrap();
+    let mut e = client.alloc::<i32>(LEN).await.unwrap();
     let mut p = client.pipeline(4).await.unwrap();
-    p.submit(&add, &[&a, &b]).await.unwrap();
-    let bad = p.submit(&fault, &[&a, &b]).await.unwrap();
-    // The device recovers; the good program still runs, now over b.
-    p.submit(&add, &[&b, &a]).await.unwrap();
+    p.submit(&add, &[&a], vec![&mut b]).await.unwrap();
+    let bad = p.submit(&fault, &[&a], vec![&mut c]).await.unwrap();
+    // The device recovers; the good program still runs.
+    p.submit(&add, &[&a], vec![&mut e]).await.unwrap();
     let first = p.next_completion().await.unwrap().unwrap();
     assert_eq!(first.request_id, 0);
     assert!(first.result.is_ok(), "{first:?}");
@@ -96,10 +103,20 @@ async fn a_failing_dispatch_is_its_completion_and_the_stream_goes_on() {
         p.next_completion().await.unwrap().is_none(),
         "nothing more in flight"
     );
+    drop(p);
     assert!(
-        a.as_slice().iter().all(|v| *v == 9),
+        b.as_slice().iter().all(|v| *v == 8),
         "{:?}",
-        &a.as_slice()[..4]
+        &b.as_slice()[..4]
+    );
+    assert!(
+        !c.is_lent(),
+        "a failed dispatch's completion ends the loan too"
+    );
+    assert!(
+        e.as_slice().iter().all(|v| *v == 8),
+        "{:?}",
+        &e.as_slice()[..4]
     );
 }
 
@@ -114,9 +131,9 @@ async fn staged_tensors_are_refused_before_anything_is_sent() {
     )
     .unwrap();
     let a = client.tensor_from(&vec![1_i32; LEN]).await.unwrap();
-    let b = client.alloc::<i32>(LEN).await.unwrap();
+    let mut b = client.alloc::<i32>(LEN).await.unwrap();
     let mut p = client.pipeline(4).await.unwrap();
-    let e = p.submit(&add, &[&a, &b]).await.unwrap_err();
+    let e = p.submit(&add, &[&a], vec![&mut b]).await.unwrap_err();
     assert_eq!(
         e.to_string(),
         format!(
@@ -143,7 +160,7 @@ async fn staged_tensors_are_refused_before_anything_is_sent() {
         "the refused submit reached the daemon"
     );
     // The session is unharmed.
-    client.dispatch(&add, &[&a, &b]).await.unwrap();
+    client.dispatch(&add, &[&a], &mut [&mut b]).await.unwrap();
     assert_eq!(b.as_slice()[0], 2);
 }
 
@@ -157,11 +174,10 @@ fn the_blocking_facade_pipelines_too() {
     )
     .unwrap();
     let a = client.tensor_from(&vec![0_i32; LEN]).unwrap();
-    let b = client.alloc::<i32>(LEN).unwrap();
+    let mut outs: Vec<_> = (0..10).map(|_| client.alloc::<i32>(LEN).unwrap()).collect();
     let mut p = client.pipeline(4).unwrap();
-    for k in 0..10 {
-        let args: [&dyn npu_client::TensorArg; 2] = if k % 2 == 0 { [&a, &b] } else { [&b, &a] };
-        p.submit(&add, &args).unwrap();
+    for out in &mut outs {
+        p.submit(&add, &[&a], vec![out]).unwrap();
         assert!(p.in_flight() <= 4);
     }
     let first = p.next_completion().unwrap().unwrap();
@@ -169,5 +185,50 @@ fn the_blocking_facade_pipelines_too() {
     let rest = p.finish().unwrap();
     assert_eq!(rest.len(), 9);
     assert!(rest.iter().all(|c| c.result.is_ok()));
-    assert!(a.as_slice().iter().all(|v| *v == 50));
+    assert!(outs.iter().all(|o| o.as_slice().iter().all(|v| *v == 5)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_dropped_in_flight_leaves_its_outputs_lent() {
+    let d = Daemon::start();
+    let client = Client::connect(Some(&d.unix())).await.unwrap();
+    let g = client.generation();
+    let add = Program::emulated(&EmuDesign::vector_scalar_add(N, DType::I32, 1), g).unwrap();
+    let a = client.tensor_from(&vec![1_i32; LEN]).await.unwrap();
+    let mut done = client.alloc::<i32>(LEN).await.unwrap();
+    let mut open = client.alloc::<i32>(LEN).await.unwrap();
+    let mut p = client.pipeline(4).await.unwrap();
+    p.submit(&add, &[&a], vec![&mut done]).await.unwrap();
+    let first = p.next_completion().await.unwrap().unwrap();
+    assert!(first.result.is_ok(), "{first:?}");
+    p.submit(&add, &[&a], vec![&mut open]).await.unwrap();
+    // Dropped before the second completion: the daemon may still be writing `open`.
+    drop(p);
+    assert!(!done.is_lent());
+    assert!(done.as_slice().iter().all(|v| *v == 2));
+    assert!(open.is_lent(), "no completion, so the loan never ends");
+    let e = open.copy_from_slice(&vec![0; LEN]).unwrap_err();
+    assert!(
+        e.to_string()
+            .ends_with("the memory is lent to the daemon for a call that may still write it"),
+        "{e}"
+    );
+    let view = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| open.as_slice()[0]));
+    let why = view.expect_err("a view of lent memory panics");
+    let why = why.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        why.contains(&format!(
+            "tensor {} is lent to a call the daemon never answered",
+            open.id()
+        )),
+        "{why}"
+    );
+    // Reading a never-written tensor in a new dispatch is fine; the lent one is only freed.
+    let mut fresh = client.alloc::<i32>(LEN).await.unwrap();
+    client
+        .dispatch(&add, &[&done], &mut [&mut fresh])
+        .await
+        .unwrap();
+    assert!(fresh.as_slice().iter().all(|v| *v == 3));
+    open.free().await.unwrap();
 }

@@ -31,17 +31,20 @@ async fn a_restarted_daemon_means_session_lost_never_a_hang() {
     )
     .expect("program");
     let a = client.tensor_from(&[1_i32; 256]).await.expect("a");
-    let b = client.alloc::<i32>(256).await.expect("b");
+    let mut b = client.alloc::<i32>(256).await.expect("b");
     client
-        .dispatch(&p, &[&a, &b])
+        .dispatch(&p, &[&a], &mut [&mut b])
         .await
         .expect("first dispatch");
 
     tokio::task::block_in_place(|| d.restart());
     let started = Instant::now();
-    let e = bounded("dispatch after a restart", client.dispatch(&p, &[&a, &b]))
-        .await
-        .expect_err("the new daemon does not know the session");
+    let e = bounded(
+        "dispatch after a restart",
+        client.dispatch(&p, &[&a], &mut [&mut b]),
+    )
+    .await
+    .expect_err("the new daemon does not know the session");
     assert!(
         matches!(e, ClientError::SessionLost { .. }),
         "expected SessionLost, got {e}"
@@ -58,8 +61,11 @@ async fn a_restarted_daemon_means_session_lost_never_a_hang() {
         .await
         .expect("a new session");
     let x = fresh.tensor_from(&[5_i32; 256]).await.expect("x");
-    let y = fresh.alloc::<i32>(256).await.expect("y");
-    fresh.dispatch(&p, &[&x, &y]).await.expect("dispatch");
+    let mut y = fresh.alloc::<i32>(256).await.expect("y");
+    fresh
+        .dispatch(&p, &[&x], &mut [&mut y])
+        .await
+        .expect("dispatch");
     assert!(y.as_slice().iter().all(|&v| v == 6));
 }
 
@@ -92,8 +98,11 @@ async fn an_explicit_reconnect_resumes_the_session() {
     )
     .expect("program");
     let a = client.tensor_from(&[9_i32; 64]).await.expect("a");
-    let b = client.alloc::<i32>(64).await.expect("b");
-    client.dispatch(&p, &[&a, &b]).await.expect("dispatch");
+    let mut b = client.alloc::<i32>(64).await.expect("b");
+    client
+        .dispatch(&p, &[&a], &mut [&mut b])
+        .await
+        .expect("dispatch");
     let session = client.session_id();
     bounded("reconnect", client.reconnect())
         .await
@@ -104,7 +113,7 @@ async fn an_explicit_reconnect_resumes_the_session() {
     let mut a = a;
     a.as_mut_slice().fill(20);
     client
-        .dispatch(&p, &[&a, &b])
+        .dispatch(&p, &[&a], &mut [&mut b])
         .await
         .expect("dispatch after resume");
     assert!(b.as_slice().iter().all(|&v| v == 21));
@@ -182,8 +191,11 @@ async fn a_dropped_connection_resumes_transparently() {
     .expect("program");
     let a = client.tensor_from(&[1.5_f32; 128]).await.expect("a");
     let b = client.tensor_from(&[2.0_f32; 128]).await.expect("b");
-    let c = client.alloc::<f32>(128).await.expect("c");
-    client.dispatch(&p, &[&a, &b, &c]).await.expect("dispatch");
+    let mut c = client.alloc::<f32>(128).await.expect("c");
+    client
+        .dispatch(&p, &[&a, &b], &mut [&mut c])
+        .await
+        .expect("dispatch");
     assert!(c.as_slice().iter().all(|&v| v == 3.5));
 
     for round in 0_u8..3 {
@@ -194,9 +206,12 @@ async fn a_dropped_connection_resumes_transparently() {
             .await
             .expect("alloc");
         a2.as_mut_slice()[0] = 100.0;
-        bounded("dispatch after a cut", client.dispatch(&p, &[&a2, &b, &c]))
-            .await
-            .expect("the session resumes and the dispatch runs");
+        bounded(
+            "dispatch after a cut",
+            client.dispatch(&p, &[&a2, &b], &mut [&mut c]),
+        )
+        .await
+        .expect("the session resumes and the dispatch runs");
         assert_eq!(c.as_slice()[0], 102.0);
         assert_eq!(c.as_slice()[1], f32::from(round) + 2.0);
     }

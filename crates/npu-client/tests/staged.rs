@@ -38,12 +38,12 @@ fn local_tensors_work(profile: &str, args: &[&str], sharing: &str) {
     )
     .expect("program");
     let mut a = client.alloc::<i32>(1024).expect("a");
-    let b = client.alloc::<i32>(1024).expect("b");
+    let mut b = client.alloc::<i32>(1024).expect("b");
     for (x, v) in a.as_mut_slice().iter_mut().zip(0..) {
         *x = v;
     }
     for _ in 0..3 {
-        client.dispatch(&p, &[&a, &b]).expect("dispatch");
+        client.dispatch(&p, &[&a], &mut [&mut b]).expect("dispatch");
     }
     let want: Vec<i32> = (5..1029).collect();
     assert_eq!(b.as_slice(), &want[..], "{profile}");

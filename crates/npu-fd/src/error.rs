@@ -106,6 +106,11 @@ pub enum FdError {
     #[error("the mapping is read-only: map the fd with Mapping::new to write it")]
     ReadOnlyMapping,
 
+    /// A view or copy of client memory that is lent to the daemon
+    /// ([`crate::ClientMemory::lend`]).
+    #[error("the memory is lent to the daemon for a call that may still write it")]
+    Lent,
+
     /// A typed view does not fit the mapped bytes.
     #[error("cannot view {len} mapped bytes as [{ty}]: {reason}")]
     BadView {

@@ -6,8 +6,11 @@
 //!
 //! - [`memfd`]: create memfds with the size seals the daemon requires, and check a client's fd
 //!   before the daemon maps it ([`memfd::check_import`]).
-//! - [`mapping`]: [`Mapping`], a shared `mmap` of part of an fd, unmapped on drop, with byte and
-//!   typed (`bytemuck::Pod`) views.
+//! - [`mapping`]: [`Mapping`], a shared `mmap` of part of an fd, unmapped on drop, with safe
+//!   byte and typed (`bytemuck::Pod`) copies through raw pointers, and `unsafe` views (memory
+//!   another process or the device writes is not a slice).
+//! - [`client_memory`]: [`ClientMemory`], a client's own tensor memory, whose views are safe
+//!   because nothing else maps it and the daemon writes it only while it is lent.
 //! - [`wire`]: the fd socket, a Unix stream socket beside the gRPC socket that carries fds with
 //!   `SCM_RIGHTS` in fixed-size frames, each exchange bound to a one-time [`wire::Ticket`] that a
 //!   gRPC call issued.
@@ -22,7 +25,8 @@
 //!
 //! let fd = memfd::create("input", 4096)?; // sealed: SHRINK | GROW
 //! let mut input = Mapping::new(fd.as_fd(), 0, 4096)?;
-//! input.as_mut_slice_of::<f32>()?.fill(1.5);
+//! input.write_from(0, &[1.5f32; 1024])?;
+//! assert_eq!(input.read_vec::<f32>(4092, 1)?, [1.5]);
 //!
 //! // On the daemon's side, after npu_fd::wire::server::read_request handed it the fd:
 //! let facts = memfd::check_import(fd.as_fd(), 4096)?;
@@ -32,11 +36,13 @@
 //!
 //! Linux only: memfd sealing, `SO_PEERCRED` and `MSG_CMSG_CLOEXEC` have no portable equivalent.
 
+pub mod client_memory;
 mod error;
 pub mod mapping;
 pub mod memfd;
 pub mod wire;
 
+pub use client_memory::ClientMemory;
 pub use error::FdError;
 pub use mapping::Mapping;
 pub use memfd::{Access, FdFacts, FdKind, SealFlags};

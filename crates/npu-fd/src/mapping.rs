@@ -3,26 +3,34 @@
 //! A [`Mapping`] is a `MAP_SHARED` `mmap` of `len` bytes at `offset` of an fd, unmapped when it
 //! is dropped. The fd may be closed once the mapping exists; the mapping keeps the memory alive.
 //!
-//! # The sharing contract
+//! # Shared memory is not a slice
 //!
-//! The memory is shared with another process (the daemon, or a client) that may write it at any
-//! time, and possibly with other mappings of the same fd in this process. Rust's `&[u8]` promises
+//! The memory is shared with whatever else maps the fd: another process (the daemon, or a
+//! client), the device, other mappings of the same fd in this process. Rust's `&[u8]` promises
 //! that nothing changes the bytes while the slice lives, and `&mut [u8]` that nothing else reads
-//! or writes them; no type can make the other process keep those promises. The views
-//! ([`Mapping::as_slice`], [`Mapping::as_mut_slice`] and the typed ones) are therefore sound only
-//! while nothing else writes the bytes (and, for the mutable views, nothing else reads them).
-//! npud's protocol provides that: the daemon touches a tensor's memory only while a dispatch
-//! that names the tensor runs, and the client that owns the tensor waits for that dispatch
-//! before touching the memory again. Code outside that protocol (two clients sharing one
-//! tensor, a client writing while its own dispatch runs) breaks the contract; the damage is then
-//! torn or surprising data in that tensor, since the bytes are plain integers, but the compiler
-//! may also have assumed they did not change.
+//! or writes them; no type can make another process keep those promises. So:
 //!
-//! What the type does guarantee:
+//! - the copies ([`Mapping::copy_to_slice`], [`Mapping::copy_from_slice`] and the typed
+//!   [`Mapping::read_into`], [`Mapping::read_vec`], [`Mapping::write_from`]) are safe. They go
+//!   through raw pointers and form no reference to the shared bytes, so a writer on the other
+//!   side makes a copy torn (some old bytes, some new), never unsound. Code that does not trust
+//!   the other side (the daemon, reading a client's memfd) uses only these.
+//! - the views ([`Mapping::as_slice`], [`Mapping::as_mut_slice`] and the typed ones) are
+//!   `unsafe`: the caller promises that, while a view lives, nothing else writes the bytes (and,
+//!   for a mutable view, nothing else reads them either), in this process or any other. memmap2
+//!   draws the same line.
+//!
+//! [`crate::ClientMemory`] wraps a mapping in the one situation where that promise can be kept
+//! by construction: a client's own tensor memory, which no other mapping in the process shares
+//! and which the daemon writes only while the client has lent it.
+//!
+//! What the type guarantees:
 //! - the mapped range lies inside the fd when the mapping is made ([`FdError::OutOfRange`]
 //!   otherwise). Only a size-sealed fd (see [`crate::memfd::check_import`]) keeps it that way:
 //!   if an unsealed file is truncated later, touching the vanished pages raises `SIGBUS`.
-//! - the views never outlive the mapping, and a read-only mapping hands out no mutable view.
+//! - copies stay inside the mapping, writes need a mapping made with [`Mapping::new`] and
+//!   `&mut self` (so two threads of this process never write one mapping at once), and no
+//!   view or copy outlives the mapping.
 //!
 //! `mmap` offsets must be multiples of the page size. Any offset is accepted: the mapping starts
 //! at the page boundary below it and the views start at the requested byte.
@@ -39,7 +47,7 @@ use crate::FdError;
 
 /// A shared memory mapping of part of a file descriptor, unmapped on drop.
 ///
-/// See the [module documentation](self) for when the slice views are sound.
+/// See the [module documentation](self): copies are safe, views are `unsafe`.
 pub struct Mapping {
     /// Page-aligned start of the kernel mapping, as `mmap` returned it.
     base: NonNull<c_void>,
@@ -59,9 +67,10 @@ pub struct Mapping {
 // thread, which then drops it, is fine.
 unsafe impl Send for Mapping {}
 
-// SAFETY: `&Mapping` only hands out `&[u8]`/`&[T: Pod]` views and the pointer; sharing those
-// between threads is no different from sharing them within one thread (the cross-process
-// contract in the module docs applies either way). Mutable views need `&mut Mapping`.
+// SAFETY: through `&Mapping` this process can only read the bytes (`copy_to_slice` and the
+// typed reads, the unsafe shared views) and take the const pointer; every write (the copies
+// into the mapping, the mutable views, `as_mut_ptr`) needs `&mut Mapping`. So sharing `&Mapping`
+// between threads lets them read concurrently, never write while another reads.
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
@@ -177,52 +186,129 @@ impl Mapping {
         self.writable
     }
 
-    /// The mapped bytes.
+    /// The mapped bytes, as a slice.
     ///
-    /// Sound while no other mapping writes them; see the [module documentation](self).
-    pub fn as_slice(&self) -> &[u8] {
+    /// Prefer [`Mapping::copy_to_slice`] or [`Mapping::read_vec`], which are safe.
+    ///
+    /// # Safety
+    ///
+    /// While the returned slice lives, nothing may write the mapped bytes: no other process,
+    /// no device, no other mapping of the same memory in this process (the borrow of `self`
+    /// already excludes writes through this one). Bytes that change under a `&[u8]` are
+    /// undefined behaviour even when the change is only torn data.
+    ///
+    /// Safe code cannot take a view:
+    ///
+    /// ```compile_fail,E0133
+    /// use std::os::fd::AsFd;
+    /// let fd = npu_fd::memfd::create("view", 4096)?;
+    /// let map = npu_fd::Mapping::new(fd.as_fd(), 0, 4096)?;
+    /// let first: u8 = map.as_slice()[0];
+    /// # Ok::<(), npu_fd::FdError>(())
+    /// ```
+    pub unsafe fn as_slice(&self) -> &[u8] {
         // SAFETY: `data()..data()+len` lies inside the live mapping (created with this length,
         // unmapped only by Drop, which cannot run while `self` is borrowed). Shared file pages
-        // are always initialized (bytes never written read as 0). Aliasing with other writers
-        // is the sharing contract of the module docs.
+        // are always initialized (bytes never written read as 0). That nothing writes them
+        // while the slice lives is the caller's promise (this function's contract).
         unsafe { std::slice::from_raw_parts(self.data().as_ptr(), self.len) }
     }
 
-    /// The mapped bytes, writable.
+    /// The mapped bytes, as a writable slice.
     ///
-    /// Sound while nothing else reads or writes them; see the [module documentation](self).
+    /// Prefer [`Mapping::copy_from_slice`] or [`Mapping::write_from`], which are safe.
+    ///
+    /// # Safety
+    ///
+    /// While the returned slice lives, nothing else may read or write the mapped bytes: no
+    /// other process, no device, no other mapping of the same memory in this process.
     ///
     /// # Errors
     ///
     /// [`FdError::ReadOnlyMapping`] for a mapping made with [`Mapping::new_read_only`].
-    pub fn as_mut_slice(&mut self) -> Result<&mut [u8], FdError> {
+    pub unsafe fn as_mut_slice(&mut self) -> Result<&mut [u8], FdError> {
         if !self.writable {
             return Err(FdError::ReadOnlyMapping);
         }
         // SAFETY: as in `as_slice`, and the pages are mapped PROT_WRITE (checked above);
-        // `&mut self` rules out any other view from this Mapping while this one lives.
+        // `&mut self` rules out any other view or copy through this Mapping while this one
+        // lives, and the caller promises that nothing else touches the bytes meanwhile.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.data().as_ptr(), self.len) })
     }
 
     /// The mapped bytes as a slice of `T`.
     ///
+    /// # Safety
+    ///
+    /// As [`Mapping::as_slice`].
+    ///
     /// # Errors
     ///
     /// [`FdError::BadView`] when the first byte is not aligned for `T` or the length is not a
     /// multiple of `size_of::<T>()`.
-    pub fn as_slice_of<T: Pod>(&self) -> Result<&[T], FdError> {
-        bytemuck::try_cast_slice(self.as_slice())
-            .map_err(|e| bad_view::<T>(e, self.as_ptr(), self.len))
+    pub unsafe fn as_slice_of<T: Pod>(&self) -> Result<&[T], FdError> {
+        // SAFETY: the caller keeps `as_slice`'s contract for as long as the cast view lives,
+        // which is as long as the byte view it is made from.
+        let bytes = unsafe { self.as_slice() };
+        bytemuck::try_cast_slice(bytes).map_err(|e| bad_view::<T>(e, self.as_ptr(), self.len))
     }
 
     /// The mapped bytes as a mutable slice of `T`.
     ///
+    /// # Safety
+    ///
+    /// As [`Mapping::as_mut_slice`].
+    ///
     /// # Errors
     ///
     /// [`FdError::ReadOnlyMapping`], or [`FdError::BadView`] as for [`Mapping::as_slice_of`].
-    pub fn as_mut_slice_of<T: Pod>(&mut self) -> Result<&mut [T], FdError> {
+    pub unsafe fn as_mut_slice_of<T: Pod>(&mut self) -> Result<&mut [T], FdError> {
         let (ptr, len) = (self.as_ptr(), self.len);
-        bytemuck::try_cast_slice_mut(self.as_mut_slice()?).map_err(|e| bad_view::<T>(e, ptr, len))
+        // SAFETY: the caller keeps `as_mut_slice`'s contract for as long as the cast view
+        // lives, which is as long as the byte view it is made from.
+        let bytes = unsafe { self.as_mut_slice()? };
+        bytemuck::try_cast_slice_mut(bytes).map_err(|e| bad_view::<T>(e, ptr, len))
+    }
+
+    /// Copies `out.len()` elements starting at byte `offset` of the mapping into `out` (see
+    /// [`Mapping::copy_to_slice`]). `offset` needs no alignment: the copy is bytewise.
+    ///
+    /// # Errors
+    ///
+    /// [`FdError::RangeOutsideMapping`] when the elements reach past the mapping's end.
+    pub fn read_into<T: Pod>(&self, offset: usize, out: &mut [T]) -> Result<(), FdError> {
+        self.copy_to_slice(offset, bytemuck::cast_slice_mut(out))
+    }
+
+    /// Copies `count` elements starting at byte `offset` of the mapping into a new `Vec` (see
+    /// [`Mapping::copy_to_slice`]).
+    ///
+    /// # Errors
+    ///
+    /// [`FdError::RangeOutsideMapping`] when the elements reach past the mapping's end (also
+    /// when `count * size_of::<T>()` overflows).
+    pub fn read_vec<T: Pod>(&self, offset: usize, count: usize) -> Result<Vec<T>, FdError> {
+        let bytes = count
+            .checked_mul(size_of::<T>())
+            .ok_or(FdError::RangeOutsideMapping {
+                offset,
+                len: usize::MAX,
+                mapped: self.len,
+            })?;
+        self.check_range(offset, bytes)?;
+        let mut out = vec![T::zeroed(); count];
+        self.read_into(offset, &mut out)?;
+        Ok(out)
+    }
+
+    /// Copies `data` into the mapping starting at byte `offset` (see
+    /// [`Mapping::copy_from_slice`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Mapping::copy_from_slice`].
+    pub fn write_from<T: Pod>(&mut self, offset: usize, data: &[T]) -> Result<(), FdError> {
+        self.copy_from_slice(offset, bytemuck::cast_slice(data))
     }
 
     /// Copies `out.len()` bytes at `offset` of the mapping into `out`, through raw pointers:
@@ -235,8 +321,11 @@ impl Mapping {
     /// [`FdError::RangeOutsideMapping`] when `offset + out.len()` passes the mapping's end.
     pub fn copy_to_slice(&self, offset: usize, out: &mut [u8]) -> Result<(), FdError> {
         self.check_range(offset, out.len())?;
-        // SAFETY: the range lies inside the live mapping (checked above); `out` is private
-        // memory of the caller, so the two do not overlap; a byte copy has no alignment needs.
+        // SAFETY: the range lies inside the live mapping (checked above). `out` is a `&mut`
+        // the caller holds, so it is not a view of this mapping (views borrow `self`, and an
+        // unsafe view's contract forbids writes meanwhile), and the two do not overlap. A byte
+        // copy has no alignment needs; a writer elsewhere makes the copy torn, no reference to
+        // the shared bytes is formed.
         unsafe {
             ptr::copy_nonoverlapping(
                 self.data().as_ptr().add(offset),
@@ -248,20 +337,23 @@ impl Mapping {
     }
 
     /// Copies `data` into the mapping at `offset`, through raw pointers (see
-    /// [`Mapping::copy_to_slice`]).
+    /// [`Mapping::copy_to_slice`]). It takes `&mut self` so that no other thread of this
+    /// process copies out of or into this mapping meanwhile.
     ///
     /// # Errors
     ///
     /// [`FdError::ReadOnlyMapping`], or [`FdError::RangeOutsideMapping`] when
     /// `offset + data.len()` passes the mapping's end.
-    pub fn copy_from_slice(&self, offset: usize, data: &[u8]) -> Result<(), FdError> {
+    pub fn copy_from_slice(&mut self, offset: usize, data: &[u8]) -> Result<(), FdError> {
         if !self.writable {
             return Err(FdError::ReadOnlyMapping);
         }
         self.check_range(offset, data.len())?;
         // SAFETY: the range lies inside the live mapping, which is PROT_WRITE (both checked
-        // above); `data` is the caller's memory and no reference to the mapped bytes exists
-        // here, so writing them while another process reads is a race on plain bytes only.
+        // above); `data` is the caller's memory (a view of this mapping would need a borrow of
+        // `self`, which `&mut self` excludes), so the two do not overlap. No reference to the
+        // mapped bytes is formed, so another process reading them meanwhile sees torn bytes,
+        // and `&mut self` keeps this process's other threads off this mapping.
         unsafe {
             ptr::copy_nonoverlapping(data.as_ptr(), self.data().as_ptr().add(offset), data.len())
         };
@@ -369,10 +461,18 @@ mod tests {
         let fd = memfd::create("npu-fd-map", 4096).expect("memfd");
         let mut map = Mapping::new_read_only(fd.as_fd(), 0, 4096).expect("map");
         assert!(!map.is_writable());
-        assert_eq!(map.as_slice().len(), 4096);
-        assert!(matches!(map.as_mut_slice(), Err(FdError::ReadOnlyMapping)));
+        assert_eq!(map.read_vec::<u8>(0, 4096).expect("read").len(), 4096);
+        // SAFETY: the memfd is this test's alone and nothing writes it.
+        unsafe {
+            assert_eq!(map.as_slice().len(), 4096);
+            assert!(matches!(map.as_mut_slice(), Err(FdError::ReadOnlyMapping)));
+            assert!(matches!(
+                map.as_mut_slice_of::<u32>(),
+                Err(FdError::ReadOnlyMapping)
+            ));
+        }
         assert!(matches!(
-            map.as_mut_slice_of::<u32>(),
+            map.write_from(0, &[1u32]),
             Err(FdError::ReadOnlyMapping)
         ));
     }
@@ -380,7 +480,7 @@ mod tests {
     #[test]
     fn raw_copies_see_another_mappings_writes_and_stay_in_range() {
         let fd = memfd::create("npu-fd-map", 8192).expect("memfd");
-        let a = Mapping::new(fd.as_fd(), 4096, 4096).expect("map a");
+        let mut a = Mapping::new(fd.as_fd(), 4096, 4096).expect("map a");
         let b = Mapping::new(fd.as_fd(), 0, 8192).expect("map b");
         a.copy_from_slice(10, &[1, 2, 3]).expect("write");
         let mut out = [0u8; 5];
@@ -392,7 +492,7 @@ mod tests {
             "bytes 4094..4099 are outside the 4096-byte mapping"
         );
         assert!(a.copy_from_slice(usize::MAX, &[1]).is_err());
-        let ro = Mapping::new_read_only(fd.as_fd(), 0, 4096).expect("map ro");
+        let mut ro = Mapping::new_read_only(fd.as_fd(), 0, 4096).expect("map ro");
         assert!(matches!(
             ro.copy_from_slice(0, &[1]),
             Err(FdError::ReadOnlyMapping)
@@ -403,7 +503,35 @@ mod tests {
     fn fresh_memfd_reads_as_zeros() {
         let fd = memfd::create("npu-fd-map", 8192).expect("memfd");
         let map = Mapping::new(fd.as_fd(), 100, 8000).expect("map");
-        assert!(map.as_slice().iter().all(|&b| b == 0));
+        assert!(
+            map.read_vec::<u8>(0, 8000)
+                .expect("read")
+                .iter()
+                .all(|&b| b == 0)
+        );
         assert_eq!(map.offset(), 100);
+    }
+
+    #[test]
+    fn typed_copies_are_bytewise_and_stay_in_range() {
+        let fd = memfd::create("npu-fd-map", 4096).expect("memfd");
+        let mut map = Mapping::new(fd.as_fd(), 0, 4096).expect("map");
+        // An odd byte offset: typed copies need no alignment, unlike views.
+        map.write_from(1, &[0x0403_0201u32, 0x0807_0605])
+            .expect("write");
+        assert_eq!(
+            map.read_vec::<u8>(0, 10).expect("bytes"),
+            [0, 1, 2, 3, 4, 5, 6, 7, 8, 0]
+        );
+        assert_eq!(
+            map.read_vec::<u32>(1, 2).expect("u32s"),
+            [0x0403_0201, 0x0807_0605]
+        );
+        let mut two = [0u16; 2];
+        map.read_into(2, &mut two).expect("u16s");
+        assert_eq!(two, [0x0302, 0x0504]);
+        assert!(map.read_vec::<u32>(4093, 1).is_err());
+        assert!(map.read_vec::<u64>(0, usize::MAX).is_err());
+        assert!(map.write_from(4095, &[1u16]).is_err());
     }
 }

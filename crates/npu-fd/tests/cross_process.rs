@@ -42,25 +42,13 @@ fn peer() {
     let (fd, offset, size) = client::redeem_export(&stream, &export).expect("redeem");
     let mut shared = Mapping::new(fd.as_fd(), offset, usize::try_from(size).expect("size"))
         .expect("map the exported fd");
-    for (i, b) in shared
-        .as_mut_slice()
-        .expect("writable")
-        .iter_mut()
-        .enumerate()
-    {
-        *b = pattern(i, 1);
-    }
+    let bytes: Vec<u8> = (0..SIZE).map(|i| pattern(i, 1)).collect();
+    shared.copy_from_slice(0, &bytes).expect("write the export");
 
     let own = memfd::create("npu-fd-peer", SIZE as u64).expect("memfd");
     let mut mine = Mapping::new(own.as_fd(), 0, SIZE).expect("map own");
-    for (i, b) in mine
-        .as_mut_slice()
-        .expect("writable")
-        .iter_mut()
-        .enumerate()
-    {
-        *b = pattern(i, 2);
-    }
+    let bytes: Vec<u8> = (0..SIZE).map(|i| pattern(i, 2)).collect();
+    mine.copy_from_slice(0, &bytes).expect("write own");
     client::import(&stream, &import, own.as_fd()).expect("import");
 }
 
@@ -127,12 +115,12 @@ async fn child_process_writes_through_a_redeemed_fd() {
     let received = served.expect("the peer connected and finished both exchanges");
 
     // The child has exited; what it wrote stays in the shared pages.
-    let written = daemon_view.as_slice();
+    let written = daemon_view.read_vec::<u8>(0, SIZE).expect("read");
     assert!(written.iter().enumerate().all(|(i, &b)| b == pattern(i, 1)));
     let imported = Mapping::new(received.as_fd(), 0, SIZE).expect("map import");
+    let imported = imported.read_vec::<u8>(0, SIZE).expect("read import");
     assert!(
         imported
-            .as_slice()
             .iter()
             .enumerate()
             .all(|(i, &b)| b == pattern(i, 2))

@@ -39,11 +39,15 @@ fn two_mappings_see_each_others_writes() {
     let mut whole = Mapping::new(fd.as_fd(), 0, size).expect("map whole");
     let mut tail = Mapping::new(fd.as_fd(), page() as u64, page()).expect("map tail");
 
-    whole.as_mut_slice().expect("writable")[page()..page() + 4].copy_from_slice(b"abcd");
-    assert_eq!(&tail.as_slice()[..4], b"abcd");
+    whole.copy_from_slice(page(), b"abcd").expect("write whole");
+    assert_eq!(tail.read_vec::<u8>(0, 4).expect("read tail"), b"abcd");
 
-    tail.as_mut_slice().expect("writable")[page() - 3..].copy_from_slice(b"xyz");
-    assert_eq!(&whole.as_slice()[size - 3..], b"xyz");
+    tail.copy_from_slice(page() - 3, b"xyz")
+        .expect("write tail");
+    assert_eq!(
+        whole.read_vec::<u8>(size - 3, 3).expect("read whole"),
+        b"xyz"
+    );
 }
 
 #[test]
@@ -51,36 +55,42 @@ fn unaligned_offset_maps_from_the_page_below() {
     let size = 3 * page();
     let fd = memfd::create("npu-fd-offset", size as u64).expect("memfd");
     let mut whole = Mapping::new(fd.as_fd(), 0, size).expect("map whole");
-    for (i, b) in whole
-        .as_mut_slice()
-        .expect("writable")
-        .iter_mut()
-        .enumerate()
-    {
-        *b = pattern(i);
-    }
+    let bytes: Vec<u8> = (0..size).map(pattern).collect();
+    whole.copy_from_slice(0, &bytes).expect("write");
     let offset = page() + 1;
     let part = Mapping::new(fd.as_fd(), offset as u64, 1000).expect("map at page + 1");
     assert_eq!(part.len(), 1000);
     assert_eq!(part.offset(), offset as u64);
     assert_eq!(part.as_ptr() as usize % page(), 1);
-    assert_eq!(part.as_slice(), &whole.as_slice()[offset..offset + 1000]);
+    assert_eq!(
+        part.read_vec::<u8>(0, 1000).expect("part"),
+        whole.read_vec::<u8>(offset, 1000).expect("whole")
+    );
 
     // The last byte of the fd, from an offset in the middle of a page.
     let last = Mapping::new_read_only(fd.as_fd(), (size - 1) as u64, 1).expect("map last byte");
-    assert_eq!(last.as_slice(), &[pattern(size - 1)]);
+    assert_eq!(
+        last.read_vec::<u8>(0, 1).expect("last"),
+        [pattern(size - 1)]
+    );
 }
 
 #[test]
 fn typed_views_check_alignment_and_length() {
     let fd = memfd::create("npu-fd-typed", page() as u64).expect("memfd");
     let mut map = Mapping::new(fd.as_fd(), 0, 64).expect("map");
-    map.as_mut_slice_of::<u32>().expect("aligned")[1] = 0x0403_0201;
-    assert_eq!(&map.as_slice()[4..8], &[1, 2, 3, 4]);
-    assert_eq!(map.as_slice_of::<u64>().expect("aligned").len(), 8);
+    // SAFETY: the memfd is this test's own and nothing writes it while a view lives; each
+    // view, this one and those below, is dropped before the next write.
+    let words = unsafe { map.as_mut_slice_of::<u32>() };
+    words.expect("aligned")[1] = 0x0403_0201;
+    assert_eq!(map.read_vec::<u8>(4, 4).expect("bytes"), [1, 2, 3, 4]);
+    // SAFETY: as above.
+    let wide = unsafe { map.as_slice_of::<u64>() };
+    assert_eq!(wide.expect("aligned").len(), 8);
 
     let odd = Mapping::new(fd.as_fd(), 2, 8).expect("map at 2");
-    let err = odd.as_slice_of::<u32>().expect_err("misaligned");
+    // SAFETY: as above.
+    let err = unsafe { odd.as_slice_of::<u32>() }.expect_err("misaligned");
     let text = err.to_string();
     assert!(
         text.starts_with("cannot view 8 mapped bytes as [u32]: the first byte is at 0x"),
@@ -90,10 +100,13 @@ fn typed_views_check_alignment_and_length() {
         text.ends_with("which is not a multiple of the 4-byte alignment; map from an offset that is a multiple of 4"),
         "{text}"
     );
-    assert_eq!(odd.as_slice_of::<u16>().expect("2-aligned").len(), 4);
+    // SAFETY: as above.
+    let halves = unsafe { odd.as_slice_of::<u16>() };
+    assert_eq!(halves.expect("2-aligned").len(), 4);
 
     let mut short = Mapping::new(fd.as_fd(), 0, 10).expect("map 10");
-    let err = short.as_mut_slice_of::<u32>().expect_err("slop");
+    // SAFETY: as above.
+    let err = unsafe { short.as_mut_slice_of::<u32>() }.expect_err("slop");
     assert_eq!(
         err.to_string(),
         "cannot view 10 mapped bytes as [u32]: 10 is not a multiple of the 4-byte element size"
@@ -120,9 +133,9 @@ fn mapping_outlives_the_fd_and_moves_between_threads() {
     let fd = memfd::create(&name, page() as u64).expect("memfd");
     let mut map = Mapping::new(fd.as_fd(), 0, page()).expect("map");
     drop(fd);
-    map.as_mut_slice().expect("writable")[0] = 42;
+    map.copy_from_slice(0, &[42]).expect("write");
     let handle = std::thread::spawn(move || {
-        assert_eq!(map.as_slice()[0], 42);
+        assert_eq!(map.read_vec::<u8>(0, 1).expect("read"), [42]);
         drop(map);
     });
     handle.join().expect("thread");
@@ -136,5 +149,5 @@ fn read_only_fd_cannot_be_mapped_read_write() {
     let err = Mapping::new(read_only.as_fd(), 0, page()).expect_err("EACCES");
     assert!(err.to_string().starts_with("mmap failed: "), "{err}");
     let map = Mapping::new_read_only(read_only.as_fd(), 0, page()).expect("read-only map");
-    assert_eq!(map.as_slice()[0], 0);
+    assert_eq!(map.read_vec::<u8>(0, 1).expect("read"), [0]);
 }

@@ -66,7 +66,7 @@ async fn redeem_export_shares_memory_with_the_daemon() {
     let page = rustix::param::page_size();
     let fd = memfd::create("npu-fd-export", 2 * page as u64).expect("memfd");
     let mut daemon_view = Mapping::new(fd.as_fd(), 0, 2 * page).expect("map");
-    daemon_view.as_mut_slice().expect("writable")[page..page + 5].copy_from_slice(b"hello");
+    daemon_view.copy_from_slice(page, b"hello").expect("write");
 
     let client = tokio::task::spawn_blocking(move || {
         let stream = StdStream::connect(&path).expect("connect");
@@ -74,8 +74,8 @@ async fn redeem_export_shares_memory_with_the_daemon() {
         assert!(is_cloexec(fd.as_fd()), "received fds are close-on-exec");
         let mut view = Mapping::new(fd.as_fd(), offset, usize::try_from(size).expect("size"))
             .expect("client map");
-        assert_eq!(&view.as_slice()[..5], b"hello");
-        view.as_mut_slice().expect("writable")[5..10].copy_from_slice(b"world");
+        assert_eq!(view.read_vec::<u8>(0, 5).expect("read"), b"hello");
+        view.copy_from_slice(5, b"world").expect("write");
         (offset, size)
     });
 
@@ -102,7 +102,10 @@ async fn redeem_export_shares_memory_with_the_daemon() {
         .expect("write");
 
     assert_eq!(client.await.expect("client"), (page as u64, 100));
-    assert_eq!(&daemon_view.as_slice()[page..page + 10], b"helloworld");
+    assert_eq!(
+        daemon_view.read_vec::<u8>(page, 10).expect("read"),
+        b"helloworld"
+    );
     assert!(server::read_request(&stream).await.expect("eof").is_none());
 }
 
@@ -113,7 +116,7 @@ async fn import_delivers_the_clients_memfd() {
     let client = tokio::task::spawn_blocking(move || {
         let fd = memfd::create("npu-fd-import", 4096).expect("memfd");
         let mut view = Mapping::new(fd.as_fd(), 0, 4096).expect("map");
-        view.as_mut_slice_of::<u32>().expect("u32 view")[..3].copy_from_slice(&[7, 8, 9]);
+        view.write_from(0, &[7u32, 8, 9]).expect("write");
         client::import(&client_end, &ticket, fd.as_fd()).expect("import");
         // A second exchange on the same connection.
         client::import(&client_end, &ticket, fd.as_fd())
@@ -134,10 +137,7 @@ async fn import_delivers_the_clients_memfd() {
     assert!(is_cloexec(fd.as_fd()));
     memfd::check_import(fd.as_fd(), 4096).expect("the client's memfd passes");
     let view = Mapping::new(fd.as_fd(), 0, 4096).expect("daemon map");
-    assert_eq!(
-        &view.as_slice_of::<u32>().expect("u32 view")[..3],
-        &[7, 8, 9]
-    );
+    assert_eq!(view.read_vec::<u32>(0, 3).expect("read"), [7, 8, 9]);
     server::write_response(&daemon, &Response::ok(), None)
         .await
         .expect("write");

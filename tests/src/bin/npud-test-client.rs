@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use npu_artifacts::emu::{DType, EmuDesign};
 use npu_proto::v1 as pb;
-use npud_e2e::{Session, connect_unix};
+use npud_e2e::{I32Copies, Session, connect_unix};
 
 const N: u32 = 1024;
 
@@ -64,16 +64,12 @@ async fn share(sock: PathBuf, seed: i32) -> Result<serde_json::Value, String> {
     let values: Vec<i32> = (0..N as i32)
         .map(|i| i.wrapping_mul(7).wrapping_add(seed))
         .collect();
-    input
-        .map
-        .as_mut_slice_of::<i32>()
-        .map_err(|e| e.to_string())?
-        .copy_from_slice(&values);
+    input.map.set_i32s(&values).map_err(|e| e.to_string())?;
     let d = s
         .dispatch(reg.program_id, &[input.id, output.id])
         .await
         .map_err(|e| e.to_string())?;
-    let out = output.map.as_slice_of::<i32>().map_err(|e| e.to_string())?;
+    let out = output.map.i32s().map_err(|e| e.to_string())?;
     for (i, (o, v)) in out.iter().zip(&values).enumerate() {
         if *o != v.wrapping_add(1) {
             return Err(format!("out[{i}] = {o}, expected {}", v.wrapping_add(1)));

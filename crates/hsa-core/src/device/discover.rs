@@ -91,14 +91,28 @@ impl fmt::Display for PoolDesc {
     }
 }
 
+/// Plain integers a runtime may write whole: every bit pattern is a valid value, so whatever C
+/// writes into one is one. `bool` is not one (only 0 and 1 are `bool`s): read a flag as `u8`.
+trait CInt: Copy + Default + sealed::Sealed {}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+macro_rules! c_int {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl CInt for $t {}
+    )*};
+}
+
+c_int!(u8, u16, u32, u64, usize);
+
 /// Reads one fixed-size attribute with `hsa_agent_get_info`.
-fn agent_info<T: Copy + Default>(
-    api: &HsaApi,
-    agent: Agent,
-    attr: AgentInfo,
-) -> Result<T, HsaError> {
+fn agent_info<T: CInt>(api: &HsaApi, agent: Agent, attr: AgentInfo) -> Result<T, HsaError> {
     let mut v = T::default();
-    // SAFETY: `v` is a `T` the caller chose to match the size ROCR writes for `attr`.
+    // SAFETY: `v` is a `T` the caller chose to match the size ROCR writes for `attr`, and `T`
+    // is a plain integer (`CInt`), valid for any bytes the runtime writes.
     let st = unsafe { (api.fns().agent_get_info)(agent, attr, (&raw mut v).cast()) };
     api.check("hsa_agent_get_info", st)?;
     Ok(v)
@@ -136,13 +150,11 @@ pub(crate) fn agents(api: &HsaApi) -> Result<Vec<AgentDesc>, HsaError> {
         .collect()
 }
 
-fn pool_info<T: Copy + Default>(
-    api: &HsaApi,
-    pool: MemoryPool,
-    attr: PoolInfo,
-) -> Result<T, HsaError> {
+fn pool_info<T: CInt>(api: &HsaApi, pool: MemoryPool, attr: PoolInfo) -> Result<T, HsaError> {
     let mut v = T::default();
-    // SAFETY: `v` is a `T` the caller chose to match the size ROCR writes for `attr`.
+    // SAFETY: `v` is a `T` the caller chose to match the size ROCR writes for `attr`, and `T`
+    // is a plain integer (`CInt`), valid for any bytes the runtime writes; boolean attributes
+    // are read as `u8` and compared with 0.
     let st = unsafe { (api.fns().memory_pool_get_info)(pool, attr, (&raw mut v).cast()) };
     api.check("hsa_amd_memory_pool_get_info", st)?;
     Ok(v)

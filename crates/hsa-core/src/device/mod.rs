@@ -169,8 +169,9 @@ pub struct Device {
 }
 
 // SAFETY: the raw pointers inside (queue, allocations) refer to runtime objects that are not
-// tied to the thread that created them; every access goes through `&mut self`, so moving the
-// whole `Device` to another thread cannot create shared access.
+// tied to the thread that created them (ROCR's calls may come from any thread), and the queue's
+// error callback reaches the device only through an `Arc` of atomics. `Device` is not `Sync`,
+// so one thread at a time uses it, and moving it to another thread moves all of that use.
 unsafe impl Send for Device {}
 
 /// Bytes of side buffer per ring slot: 16 arguments in either ABI.

@@ -397,7 +397,9 @@ impl QueueOwner {
     /// The runtime's `hsa_queue_t` (its fields never change after creation).
     pub(crate) fn info(&self) -> &Queue {
         // SAFETY: the runtime owns the struct and keeps it valid until hsa_queue_destroy, which
-        // only `Drop` calls.
+        // only `Drop` calls (after this borrow of `self` ends), and writes none of its fields
+        // after hsa_queue_create returns (the ring indices live outside `hsa_queue_t`), so a
+        // shared reference sees no change while it lives.
         unsafe { self.queue.as_ref() }
     }
 }

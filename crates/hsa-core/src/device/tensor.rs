@@ -150,8 +150,11 @@ impl Device {
         data: &[u8],
     ) -> Result<(), HsaError> {
         let dst = self.range(id, offset, data.len())?;
-        // SAFETY: `range` checked that `dst..dst+len` lies inside the tensor; the caller's slice
-        // is not device memory, so the two do not overlap.
+        // SAFETY: `range` checked that `dst..dst+len` lies inside the tensor's live allocation.
+        // `data` is no slice of this device's memory (those are lent by `with_tensor*`, which
+        // borrow the device that `&mut self` holds), so the two do not overlap. The copy forms
+        // no reference to device memory, so another process (an exported tensor's client) or
+        // the device writing it meanwhile only tears the bytes.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
         Ok(())
     }
@@ -162,7 +165,8 @@ impl Device {
     /// [`HsaError::UnknownHandle`], or [`HsaError::InvalidArgument`] when the range does not fit.
     pub fn read_tensor(&self, id: TensorId, offset: usize, out: &mut [u8]) -> Result<(), HsaError> {
         let src = self.range(id, offset, out.len())?;
-        // SAFETY: as in `write_tensor`, in the other direction.
+        // SAFETY: as in `write_tensor`, in the other direction: `out` is a `&mut` the caller
+        // holds, so it is not lent device memory (`with_tensor_mut` needs `&mut self`).
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
         Ok(())
     }
@@ -193,11 +197,13 @@ impl Device {
 
     /// Lends bytes `offset..offset + len` of a tensor that was never exported as `&mut [u8]`,
     /// for copying into it without a bounce buffer. Such memory is seen by no other process,
-    /// and the device writes it only inside a dispatch, which needs `&mut self` as well.
+    /// and the device writes it only inside a dispatch, which needs `&mut self` as well, or
+    /// after one that failed or timed out, until its queue is replaced (refused meanwhile).
     ///
     /// # Errors
     /// [`HsaError::UnknownHandle`]; [`HsaError::InvalidArgument`] for a range outside the
-    /// tensor or a tensor that was exported (use [`Device::write_tensor`]).
+    /// tensor, a tensor that was exported, or while a failed queue lives (use
+    /// [`Device::write_tensor`], which copies through raw pointers).
     pub fn with_tensor_mut<R>(
         &mut self,
         id: TensorId,
@@ -206,9 +212,10 @@ impl Device {
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R, HsaError> {
         let p = self.private_range(id, offset, len)?;
-        // SAFETY: `private_range` checked the range lies inside the tensor's live allocation and
-        // that no other process was given the memory; `&mut self` excludes every other access
-        // from this process (dispatches included) while the slice lives.
+        // SAFETY: `private_range` checked that the range lies inside the tensor's live
+        // allocation, that no other process was given the memory, and that no failed dispatch
+        // can still be running on a live queue; `&mut self` excludes every other access from
+        // this process (new dispatches included) while the slice lives.
         Ok(f(unsafe { std::slice::from_raw_parts_mut(p, len) }))
     }
 
@@ -225,8 +232,9 @@ impl Device {
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, HsaError> {
         let p = self.private_range(id, offset, len)?;
-        // SAFETY: as in `with_tensor_mut`; `&self` excludes dispatches (they need `&mut self`),
-        // so nothing writes the bytes while the slice lives.
+        // SAFETY: as in `with_tensor_mut`; `&self` excludes new dispatches (they need
+        // `&mut self`) and `private_range` ruled out a failed one still running, so nothing
+        // writes the bytes while the slice lives.
         Ok(f(unsafe { std::slice::from_raw_parts(p, len) }))
     }
 
@@ -234,6 +242,16 @@ impl Device {
         if self.tensor(id)?.exported {
             return Err(HsaError::InvalidArgument(format!(
                 "tensor {} is shared with other processes; copy with write_tensor/read_tensor",
+                id.0
+            )));
+        }
+        // A dispatch that failed or timed out left its queue alive: on hardware its packets may
+        // still run and write tensor memory until `recover` (or the next dispatch) destroys the
+        // queue, so no slice of device memory is lent until then.
+        if self.queue.as_ref().is_some_and(|q| q.stale) {
+            return Err(HsaError::InvalidArgument(format!(
+                "tensor {}: a dispatch that failed or timed out may still write device memory \
+                 until recover() replaces its queue; copy with write_tensor/read_tensor",
                 id.0
             )));
         }

@@ -5,9 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hsa_core::{
-    Device, DeviceOptions, Dispatch, Generation, HsaApi, PacketAbi, ProgramId, TensorId,
-};
+use hsa_core::{Device, DeviceOptions, Dispatch, Generation, PacketAbi, ProgramId, TensorId};
 use hsa_sim::{Profile, SimConfig};
 use npu_artifacts::NpuGen;
 use npu_artifacts::emu::{DType, EmuDesign};
@@ -37,7 +35,7 @@ pub fn open_static(profile: Profile, opts: DeviceOptions) -> Device {
         timeout: Duration::from_millis(300),
     });
     let abi: PacketAbi = profile.packet_abi();
-    let api = HsaApi::from_static(hsa_sim::fns(), "hsa-sim");
+    let api = hsa_sim::api("hsa-sim");
     // ROCm 7.0 names every NPU aie2, so the binding cannot tell the generation from the name:
     // say it, as a user of that runtime would (or its sysfs would).
     let generation = opts.generation.or(match profile {

@@ -15,7 +15,8 @@ use crate::FdError;
 /// Redeems an export ticket: receives the fd of a tensor the daemon allocated.
 ///
 /// Returns the fd (close-on-exec), the offset where the tensor starts inside it, and the
-/// tensor's size in bytes; map it with [`crate::Mapping::new`]`(fd, offset, size)`.
+/// tensor's size in bytes; map it with [`crate::Mapping::new`]`(fd, offset, size)`, or redeem
+/// with [`crate::ClientMemory::redeem_export`] to get memory with safe views.
 ///
 /// # Errors
 ///

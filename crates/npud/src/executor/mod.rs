@@ -371,7 +371,7 @@ fn open_device(cfg: &Config) -> Result<Device, StartError> {
                 profile: cfg.emulator_profile(),
                 timeout: Duration::from_millis(cfg.emulator.timeout_ms),
             });
-            Ok(HsaApi::from_static(hsa_sim::fns(), "hsa-sim (emulator)"))
+            Ok(hsa_sim::api("hsa-sim (emulator)"))
         }
         Backend::Hsa => HsaApi::discover(cfg.library.as_deref()),
     };

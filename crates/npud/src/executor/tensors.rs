@@ -452,8 +452,18 @@ impl Tensors {
                 ..
             }) = self.map.get(id)
             {
-                dev.with_tensor_mut(*d, 0, mapping.len(), |dst| mapping.copy_to_slice(0, dst))?
-                    .map_err(|e| NpudError::Internal(format!("staging tensor {id} in: {e}")))?;
+                let len = mapping.len();
+                let err = |e: npu_fd::FdError| {
+                    NpudError::Internal(format!("staging tensor {id} in: {e}"))
+                };
+                match dev.with_tensor_mut(*d, 0, len, |dst| mapping.copy_to_slice(0, dst)) {
+                    Ok(copied) => copied.map_err(err)?,
+                    // No slice of device memory while a failed dispatch may still write it:
+                    // bounce through a buffer, raw copies on both sides.
+                    Err(_) => {
+                        dev.write_tensor(*d, 0, &mapping.read_vec::<u8>(0, len).map_err(err)?)?
+                    }
+                }
             }
         }
         Ok(())
@@ -466,10 +476,21 @@ impl Tensors {
                 storage: Storage::Staged { mapping, .. },
                 device: Some(d),
                 ..
-            }) = self.map.get(id)
+            }) = self.map.get_mut(id)
             {
-                dev.with_tensor(*d, 0, mapping.len(), |src| mapping.copy_from_slice(0, src))?
-                    .map_err(|e| NpudError::Internal(format!("staging tensor {id} out: {e}")))?;
+                let len = mapping.len();
+                let err = |e: npu_fd::FdError| {
+                    NpudError::Internal(format!("staging tensor {id} out: {e}"))
+                };
+                match dev.with_tensor(*d, 0, len, |src| mapping.copy_from_slice(0, src)) {
+                    Ok(copied) => copied.map_err(err)?,
+                    // As in `stage_in`: after a failed dispatch, copy without a slice.
+                    Err(_) => {
+                        let mut buf = vec![0u8; len];
+                        dev.read_tensor(*d, 0, &mut buf)?;
+                        mapping.copy_from_slice(0, &buf).map_err(err)?;
+                    }
+                }
             }
         }
         Ok(())

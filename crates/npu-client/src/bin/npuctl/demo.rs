@@ -120,19 +120,14 @@ async fn steps(a: &Args, daemon: &mut LocalDaemon, npud: &Path, dir: &Path) -> R
     let vsa = Program::from_dir(&designs[0]).map_err(e)?;
     let input: Vec<i32> = (1..=1024).collect();
     let a0 = client.tensor_from(&input).await.map_err(e)?;
-    let (o0, o1) = (
+    let (mut o0, mut o1) = (
         client.alloc::<i32>(1024).await.map_err(e)?,
         client.alloc::<i32>(1024).await.map_err(e)?,
     );
-    let r = client
-        .chain()
-        .then(&vsa, &[&a0, &o0])
-        .then(&vsa, &[&o0, &o1])
-        .run()
-        .await
-        .map_err(e)?
-        .ok()
-        .map_err(e)?;
+    let mut chain = client.chain();
+    let (i, c0, c1) = (chain.read(&a0), chain.write(&mut o0), chain.write(&mut o1));
+    chain.then(&vsa, &[i, c0]).then(&vsa, &[c0, c1]);
+    let r = chain.run().await.map_err(e)?.ok().map_err(e)?;
     let chain_ok = o0.as_slice().iter().zip(&input).all(|(o, i)| *o == i + 1)
         && o1.as_slice().iter().zip(&input).all(|(o, i)| *o == i + 2);
     if !chain_ok {
@@ -256,8 +251,11 @@ async fn examples(client: &Client, designs: &[PathBuf]) -> Result<Examples, Stri
 
     let input: Vec<i32> = (1..=1024).collect();
     let a = client.tensor_from(&input).await.map_err(e)?;
-    let b = client.alloc::<i32>(1024).await.map_err(e)?;
-    let r = client.dispatch(&vsa, &[&a, &b]).await.map_err(e)?;
+    let mut b = client.alloc::<i32>(1024).await.map_err(e)?;
+    let r = client
+        .dispatch(&vsa, &[&a], &mut [&mut b])
+        .await
+        .map_err(e)?;
     check(
         b.as_slice().iter().zip(&input).all(|(o, i)| *o == i + 1),
         "vector_scalar_add",
@@ -270,12 +268,15 @@ async fn examples(client: &Client, designs: &[PathBuf]) -> Result<Examples, Stri
 
     let x: Vec<i32> = (0..1024).map(|i| (i * 7919) % 100).collect();
     let y: Vec<i32> = (0..1024).map(|i| (i * 104_729) % 100).collect();
-    let (tx, ty, tz) = (
+    let (tx, ty, mut tz) = (
         client.tensor_from(&x).await.map_err(e)?,
         client.tensor_from(&y).await.map_err(e)?,
         client.alloc::<i32>(1024).await.map_err(e)?,
     );
-    let r = client.dispatch(&vva, &[&tx, &ty, &tz]).await.map_err(e)?;
+    let r = client
+        .dispatch(&vva, &[&tx, &ty], &mut [&mut tz])
+        .await
+        .map_err(e)?;
     check(
         tz.as_slice()
             .iter()
@@ -296,12 +297,15 @@ async fn examples(client: &Client, designs: &[PathBuf]) -> Result<Examples, Stri
     let mb: Vec<i16> = (0..n * n)
         .map(|i| i16::try_from(i % 23).unwrap_or(0) - 11)
         .collect();
-    let (ta, tb, tc) = (
+    let (ta, tb, mut tc) = (
         client.tensor_from(&ma).await.map_err(e)?,
         client.tensor_from(&mb).await.map_err(e)?,
         client.alloc::<i32>(n * n).await.map_err(e)?,
     );
-    let r = client.dispatch(&mm, &[&ta, &tb, &tc]).await.map_err(e)?;
+    let r = client
+        .dispatch(&mm, &[&ta, &tb], &mut [&mut tc])
+        .await
+        .map_err(e)?;
     let mut want = vec![0_i32; n * n];
     for row in 0..n {
         for col in 0..n {

@@ -69,14 +69,22 @@ pub async fn run(a: &Args, addr: Option<&str>, json: bool) -> crate::CmdResult {
     } else {
         ProgressBar::hidden()
     };
-    let args: Vec<&dyn npu_client::TensorArg> = tensors
-        .iter()
-        .map(|t| t as &dyn npu_client::TensorArg)
-        .collect();
+    // Inputs the design is known only to read are lent as such; everything else may be
+    // written (for a real design, every argument: see Program::read_only_args).
+    let split = program.read_only_args().min(first_out);
     let (mut queue, mut device) = (Duration::ZERO, Duration::ZERO);
     for _ in 0..a.iterations {
+        let (reads, writes) = tensors.split_at_mut(split);
+        let reads: Vec<&dyn npu_client::TensorArg> = reads
+            .iter()
+            .map(|t| t as &dyn npu_client::TensorArg)
+            .collect();
+        let mut writes: Vec<&mut dyn npu_client::TensorArg> = writes
+            .iter_mut()
+            .map(|t| t as &mut dyn npu_client::TensorArg)
+            .collect();
         let r = client
-            .dispatch(&program, &args)
+            .dispatch(&program, &reads, &mut writes)
             .await
             .map_err(|e| e.to_string())?;
         queue += r.queue;
@@ -121,7 +129,6 @@ pub async fn run(a: &Args, addr: Option<&str>, json: bool) -> crate::CmdResult {
             println!("  scratch buffers for args {extra:?}");
         }
     }
-    drop(args);
     drop(tensors);
     client.close().await.map_err(|e| e.to_string())
 }

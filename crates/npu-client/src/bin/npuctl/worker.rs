@@ -46,7 +46,7 @@ async fn work(a: &Args) -> Result<String, String> {
     let len = usize::try_from(d.n).map_err(|x| x.to_string())?;
     let client = Client::connect(Some(&a.socket)).await.map_err(e)?;
     let mut input = client.alloc::<i32>(len).await.map_err(e)?;
-    let output = client.alloc::<i32>(len).await.map_err(e)?;
+    let mut output = client.alloc::<i32>(len).await.map_err(e)?;
     let base = i32::try_from(a.id).map_err(|x| x.to_string())? * 1_000_000;
     let mut device = std::time::Duration::ZERO;
     for round in 0..a.dispatches {
@@ -55,7 +55,7 @@ async fn work(a: &Args) -> Result<String, String> {
             *x = base + round * 1000 + i;
         }
         device += client
-            .dispatch(&program, &[&input, &output])
+            .dispatch(&program, &[&input], &mut [&mut output])
             .await
             .map_err(e)?
             .device;
