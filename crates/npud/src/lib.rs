@@ -19,6 +19,7 @@ pub mod error;
 pub mod executor;
 pub mod fdsock;
 pub mod health;
+pub mod logging;
 pub mod programs;
 pub mod server;
 pub mod service;
