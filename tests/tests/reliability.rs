@@ -59,6 +59,7 @@ fn options() -> Options {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Held {
     sessions: usize,
+    device_info_sessions: u32,
     tensors: u64,
     tensor_bytes: u64,
     references: u64,
@@ -74,9 +75,9 @@ async fn held(d: &Daemon, keeper: &mut Session) -> Held {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(info.sessions as usize, st.sessions.len());
     Held {
         sessions: st.sessions.len(),
+        device_info_sessions: info.sessions,
         tensors: st.sessions.iter().map(|s| u64::from(s.tensors)).sum(),
         tensor_bytes: st.sessions.iter().map(|s| s.tensor_bytes).sum(),
         references: st.programs.iter().map(|p| u64::from(p.references)).sum(),
@@ -463,8 +464,9 @@ async fn sigterm_under_load_gives_clean_errors_and_a_prompt_clean_exit() {
             .unwrap();
         assert!(ok > 0, "the worker ran before SIGTERM");
         // Refused while draining (UNAVAILABLE), a call the closing connection did not take
-        // (CANCELLED: "connection closed"), or a socket closed under it (refused, reset): never
-        // a wrong value, a device error or another status.
+        // (CANCELLED "connection closed", or the graceful GOAWAY with NO_ERROR, which tonic's
+        // client reports as INTERNAL "h2 protocol error"), or a socket closed under it
+        // (refused, reset): never a wrong value, a device error or another status.
         eprintln!("worker: {ok} rounds, then {e}");
         let clean = [
             "unavailable",
@@ -474,8 +476,9 @@ async fn sigterm_under_load_gives_clean_errors_and_a_prompt_clean_exit() {
             "no such file",
         ];
         let lower = e.to_lowercase();
+        let graceful_goaway = lower.contains("goaway") && lower.contains("no_error");
         assert!(
-            !e.contains("out[") && clean.iter().any(|c| lower.contains(c)),
+            !e.contains("out[") && (graceful_goaway || clean.iter().any(|c| lower.contains(c))),
             "not a clean error: {e}"
         );
     }
