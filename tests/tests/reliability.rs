@@ -249,7 +249,10 @@ async fn verify_rounds(
     let b = s.alloc_mapped(BYTES).await?;
     for r in 0..rounds {
         let values: Vec<i32> = (0..N as i32)
-            .map(|i| i.wrapping_mul(seed).wrapping_add(r as i32 * 1000 + seed))
+            .map(|i| {
+                i.wrapping_mul(seed)
+                    .wrapping_add(i32::try_from(r).unwrap_or(0) * 1000 + seed)
+            })
             .collect();
         a.map
             .as_mut_slice_of::<i32>()
@@ -299,13 +302,14 @@ async fn sixty_four_sessions_round(d: &Daemon, rounds: usize) -> Figures {
     let mut tasks = Vec::new();
     for (i, mut s) in sessions.into_iter().enumerate() {
         tasks.push(tokio::spawn(async move {
-            let add = (i % 4) as i32 + 1;
+            let add = i32::try_from(i % 4).unwrap_or(0) + 1;
             let p = s
                 .register(&EmuDesign::vector_scalar_add(N, DType::I32, i64::from(add)))
                 .await
                 .map_err(|e| e.to_string())?
                 .program_id;
-            let n = verify_rounds(&mut s, p, add, rounds, i as i32 + 3).await?;
+            let seed = i32::try_from(i).unwrap_or(0) + 3;
+            let n = verify_rounds(&mut s, p, add, rounds, seed).await?;
             s.client
                 .close_session(s.req(pb::CloseSessionRequest {}))
                 .await
@@ -349,7 +353,7 @@ async fn sixty_four_sessions_each_verify_every_call() {
 async fn culprit_round(d: &Daemon, round: usize) -> Figures {
     let mut culprit = Session::open(d.connect().await, "culprit").await.unwrap();
     // Distinct bytes each round: a quarantined design stays refused.
-    let size = N * 4 + 64 * round as u32;
+    let size = N * 4 + 64 * u32::try_from(round).unwrap_or(0);
     let fault = culprit.register(&EmuDesign::fault(size)).await.unwrap();
     let hang = culprit.register(&EmuDesign::hang(size)).await.unwrap();
     let a = culprit.alloc_mapped(u64::from(size)).await.unwrap();

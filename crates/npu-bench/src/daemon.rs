@@ -129,7 +129,7 @@ pub fn stat_cpu_ticks(pid: u32) -> Option<u64> {
 /// Microseconds in one clock tick of [`stat_cpu_ticks`] (10 000 at the usual 100 Hz).
 #[must_use]
 pub fn us_per_tick() -> f64 {
-    1e6 / f64::from(rustix::param::clock_ticks_per_second().max(1) as u32)
+    1e6 / crate::stats::f64_of(rustix::param::clock_ticks_per_second().max(1))
 }
 
 /// The daemon's CPU time over a stretch of work, per operation.
