@@ -33,9 +33,18 @@ impl Daemon {
     /// # Errors
     /// When npud cannot be found or built, or does not become ready within 30 s (with its log).
     pub fn start() -> Result<Daemon> {
+        Daemon::start_with(&[])
+    }
+
+    /// [`Daemon::start`] with more command-line arguments (`--executor-spin-us 0`).
+    ///
+    /// # Errors
+    /// As [`Daemon::start`].
+    pub fn start_with(args: &[&str]) -> Result<Daemon> {
         let binary = find_binary(&NPUD, None).map_err(|e| BenchError(e.to_string()))?;
         let mut opts = LocalOptions::new(&binary);
         opts.args = vec!["--log-level".into(), "warn".into()];
+        opts.args.extend(args.iter().map(|a| (*a).into()));
         opts.env = vec![
             (
                 "NPUD_LIMITS__MAX_SESSIONS".into(),
@@ -104,6 +113,23 @@ pub fn cpu_ns(pid: u32) -> Option<u64> {
         total += s.split_whitespace().next()?.parse::<u64>().ok()?;
     }
     Some(total)
+}
+
+/// User plus system CPU time of a process so far, in clock ticks: fields 14 and 15 of
+/// `/proc/<pid>/stat` (every thread's, ended ones included). `None` when the process is gone.
+#[must_use]
+pub fn stat_cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name (which may hold spaces) start after its last ')'.
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let f: Vec<&str> = rest.split(' ').collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Microseconds in one clock tick of [`stat_cpu_ticks`] (10 000 at the usual 100 Hz).
+#[must_use]
+pub fn us_per_tick() -> f64 {
+    1e6 / crate::stats::f64_of(rustix::param::clock_ticks_per_second().max(1))
 }
 
 /// The daemon's CPU time over a stretch of work, per operation.

@@ -317,6 +317,12 @@ impl FloorServers {
 }
 
 impl FloorServers {
+    /// The process serving the floors.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Stops the child: closes its stdin and waits for it to exit (at most 5 s, then kills it),
     /// sleeping on the runtime between checks so that this process's client connections to it
     /// can close (the child's servers end when their connections have).

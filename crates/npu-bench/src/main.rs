@@ -32,7 +32,7 @@ struct Cli {
     #[arg(long)]
     iterations: Option<usize>,
     /// Only these sections (comma-separated): floors, inproc, tcp, chains, pipelined, sizes,
-    /// clients, memory. Row 3 always runs. Ratios need the rows they name.
+    /// clients, memory, cpu. Row 3 always runs. Ratios need the rows they name.
     #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(npu_bench::run::SECTIONS))]
     only: Vec<String>,
     /// Internal: serve the floors' echo servers in DIR until stdin closes.

@@ -18,6 +18,9 @@ pub mod keys {
     pub const CLIENTS_1: &str = "clients_1";
     pub const CLIENTS_16: &str = "clients_16";
     pub const RSS_IDLE: &str = "rss_idle";
+    pub const CPU_TONIC_ECHO: &str = "cpu_tonic_echo";
+    pub const CPU_NPUD_POLLING: &str = "cpu_npud_polling";
+    pub const CPU_NPUD_SLEEPING: &str = "cpu_npud_sleeping";
 }
 
 /// One timed row.
@@ -83,6 +86,23 @@ pub struct MemoryRow {
     pub tensor_bytes: u64,
 }
 
+/// A server process's CPU time per call of one client calling back to back (row 10).
+#[derive(Debug, Clone, Serialize)]
+pub struct CpuRow {
+    pub row: String,
+    pub key: String,
+    pub name: String,
+    /// Calls measured (warm-up excluded).
+    pub calls: u64,
+    /// User plus system time of the server process (`/proc/<pid>/stat`, all threads) over the
+    /// measured calls, divided by them, µs.
+    pub cpu_us_per_call: f64,
+    /// The clock ticks that was measured from (one tick is 10 ms at 100 Hz).
+    pub cpu_ticks: u64,
+    /// Wall time over the same calls, divided by them, µs.
+    pub wall_us_per_call: f64,
+}
+
 /// A goal, stated as a ratio (or a bound) between rows of this run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Ratio {
@@ -118,6 +138,8 @@ pub struct Report {
     pub daemon_threads: Option<(u32, u64)>,
     pub rows: Vec<Row>,
     pub memory: Vec<MemoryRow>,
+    /// Row 10: CPU per call of the tonic echo and of npud, polling and sleeping.
+    pub cpu: Vec<CpuRow>,
     pub ratios: Vec<Ratio>,
     /// Rows that could not run, with the reason (e.g. no TCP address for a given daemon).
     pub skipped: Vec<String>,
@@ -262,6 +284,35 @@ impl Report {
                 format!("{:.1}", crate::stats::f64_of(r.rss_kib) / 1024.0),
             ]);
         }
+        let mut c = Table::new();
+        c.load_preset(UTF8_FULL_CONDENSED).set_header([
+            "row",
+            "key",
+            "measures",
+            "server CPU µs per call",
+            "wall µs per call",
+            "calls",
+        ]);
+        for r in &self.cpu {
+            c.add_row([
+                r.row.clone(),
+                r.key.clone(),
+                r.name.clone(),
+                format!("{:.1}", r.cpu_us_per_call),
+                format!("{:.1}", r.wall_us_per_call),
+                r.calls.to_string(),
+            ]);
+        }
+        for col in 3..6 {
+            if let Some(col) = c.column_mut(col) {
+                col.set_cell_alignment(CellAlignment::Right);
+            }
+        }
+        let cpu = if self.cpu.is_empty() {
+            String::new()
+        } else {
+            format!("{c}\n")
+        };
         let mut g = Table::new();
         g.load_preset(UTF8_FULL_CONDENSED)
             .set_header(["goal", "formula", "value", "target", "met"]);
@@ -284,7 +335,7 @@ impl Report {
             None => String::new(),
         };
         let mut s = format!(
-            "npuctl bench{}: {}{threads} ({} build, {} cores; load {} -> {})\n{t}\n{m}\n{g}\n",
+            "npuctl bench{}: {}{threads} ({} build, {} cores; load {} -> {})\n{t}\n{m}\n{cpu}{g}\n",
             if self.quick { " --quick" } else { "" },
             self.daemon,
             self.machine.build,

@@ -4,11 +4,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::client::{Iters, Session, connect_tcp, connect_unix};
-use crate::daemon::{CpuMeter, Daemon, rss_kib};
+use crate::daemon::{CpuMeter, Daemon, rss_kib, stat_cpu_ticks, us_per_tick};
 use crate::floors::{FloorServers, RawEcho, TonicEcho, tonic_stream};
 use crate::inproc::InProcess;
 use crate::load;
-use crate::report::{Machine, MemoryRow, Report, Row, keys};
+use crate::report::{CpuRow, Machine, MemoryRow, Report, Row, keys};
 use crate::rows::Ready;
 use crate::stats::Acc;
 use crate::{BenchError, Result};
@@ -121,6 +121,7 @@ pub fn run(opts: &Options) -> Result<Report> {
         daemon_threads: None,
         rows: Vec::new(),
         memory: Vec::new(),
+        cpu: Vec::new(),
         ratios: Vec::new(),
         skipped: Vec::new(),
     };
@@ -142,7 +143,7 @@ pub fn run(opts: &Options) -> Result<Report> {
 }
 
 /// Sections of the run, for `--only`.
-pub const SECTIONS: [&str; 8] = [
+pub const SECTIONS: [&str; 9] = [
     "floors",
     "inproc",
     "tcp",
@@ -151,6 +152,7 @@ pub const SECTIONS: [&str; 8] = [
     "sizes",
     "clients",
     "memory",
+    "cpu",
 ];
 
 /// Rounds the side-by-side rows (1, 1b, 3), and the fd sizes of row 6, alternate over. Short
@@ -294,6 +296,9 @@ async fn all_rows(
             r.daemon_cpu_us = cpu.per_op_us();
             report.rows.push(r);
         }
+    }
+    if want("cpu") {
+        cpu_rows(report, &unix, target.pid, dir.path(), it).await?;
     }
     let mut s = unix.session.clone();
     load::close(&mut s).await;
@@ -506,5 +511,113 @@ async fn sizes(report: &mut Report, unix: &Ready, it: Iters) -> Result<()> {
         r.tensor_bytes = Some(bytes);
         report.rows.push(r);
     }
+    Ok(())
+}
+
+/// Row 10 measures at least this many calls of each server, so that one clock tick (10 ms) of
+/// `/proc/<pid>/stat` is small against the total (at 50 µs a call: 25 ticks).
+const CPU_CALLS: usize = 5000;
+/// Rounds row 10's three servers are measured in turn over.
+const CPU_ROUNDS: usize = 10;
+
+/// CPU ticks and calls of one server over row 10's rounds.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    ticks: u64,
+    calls: u64,
+    measured: u64,
+    wall: Duration,
+}
+
+impl Tally {
+    /// Runs `work` (`round`'s calls, warm-up included) and adds `pid`'s CPU ticks over it.
+    async fn measure<F>(&mut self, pid: u32, round: Iters, work: F) -> Result<()>
+    where
+        F: Future<Output = Result<(Vec<u64>, Duration)>>,
+    {
+        let gone = || BenchError(format!("process {pid} is gone: no /proc/{pid}/stat"));
+        let before = stat_cpu_ticks(pid).ok_or_else(gone)?;
+        let (_, wall) = work.await?;
+        let after = stat_cpu_ticks(pid).ok_or_else(gone)?;
+        self.ticks += after.saturating_sub(before);
+        self.calls += (round.warmup + round.measured) as u64;
+        self.measured += round.measured as u64;
+        self.wall += wall;
+        Ok(())
+    }
+
+    fn row(&self, key: &str, name: &str) -> CpuRow {
+        let f = crate::stats::f64_of;
+        CpuRow {
+            row: "10".into(),
+            key: key.into(),
+            name: name.into(),
+            calls: self.calls,
+            cpu_us_per_call: f(self.ticks) * us_per_tick() / f(self.calls.max(1)),
+            cpu_ticks: self.ticks,
+            wall_us_per_call: self.wall.as_secs_f64() * 1e6 / f(self.measured.max(1)),
+        }
+    }
+}
+
+/// Row 10: the CPU time a server process spends per call while one client calls back to back
+/// (user plus system, `/proc/<pid>/stat`, all its threads): the bare tonic echo's process,
+/// this run's npud (polling for `executor.spin_us` as it reports), and a second npud started
+/// with `--executor-spin-us 0` (always sleeping). The three are measured in turn over
+/// [`CPU_ROUNDS`] rounds so that the machine's load falls on them alike.
+async fn cpu_rows(
+    report: &mut Report,
+    unix: &Ready,
+    pid: Option<u32>,
+    dir: &std::path::Path,
+    it: Iters,
+) -> Result<()> {
+    let Some(pid) = pid else {
+        report
+            .skipped
+            .push("row 10: no process id for the given daemon (--pid)".into());
+        return Ok(());
+    };
+    let spin = unix.session.threads.1;
+    let calls = it.measured.max(CPU_CALLS);
+    let round = Iters {
+        warmup: (calls / CPU_ROUNDS / 10).max(crate::rows::MIN_ROUND_WARMUP),
+        measured: calls / CPU_ROUNDS,
+    };
+    let floors = FloorServers::start(dir, unix.session.threads.0)?;
+    let echo = TonicEcho::connect(&floors.echo, unix.message_bytes()).await?;
+    let mut sleeper = Daemon::start_with(&["--executor-spin-us", "0"])?;
+    let sleeper_pid = sleeper
+        .pid()
+        .ok_or_else(|| BenchError("the second npud has no process id".into()))?;
+    let sleeping = Ready::new(
+        Session::open(connect_unix(&sleeper.socket).await?, "bench-cpu").await?,
+        true,
+    )
+    .await?;
+    let (mut e, mut on, mut off) = (Tally::default(), Tally::default(), Tally::default());
+    for _ in 0..CPU_ROUNDS {
+        e.measure(floors.pid(), round, echo.measure(round)).await?;
+        on.measure(pid, round, unix.dispatches(round)).await?;
+        off.measure(sleeper_pid, round, sleeping.dispatches(round))
+            .await?;
+    }
+    let mut s = sleeping.session.clone();
+    load::close(&mut s).await;
+    drop((echo, sleeping));
+    floors.stop().await;
+    sleeper.stop();
+    report.cpu.push(e.row(
+        keys::CPU_TONIC_ECHO,
+        "bare tonic unary echo: its server process's CPU per call",
+    ));
+    report.cpu.push(on.row(
+        keys::CPU_NPUD_POLLING,
+        &format!("npud dispatch, one client, executor.spin_us = {spin}: npud's CPU per dispatch"),
+    ));
+    report.cpu.push(off.row(
+        keys::CPU_NPUD_SLEEPING,
+        "npud dispatch, one client, executor.spin_us = 0: npud's CPU per dispatch",
+    ));
     Ok(())
 }

@@ -113,6 +113,25 @@ fn quick_json_has_every_row_with_sane_fields() {
         assert!(number(m, "rss_kib") > 0.0, "rss in {m}");
     }
 
+    // Row 10: CPU per call of the tonic echo's server and of npud polling and sleeping. A
+    // count of clock ticks may be 0 on a fast machine; the calls and wall time are not.
+    let cpu = field(&report, "cpu").as_array().expect("cpu is a list");
+    let cpu_keys: Vec<&str> = cpu
+        .iter()
+        .map(|c| field(c, "key").as_str().expect("key is text"))
+        .collect();
+    assert_eq!(
+        cpu_keys,
+        ["cpu_tonic_echo", "cpu_npud_polling", "cpu_npud_sleeping"]
+    );
+    for c in cpu {
+        assert_eq!(field(c, "row").as_str(), Some("10"), "{c}");
+        assert!(number(c, "calls") >= 5000.0, "calls in {c}");
+        let per_call = number(c, "cpu_us_per_call");
+        assert!(per_call >= 0.0 && per_call.is_finite(), "CPU in {c}");
+        assert!(number(c, "wall_us_per_call") > 0.0, "wall time in {c}");
+    }
+
     let ratios = field(&report, "ratios")
         .as_array()
         .expect("ratios is a list");

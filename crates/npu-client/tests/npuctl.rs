@@ -72,6 +72,8 @@ fn status_json_matches_what_the_daemon_reports() {
     assert_eq!(dev["session_grace_ms"], info.session_grace_ms);
     assert_eq!(dev["sessions"], info.sessions);
     assert_eq!(dev["serving"], info.serving);
+    assert_eq!(dev["recoveries"], info.recoveries);
+    assert_eq!(dev["last_recovery_unix_ms"], info.last_recovery_unix_ms);
     let limits = info.limits.expect("limits");
     assert_eq!(dev["limits"]["max_sessions"], limits.max_sessions);
     assert_eq!(dev["limits"]["max_chain_links"], limits.max_chain_links);

@@ -108,6 +108,26 @@ impl Default for ExecutorConfig {
     }
 }
 
+/// `[health]`: what `grpc.health.v1.Health` tells watchers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthConfig {
+    /// How long `NOT_SERVING` is reported at least once a device recovery starts, in ms, so
+    /// that a watcher polling or streaming sees it (the recovery itself takes milliseconds).
+    pub min_not_serving_ms: u64,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            min_not_serving_ms: 500,
+        }
+    }
+}
+
+/// Longest `health.min_not_serving_ms`: past this, health hides a device that serves again.
+const MAX_MIN_NOT_SERVING_MS: u64 = 60_000;
+
 /// `[limits]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -181,6 +201,7 @@ pub struct Config {
     pub sysfs_root: PathBuf,
     pub emulator: EmulatorConfig,
     pub executor: ExecutorConfig,
+    pub health: HealthConfig,
     pub limits: Limits,
     /// Where quarantine records and the in-flight record live across restarts (default: see
     /// `default_state_dir`); empty: nowhere (quarantine lasts until the daemon stops).
@@ -207,6 +228,7 @@ impl Default for Config {
             sysfs_root: PathBuf::from("/sys"),
             emulator: EmulatorConfig::default(),
             executor: ExecutorConfig::default(),
+            health: HealthConfig::default(),
             limits: Limits::default(),
             state_dir: default_state_dir(),
             session_grace_ms: 10_000,
@@ -280,6 +302,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "sysfs_root",
     "emulator",
     "executor",
+    "health",
     "limits",
     "state_dir",
     "session_grace_ms",
@@ -375,6 +398,12 @@ impl Config {
             return Err(invalid(
                 "executor.spin_us",
                 "must be at most 10000 (10 ms); 0 never polls",
+            ));
+        }
+        if self.health.min_not_serving_ms > MAX_MIN_NOT_SERVING_MS {
+            return Err(invalid(
+                "health.min_not_serving_ms",
+                "must be at most 60000 (1 min); 0 reports only what the device does",
             ));
         }
         let l = &self.limits;

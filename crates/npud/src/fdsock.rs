@@ -194,22 +194,26 @@ pub async fn serve(
         };
         let tickets = tickets.clone();
         let exec = exec.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                () = stop.cancelled() => {}
-                () = connection(stream, admission, tickets, exec, timeouts) => {}
-            }
-        });
+        tokio::spawn(connection(
+            stream,
+            admission,
+            tickets,
+            exec,
+            timeouts,
+            stop.clone(),
+        ));
     }
 }
 
+/// Serves one connection until it closes, times out, or the daemon stops: a request being
+/// served when `stop` comes is answered first, so shutdown cuts off only idle connections.
 async fn connection(
     stream: UnixStream,
     admission: Admission,
     tickets: Arc<Tickets>,
     exec: ExecutorHandle,
     timeouts: Timeouts,
+    stop: CancellationToken,
 ) {
     if let Admission::Refused { why, .. } = &admission {
         // Read the request (its fd, if any, is closed with it) so the client reads the answer.
@@ -229,7 +233,10 @@ async fn connection(
     };
     let mut wait = timeouts.handshake;
     loop {
-        let read = tokio::time::timeout(wait, server::read_request(&stream)).await;
+        let read = tokio::select! {
+            () = stop.cancelled() => return,
+            r = tokio::time::timeout(wait, server::read_request(&stream)) => r,
+        };
         wait = timeouts.idle;
         let (request, fd) = match read {
             Err(_) => {

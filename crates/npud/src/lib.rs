@@ -1,7 +1,8 @@
 //! npud: a daemon that owns one AMD XDNA NPU through ROCm's HSA runtime (or the built-in
 //! emulator) and serves it to local and remote clients over gRPC.
 //!
-//! Modules, from the outside in: [`server`] (listeners, health, reflection, shutdown),
+//! Modules, from the outside in: [`server`] (listeners, reflection, shutdown), [`health`]
+//! (what health watchers and `DeviceInfo` see of recoveries and draining),
 //! [`service`] (the `npud.v1.Npud` handlers), [`fdsock`] (file descriptors over SCM_RIGHTS),
 //! [`sessions`] and [`conn`] (who is calling, and when they left), [`programs`] (the content-hash
 //! program store), [`executor`] (the one thread that owns the device), [`config`] and
@@ -17,6 +18,8 @@ pub mod conn;
 pub mod error;
 pub mod executor;
 pub mod fdsock;
+pub mod health;
+pub mod logging;
 pub mod programs;
 pub mod server;
 pub mod service;

@@ -9,7 +9,6 @@ use clap::Parser;
 use npud::config::{
     Backend, Config, LogFormat, OverrideEmulator, OverrideExecutor, OverrideLog, Overrides,
 };
-use tracing_subscriber::EnvFilter;
 
 /// Owns one AMD XDNA NPU and serves it over gRPC.
 #[derive(Debug, Parser)]
@@ -126,7 +125,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(&cfg);
+    let hints = npud::logging::init(&cfg);
     // Before the device opens: the programs a dead predecessor was running must be quarantined
     // before anything can run them again. An unusable directory is a configuration error.
     let persisted = match npud::state_dir::Persisted::open(&cfg.state_dir) {
@@ -150,6 +149,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    rt.spawn(hints.log());
     match rt.block_on(npud::server::run(
         cfg,
         opened,
@@ -178,17 +178,4 @@ fn runtime(io_threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
         b
     };
     b.enable_all().thread_name("npud-io").build()
-}
-
-fn init_logging(cfg: &Config) {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&cfg.log.level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match cfg.log.format {
-        LogFormat::Plain => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
 }

@@ -2,8 +2,8 @@
 //!
 //! The daemon serves `npud.v1.Npud`, `grpc.health.v1.Health` and server reflection (v1 and
 //! v1alpha) on its Unix socket and, when configured, on TCP; the fd socket runs beside them.
-//! SIGTERM or SIGINT stops the listeners, lets requests in flight finish (for at most
-//! [`DRAIN_TIMEOUT`]), lets the executor finish its queued work and release the device, and
+//! SIGTERM or SIGINT turns health to `NOT_SERVING` and ends its `Watch` streams, stops the
+//! listeners, lets requests in flight finish (for at most [`DRAIN_TIMEOUT`]), lets the executor finish its queued work and release the device, and
 //! removes the socket files.
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -26,6 +26,7 @@ use crate::conn::{Conn, Timeouts};
 use crate::error::DocumentedCodes;
 use crate::executor::{Executor, Opened};
 use crate::fdsock::{self, Tickets};
+use crate::health::{self, Condition, DeviceHealth, HealthService};
 use crate::programs::{Programs, Runs};
 use crate::service::{NpudService, State};
 use crate::sessions::Sessions;
@@ -71,7 +72,7 @@ pub enum ServeError {
 pub async fn run(
     mut cfg: Config,
     opened: Opened,
-    serving_rx: watch::Receiver<bool>,
+    device: watch::Receiver<Condition>,
     persisted: Persisted,
     ready_file: Option<PathBuf>,
 ) -> Result<(), ServeError> {
@@ -162,7 +163,7 @@ pub async fn run(
         limits: cfg.limits.clone(),
         // Clients are told this path; they may run in another directory.
         fd_socket: std::path::absolute(&cfg.fd_socket).unwrap_or_else(|_| cfg.fd_socket.clone()),
-        serving: serving_rx.clone(),
+        device: device.clone(),
         started: Instant::now(),
         io_threads: u32::try_from(cfg.io_threads()).unwrap_or(u32::MAX),
         executor_spin_us: cfg.executor.spin_us,
@@ -185,25 +186,13 @@ pub async fn run(
         });
     }
 
-    let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_serving::<NpudServer<NpudService>>().await;
-    {
-        let mut rx = serving_rx;
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    () = stop.cancelled() => break,
-                    r = rx.changed() => if r.is_err() { break },
-                }
-                if *rx.borrow_and_update() {
-                    reporter.set_serving::<NpudServer<NpudService>>().await;
-                } else {
-                    reporter.set_not_serving::<NpudServer<NpudService>>().await;
-                }
-            }
-        });
-    }
+    let (health, published) = HealthService::new(stop.clone());
+    tokio::spawn(health::publish(
+        device,
+        Duration::from_millis(cfg.health.min_not_serving_ms),
+        published,
+        stop.clone(),
+    ));
 
     tokio::spawn(reaper(state.clone(), stop.clone()));
     tokio::spawn(systemd::watchdog(state.exec.clone(), stop.clone()));
@@ -419,12 +408,14 @@ fn from_std_unix(
         })
 }
 
-/// The executor's serving flag, and the executor opened with it.
+/// The executor opened, and the device's condition it reports.
 ///
 /// # Errors
 /// The executor's start error.
-pub fn open(cfg: &Config) -> Result<(Opened, watch::Receiver<bool>), crate::executor::StartError> {
-    let (tx, rx) = watch::channel(true);
+pub fn open(
+    cfg: &Config,
+) -> Result<(Opened, watch::Receiver<Condition>), crate::executor::StartError> {
+    let (tx, rx) = DeviceHealth::new();
     let opened = Executor::start(cfg, tx)?;
     Ok((opened, rx))
 }

@@ -8,6 +8,13 @@
 //! `npud-test-client hold SOCKET`: opens a session, registers the same program, allocates two
 //! tensors, prints `{"held":true,"session":N,"program":P}` and sleeps until killed.
 //!
+//! `npud-test-client churn SOCKET SEED`: opens a session, registers vector_scalar_add (+1 + SEED
+//! mod 3), and works until killed: each round allocates a fresh output tensor through the fd
+//! socket, dispatches (every fourth round a 4-link chain), checks every output value, frees it,
+//! and every other round also allocates a tensor and leaves it unredeemed. Prints
+//! `{"working":true,"session":N}` after its first checked round; exits 1 with the first wrong
+//! value or refusal.
+//!
 //! `npud-test-client foreign SOCKET FD_SOCKET SESSION TOKEN TICKET`: uses another process's
 //! session and export ticket (run under another uid) and prints what the daemon answered.
 
@@ -32,12 +39,18 @@ async fn main() -> ExitCode {
             share(PathBuf::from(sock), seed).await
         }
         (Some("hold"), Some(sock)) => hold(PathBuf::from(sock)).await,
+        (Some("churn"), Some(sock)) => {
+            let seed = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0);
+            churn(PathBuf::from(sock), seed).await
+        }
         (Some("foreign"), Some(sock)) if args.len() == 7 => {
             foreign(PathBuf::from(sock), &args[3], &args[4], &args[5], &args[6]).await
         }
-        _ => Err("usage: npud-test-client share SOCKET SEED | hold SOCKET | \
+        _ => Err(
+            "usage: npud-test-client share SOCKET SEED | hold SOCKET | churn SOCKET SEED | \
              foreign SOCKET FD_SOCKET SESSION TOKEN TICKET"
-            .into()),
+                .into(),
+        ),
     };
     match r {
         Ok(line) => {
@@ -112,6 +125,103 @@ async fn hold(sock: PathBuf) -> Result<serde_json::Value, String> {
     loop {
         tokio::time::sleep(Duration::from_secs(3600)).await;
     }
+}
+
+async fn churn(sock: PathBuf, seed: i32) -> Result<serde_json::Value, String> {
+    let client = npu_proto::v1::npud_client::NpudClient::new(connect_unix(&sock).await);
+    let mut s = Session::open(client, &format!("churn-{seed}"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let add = seed.rem_euclid(3) + 1;
+    let design = EmuDesign::vector_scalar_add(N, DType::I32, i64::from(add));
+    let mut reg = s.register(&design).await.map_err(|e| e.to_string())?;
+    let bytes = u64::from(N) * 4;
+    let mut input = s.alloc_mapped(bytes).await?;
+    let mut round: u32 = 0;
+    loop {
+        let values: Vec<i32> = (0..N as i32)
+            .map(|i| {
+                i.wrapping_mul(31)
+                    .wrapping_add(seed)
+                    .wrapping_add(round as i32)
+            })
+            .collect();
+        input
+            .map
+            .as_mut_slice_of::<i32>()
+            .map_err(|e| e.to_string())?
+            .copy_from_slice(&values);
+        let output = s.alloc_mapped(bytes).await?;
+        let links = if round % 4 == 3 { 4 } else { 1 };
+        if links == 1 {
+            s.dispatch(reg.program_id, &[input.id, output.id])
+                .await
+                .map_err(|e| e.to_string())?;
+        } else {
+            // in -> out -> in -> out -> in: 4 additions, ending in `input`... and out holds 3.
+            let there = npud_e2e::dispatch_request(reg.program_id, &[input.id, output.id]);
+            let back = npud_e2e::dispatch_request(reg.program_id, &[output.id, input.id]);
+            let r = s
+                .chain(vec![there.clone(), back.clone(), there, back])
+                .await
+                .map_err(|e| e.to_string())?;
+            if let Some(f) = r.failure {
+                return Err(format!("chain failed: {f:?}"));
+            }
+        }
+        // One link: out = in + add. Four: in = v + 4 add, out = v + 3 add.
+        let want_out = |v: i32| v.wrapping_add(add * if links == 1 { 1 } else { 3 });
+        let out = output.map.as_slice_of::<i32>().map_err(|e| e.to_string())?;
+        for (i, (o, v)) in out.iter().zip(&values).enumerate() {
+            if *o != want_out(*v) {
+                return Err(format!(
+                    "round {round}: out[{i}] = {o}, expected {}",
+                    want_out(*v)
+                ));
+            }
+        }
+        let id = output.id;
+        drop(output);
+        s.client
+            .free_tensor(s.req(pb::FreeTensorRequest { tensor_id: id }))
+            .await
+            .map_err(|e| e.to_string())?;
+        if round % 2 == 1 {
+            // A ticket left unredeemed, and a tensor left to the session's end.
+            s.client
+                .allocate_tensor(s.req(pb::AllocateTensorRequest {
+                    size_bytes: 4096,
+                    name: "left".into(),
+                }))
+                .await
+                .map_err(|e| e.to_string())?;
+            if round % 64 == 63 {
+                // Keep under the per-session tensor quota.
+                drop(input);
+                s = reopen(s, seed).await?;
+                reg = s.register(&design).await.map_err(|e| e.to_string())?;
+                input = s.alloc_mapped(bytes).await?;
+            }
+        }
+        if round == 0 {
+            println!(
+                "{}",
+                serde_json::json!({ "working": true, "session": s.id })
+            );
+        }
+        round = round.wrapping_add(1);
+    }
+}
+
+/// Closes `s` and opens a new session on its channel.
+async fn reopen(mut s: Session, seed: i32) -> Result<Session, String> {
+    s.client
+        .close_session(s.req(pb::CloseSessionRequest {}))
+        .await
+        .map_err(|e| e.to_string())?;
+    Session::open(s.client.clone(), &format!("churn-{seed}"))
+        .await
+        .map_err(|e| e.to_string())
 }
 
 async fn foreign(

@@ -25,10 +25,11 @@ use std::time::{Duration, Instant};
 
 use hsa_core::{Device, DeviceInfo, HsaApi};
 use npu_proto::v1 as pb;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::config::{Backend, Config};
 use crate::error::NpudError;
+use crate::health::DeviceHealth;
 use crate::programs::{Program, Programs};
 use crate::state_dir::InFlight;
 use cache::ProgramCache;
@@ -243,7 +244,7 @@ impl Executor {
     ///
     /// # Errors
     /// [`StartError`] with the runtime's own message when the device cannot be opened.
-    pub fn start(cfg: &Config, serving: watch::Sender<bool>) -> Result<Opened, StartError> {
+    pub fn start(cfg: &Config, serving: DeviceHealth) -> Result<Opened, StartError> {
         let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
         let (opened_tx, opened_rx) = std::sync::mpsc::channel();
         let (setup_tx, setup_rx) = std::sync::mpsc::channel::<Setup>();
@@ -388,7 +389,7 @@ struct Worker {
     cache: ProgramCache,
     rr: RoundRobin<WorkItem>,
     programs: Arc<Programs>,
-    serving: watch::Sender<bool>,
+    serving: DeviceHealth,
     faults: Arc<AtomicU64>,
     /// Which programs are on the device, for the next start if this process dies meanwhile.
     inflight: Option<InFlight>,

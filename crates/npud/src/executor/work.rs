@@ -139,8 +139,7 @@ impl Worker {
         match result {
             Ok(report) => {
                 // A dispatch ran, so the device serves again even if recover() had failed.
-                self.serving
-                    .send_if_modified(|serving| !std::mem::replace(serving, true));
+                self.serving.recovered();
                 Ok(WorkDone {
                     queue_ns,
                     device_ns: nanos(report.device_time),
@@ -218,7 +217,7 @@ impl Worker {
                 .quarantine(p.id, &format!("it faulted the device: {error}"));
         }
         self.clear_in_flight();
-        let _ = self.serving.send(false);
+        self.serving.recovering();
         let msg = match program {
             Some(p) => {
                 tracing::error!(program = p.id, error = %error, "a program faulted the device; quarantined it");
@@ -232,9 +231,7 @@ impl Worker {
         };
         // NOT_SERVING covers the queue's recreation (a hardware-context rebuild on an NPU).
         match self.dev.recover() {
-            Ok(_) => {
-                let _ = self.serving.send(true);
-            }
+            Ok(_) => self.serving.recovered(),
             Err(e) => tracing::error!(
                 error = %e,
                 "recreating the queue after the fault failed; the next dispatch retries"

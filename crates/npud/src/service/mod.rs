@@ -25,6 +25,7 @@ use crate::conn::ConnInfo;
 use crate::error::NpudError;
 use crate::executor::{Command, DeviceFacts, ExecutorHandle};
 use crate::fdsock::Tickets;
+use crate::health::Condition;
 use crate::programs::Programs;
 use crate::sessions::Sessions;
 
@@ -38,7 +39,8 @@ pub struct State {
     pub facts: DeviceFacts,
     pub limits: Limits,
     pub fd_socket: PathBuf,
-    pub serving: watch::Receiver<bool>,
+    /// The device's condition as the executor reports it (serving, recoveries).
+    pub device: watch::Receiver<Condition>,
     pub started: Instant,
     /// Threads the runtime serves requests on.
     pub io_threads: u32,
@@ -106,7 +108,7 @@ impl NpudService {
     }
 
     fn check_serving(&self) -> Result<(), NpudError> {
-        if *self.state.serving.borrow() {
+        if self.state.device.borrow().serving {
             Ok(())
         } else {
             Err(NpudError::Unavailable(

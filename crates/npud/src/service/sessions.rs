@@ -11,6 +11,7 @@ impl NpudService {
     pub(super) async fn device_info(&self) -> pb::DeviceInfo {
         let s = &self.state;
         let snap = s.exec.snapshot().await;
+        let device = *s.device.borrow();
         let info = &s.facts.info;
         let l = &s.limits;
         pb::DeviceInfo {
@@ -28,7 +29,9 @@ impl NpudService {
             daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
             session_grace_ms: u64::try_from(s.sessions.grace().as_millis()).unwrap_or(u64::MAX),
             sessions: u32::try_from(s.sessions.count()).unwrap_or(u32::MAX),
-            serving: *s.serving.borrow(),
+            serving: device.serving,
+            recoveries: device.recoveries,
+            last_recovery_unix_ms: device.last_recovery.map_or(0, |r| r.unix_ms()),
             limits: Some(pb::Limits {
                 max_sessions: l.max_sessions,
                 max_tensors_per_session: l.max_tensors_per_session,

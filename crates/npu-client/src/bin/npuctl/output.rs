@@ -101,6 +101,8 @@ pub fn device_json(d: &pb::DeviceInfo) -> Value {
         "session_grace_ms": d.session_grace_ms,
         "sessions": d.sessions,
         "serving": d.serving,
+        "recoveries": d.recoveries,
+        "last_recovery_unix_ms": d.last_recovery_unix_ms,
         "limits": limits_json(d.limits.as_ref()),
         "io_threads": d.io_threads,
         "executor_spin_us": d.executor_spin_us,

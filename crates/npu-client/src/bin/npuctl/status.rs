@@ -71,6 +71,10 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
             .into(),
         ),
         (
+            "recoveries",
+            recoveries(info.recoveries, info.last_recovery_unix_ms),
+        ),
+        (
             "sessions",
             format!(
                 "{} open ({} opened, {} ended since start; grace {} ms)",
@@ -136,4 +140,16 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
     ];
     println!("{}", kv_table(rows));
     Ok(())
+}
+
+/// How many device recoveries there were, and how long ago the last one started.
+fn recoveries(count: u64, last_unix_ms: u64) -> String {
+    if count == 0 {
+        return "none".into();
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let ago = now.saturating_sub(last_unix_ms) / 1000;
+    format!("{count} (the last started {ago} s ago, at {last_unix_ms} ms since the Unix epoch)")
 }
