@@ -254,14 +254,14 @@ async fn verify_rounds(
                     .wrapping_add(i32::try_from(r).unwrap_or(0) * 1000 + seed)
             })
             .collect();
-        a.map
-            .as_mut_slice_of::<i32>()
-            .map_err(|e| e.to_string())?
-            .copy_from_slice(&values);
+        a.map.write_from(0, &values).map_err(|e| e.to_string())?;
         s.dispatch(program, &[a.id, b.id])
             .await
             .map_err(|e| format!("session {} round {r}: {e}", s.id))?;
-        let out = b.map.as_slice_of::<i32>().map_err(|e| e.to_string())?;
+        let out = b
+            .map
+            .read_vec::<i32>(0, values.len())
+            .map_err(|e| e.to_string())?;
         if let Some(i) = (0..values.len()).find(|&i| out[i] != values[i].wrapping_add(add)) {
             return Err(format!(
                 "session {} round {r}: out[{i}] = {}, expected {}",

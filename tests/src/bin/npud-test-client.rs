@@ -146,11 +146,7 @@ async fn churn(sock: PathBuf, seed: i32) -> Result<serde_json::Value, String> {
                     .wrapping_add(round as i32)
             })
             .collect();
-        input
-            .map
-            .as_mut_slice_of::<i32>()
-            .map_err(|e| e.to_string())?
-            .copy_from_slice(&values);
+        input.map.write_from(0, &values).map_err(|e| e.to_string())?;
         let output = s.alloc_mapped(bytes).await?;
         let links = if round % 4 == 3 { 4 } else { 1 };
         if links == 1 {
@@ -171,7 +167,10 @@ async fn churn(sock: PathBuf, seed: i32) -> Result<serde_json::Value, String> {
         }
         // One link: out = in + add. Four: in = v + 4 add, out = v + 3 add.
         let want_out = |v: i32| v.wrapping_add(add * if links == 1 { 1 } else { 3 });
-        let out = output.map.as_slice_of::<i32>().map_err(|e| e.to_string())?;
+        let out = output
+            .map
+            .read_vec::<i32>(0, values.len())
+            .map_err(|e| e.to_string())?;
         for (i, (o, v)) in out.iter().zip(&values).enumerate() {
             if *o != want_out(*v) {
                 return Err(format!(
