@@ -244,6 +244,17 @@ impl<T: Element> Tensor<T> {
         Ok(())
     }
 
+    /// The start of the tensor's mapping ([`Tensor::size_bytes`] bytes, readable and writable
+    /// while the tensor lives), for handing the memory to foreign code: the Python package's
+    /// numpy arrays are views over it, and keep the tensor alive.
+    ///
+    /// Writes through the pointer follow the sharing contract of the [module docs](self), and
+    /// do not mark a staged tensor dirty: call [`Tensor::upload`] before the dispatch.
+    #[must_use]
+    pub fn mapping_ptr(&self) -> *mut u8 {
+        self.raw.mem.as_ptr().cast_mut()
+    }
+
     /// The elements, copied.
     #[must_use]
     pub fn to_vec(&self) -> Vec<T> {

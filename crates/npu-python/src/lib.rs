@@ -1,0 +1,866 @@
+//! `npud._npud`: the native half of the `npud` Python package, npu-client for Python.
+//!
+//! The Python half (`python/npud/__init__.py`) turns these objects into the public API: numpy
+//! arrays over [`RawTensor`]s, exception classes, chains and asyncio awaitables. Everything here
+//! that waits for the daemon releases the GIL; every call also has a `*_start` form that runs on
+//! the package's tokio runtime and reports through a Python callback, which the Python half
+//! turns into an asyncio future.
+//!
+//! The only unsafe code is the buffer protocol of [`RawTensor`]: it hands Python the tensor's
+//! mapping (npu-client's [`npu_client::Tensor::mapping_ptr`]), and the exported buffer holds a
+//! reference to the `RawTensor`, which owns the mapping, so the memory outlives every view.
+
+use std::collections::VecDeque;
+use std::ffi::c_int;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use npu_client::local::{LocalDaemon as NativeDaemon, LocalOptions};
+use npu_client::{ClientError, Program as NativeProgram, Tensor, TensorArg};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use tokio::sync::{mpsc, oneshot};
+
+mod convert;
+
+/// The runtime every client of this process uses, with the pid that made it: a process forked
+/// after it was made (multiprocessing's default on Linux) cannot use it, and makes its own.
+static RUNTIME: Mutex<Option<(u32, Arc<tokio::runtime::Runtime>)>> = Mutex::new(None);
+
+fn pid() -> u32 {
+    rustix::process::getpid()
+        .as_raw_nonzero()
+        .get()
+        .unsigned_abs()
+}
+
+fn runtime() -> PyResult<Arc<tokio::runtime::Runtime>> {
+    let mut slot = RUNTIME.lock().unwrap_or_else(PoisonError::into_inner);
+    let me = pid();
+    if let Some((owner, rt)) = slot.as_ref() {
+        if *owner == me {
+            return Ok(rt.clone());
+        }
+    }
+    // A runtime inherited through fork has no threads: it can neither run nor be dropped
+    // (dropping waits for them), so it is forgotten.
+    if let Some(old) = slot.take() {
+        std::mem::forget(old);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("npud-python")
+        .enable_all()
+        .build()
+        .map_err(|e| PyRuntimeError::new_err(format!("starting the client's runtime: {e}")))?;
+    let rt = Arc::new(rt);
+    *slot = Some((me, rt.clone()));
+    Ok(rt)
+}
+
+/// Converts a client error into the package's exception (see `npud/_errors.py`).
+fn to_pyerr(py: Python<'_>, e: &ClientError) -> PyErr {
+    let (kind, extra) = match e {
+        ClientError::Daemon { .. } => ("daemon", None),
+        ClientError::SessionLost { session, .. } => ("session_lost", Some(vec![*session])),
+        ClientError::Address { .. } => ("address", None),
+        ClientError::LocalDaemon { .. } => ("local_daemon", None),
+        ClientError::Connect { .. } => ("connect", None),
+        ClientError::Timeout { .. } => ("timeout", None),
+        ClientError::Fd { .. } => ("fd", None),
+        ClientError::Artifact(_) => ("artifact", None),
+        ClientError::Io { .. } => ("io", None),
+        ClientError::Invalid(_) => ("invalid", None),
+        ClientError::ChainFailed { index, not_run, .. } => (
+            "chain_failed",
+            Some(
+                std::iter::once(u64::from(*index))
+                    .chain(not_run.iter().map(|&i| u64::from(i)))
+                    .collect(),
+            ),
+        ),
+        _ => ("other", None),
+    };
+    let call = match e {
+        ClientError::Daemon { call, .. }
+        | ClientError::SessionLost { call, .. }
+        | ClientError::Timeout { call, .. } => Some(*call),
+        _ => None,
+    };
+    let code = e.code().map(|c| c as i32);
+    let made = py.import("npud._errors").and_then(|m| {
+        m.getattr("_from_native")?.call1((
+            kind,
+            code,
+            call,
+            e.daemon_message(),
+            e.to_string(),
+            extra,
+        ))
+    });
+    match made {
+        Ok(exc) => PyErr::from_value(exc),
+        Err(err) => err,
+    }
+}
+
+/// Runs `fut` on the runtime with the GIL released, and waits for it.
+fn wait<T, F>(py: Python<'_>, fut: F) -> PyResult<T>
+where
+    T: Send,
+    F: Future<Output = Result<T, ClientError>> + Send,
+{
+    let rt = runtime()?;
+    py.detach(|| rt.block_on(fut)).map_err(|e| to_pyerr(py, &e))
+}
+
+/// Runs `fut` on the runtime and calls `callback(result, None)` or `callback(None, exception)`
+/// with its outcome, from a runtime thread.
+fn start<T, F>(fut: F, callback: Py<PyAny>) -> PyResult<()>
+where
+    T: for<'py> IntoPyObject<'py> + Send + 'static,
+    F: Future<Output = Result<T, ClientError>> + Send + 'static,
+{
+    let rt = runtime()?;
+    drop(rt.spawn(async move {
+        let outcome = fut.await;
+        Python::attach(|py| {
+            let called = match outcome {
+                Ok(v) => callback.call1(py, (v, py.None())),
+                Err(e) => callback.call1(py, (py.None(), to_pyerr(py, &e).into_value(py))),
+            };
+            if let Err(e) = called {
+                e.write_unraisable(py, None);
+            }
+        });
+    }));
+    Ok(())
+}
+
+/// A session on npud (npu-client's `Client`).
+#[pyclass(frozen, module = "npud._npud")]
+struct Client {
+    client: npu_client::Client,
+    /// The process that connected: the connection does not survive a fork.
+    pid: u32,
+}
+
+impl Client {
+    fn get(&self) -> PyResult<npu_client::Client> {
+        if self.pid != pid() {
+            return Err(PyRuntimeError::new_err(
+                "this npud.Client was made before the process forked; its connection belongs \
+                 to the parent: make a new npud.Client in this process",
+            ));
+        }
+        Ok(self.client.clone())
+    }
+}
+
+/// Timing of one dispatch: (queue_ns, device_ns).
+type Timing = (u64, u64);
+
+fn timing(r: npu_client::DispatchResult) -> Timing {
+    (
+        u64::try_from(r.queue.as_nanos()).unwrap_or(u64::MAX),
+        u64::try_from(r.device.as_nanos()).unwrap_or(u64::MAX),
+    )
+}
+
+fn tensors(args: &[Bound<'_, RawTensor>]) -> Vec<Arc<Tensor<u8>>> {
+    args.iter().map(|a| a.get().tensor.clone()).collect()
+}
+
+/// Uploads every staged argument: Python writes a numpy view without the dirty mark the Rust
+/// API sets, so a staged argument is always uploaded before the work (and, as in the Rust
+/// client, every one is downloaded after it).
+async fn upload_staged(args: &[Arc<Tensor<u8>>]) -> Result<(), ClientError> {
+    let mut seen = std::collections::HashSet::new();
+    for t in args {
+        if !t.is_shared() && seen.insert(t.id()) {
+            t.upload().await?;
+        }
+    }
+    Ok(())
+}
+
+async fn dispatch(
+    client: npu_client::Client,
+    program: NativeProgram,
+    args: Vec<Arc<Tensor<u8>>>,
+) -> Result<Timing, ClientError> {
+    upload_staged(&args).await?;
+    let refs: Vec<&dyn TensorArg> = args.iter().map(|t| &**t as &dyn TensorArg).collect();
+    client.dispatch(&program, &refs).await.map(timing)
+}
+
+/// (completed, queue_ns, device_ns, doorbells).
+type ChainTiming = (u32, u64, u64, u32);
+
+async fn chain(
+    client: npu_client::Client,
+    links: Vec<(NativeProgram, Vec<Arc<Tensor<u8>>>)>,
+) -> Result<ChainTiming, ClientError> {
+    let all: Vec<Arc<Tensor<u8>>> = links.iter().flat_map(|(_, a)| a.clone()).collect();
+    upload_staged(&all).await?;
+    let refs: Vec<(&NativeProgram, Vec<&dyn TensorArg>)> = links
+        .iter()
+        .map(|(p, a)| (p, a.iter().map(|t| &**t as &dyn TensorArg).collect()))
+        .collect();
+    let mut b = client.chain();
+    for (p, a) in &refs {
+        b = b.then(p, a);
+    }
+    let r = b.run().await?.ok()?;
+    Ok((
+        r.completed,
+        u64::try_from(r.queue.as_nanos()).unwrap_or(u64::MAX),
+        u64::try_from(r.device.as_nanos()).unwrap_or(u64::MAX),
+        r.doorbells,
+    ))
+}
+
+type Links<'py> = Vec<(Bound<'py, Program>, Vec<Bound<'py, RawTensor>>)>;
+
+fn links(l: &Links<'_>) -> Vec<(NativeProgram, Vec<Arc<Tensor<u8>>>)> {
+    l.iter()
+        .map(|(p, a)| (p.get().program.clone(), tensors(a)))
+        .collect()
+}
+
+#[pymethods]
+impl Client {
+    /// Connects to npud and opens a session (the GIL is released while it connects).
+    #[new]
+    #[pyo3(signature = (addr=None))]
+    fn new(py: Python<'_>, addr: Option<String>) -> PyResult<Self> {
+        let client = wait(py, async move {
+            npu_client::Client::connect(addr.as_deref()).await
+        })?;
+        Ok(Self { client, pid: pid() })
+    }
+
+    #[staticmethod]
+    fn connect_start(addr: Option<String>, callback: Py<PyAny>) -> PyResult<()> {
+        start(
+            async move {
+                let client = npu_client::Client::connect(addr.as_deref()).await?;
+                Ok(Client { client, pid: pid() })
+            },
+            callback,
+        )
+    }
+
+    #[getter]
+    fn session_id(&self) -> u64 {
+        self.client.session_id()
+    }
+
+    #[getter]
+    fn address(&self) -> String {
+        self.client.address().to_string()
+    }
+
+    #[getter]
+    fn is_local(&self) -> bool {
+        self.client.is_local()
+    }
+
+    #[getter]
+    fn generation(&self) -> &'static str {
+        match self.client.generation() {
+            npu_client::NpuGen::Npu1 => "npu1",
+            npu_client::NpuGen::Npu2 => "npu2",
+        }
+    }
+
+    #[getter]
+    fn reconnects(&self) -> u64 {
+        self.client.reconnects()
+    }
+
+    fn device_info_json(&self, py: Python<'_>) -> PyResult<String> {
+        let c = self.get()?;
+        wait(py, async move { c.device_info().await }).map(|d| convert::device_json(&d))
+    }
+
+    fn device_info_start(&self, callback: Py<PyAny>) -> PyResult<()> {
+        let c = self.get()?;
+        start(
+            async move { c.device_info().await.map(|d| convert::device_json(&d)) },
+            callback,
+        )
+    }
+
+    fn statistics_json(&self, py: Python<'_>) -> PyResult<String> {
+        let c = self.get()?;
+        wait(py, async move { c.statistics().await }).map(|s| convert::statistics_json(&s))
+    }
+
+    fn statistics_start(&self, callback: Py<PyAny>) -> PyResult<()> {
+        let c = self.get()?;
+        start(
+            async move { c.statistics().await.map(|s| convert::statistics_json(&s)) },
+            callback,
+        )
+    }
+
+    /// Registers `program` (once per session); returns (program_id, content_hash, newly_stored).
+    fn register(&self, py: Python<'_>, program: &Program) -> PyResult<(u64, String, bool)> {
+        let c = self.get()?;
+        let p = program.program.clone();
+        let info = wait(py, async move { c.register(&p).await })?;
+        Ok((info.id, info.content_hash, info.newly_stored))
+    }
+
+    fn alloc(&self, py: Python<'_>, nbytes: usize, name: &str) -> PyResult<RawTensor> {
+        let c = self.get()?;
+        let name = name.to_owned();
+        let t = wait(py, async move { c.alloc_named::<u8>(&name, nbytes).await })?;
+        Ok(RawTensor::new(t))
+    }
+
+    fn alloc_start(&self, nbytes: usize, name: &str, callback: Py<PyAny>) -> PyResult<()> {
+        let c = self.get()?;
+        let name = name.to_owned();
+        start(
+            async move { c.alloc_named::<u8>(&name, nbytes).await.map(RawTensor::new) },
+            callback,
+        )
+    }
+
+    fn dispatch(
+        &self,
+        py: Python<'_>,
+        program: &Program,
+        args: Vec<Bound<'_, RawTensor>>,
+    ) -> PyResult<Timing> {
+        let c = self.get()?;
+        let fut = dispatch(c, program.program.clone(), tensors(&args));
+        wait(py, fut)
+    }
+
+    fn dispatch_start(
+        &self,
+        program: &Program,
+        args: Vec<Bound<'_, RawTensor>>,
+        callback: Py<PyAny>,
+    ) -> PyResult<()> {
+        let c = self.get()?;
+        start(
+            dispatch(c, program.program.clone(), tensors(&args)),
+            callback,
+        )
+    }
+
+    fn chain(&self, py: Python<'_>, links: Links<'_>) -> PyResult<ChainTiming> {
+        let c = self.get()?;
+        let fut = chain(c, self::links(&links));
+        wait(py, fut)
+    }
+
+    fn chain_start(&self, links: Links<'_>, callback: Py<PyAny>) -> PyResult<()> {
+        let c = self.get()?;
+        start(chain(c, self::links(&links)), callback)
+    }
+
+    fn pipeline(&self, py: Python<'_>, depth: usize) -> PyResult<Pipeline> {
+        let c = self.get()?;
+        let rt = runtime()?;
+        let (tx, rx) = mpsc::channel(1);
+        let (opened_tx, opened) = oneshot::channel();
+        drop(rt.spawn(pipeline_task(c, depth, rx, opened_tx)));
+        let depth = wait(py, async move {
+            opened
+                .await
+                .unwrap_or_else(|_| Err(ClientError::Invalid("the pipeline task ended".into())))
+        })?;
+        Ok(Pipeline { tx, depth })
+    }
+
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let c = self.get()?;
+        wait(py, async move { c.close().await })
+    }
+}
+
+/// A tensor's memory: the buffer protocol gives its bytes (no copy), and the `npud` package
+/// views them as a numpy array.
+#[pyclass(frozen, module = "npud._npud")]
+struct RawTensor {
+    tensor: Arc<Tensor<u8>>,
+}
+
+impl RawTensor {
+    fn new(t: Tensor<u8>) -> Self {
+        Self {
+            tensor: Arc::new(t),
+        }
+    }
+}
+
+#[pymethods]
+impl RawTensor {
+    #[getter]
+    fn id(&self) -> u64 {
+        self.tensor.id()
+    }
+
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.tensor.len()
+    }
+
+    /// Whether the memory is the device's, shared by fd (false: staged through the API).
+    #[getter]
+    fn shared(&self) -> bool {
+        self.tensor.is_shared()
+    }
+
+    /// The address of the first byte of the mapping.
+    #[getter]
+    fn address(&self) -> usize {
+        self.tensor.mapping_ptr() as usize
+    }
+
+    /// Sends a staged tensor's bytes to the daemon now (nothing for a shared one).
+    fn upload(&self, py: Python<'_>) -> PyResult<()> {
+        let t = self.tensor.clone();
+        wait(py, async move { t.upload().await })
+    }
+
+    /// Reads a staged tensor's bytes from the daemon now (nothing for a shared one).
+    fn download(&self, py: Python<'_>) -> PyResult<()> {
+        let t = self.tensor.clone();
+        wait(py, async move { t.download().await })
+    }
+
+    /// # Safety
+    ///
+    /// Called by Python with a valid `view`.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        let t = &slf.get().tensor;
+        let len = isize::try_from(t.len())
+            .map_err(|_| PyValueError::new_err("the tensor is larger than a buffer can be"))?;
+        // SAFETY: `view` is Python's to fill; the pointer is the tensor's mapping, `len` bytes,
+        // readable and writable (npu-client maps tensors read-write), and FillInfo stores a
+        // new reference to `slf` in the view, so the RawTensor (which owns the mapping) lives
+        // until the last view is released.
+        let r = unsafe {
+            pyo3::ffi::PyBuffer_FillInfo(view, slf.as_ptr(), t.mapping_ptr().cast(), len, 0, flags)
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(PyErr::fetch(slf.py()))
+        }
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
+
+    fn __repr__(&self) -> String {
+        format!(
+            "RawTensor(id={}, nbytes={}, shared={})",
+            self.tensor.id(),
+            self.tensor.len(),
+            self.tensor.is_shared()
+        )
+    }
+}
+
+/// A design's program: `main.pdi` plus `insts.bin`.
+#[pyclass(frozen, module = "npud._npud")]
+struct Program {
+    program: NativeProgram,
+}
+
+fn artifact_err(py: Python<'_>, e: ClientError) -> PyErr {
+    to_pyerr(py, &e)
+}
+
+fn emu_design(
+    kernel: &str,
+    n: u32,
+    dtype: Option<&str>,
+    scalar: Option<i64>,
+) -> Result<npu_artifacts::emu::EmuDesign, ClientError> {
+    let dtype = dtype
+        .map(str::parse::<npu_artifacts::emu::DType>)
+        .transpose()?;
+    let mut d = npu_artifacts::emu::EmuDesign::by_name(kernel, n, dtype)?;
+    if let Some(s) = scalar {
+        d.scalar = s;
+        d.validate()?;
+    }
+    Ok(d)
+}
+
+fn generation(g: &str) -> PyResult<npu_client::NpuGen> {
+    match g {
+        "npu1" => Ok(npu_client::NpuGen::Npu1),
+        "npu2" => Ok(npu_client::NpuGen::Npu2),
+        _ => Err(PyValueError::new_err(format!(
+            "generation {g:?}: expected \"npu1\" or \"npu2\""
+        ))),
+    }
+}
+
+#[pymethods]
+impl Program {
+    #[staticmethod]
+    fn from_dir(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Self> {
+        NativeProgram::from_dir(path)
+            .map(|program| Self { program })
+            .map_err(|e| artifact_err(py, e))
+    }
+
+    #[staticmethod]
+    fn from_bytes(py: Python<'_>, name: &str, pdi: &[u8], insts: &[u8]) -> PyResult<Self> {
+        NativeProgram::from_bytes(name, pdi.to_vec(), insts.to_vec())
+            .map(|program| Self { program })
+            .map_err(|e| artifact_err(py, e))
+    }
+
+    #[staticmethod]
+    #[pyo3(signature = (kernel, n, generation, dtype=None, scalar=None))]
+    fn emulated(
+        py: Python<'_>,
+        kernel: &str,
+        n: u32,
+        generation: &str,
+        dtype: Option<&str>,
+        scalar: Option<i64>,
+    ) -> PyResult<Self> {
+        let g = self::generation(generation)?;
+        emu_design(kernel, n, dtype, scalar)
+            .and_then(|d| NativeProgram::emulated(&d, g))
+            .map(|program| Self { program })
+            .map_err(|e| artifact_err(py, e))
+    }
+
+    #[staticmethod]
+    #[pyo3(signature = (dir, kernel, n, generation, dtype=None, scalar=None))]
+    fn write_emulated(
+        py: Python<'_>,
+        dir: std::path::PathBuf,
+        kernel: &str,
+        n: u32,
+        generation: &str,
+        dtype: Option<&str>,
+        scalar: Option<i64>,
+    ) -> PyResult<()> {
+        let g = self::generation(generation)?;
+        emu_design(kernel, n, dtype, scalar)
+            .and_then(|d| d.write_dir(&dir, g).map_err(ClientError::from))
+            .map(|_| ())
+            .map_err(|e| artifact_err(py, e))
+    }
+
+    #[getter]
+    fn name(&self) -> &str {
+        self.program.name()
+    }
+
+    #[getter]
+    fn pdi<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.program.pdi())
+    }
+
+    #[getter]
+    fn insts<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.program.insts())
+    }
+
+    /// The smallest size in bytes of each buffer argument, as the instruction stream patches
+    /// them.
+    #[getter]
+    fn min_arg_bytes(&self) -> Vec<u64> {
+        self.program.txn().min_arg_sizes()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Program(name={:?}, args={})",
+            self.program.name(),
+            self.program.txn().arg_count()
+        )
+    }
+}
+
+enum Cmd {
+    Submit {
+        program: NativeProgram,
+        args: Vec<Arc<Tensor<u8>>>,
+        reply: oneshot::Sender<Result<u64, ClientError>>,
+    },
+    Next {
+        reply: oneshot::Sender<Result<Option<Done>, ClientError>>,
+    },
+}
+
+/// A completion: (request_id, timing or None, exception or None) once in Python.
+type Done = (u64, Result<Timing, ClientError>);
+
+/// Owns a `Submit` stream for the Python object that sends it commands; keeps every tensor of a
+/// dispatch in flight alive until its completion is handed out.
+async fn pipeline_task(
+    client: npu_client::Client,
+    depth: usize,
+    mut rx: mpsc::Receiver<Cmd>,
+    opened: oneshot::Sender<Result<usize, ClientError>>,
+) {
+    let mut p = match client.pipeline(depth).await {
+        Ok(p) => {
+            let _ = opened.send(Ok(p.depth()));
+            p
+        }
+        Err(e) => {
+            let _ = opened.send(Err(e));
+            return;
+        }
+    };
+    let mut held: VecDeque<(u64, Vec<Arc<Tensor<u8>>>)> = VecDeque::new();
+    while let Some(cmd) = rx.recv().await {
+        match cmd {
+            Cmd::Submit {
+                program,
+                args,
+                reply,
+            } => {
+                let refs: Vec<&dyn TensorArg> =
+                    args.iter().map(|t| &**t as &dyn TensorArg).collect();
+                let r = p.submit(&program, &refs).await;
+                drop(refs);
+                if let Ok(id) = r {
+                    held.push_back((id, args));
+                }
+                let _ = reply.send(r);
+            }
+            Cmd::Next { reply } => {
+                let r = p.next_completion().await.map(|c| {
+                    c.map(|c| {
+                        while held.front().is_some_and(|(id, _)| *id <= c.request_id) {
+                            held.pop_front();
+                        }
+                        (c.request_id, c.result.map(timing))
+                    })
+                });
+                let _ = reply.send(r);
+            }
+        }
+    }
+    // The Python object is gone: wait for what is in flight before the tensors are released.
+    while let Ok(Some(_)) = p.next_completion().await {}
+}
+
+/// Dispatches in flight on one `Submit` stream.
+#[pyclass(frozen, module = "npud._npud")]
+struct Pipeline {
+    tx: mpsc::Sender<Cmd>,
+    depth: usize,
+}
+
+fn gone() -> ClientError {
+    ClientError::Invalid("the pipeline's stream has ended".into())
+}
+
+type PyDone = (u64, Option<Timing>, Option<Py<PyAny>>);
+
+fn done_to_py(py: Python<'_>, d: Option<Done>) -> Option<PyDone> {
+    d.map(|(id, r)| match r {
+        Ok(t) => (id, Some(t), None),
+        Err(e) => (id, None, Some(to_pyerr(py, &e).into_value(py).into_any())),
+    })
+}
+
+impl Pipeline {
+    fn submit_fut(
+        &self,
+        program: &Program,
+        args: &[Bound<'_, RawTensor>],
+    ) -> impl Future<Output = Result<u64, ClientError>> + Send + 'static {
+        let tx = self.tx.clone();
+        let program = program.program.clone();
+        let args = tensors(args);
+        async move {
+            let (reply, r) = oneshot::channel();
+            tx.send(Cmd::Submit {
+                program,
+                args,
+                reply,
+            })
+            .await
+            .map_err(|_| gone())?;
+            r.await.map_err(|_| gone())?
+        }
+    }
+
+    fn next_fut(&self) -> impl Future<Output = Result<Option<Done>, ClientError>> + Send + 'static {
+        let tx = self.tx.clone();
+        async move {
+            let (reply, r) = oneshot::channel();
+            tx.send(Cmd::Next { reply }).await.map_err(|_| gone())?;
+            r.await.map_err(|_| gone())?
+        }
+    }
+}
+
+#[pymethods]
+impl Pipeline {
+    #[getter]
+    fn depth(&self) -> usize {
+        self.depth
+    }
+
+    fn submit(
+        &self,
+        py: Python<'_>,
+        program: &Program,
+        args: Vec<Bound<'_, RawTensor>>,
+    ) -> PyResult<u64> {
+        let fut = self.submit_fut(program, &args);
+        wait(py, fut)
+    }
+
+    fn submit_start(
+        &self,
+        program: &Program,
+        args: Vec<Bound<'_, RawTensor>>,
+        callback: Py<PyAny>,
+    ) -> PyResult<()> {
+        start(self.submit_fut(program, &args), callback)
+    }
+
+    fn next_completion(&self, py: Python<'_>) -> PyResult<Option<PyDone>> {
+        let fut = self.next_fut();
+        let d = wait(py, fut)?;
+        Ok(done_to_py(py, d))
+    }
+
+    fn next_completion_start(&self, callback: Py<PyAny>) -> PyResult<()> {
+        let fut = self.next_fut();
+        let rt = runtime()?;
+        drop(rt.spawn(async move {
+            let outcome = fut.await;
+            Python::attach(|py| {
+                let called = match outcome {
+                    Ok(d) => callback.call1(py, (done_to_py(py, d), py.None())),
+                    Err(e) => callback.call1(py, (py.None(), to_pyerr(py, &e).into_value(py))),
+                };
+                if let Err(e) = called {
+                    e.write_unraisable(py, None);
+                }
+            });
+        }));
+        Ok(())
+    }
+}
+
+/// A private npud on the emulator (npu-client's `LocalDaemon`), for tests and trials.
+#[pyclass(frozen, module = "npud._npud")]
+struct LocalDaemon {
+    daemon: Mutex<Option<NativeDaemon>>,
+    socket: String,
+    tcp: Option<String>,
+}
+
+#[pymethods]
+impl LocalDaemon {
+    #[new]
+    #[pyo3(signature = (binary, tcp=true, env=None, args=None, session_grace_ms=None))]
+    fn new(
+        py: Python<'_>,
+        binary: std::path::PathBuf,
+        tcp: bool,
+        env: Option<Vec<(String, String)>>,
+        args: Option<Vec<String>>,
+        session_grace_ms: Option<u64>,
+    ) -> PyResult<Self> {
+        let mut o = LocalOptions::new(binary);
+        o.tcp = tcp;
+        o.session_grace_ms = session_grace_ms;
+        o.env = env
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        o.args = args
+            .unwrap_or_default()
+            .into_iter()
+            .map(Into::into)
+            .collect();
+        let d = py
+            .detach(|| NativeDaemon::start(o))
+            .map_err(|e| to_pyerr(py, &e))?;
+        Ok(Self {
+            socket: format!("unix:{}", d.socket().display()),
+            tcp: d.http_url(),
+            daemon: Mutex::new(Some(d)),
+        })
+    }
+
+    /// `unix:PATH` of its gRPC socket.
+    #[getter]
+    fn address(&self) -> String {
+        self.socket.clone()
+    }
+
+    /// `http://127.0.0.1:PORT`, when it serves TCP.
+    #[getter]
+    fn tcp_address(&self) -> Option<String> {
+        self.tcp.clone()
+    }
+
+    #[getter]
+    fn pid(&self) -> Option<u32> {
+        self.daemon
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .and_then(NativeDaemon::pid)
+    }
+
+    /// Its log so far.
+    fn log(&self) -> String {
+        self.daemon
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(NativeDaemon::log)
+            .unwrap_or_default()
+    }
+
+    /// Stops it (SIGTERM, then SIGKILL after `timeout` seconds); true for a clean exit.
+    #[pyo3(signature = (timeout=10.0))]
+    fn stop(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
+        let d = self
+            .daemon
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(mut d) = d else {
+            return Ok(true);
+        };
+        let t = Duration::from_secs_f64(timeout.clamp(0.0, 3600.0));
+        py.detach(move || d.stop(t))
+            .map(|s| s.clean())
+            .map_err(|e| to_pyerr(py, &e))
+    }
+}
+
+#[pymodule]
+fn _npud(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Client>()?;
+    m.add_class::<RawTensor>()?;
+    m.add_class::<Program>()?;
+    m.add_class::<Pipeline>()?;
+    m.add_class::<LocalDaemon>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
