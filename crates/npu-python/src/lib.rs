@@ -39,10 +39,8 @@ fn pid() -> u32 {
 fn runtime() -> PyResult<Arc<tokio::runtime::Runtime>> {
     let mut slot = RUNTIME.lock().unwrap_or_else(PoisonError::into_inner);
     let me = pid();
-    if let Some((owner, rt)) = slot.as_ref() {
-        if *owner == me {
-            return Ok(rt.clone());
-        }
+    if let Some((_, rt)) = slot.as_ref().filter(|(owner, _)| *owner == me) {
+        return Ok(rt.clone());
     }
     // A runtime inherited through fork has no threads: it can neither run nor be dropped
     // (dropping waits for them), so it is forgotten.
