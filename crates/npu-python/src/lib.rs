@@ -367,7 +367,7 @@ impl Client {
     fn pipeline(&self, py: Python<'_>, depth: usize) -> PyResult<Pipeline> {
         let c = self.get()?;
         let rt = runtime()?;
-        let (tx, rx) = mpsc::channel(1);
+        let (tx, rx) = mpsc::channel(depth.clamp(1, 1024));
         let (opened_tx, opened) = oneshot::channel();
         drop(rt.spawn(pipeline_task(c, depth, rx, opened_tx)));
         let depth = wait(py, async move {
@@ -375,7 +375,12 @@ impl Client {
                 .await
                 .unwrap_or_else(|_| Err(ClientError::Invalid("the pipeline task ended".into())))
         })?;
-        Ok(Pipeline { tx, depth })
+        Ok(Pipeline {
+            tx,
+            depth,
+            client: self.get()?,
+            next_id: std::sync::atomic::AtomicU64::new(0),
+        })
     }
 
     fn close(&self, py: Python<'_>) -> PyResult<()> {
@@ -592,21 +597,54 @@ impl Program {
 }
 
 enum Cmd {
+    /// Send a dispatch; its outcome comes back as a completion (a refusal before sending, too).
     Submit {
+        py_id: u64,
         program: NativeProgram,
         args: Vec<Arc<Tensor<u8>>>,
-        reply: oneshot::Sender<Result<u64, ClientError>>,
     },
+    /// The next completion in submission order.
     Next {
         reply: oneshot::Sender<Result<Option<Done>, ClientError>>,
+    },
+    /// Every completion still pending, in order.
+    Drain {
+        reply: oneshot::Sender<Result<Vec<Done>, ClientError>>,
     },
 }
 
 /// A completion: (request_id, timing or None, exception or None) once in Python.
 type Done = (u64, Result<Timing, ClientError>);
 
-/// Owns a `Submit` stream for the Python object that sends it commands; keeps every tensor of a
-/// dispatch in flight alive until its completion is handed out.
+/// A dispatch the Python side submitted, in submission order.
+enum Entry {
+    /// On the stream; the tensors stay alive until its completion is handed out.
+    Sent {
+        py_id: u64,
+        _args: Vec<Arc<Tensor<u8>>>,
+    },
+    /// Refused before it was sent (e.g. a tensor of another session).
+    Refused(u64, ClientError),
+}
+
+async fn next_done(
+    p: &mut npu_client::Pipeline<'_>,
+    pending: &mut VecDeque<Entry>,
+) -> Result<Option<Done>, ClientError> {
+    match pending.pop_front() {
+        None => Ok(None),
+        Some(Entry::Refused(id, e)) => Ok(Some((id, Err(e)))),
+        Some(Entry::Sent { py_id, .. }) => match p.next_completion().await? {
+            Some(c) => Ok(Some((py_id, c.result.map(timing)))),
+            None => Err(ClientError::Invalid(format!(
+                "the Submit stream ended without request {py_id}'s completion"
+            ))),
+        },
+    }
+}
+
+/// Owns a `Submit` stream for the Python object that sends it commands. Submissions are not
+/// answered (the Python side numbers them), so submitting costs no round trip between threads.
 async fn pipeline_task(
     client: npu_client::Client,
     depth: usize,
@@ -623,38 +661,41 @@ async fn pipeline_task(
             return;
         }
     };
-    let mut held: VecDeque<(u64, Vec<Arc<Tensor<u8>>>)> = VecDeque::new();
+    let mut pending: VecDeque<Entry> = VecDeque::new();
     while let Some(cmd) = rx.recv().await {
         match cmd {
             Cmd::Submit {
+                py_id,
                 program,
                 args,
-                reply,
             } => {
                 let refs: Vec<&dyn TensorArg> =
                     args.iter().map(|t| &**t as &dyn TensorArg).collect();
                 let r = p.submit(&program, &refs).await;
                 drop(refs);
-                if let Ok(id) = r {
-                    held.push_back((id, args));
-                }
-                let _ = reply.send(r);
+                pending.push_back(match r {
+                    Ok(_) => Entry::Sent { py_id, _args: args },
+                    Err(e) => Entry::Refused(py_id, e),
+                });
             }
             Cmd::Next { reply } => {
-                let r = p.next_completion().await.map(|c| {
-                    c.map(|c| {
-                        while held.front().is_some_and(|(id, _)| *id <= c.request_id) {
-                            held.pop_front();
-                        }
-                        (c.request_id, c.result.map(timing))
-                    })
-                });
+                let _ = reply.send(next_done(&mut p, &mut pending).await);
+            }
+            Cmd::Drain { reply } => {
+                let mut all = Vec::with_capacity(pending.len());
+                let r = loop {
+                    match next_done(&mut p, &mut pending).await {
+                        Ok(Some(d)) => all.push(d),
+                        Ok(None) => break Ok(all),
+                        Err(e) => break Err(e),
+                    }
+                };
                 let _ = reply.send(r);
             }
         }
     }
     // The Python object is gone: wait for what is in flight before the tensors are released.
-    while let Ok(Some(_)) = p.next_completion().await {}
+    while let Ok(Some(_)) = next_done(&mut p, &mut pending).await {}
 }
 
 /// Dispatches in flight on one `Submit` stream.
@@ -662,6 +703,8 @@ async fn pipeline_task(
 struct Pipeline {
     tx: mpsc::Sender<Cmd>,
     depth: usize,
+    client: npu_client::Client,
+    next_id: std::sync::atomic::AtomicU64,
 }
 
 fn gone() -> ClientError {
@@ -670,43 +713,99 @@ fn gone() -> ClientError {
 
 type PyDone = (u64, Option<Timing>, Option<Py<PyAny>>);
 
-fn done_to_py(py: Python<'_>, d: Option<Done>) -> Option<PyDone> {
-    d.map(|(id, r)| match r {
-        Ok(t) => (id, Some(t), None),
-        Err(e) => (id, None, Some(to_pyerr(py, &e).into_value(py).into_any())),
-    })
+fn done_to_py(py: Python<'_>, d: Done) -> PyDone {
+    match d {
+        (id, Ok(t)) => (id, Some(t), None),
+        (id, Err(e)) => (id, None, Some(to_pyerr(py, &e).into_value(py).into_any())),
+    }
 }
 
 impl Pipeline {
-    fn submit_fut(
+    /// Checks the arguments, registers the program (once per session) and numbers the
+    /// dispatch: what must be refused at once rather than in a completion.
+    fn prepare(
         &self,
+        py: Python<'_>,
         program: &Program,
         args: &[Bound<'_, RawTensor>],
-    ) -> impl Future<Output = Result<u64, ClientError>> + Send + 'static {
-        let tx = self.tx.clone();
-        let program = program.program.clone();
+    ) -> PyResult<Cmd> {
         let args = tensors(args);
-        async move {
-            let (reply, r) = oneshot::channel();
-            tx.send(Cmd::Submit {
-                program,
-                args,
-                reply,
-            })
-            .await
-            .map_err(|_| gone())?;
-            r.await.map_err(|_| gone())?
+        for (i, t) in args.iter().enumerate() {
+            if !t.is_shared() {
+                return Err(to_pyerr(
+                    py,
+                    &ClientError::Invalid(format!(
+                        "args[{i}]: tensor {} is staged through the API (a remote connection); \
+                         pipelined submission needs tensors shared in place: use dispatch or a \
+                         chain",
+                        t.id()
+                    )),
+                ));
+            }
+        }
+        let c = self.client.clone();
+        let p = program.program.clone();
+        wait(py, async move { c.register(&p).await })?;
+        Ok(Cmd::Submit {
+            py_id: self
+                .next_id
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            program: program.program.clone(),
+            args,
+        })
+    }
+
+    fn send(&self, py: Python<'_>, cmd: Cmd) -> PyResult<u64> {
+        let Cmd::Submit { py_id, .. } = &cmd else {
+            unreachable!("only submissions are sent here")
+        };
+        let id = *py_id;
+        match self.tx.try_send(cmd) {
+            Ok(()) => Ok(id),
+            Err(mpsc::error::TrySendError::Full(cmd)) => {
+                let tx = self.tx.clone();
+                wait(py, async move { tx.send(cmd).await.map_err(|_| gone()) })?;
+                Ok(id)
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(to_pyerr(py, &gone())),
         }
     }
 
-    fn next_fut(&self) -> impl Future<Output = Result<Option<Done>, ClientError>> + Send + 'static {
+    fn ask<T: Send + 'static>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, ClientError>>) -> Cmd,
+    ) -> impl Future<Output = Result<T, ClientError>> + Send + 'static {
         let tx = self.tx.clone();
+        let (reply, r) = oneshot::channel();
+        let cmd = make(reply);
         async move {
-            let (reply, r) = oneshot::channel();
-            tx.send(Cmd::Next { reply }).await.map_err(|_| gone())?;
+            tx.send(cmd).await.map_err(|_| gone())?;
             r.await.map_err(|_| gone())?
         }
     }
+}
+
+/// Calls `callback` with a converted outcome from a runtime thread.
+fn start_with<T, F, C>(fut: F, callback: Py<PyAny>, convert: C) -> PyResult<()>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, ClientError>> + Send + 'static,
+    C: for<'py> FnOnce(Python<'py>, T) -> Py<PyAny> + Send + 'static,
+{
+    let rt = runtime()?;
+    drop(rt.spawn(async move {
+        let outcome = fut.await;
+        Python::attach(|py| {
+            let called = match outcome {
+                Ok(v) => callback.call1(py, (convert(py, v), py.None())),
+                Err(e) => callback.call1(py, (py.None(), to_pyerr(py, &e).into_value(py))),
+            };
+            if let Err(e) = called {
+                e.write_unraisable(py, None);
+            }
+        });
+    }));
+    Ok(())
 }
 
 #[pymethods]
@@ -716,47 +815,72 @@ impl Pipeline {
         self.depth
     }
 
+    /// Sends a dispatch and returns its request id; waits only while `depth` dispatches wait
+    /// to be sent.
     fn submit(
         &self,
         py: Python<'_>,
         program: &Program,
         args: Vec<Bound<'_, RawTensor>>,
     ) -> PyResult<u64> {
-        let fut = self.submit_fut(program, &args);
-        wait(py, fut)
+        let cmd = self.prepare(py, program, &args)?;
+        self.send(py, cmd)
     }
 
     fn submit_start(
         &self,
+        py: Python<'_>,
         program: &Program,
         args: Vec<Bound<'_, RawTensor>>,
         callback: Py<PyAny>,
     ) -> PyResult<()> {
-        start(self.submit_fut(program, &args), callback)
+        let cmd = self.prepare(py, program, &args)?;
+        let Cmd::Submit { py_id, .. } = &cmd else {
+            unreachable!("prepare makes a submission")
+        };
+        let id = *py_id;
+        let tx = self.tx.clone();
+        start(
+            async move {
+                tx.send(cmd).await.map_err(|_| gone())?;
+                Ok(id)
+            },
+            callback,
+        )
     }
 
     fn next_completion(&self, py: Python<'_>) -> PyResult<Option<PyDone>> {
-        let fut = self.next_fut();
+        let fut = self.ask(|reply| Cmd::Next { reply });
         let d = wait(py, fut)?;
-        Ok(done_to_py(py, d))
+        Ok(d.map(|d| done_to_py(py, d)))
     }
 
     fn next_completion_start(&self, callback: Py<PyAny>) -> PyResult<()> {
-        let fut = self.next_fut();
-        let rt = runtime()?;
-        drop(rt.spawn(async move {
-            let outcome = fut.await;
-            Python::attach(|py| {
-                let called = match outcome {
-                    Ok(d) => callback.call1(py, (done_to_py(py, d), py.None())),
-                    Err(e) => callback.call1(py, (py.None(), to_pyerr(py, &e).into_value(py))),
-                };
-                if let Err(e) = called {
-                    e.write_unraisable(py, None);
-                }
-            });
-        }));
-        Ok(())
+        let fut = self.ask(|reply| Cmd::Next { reply });
+        start_with(fut, callback, |py, d: Option<Done>| {
+            match d.map(|d| done_to_py(py, d)).into_pyobject(py) {
+                Ok(o) => o.unbind(),
+                Err(e) => e.into_value(py).into_any(),
+            }
+        })
+    }
+
+    /// Every completion still pending, in submission order.
+    fn drain(&self, py: Python<'_>) -> PyResult<Vec<PyDone>> {
+        let fut = self.ask(|reply| Cmd::Drain { reply });
+        let all = wait(py, fut)?;
+        Ok(all.into_iter().map(|d| done_to_py(py, d)).collect())
+    }
+
+    fn drain_start(&self, callback: Py<PyAny>) -> PyResult<()> {
+        let fut = self.ask(|reply| Cmd::Drain { reply });
+        start_with(fut, callback, |py, all: Vec<Done>| {
+            let v: Vec<PyDone> = all.into_iter().map(|d| done_to_py(py, d)).collect();
+            match v.into_pyobject(py) {
+                Ok(o) => o.unbind(),
+                Err(e) => e.into_value(py).into_any(),
+            }
+        })
     }
 }
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import weakref
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
@@ -145,6 +146,9 @@ def tensor_of(a: Any) -> RawTensor:
     """
     if type(a) is RawTensor:
         return a
+    hit = _KNOWN.get(id(a))
+    if hit is not None and hit[0]() is a:
+        return hit[1]
     if not isinstance(a, np.ndarray):
         raise TypeError(f"expected a numpy array from npud.Client.alloc, got {type(a).__name__}")
     base: Any = a.base
@@ -158,7 +162,18 @@ def tensor_of(a: Any) -> RawTensor:
         raise ValueError(f"the array is a view of part of tensor {base.id} ({a.nbytes} of its "
                          f"{base.nbytes} bytes, or not in order): dispatches take whole tensors; "
                          "pass the array Client.alloc returned (any reshape of it is fine)")
+    _remember(a, base)
     return base
+
+
+# Arrays already resolved to their tensor, by id, each with a weak reference that drops the
+# entry when the array goes (an array's memory and size never change, so the answer holds).
+_KNOWN: dict[int, tuple[weakref.ref[np.ndarray], RawTensor]] = {}
+
+
+def _remember(a: np.ndarray, raw: RawTensor) -> None:
+    key = id(a)
+    _KNOWN[key] = (weakref.ref(a, lambda _r, key=key: _KNOWN.pop(key, None)), raw)
 
 
 def _raws(args: Iterable[Any]) -> list[RawTensor]:
@@ -194,8 +209,9 @@ def _future(start: Callable[..., None], *args: Any) -> asyncio.Future[Any]:
 
 def _view(raw: RawTensor, shape: Any, dtype: Any) -> np.ndarray:
     d = np.dtype(dtype)
-    arr = np.frombuffer(raw, dtype=np.uint8)
-    return arr.view(d).reshape(shape)
+    arr = np.frombuffer(raw, dtype=np.uint8).view(d).reshape(shape)
+    _remember(arr, raw)
+    return arr
 
 
 def _nbytes(shape: Any, dtype: Any) -> int:
@@ -428,8 +444,10 @@ def _completion(t: tuple[int, tuple[int, int] | None, NpudError | None] | None) 
 class Pipeline:
     """Dispatches in flight on one ``Submit`` stream.
 
-    :meth:`submit` returns a request id at once (when ``depth`` dispatches are in flight it
-    first waits for the oldest); completions come back in submission order, a refused or failed
+    :meth:`submit` returns a request id at once (it waits only while ``depth`` dispatches are
+    in flight and ``depth`` more wait to be sent); a dispatch refused by the daemon, or by the
+    client after it was numbered (a tensor of another session), comes back as a completion with
+    ``error`` set. Completions come back in submission order, a refused or failed
     dispatch as a :class:`Completion` with ``error`` set, and the stream goes on. Used as a
     context manager it waits for everything in flight on exit.
     """
@@ -481,13 +499,11 @@ class Pipeline:
 
     def finish(self) -> list[Completion]:
         """Waits for every dispatch in flight; their completions, in order."""
-        out = []
-        while (c := self.next_completion()) is not None:
-            out.append(c)
-        return out
+        out = [_completion(t) for t in self._p.drain()]
+        self._returned += len(out)
+        return out  # type: ignore[return-value]
 
     async def finish_async(self) -> list[Completion]:
-        out = []
-        while (c := await self.next_completion_async()) is not None:
-            out.append(c)
-        return out
+        out = [_completion(t) for t in await _future(self._p.drain_start)]
+        self._returned += len(out)
+        return out  # type: ignore[return-value]
