@@ -103,7 +103,7 @@ fn the_python_package_passes_its_suite() {
     let wheels = target.join("npud-python-wheels");
     let _ = std::fs::remove_dir_all(&wheels);
     // The same target directory and profile as this build: only pyo3 and the package itself
-    // are compiled again (with pyo3's extension-module feature).
+    // are compiled again (with maturin's interpreter configuration).
     run(
         "maturin build",
         Command::new(&python)
