@@ -1,11 +1,23 @@
 //! Tells the tests whether `systemd-analyze` is installed, so the unit-file check is reported
 //! as ignored, with the reason, rather than passed where it is not; and whether the build runs
 //! as root (the tests run as the same user), so the tests that run a client under another uid
-//! are reported as ignored elsewhere.
+//! are reported as ignored elsewhere; and whether a Python 3.11 or newer is installed, so the
+//! Python package's suite is reported as ignored, not passed, on a machine without one.
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(has_systemd_analyze)");
     println!("cargo::rustc-check-cfg=cfg(as_root)");
+    println!("cargo::rustc-check-cfg=cfg(has_python)");
+    println!("cargo::rerun-if-env-changed=PYTHON");
+    println!("cargo::rerun-if-env-changed=PATH");
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let new_enough = std::process::Command::new(&python)
+        .args(["-c", "import sys; sys.exit(sys.version_info < (3, 11))"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if new_enough {
+        println!("cargo::rustc-cfg=has_python");
+    }
     let uid = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

@@ -310,6 +310,21 @@ impl<T: Element> Tensor<T> {
             .map_err(ClientError::fd(format!("writing tensor {id}")))
     }
 
+    /// The start of the tensor's mapping ([`Tensor::size_bytes`] bytes, readable and writable
+    /// while the tensor lives), for handing the memory to foreign code: the Python package's
+    /// numpy arrays are views over it, and keep the tensor alive.
+    ///
+    /// Writes through the pointer follow the sharing contract of the [module docs](self), and
+    /// do not mark a staged tensor dirty: call [`Tensor::upload`] before the dispatch. Foreign
+    /// code that keeps the pointer is outside the borrow rules the rest of this type enforces:
+    /// it must not read memory a dispatch is writing, and no Rust view of the tensor
+    /// ([`Tensor::as_slice`]) may be alive while it writes (npu-fd's
+    /// `ClientMemory::as_foreign_ptr`).
+    #[must_use]
+    pub fn mapping_ptr(&self) -> *mut u8 {
+        self.raw.mem.as_foreign_ptr()
+    }
+
     /// The elements, copied.
     ///
     /// # Panics

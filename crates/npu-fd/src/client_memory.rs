@@ -125,6 +125,16 @@ impl ClientMemory {
         self.lent = false;
     }
 
+    /// The first byte of the memory as a raw pointer, for foreign code that reaches memory only
+    /// through pointers (a numpy array over a tensor, say). Obtaining it is safe; using it is
+    /// the caller's promise: no Rust reference may be formed from it, and while foreign code
+    /// writes through it no view of this memory may be alive (views assume only `&mut self`
+    /// writes). The pointer is valid for [`ClientMemory::len`] bytes while `self` lives.
+    #[must_use]
+    pub fn as_foreign_ptr(&self) -> *mut u8 {
+        self.map.as_ptr().cast_mut()
+    }
+
     /// The memory as a slice of `T`.
     ///
     /// # Errors

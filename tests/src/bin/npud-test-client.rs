@@ -146,7 +146,10 @@ async fn churn(sock: PathBuf, seed: i32) -> Result<serde_json::Value, String> {
                     .wrapping_add(round as i32)
             })
             .collect();
-        input.map.write_from(0, &values).map_err(|e| e.to_string())?;
+        input
+            .map
+            .write_from(0, &values)
+            .map_err(|e| e.to_string())?;
         let output = s.alloc_mapped(bytes).await?;
         let links = if round % 4 == 3 { 4 } else { 1 };
         if links == 1 {
