@@ -198,6 +198,7 @@ impl Device {
             insts: p.insts.addr(),
             insts_size: p.insts_len as u64,
             args,
+            ..PacketDesc::default()
         })
     }
 
