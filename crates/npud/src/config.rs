@@ -337,10 +337,10 @@ impl Config {
                     "expected rocr-newest, rocr-g2-2026-05, rocr-late-2025 or rocm-7.0",
                 )
             })?;
-        if let Some(abi) = &self.packet_abi {
-            let abi = abi
-                .parse::<hsa_core::PacketAbi>()
-                .map_err(|_| invalid("packet_abi", "expected g2, g1b or g1a"))?;
+        if let Some(abi) = self.packet_abi.as_deref().filter(|a| *a != "auto") {
+            let abi = abi.parse::<hsa_core::PacketAbi>().map_err(|_| {
+                invalid("packet_abi", "expected auto, kernel-object, g2, g1b or g1a")
+            })?;
             if self.backend == Backend::Emulator && abi != profile.packet_abi() {
                 return Err(ConfigError::Invalid {
                     key: "packet_abi",
@@ -452,20 +452,25 @@ impl Config {
         self.emulator.profile.parse().unwrap_or_default()
     }
 
-    /// The packet ABI spoken to the runtime: `packet_abi` when set, else the emulator
-    /// profile's on the emulator and G2 on `hsa`.
-    pub fn packet_abi(&self) -> hsa_core::PacketAbi {
-        match (&self.packet_abi, self.backend) {
-            (Some(abi), _) => abi.parse().unwrap_or_default(),
-            (None, Backend::Emulator) => self.emulator_profile().packet_abi(),
-            (None, Backend::Hsa) => hsa_core::PacketAbi::G2,
+    /// How the packet ABI is chosen, as (ABI, probe): `packet_abi` when it names one; else
+    /// (`auto`, the default) by loading a code object when the device opens, falling back to
+    /// the emulator profile's ABI on the emulator and to G2 on `hsa`.
+    pub fn packet_abi(&self) -> (hsa_core::PacketAbi, bool) {
+        match self.packet_abi.as_deref().filter(|a| *a != "auto") {
+            Some(abi) => (abi.parse().unwrap_or_default(), false),
+            None => match self.backend {
+                Backend::Emulator => (self.emulator_profile().packet_abi(), true),
+                Backend::Hsa => (hsa_core::PacketAbi::G2, true),
+            },
         }
     }
 
     /// The device options this configuration asks for.
     pub fn device_options(&self) -> hsa_core::DeviceOptions {
+        let (packet_abi, probe_code_objects) = self.packet_abi();
         hsa_core::DeviceOptions {
-            packet_abi: self.packet_abi(),
+            packet_abi,
+            probe_code_objects,
             generation: self.generation.as_deref().and_then(|g| g.parse().ok()),
             sysfs_root: self.sysfs_root.clone(),
             ..hsa_core::DeviceOptions::default()
