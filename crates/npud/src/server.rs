@@ -144,7 +144,9 @@ pub async fn run(
         Runs::of_runtime(opened.facts.info.runtime_version.as_deref()),
         persisted.quarantine,
         persisted.records,
-    ));
+    )
+    .with_packet_abi(opened.facts.info.packet_abi),
+    );
     let facts = opened.facts.clone();
     let executor = opened.run(programs.clone(), persisted.inflight);
     let sessions = Arc::new(Sessions::new(

@@ -30,19 +30,32 @@ mod validate;
 use crate::stats::{DispatchStats, Outcome};
 pub use quarantine::record_proto;
 use quarantine::{explain, refused_at_registration};
-pub use validate::validate;
+pub use validate::{validate, validate_hsaco};
 
 /// A stored program: its bytes and what the daemon needs to know to check a dispatch.
 #[derive(Debug)]
 pub struct Program {
     pub id: u64,
-    /// blake3 of the PDI followed by the instruction stream, hex.
+    /// [`content_hash`] of its bytes, hex.
     pub hash: String,
     pub name: String,
-    pub pdi: Vec<u8>,
-    pub insts: Vec<u8>,
+    pub code: Code,
     pub summary: pb::ProgramSummary,
 }
+
+/// The form a program was registered in. The device layer turns either into what the runtime
+/// loads: on a kernel-object runtime PDI+insts are packed into an hsaco in memory; on the
+/// others an hsaco's PdiInsts kernel is unpacked.
+#[derive(Debug)]
+pub enum Code {
+    PdiInsts { pdi: Vec<u8>, insts: Vec<u8> },
+    /// An AIE hsaco and the kernel of it this program runs (resolved at registration).
+    Hsaco { bytes: Vec<u8>, kernel: String },
+}
+
+/// `pdi+insts` or `hsaco`, as listings show it.
+pub const FORM_PDI_INSTS: &str = "pdi+insts";
+pub const FORM_HSACO: &str = "hsaco";
 
 impl Program {
     /// Refuses arguments that are fewer or smaller than the program's DDR patches require.
@@ -79,9 +92,12 @@ impl Program {
         Ok(())
     }
 
-    /// The bytes it holds: PDI plus instruction stream.
+    /// The bytes it holds: PDI plus instruction stream, or the hsaco.
     pub fn byte_len(&self) -> u64 {
-        (self.pdi.len() as u64).saturating_add(self.insts.len() as u64)
+        match &self.code {
+            Code::PdiInsts { pdi, insts } => (pdi.len() as u64).saturating_add(insts.len() as u64),
+            Code::Hsaco { bytes, .. } => bytes.len() as u64,
+        }
     }
 
     pub fn display_name(&self) -> &str {
@@ -98,6 +114,17 @@ pub fn content_hash(pdi: &[u8], insts: &[u8]) -> String {
     let mut h = blake3::Hasher::new();
     h.update(pdi);
     h.update(insts);
+    h.finalize().to_hex().to_string()
+}
+
+/// The content hash of an hsaco kernel: a domain tag, the kernel name (length-prefixed) and
+/// the file, so that it can equal no PDI+insts hash and two kernels of one file differ.
+pub fn hsaco_hash(bytes: &[u8], kernel: &str) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(b"npud hsaco\0");
+    h.update(&(kernel.len() as u64).to_le_bytes());
+    h.update(kernel.as_bytes());
+    h.update(bytes);
     h.finalize().to_hex().to_string()
 }
 
@@ -131,6 +158,9 @@ pub struct Programs {
     runs: Runs,
     /// Where records are kept across restarts; `None` when `state_dir` is empty.
     records: Option<QuarantineDir>,
+    /// The packet ABI the device speaks: whether it loads code objects decides which hsaco
+    /// kernels can run.
+    abi: hsa_core::PacketAbi,
 }
 
 /// What kind of design the device runs: decided by the runtime that was opened, not by how
@@ -197,7 +227,15 @@ impl Programs {
             device,
             runs,
             records,
+            abi: hsa_core::PacketAbi::G2,
         }
+    }
+
+    /// The packet ABI the device speaks (G2 unless set).
+    #[must_use]
+    pub fn with_packet_abi(mut self, abi: hsa_core::PacketAbi) -> Self {
+        self.abi = abi;
+        self
     }
 
     /// Refuses a program of `bytes` bytes for `session` when the distinct programs it already
@@ -264,21 +302,70 @@ impl Programs {
         insts: Vec<u8>,
         name: String,
     ) -> Result<Registered, NpudError> {
+        let hash = content_hash(&pdi, &insts);
+        let bytes = (pdi.len() as u64).saturating_add(insts.len() as u64);
+        let (max, device, runs) = (self.max_bytes, self.device, self.runs);
+        self.store(session, hash, bytes, name, || {
+            let summary = validate(&pdi, &insts, max, device, runs)?;
+            Ok((Code::PdiInsts { pdi, insts }, summary))
+        })
+    }
+
+    /// Stores kernel `kernel` of an AIE hsaco (the only kernel of the device's section when
+    /// `kernel` is empty), or finds the stored one with the same bytes and kernel, and adds
+    /// `session`'s reference.
+    ///
+    /// # Errors
+    /// As [`validate_hsaco`], and as [`Programs::register`].
+    pub fn register_hsaco(
+        &self,
+        session: u64,
+        hsaco: Vec<u8>,
+        kernel: String,
+        name: String,
+    ) -> Result<Registered, NpudError> {
+        let (max, device, runs, abi) = (self.max_bytes, self.device, self.runs, self.abi);
+        validate::check_size("hsaco", hsaco.len() as u64, max)?;
+        // The kernel is resolved before hashing, so that naming the only kernel and leaving
+        // the name empty are the same program.
+        let kernel = validate::resolve_kernel(&hsaco, &kernel, device)?;
+        let hash = hsaco_hash(&hsaco, &kernel);
+        let bytes = hsaco.len() as u64;
+        self.store(session, hash, bytes, name, || {
+            let summary = validate_hsaco(&hsaco, &kernel, max, device, runs, abi)?;
+            Ok((
+                Code::Hsaco {
+                    bytes: hsaco,
+                    kernel,
+                },
+                summary,
+            ))
+        })
+    }
+
+    /// Registration after the bytes are hashed: dedupe, quota, then `validate` (only for
+    /// bytes not stored yet), then store.
+    fn store(
+        &self,
+        session: u64,
+        hash: String,
+        bytes: u64,
+        name: String,
+        validate: impl FnOnce() -> Result<(Code, pb::ProgramSummary), NpudError>,
+    ) -> Result<Registered, NpudError> {
         if name.len() > MAX_NAME_BYTES {
             return Err(NpudError::InvalidArgument(format!(
                 "name: {} bytes; at most {MAX_NAME_BYTES}",
                 name.len()
             )));
         }
-        let hash = content_hash(&pdi, &insts);
         let limit = self.max_session_bytes;
         if let Some(known) = Self::known(&mut self.lock(), session, &hash, limit) {
             return known;
         }
-        let bytes = (pdi.len() as u64).saturating_add(insts.len() as u64);
         // Before validation, so that a session at its quota costs no parsing.
         Self::check_quota(&self.lock(), session, bytes, limit)?;
-        let summary = validate(&pdi, &insts, self.max_bytes, self.device, self.runs)?;
+        let (code, summary) = validate()?;
         let mut g = self.lock();
         // Another session may have stored the same bytes (or a fault quarantined them) while
         // this one validated, and this session may have registered others.
@@ -292,8 +379,7 @@ impl Programs {
             id,
             hash: hash.clone(),
             name,
-            pdi,
-            insts,
+            code,
             summary,
         });
         g.by_hash.insert(hash, id);
@@ -436,6 +522,9 @@ impl Programs {
                 quarantined: e.quarantined,
                 loads: e.loads,
                 dispatches: Some(e.stats.to_proto()),
+                form: e.program.summary.form.clone(),
+                kernel_name: e.program.summary.kernel_name.clone(),
+                kernel_kind: e.program.summary.kernel_kind.clone(),
             })
             .collect()
     }
