@@ -140,6 +140,7 @@ mod agents;
 pub mod config;
 pub mod counters;
 mod dispatch;
+mod executable;
 mod kernels;
 mod memory;
 pub mod profile;
@@ -157,6 +158,12 @@ pub use config::{
     serial_test_guard, set_config,
 };
 pub use counters::{Counters, counters, hsa_sim_counters};
+pub use executable::{
+    hsa_code_object_reader_create_from_memory, hsa_code_object_reader_destroy,
+    hsa_executable_create_alt, hsa_executable_destroy, hsa_executable_freeze,
+    hsa_executable_get_symbol_by_name, hsa_executable_load_agent_code_object,
+    hsa_executable_symbol_get_info,
+};
 pub use memory::*;
 pub use npu_artifacts::NpuGen;
 pub use profile::{FailureReport, Profile, UnknownProfile, profile_of_build_version};
@@ -206,5 +213,13 @@ pub fn fns() -> hsa_core::sys::HsaFns {
         vmem_export_shareable_handle: Some(hsa_amd_vmem_export_shareable_handle),
         portable_export_dmabuf: Some(hsa_amd_portable_export_dmabuf),
         portable_close_dmabuf: Some(hsa_amd_portable_close_dmabuf),
+        code_object_reader_create_from_memory: Some(hsa_code_object_reader_create_from_memory),
+        code_object_reader_destroy: Some(hsa_code_object_reader_destroy),
+        executable_create_alt: Some(hsa_executable_create_alt),
+        executable_load_agent_code_object: Some(hsa_executable_load_agent_code_object),
+        executable_freeze: Some(hsa_executable_freeze),
+        executable_get_symbol_by_name: Some(hsa_executable_get_symbol_by_name),
+        executable_symbol_get_info: Some(hsa_executable_symbol_get_info),
+        executable_destroy: Some(hsa_executable_destroy),
     }
 }
