@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use hsa_core::sys::{
     AIE_PACKET_OPCODE_KMQ, AIE_PACKET_TYPE_READY, AIE_QUEUE_SIZE, AMD_PACKET_TYPE_AIE_ERT,
-    AMD_PACKET_TYPE_RESERVED200, AieDispatchPacket, ERT_PAYLOAD_DATA_OFFSET, ERT_TXN_OPCODE,
-    ErtPacket, Signal, Status, ert_opcode, ert_state,
+    AMD_PACKET_TYPE_RESERVED200, AieDispatchPacket, AieKernelObjectPacket, ERT_PAYLOAD_DATA_OFFSET,
+    ERT_TXN_OPCODE, ErtPacket, Signal, Status, ert_opcode, ert_state,
 };
 
 use crate::config::PacketAbi;
@@ -51,6 +51,13 @@ pub(crate) fn read_g2(q: &QueueObj, index: u64) -> Option<AieDispatchPacket> {
     Some(unsafe { std::ptr::read_volatile(at as *const AieDispatchPacket) })
 }
 
+/// Packet `index` read as the kernel-object form (the G2 ring layout).
+pub(crate) fn read_kernel_object(q: &QueueObj, index: u64) -> Option<AieKernelObjectPacket> {
+    let at = slot(q, index)?;
+    // SAFETY: as in `read_g2`.
+    Some(unsafe { std::ptr::read_volatile(at as *const AieKernelObjectPacket) })
+}
+
 fn read_g1(q: &QueueObj, index: u64) -> Option<ErtPacket> {
     let at = slot(q, index)?;
     // SAFETY: as in `read_g2`.
@@ -72,7 +79,7 @@ fn bad_format(detail: String) -> SimError {
     SimError::new(Status::ERROR_INVALID_PACKET_FORMAT, detail)
 }
 
-fn completion(rt: &Runtime, s: Signal) -> Result<Option<Arc<SignalObj>>, SimError> {
+pub(crate) fn completion(rt: &Runtime, s: Signal) -> Result<Option<Arc<SignalObj>>, SimError> {
     if s.handle == 0 {
         return Ok(None);
     }

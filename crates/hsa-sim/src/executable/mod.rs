@@ -32,7 +32,7 @@ use crate::status::SimError;
 
 pub(crate) mod loader;
 
-pub(crate) use loader::{KernelBody, KernelDescriptor, PlacedBlob};
+pub(crate) use loader::{KernelBody, KernelDescriptor};
 
 /// A reader: the caller's bytes, by address.
 #[derive(Debug, Clone, Copy)]
