@@ -248,6 +248,8 @@ impl Session {
     /// The daemon's status.
     pub async fn register(&mut self, d: &EmuDesign) -> Result<u64> {
         let req = self.req(pb::RegisterProgramRequest {
+            hsaco: Vec::new(),
+            kernel: String::new(),
             pdi: d.to_pdi(),
             insts: d.insts(self.generation),
             name: d.kernel.name().to_owned(),

@@ -35,7 +35,7 @@ pub(crate) struct Command {
 fn slot(q: &QueueObj, index: u64) -> Option<usize> {
     let size = u64::from(AIE_QUEUE_SIZE);
     let i = match q.config.packet_abi() {
-        PacketAbi::G2 | PacketAbi::G1b => index % size,
+        PacketAbi::G2 | PacketAbi::G1b | PacketAbi::KernelObject => index % size,
         PacketAbi::G1a if index < size => index,
         PacketAbi::G1a => return None,
     };
@@ -97,7 +97,7 @@ pub(crate) fn completion(rt: &Runtime, s: Signal) -> Result<Option<Arc<SignalObj
 
 pub(crate) fn decode(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError> {
     match q.config.packet_abi() {
-        PacketAbi::G2 => decode_g2(rt, q, index),
+        PacketAbi::G2 | PacketAbi::KernelObject => decode_g2(rt, q, index),
         PacketAbi::G1a | PacketAbi::G1b => decode_g1(rt, q, index),
     }
 }
