@@ -194,7 +194,9 @@ impl Options {
                     .map_or("g2", |(_, abi)| abi);
                 args.extend(["--backend".into(), "hsa".into(), "--library".into()]);
                 args.push(hsa_sim_library().display().to_string());
-                args.extend(["--packet-abi".into(), abi.into()]);
+                if !self.args.iter().any(|a| a == "--packet-abi") {
+                    args.extend(["--packet-abi".into(), abi.into()]);
+                }
                 env.push(("HSA_SIM_PROFILE".into(), p.into()));
             }
         }

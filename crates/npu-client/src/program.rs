@@ -222,7 +222,7 @@ impl Program {
                 };
                 // An emulated full ELF carries an emulated design where a real one carries
                 // control code.
-                let kind = npu_artifacts::pdi::identify(elf.ctrl_code).ok();
+                let kind = EmuDesign::from_full_elf_kernel(elf).ok().map(PdiKind::Emulated);
                 (Vec::new(), Vec::new(), kind, txn, elf.arg_count)
             }
             _ => {

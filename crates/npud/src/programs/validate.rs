@@ -2,6 +2,7 @@
 //! instruction stream or AIE hsaco (npu-artifacts), for the device's generation, and runnable
 //! on the device and its runtime.
 
+use npu_artifacts::emu::EmuDesign;
 use npu_artifacts::hsaco::{HsacoRule, KernelKind, parse_for_arch};
 use npu_artifacts::pdi::PdiKind;
 use npu_artifacts::{ArtifactError, NpuGen};
@@ -100,12 +101,31 @@ pub fn validate_hsaco(
                      kernels (PdiInsts kernels of an hsaco run on every runtime)"
                 )));
             }
+            // An emulated full ELF carries an emulated design where a real one carries control
+            // code: each runs only where its kind of design does.
+            let kind = match (EmuDesign::from_full_elf_kernel(elf), runs) {
+                (Ok(d), Runs::EmulatedDesigns) => d.kernel.name().to_owned(),
+                (Err(_), Runs::RealDesigns) => "full-elf".to_owned(),
+                (Ok(d), Runs::RealDesigns) => {
+                    return Err(NpudError::FailedPrecondition(format!(
+                        "hsaco kernel {kernel:?}: an emulated design ({}) runs only on the \
+                         emulator (hsa-sim); this daemon drives an NPU",
+                        d.kernel.name()
+                    )));
+                }
+                (Err(e), Runs::EmulatedDesigns) => {
+                    return Err(NpudError::FailedPrecondition(format!(
+                        "hsaco kernel {kernel:?}: real control code ({e}) needs an NPU; this \
+                         daemon runs the emulator (hsa-sim), which runs emulated designs only"
+                    )));
+                }
+            };
             let args = elf.arg_count as usize;
             pb::ProgramSummary {
                 generation: gen_name(device).to_owned(),
                 arg_count: elf.arg_count,
                 min_arg_bytes: vec![0; args],
-                kind: "full-elf".to_owned(),
+                kind,
                 insts_bytes: u32::try_from(elf.ctrl_code.len()).unwrap_or(u32::MAX),
                 pdi_bytes: u32::try_from(elf.pdis.iter().map(|p| p.bytes.len()).sum::<usize>())
                     .unwrap_or(u32::MAX),
