@@ -370,6 +370,7 @@ impl Device {
                 let dst = ring.add(slot * 64);
                 match packet {
                     Packet::G2(p) => std::ptr::write_volatile(dst.cast(), p),
+                    Packet::KernelObject(p) => std::ptr::write_volatile(dst.cast(), p),
                     Packet::G1(p) => std::ptr::write_volatile(dst.cast(), p),
                 }
             }

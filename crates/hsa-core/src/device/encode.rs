@@ -9,7 +9,7 @@ use std::str::FromStr;
 use crate::error::HsaError;
 use crate::sys::{
     AIE_DISPATCH_COUNT, AIE_DISPATCH_HEADER, AIE_PACKET_OPCODE_KMQ, AMD_PACKET_TYPE_AIE_ERT,
-    AMD_PACKET_TYPE_RESERVED200, AieDispatchPacket, CHAIN_BUFFER_BYTES, CHAIN_SLOT_HEADER_BYTES,
+    AMD_PACKET_TYPE_RESERVED200, AieDispatchPacket, AieKernelObjectPacket, CHAIN_BUFFER_BYTES, CHAIN_SLOT_HEADER_BYTES,
     ERT_TXN_OPCODE, ErtBits, ErtPacket, MAX_PACKETS_PER_DOORBELL, Signal, ert_opcode,
     ert_payload_count, ert_state,
 };
@@ -136,6 +136,7 @@ pub(crate) struct PacketDesc {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Packet {
     G2(AieDispatchPacket),
+    KernelObject(AieKernelObjectPacket),
     G1(ErtPacket),
 }
 
@@ -161,23 +162,32 @@ pub(crate) fn encode(
             for &(_, size) in &desc.args {
                 side.extend_from_slice(&size.to_le_bytes());
             }
-            // Kernel objects: words 20/24 name the descriptor, 40 and 48 are reserved (zero).
-            let (code, insts_size, pdi_addr) = if abi == PacketAbi::KernelObject {
-                (desc.kernel_object, 0, 0)
-            } else {
-                (desc.insts, desc.insts_size, desc.pdi)
-            };
+            let kernarg_address = if n == 0 { 0 } else { side_addr };
+            if abi == PacketAbi::KernelObject {
+                // Words 20/24 name the descriptor; 40 and 48 are reserved (zero).
+                let mut pkt = AieKernelObjectPacket {
+                    header: AIE_DISPATCH_HEADER,
+                    opcode: AIE_PACKET_OPCODE_KMQ,
+                    count: AIE_DISPATCH_COUNT,
+                    completion_signal: completion,
+                    num_kernargs,
+                    kernarg_address,
+                    ..Default::default()
+                };
+                pkt.set_kernel_object(desc.kernel_object);
+                return Ok((Packet::KernelObject(pkt), side));
+            }
             let pkt = AieDispatchPacket {
                 header: AIE_DISPATCH_HEADER,
                 opcode: AIE_PACKET_OPCODE_KMQ,
                 count: AIE_DISPATCH_COUNT,
                 completion_signal: completion,
-                insts_addr_low: low(code),
-                insts_addr_high: high(code),
+                insts_addr_low: low(desc.insts),
+                insts_addr_high: high(desc.insts),
                 num_kernargs,
-                kernarg_address: if n == 0 { 0 } else { side_addr },
-                insts_size,
-                pdi_addr,
+                kernarg_address,
+                insts_size: desc.insts_size,
+                pdi_addr: desc.pdi,
                 ..Default::default()
             };
             Ok((Packet::G2(pkt), side))
@@ -327,8 +337,9 @@ mod tests {
             ..desc()
         };
         let (p, side) = encode(PacketAbi::KernelObject, &d, Signal { handle: 9 }, 0xAAA0).unwrap();
-        let Packet::G2(p) = p else { panic!() };
-        let bytes: [u8; 64] = bytemuck_bytes(&p);
+        let Packet::KernelObject(p) = p else { panic!() };
+        assert_eq!(p.kernel_object(), 0x5555_1234_5678);
+        let bytes: [u8; 64] = packet_bytes(&p);
         let word = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
         let quad = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
         assert_eq!(u16::from_le_bytes([bytes[0], bytes[1]]), 0x1400);
@@ -342,7 +353,7 @@ mod tests {
     }
 
     /// The packet's 64 bytes as the ring holds them.
-    fn bytemuck_bytes(p: &AieDispatchPacket) -> [u8; 64] {
+    fn packet_bytes(p: &AieKernelObjectPacket) -> [u8; 64] {
         let mut out = [0u8; 64];
         // SAFETY: the packet is a 64-byte `repr(C)` value of integers with no padding (its
         // layout test asserts every offset); reading its bytes is reading initialised memory.
