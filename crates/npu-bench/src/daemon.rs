@@ -33,9 +33,21 @@ impl Daemon {
     /// # Errors
     /// When npud cannot be found or built, or does not become ready within 30 s (with its log).
     pub fn start() -> Result<Daemon> {
+        Self::start_profile(None)
+    }
+
+    /// As [`Daemon::start`], with the emulator behaving as the ROCR release `profile`
+    /// (`--emulator-profile`; the packet ABI is found as on an NPU, `auto`).
+    ///
+    /// # Errors
+    /// As [`Daemon::start`].
+    pub fn start_profile(profile: Option<&str>) -> Result<Daemon> {
         let binary = find_binary(&NPUD, None).map_err(|e| BenchError(e.to_string()))?;
         let mut opts = LocalOptions::new(&binary);
         opts.args = vec!["--log-level".into(), "warn".into()];
+        if let Some(p) = profile {
+            opts.args.extend(["--emulator-profile".into(), p.into()]);
+        }
         opts.env = vec![
             (
                 "NPUD_LIMITS__MAX_SESSIONS".into(),
