@@ -402,6 +402,38 @@ mod tests {
     }
 
     #[test]
+    fn from_hsaco_takes_a_file_or_bytes_and_names_what_is_wrong() {
+        let d = EmuDesign::vector_scalar_add(64, DType::I32, 1);
+        let bytes = d.to_hsaco(NpuGen::Npu2).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vsa.hsaco");
+        std::fs::write(&path, &bytes).unwrap();
+        let p = Program::from_hsaco(&path, "").unwrap();
+        assert_eq!(p.name(), "vsa");
+        assert_eq!(p.hsaco_kernel(), Some("vector_scalar_add"));
+        assert_eq!(p.min_arg_sizes(), vec![256, 256]);
+        assert_eq!(p.emulated_design(), Some(&d));
+        let q = Program::from_hsaco(bytes.clone(), "vector_scalar_add").unwrap();
+        assert_eq!(q.pdi(), p.pdi());
+        let e = Program::from_hsaco(bytes, "relu").unwrap_err().to_string();
+        assert!(
+            e.contains("no kernel \"relu\"") && e.contains("vector_scalar_add"),
+            "{e}"
+        );
+        let e = Program::from_hsaco(&dir.path().join("missing.hsaco"), "")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing.hsaco"), "{e}");
+        let e = Program::from_hsaco(b"\x7fELF".as_slice(), "")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("hsaco: "), "{e}");
+        let full = Program::from_hsaco(d.to_full_elf_hsaco().unwrap(), "").unwrap();
+        assert_eq!(full.min_arg_sizes(), vec![1, 1]);
+        assert_eq!(full.emulated_design(), Some(&d));
+    }
+
+    #[test]
     fn from_bytes_refuses_mismatched_files() {
         let d = EmuDesign::vector_vector_add(64, DType::I32);
         let other = EmuDesign::relu(64, DType::I32);

@@ -658,6 +658,47 @@ mod tests {
     }
 
     #[test]
+    fn an_hsaco_kernel_is_stored_once_and_full_elf_needs_code_objects() {
+        let d = EmuDesign::vector_scalar_add(1024, DType::I32, 1);
+        let hsaco = d.to_hsaco(NpuGen::Npu2).unwrap();
+        let p = store();
+        let a = p
+            .register_hsaco(1, hsaco.clone(), String::new(), "a".into())
+            .unwrap();
+        let b = p
+            .register_hsaco(2, hsaco.clone(), "vector_scalar_add".into(), "b".into())
+            .unwrap();
+        assert!(a.newly_stored && !b.newly_stored);
+        assert_eq!(a.program.id, b.program.id);
+        let s = &a.program.summary;
+        assert_eq!(
+            (s.form.as_str(), s.kernel_name.as_str(), s.kernel_kind.as_str()),
+            (FORM_HSACO, "vector_scalar_add", "PdiInsts")
+        );
+        assert_eq!(s.min_arg_bytes, vec![4096, 4096]);
+        assert_eq!(a.program.byte_len(), hsaco.len() as u64);
+        // The same design as PDI+insts is another program (its own form and hash).
+        let (pdi, insts) = vsa(1);
+        let c = p.register(1, pdi, insts, "c".into()).unwrap();
+        assert_ne!(c.program.id, a.program.id);
+        assert_eq!(c.program.summary.form, FORM_PDI_INSTS);
+
+        let full = d.to_full_elf_hsaco().unwrap();
+        let e = p
+            .register_hsaco(1, full.clone(), String::new(), String::new())
+            .unwrap_err();
+        assert!(matches!(e, NpudError::FailedPrecondition(_)), "{e}");
+        assert!(e.message().contains("does not load code objects"), "{e}");
+        let ko = store().with_packet_abi(hsa_core::PacketAbi::KernelObject);
+        let r = ko
+            .register_hsaco(1, full, String::new(), String::new())
+            .unwrap();
+        assert_eq!(r.program.summary.kernel_kind, "FullElf");
+        assert_eq!(r.program.summary.kind, "vector_scalar_add");
+        assert_eq!(r.program.summary.arg_count, 2);
+    }
+
+    #[test]
     fn foreign_programs_are_not_found() {
         let p = store();
         let (pdi, insts) = vsa(1);
