@@ -9,11 +9,12 @@ mod common;
 
 use std::ffi::{CString, c_void};
 
+use common::ko::*;
 use common::profiles::check_in_process;
 use common::*;
 use hsa_core::sys::{
-    AIE_DISPATCH_COUNT, AIE_DISPATCH_HEADER, Agent, AieKernelObjectPacket, CodeObjectReader,
-    Executable, ExecutableSymbol, FloatRoundingMode, HsaProfile, Signal, Status, SymbolInfo,
+    Agent, AieKernelObjectPacket, CodeObjectReader, Executable, ExecutableSymbol,
+    FloatRoundingMode, HsaProfile, Signal, Status, SymbolInfo,
 };
 use hsa_sim::*;
 use npu_artifacts::NpuGen;
@@ -21,128 +22,6 @@ use npu_artifacts::emu::{DType, EmuDesign};
 use npu_artifacts::hsaco::{Hsaco, HsacoBuilder, PdiInstsKernel};
 
 const KO: Profile = Profile::KernelObject;
-
-fn reader(bytes: &[u8]) -> CodeObjectReader {
-    let mut r = CodeObjectReader::default();
-    // SAFETY: `bytes` outlives every load through the reader in these tests.
-    let st = unsafe {
-        hsa_code_object_reader_create_from_memory(bytes.as_ptr().cast(), bytes.len(), &mut r)
-    };
-    assert_eq!(st, Status::SUCCESS);
-    r
-}
-
-fn executable() -> Executable {
-    let mut e = Executable::default();
-    // SAFETY: a live out-pointer; NULL options.
-    let st = unsafe {
-        hsa_executable_create_alt(
-            HsaProfile::FULL,
-            FloatRoundingMode::DEFAULT,
-            std::ptr::null(),
-            &mut e,
-        )
-    };
-    assert_eq!(st, Status::SUCCESS);
-    e
-}
-
-fn load_into(e: Executable, agent: Agent, r: CodeObjectReader) -> Status {
-    // SAFETY: handles from the runtime; the reader's bytes are alive; NULL outputs allowed.
-    unsafe {
-        hsa_executable_load_agent_code_object(e, agent, r, std::ptr::null(), std::ptr::null_mut())
-    }
-}
-
-fn freeze(e: Executable) -> Status {
-    // SAFETY: any handle; NULL options.
-    unsafe { hsa_executable_freeze(e, std::ptr::null()) }
-}
-
-fn destroy(e: Executable, r: CodeObjectReader) {
-    // SAFETY: handles from the runtime, destroyed once, in ROCR's order.
-    unsafe {
-        assert_eq!(hsa_executable_destroy(e), Status::SUCCESS);
-        assert_eq!(hsa_code_object_reader_destroy(r), Status::SUCCESS);
-    }
-}
-
-/// Loads `bytes` into a fresh executable for the AIE agent: the status and the handles.
-fn try_load(sim: &Sim, bytes: &[u8]) -> (Status, Executable, CodeObjectReader) {
-    let (r, e) = (reader(bytes), executable());
-    (load_into(e, sim.aie, r), e, r)
-}
-
-/// A loaded, frozen hsaco.
-struct Loaded {
-    exec: Executable,
-    reader: CodeObjectReader,
-    agent: Agent,
-}
-
-impl Loaded {
-    fn new(sim: &Sim, bytes: &[u8]) -> Self {
-        let (st, exec, reader) = try_load(sim, bytes);
-        assert_eq!(st, Status::SUCCESS, "{:?}", last_error());
-        assert_eq!(freeze(exec), Status::SUCCESS);
-        Self {
-            exec,
-            reader,
-            agent: sim.aie,
-        }
-    }
-
-    fn symbol(&self, name: &str) -> ExecutableSymbol {
-        let mut s = ExecutableSymbol::default();
-        let c = CString::new(name).unwrap();
-        // SAFETY: live pointers; the agent is the AIE agent.
-        let st = unsafe {
-            hsa_executable_get_symbol_by_name(self.exec, c.as_ptr(), &self.agent, &mut s)
-        };
-        assert_eq!(st, Status::SUCCESS, "{name}: {:?}", last_error());
-        s
-    }
-
-    fn kernel_object(&self, name: &str) -> u64 {
-        symbol_u64(self.symbol(name), SymbolInfo::KERNEL_OBJECT)
-    }
-
-    fn destroy(self) {
-        destroy(self.exec, self.reader);
-    }
-}
-
-fn symbol_u64(s: ExecutableSymbol, attr: SymbolInfo) -> u64 {
-    let mut v = 0u64;
-    // SAFETY: a u64 out-pointer, large enough for every numeric attribute.
-    let st = unsafe { hsa_executable_symbol_get_info(s, attr, (&raw mut v).cast()) };
-    assert_eq!(st, Status::SUCCESS, "{attr:?}");
-    v
-}
-
-/// A kernel-object packet naming `ko` with `args` in a fresh kernarg buffer.
-fn ko_packet(sim: &Sim, ko: u64, args: &[(u64, u64)], sig: Signal) -> [u8; 64] {
-    let kernarg = if args.is_empty() {
-        0
-    } else {
-        sim.kernargs(args)
-    };
-    let mut p = AieKernelObjectPacket {
-        header: AIE_DISPATCH_HEADER,
-        count: AIE_DISPATCH_COUNT,
-        completion_signal: sig,
-        num_kernargs: args.len() as u16,
-        kernarg_address: kernarg,
-        ..Default::default()
-    };
-    p.set_kernel_object(ko);
-    packet_bytes(&p)
-}
-
-fn packet_bytes(p: &AieKernelObjectPacket) -> [u8; 64] {
-    // SAFETY: the packet is 64 bytes of plain data with no padding.
-    unsafe { std::mem::transmute_copy(p) }
-}
 
 fn ko_sim() -> Sim {
     Sim::new(KO)
@@ -647,14 +526,17 @@ fn a_chain_of_100_runs_in_chains_of_44() {
             )
         })
         .collect();
-    // The ring holds 64: ring 64, then the other 36.
-    q.submit(&packets[..64]);
-    q.submit(&packets[64..]);
+    // Rings of 44 (one chain), 45 (44 + 1) and 11 (one chain).
+    q.submit(&packets[..44]);
+    q.submit(&packets[44..89]);
+    q.submit(&packets[89..]);
     assert_eq!(wait_eq(sig, 0, 1_000_000_000), 0, "{:?}", last_error());
     assert_eq!(bytes_i32(&read(bufs[0], 1024)), vec![100; 256]);
     let d = counters().since(&before);
-    // 64 = 44 + 20, then 36: three chains.
-    assert_eq!(d.chain_submissions, 3);
+    // 44 commands of two arguments fill one 4096-byte chain (92 bytes each); the 45th starts
+    // another.
+    assert_eq!(d.chain_submissions, 4);
+    assert_eq!(d.doorbells, 3);
     assert_eq!(d.packets_completed, 100);
     drop(q);
     l.destroy();
