@@ -747,7 +747,7 @@ fn dispatch_kernarg_checks() {
         "NULL",
     );
     // Not a runtime allocation: host memory the runtime never saw.
-    let host = vec![0u64; 4];
+    let host = [0u64; 4];
     refused(
         &sim,
         &[packet(host.as_ptr() as u64, 2)],
