@@ -957,3 +957,72 @@ fn the_executable_api_through_the_resolved_table_on_every_profile() {
         assert_eq!((f.code_object_reader_destroy.unwrap())(r), Status::SUCCESS);
     }
 }
+
+/// Deterministic contents for buffer `i` of `len` bytes.
+fn fill(i: usize, len: u64) -> Vec<u8> {
+    (0..len)
+        .map(|j| (j as u8).wrapping_mul(31).wrapping_add(7 ^ i as u8) % 17)
+        .collect()
+}
+
+/// Runs `design` on buffers filled by [`fill`] and returns every buffer after the run: through
+/// a G2 packet on `rocr-newest`, or through a kernel object of `hsaco` on `kernel-object`.
+fn outputs(design: &EmuDesign, hsaco: Option<(&[u8], &str)>) -> Vec<Vec<u8>> {
+    let profile = if hsaco.is_some() {
+        KO
+    } else {
+        Profile::RocrNewest
+    };
+    let sim = Sim::new(profile);
+    let args: Vec<(u64, u64)> = design
+        .arg_sizes()
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| (sim.put(DATA, &fill(i, len)), len))
+        .collect();
+    let sig = sim.signal(1);
+    let q = sim.queue();
+    let loaded = hsaco.map(|(bytes, _)| Loaded::new(&sim, bytes));
+    let packet = match (&loaded, hsaco) {
+        (Some(l), Some((_, name))) => ko_packet(&sim, l.kernel_object(name), &args, sig),
+        _ => sim.packet(&Dispatch::new(sim.load(design), &args, sig)),
+    };
+    q.submit(&[packet]);
+    assert_eq!(q.errors(), vec![], "{:?}", last_error());
+    assert_eq!(load_signal(sig), 0);
+    drop(q);
+    if let Some(l) = loaded {
+        l.destroy();
+    }
+    args.iter().map(|&(a, len)| read(a, len as usize)).collect()
+}
+
+#[test]
+fn every_reference_design_runs_from_both_hsaco_forms() {
+    for d in [
+        EmuDesign::passthrough(4096),
+        EmuDesign::vector_vector_add(64, DType::I32),
+        EmuDesign::vector_mul(64, DType::I16),
+        EmuDesign::relu(64, DType::I8),
+        EmuDesign::matmul(8, 8, 8, DType::I16, DType::I32),
+    ] {
+        let name = d.kernel.name();
+        let g2 = outputs(&d, None);
+        let before: Vec<Vec<u8>> = d
+            .arg_sizes()
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| fill(i, len))
+            .collect();
+        assert_ne!(g2, before, "{name} writes its output");
+        let pdi_insts = pdi_insts_hsaco(&d);
+        assert_eq!(outputs(&d, Some((&pdi_insts, name))), g2, "{name} PdiInsts");
+        let full_elf = d.to_full_elf_hsaco().unwrap();
+        let full_name = format!("{name}:sequence");
+        assert_eq!(
+            outputs(&d, Some((&full_elf, &full_name))),
+            g2,
+            "{name} FullElf"
+        );
+    }
+}
