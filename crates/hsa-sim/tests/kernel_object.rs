@@ -829,7 +829,7 @@ fn dispatch_the_33rd_pdi_on_a_queue_is_out_of_resources_until_an_executable_is_d
     assert!(!q.suspended(), "{:?}", last_error());
     q.submit(&[packet(&loads[32])]);
     let detail = check_in_process(&sim, &q, Status::ERROR_OUT_OF_RESOURCES, 32);
-    assert!(detail.contains("33th distinct PDI"), "{detail}");
+    assert!(detail.contains("distinct PDI number 33"), "{detail}");
     drop(q);
     // A queue holding 32 PDIs takes a new one once an executable was destroyed: the
     // PDI-release epoch empties its cache.
@@ -1024,5 +1024,31 @@ fn every_reference_design_runs_from_both_hsaco_forms() {
             g2,
             "{name} FullElf"
         );
+    }
+}
+
+#[test]
+fn full_elf_kernels_have_no_32_pdi_ceiling() {
+    // A full ELF loads its PDI from the control code, not through the CU mask: 40 loads (40
+    // distinct PDIs) all run on one queue.
+    let sim = ko_sim();
+    let bytes = add(256, 1).to_full_elf_hsaco().unwrap();
+    let loads: Vec<Loaded> = (0..40).map(|_| Loaded::new(&sim, &bytes)).collect();
+    let (a, o) = io_i32(&sim, &[1; 256]);
+    let q = sim.queue();
+    for l in &loads {
+        let ko = l.kernel_object("vector_scalar_add:sequence");
+        q.submit(&[ko_packet(
+            &sim,
+            ko,
+            &[(a, 1024), (o, 1024)],
+            Signal::default(),
+        )]);
+    }
+    assert!(!q.suspended(), "{:?}", last_error());
+    assert_eq!(q.read_index(), 40);
+    drop(q);
+    for l in loads {
+        l.destroy();
     }
 }

@@ -249,9 +249,9 @@ fn check(
             return Err(SimError::new(
                 Status::ERROR_OUT_OF_RESOURCES,
                 format!(
-                    "the PDI of this kernel would be the {}th distinct PDI on this queue; a \
-                     queue holds at most {PDI_CACHE} (the CU mask has 32 bits; every load \
-                     of an hsaco is a new PDI)",
+                    "the PDI of this kernel would be distinct PDI number {} on this queue; a \
+                     queue holds at most {PDI_CACHE} (the CU mask has 32 bits; every load of an \
+                     hsaco is a new PDI)",
                     PDI_CACHE + 1
                 ),
             ));
