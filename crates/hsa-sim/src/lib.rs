@@ -112,7 +112,11 @@
 //! send every code object down ROCR's GPU loader, which cannot determine an ISA for an AIE
 //! hsaco and fails the load with `INVALID_CODE_OBJECT` (ROCR `loader/executable.cpp`,
 //! `LoadCodeObject`: "failed to determine code object's ISA"); that failure is how a client
-//! tells a G2 runtime from a kernel-object one (hsaco §1).
+//! tells a G2 runtime from a kernel-object one (hsaco §1). The wrong packet form fails both
+//! ways: a G2 packet on `kernel-object` is a descriptor whose first u32 is not 1
+//! (`INVALID_PACKET_FORMAT`), and a kernel-object packet on a G2 profile names an instruction
+//! buffer no allocation holds (`INVALID_ALLOCATION`; the instruction buffer is resolved before
+//! its size is checked).
 //!
 //! Loading, in ROCR's order (hsaco §3; `kernel-object` only unless stated):
 //!
