@@ -294,8 +294,10 @@ mod tests {
         }
         let c = Counters::from_array(a);
         assert_eq!(c.as_array(), a);
-        assert_eq!(c.chain_submissions, N_FIELDS as u64);
-        assert_eq!(Counter::ChainSubmissions as usize, N_FIELDS - 1);
+        assert_eq!(c.chain_submissions, 21);
+        assert_eq!(Counter::ChainSubmissions as usize, 20);
+        assert_eq!(c.hw_context_columns, N_FIELDS as u64);
+        assert_eq!(Counter::HwContextColumns as usize, N_FIELDS - 1);
         assert_eq!(std::mem::size_of::<Counters>(), N_FIELDS * 8);
     }
 

@@ -4,19 +4,20 @@
 //! client tested on a kinder emulator breaks on the hardware. A profile fixes every behaviour
 //! that differs between releases (`rocr-aie.md` §0, §3, §4, §5; `rocr-aie-hsaco.md` §4, §6):
 //!
-//! | | `rocm-7.0` | `rocr-late-2025` | `rocr-g2-2026-05` | `rocr-newest` (default) |
-//! |---|---|---|---|---|
-//! | packet ABI | G1a | G1b | G2 | G2 |
-//! | packet header checked | no (`assert` only) | yes (must be 0) | no | type READY, opcode KMQ |
-//! | `HSA_AGENT_INFO_NAME` | always `aie2` | `aie2` / `aie2p` by generation | same | same |
-//! | `HSA_AMD_AGENT_INFO_PRODUCT_NAME` | `AIE-ML` | the product name | same | same |
-//! | chain per doorbell | one, ≤ 4096 bytes at 52 + 4·(6+3N) per START_CU command | same | one, ≤ 4096 bytes at 52 + 4·(8+2N) per packet | split into as many as needed |
-//! | a failed batch | silent | abort | abort | suspend + error callback (abort without one) |
-//! | command wait limit | 50 ms (`WAIT_CMD`) | the watchdog | the watchdog | the watchdog |
-//! | `hsa_amd_portable_export_dmabuf` of AIE memory | `ERROR` | `ERROR` | `ERROR` | `ERROR` |
-//! | `hsa_amd_vmem_map` of an AIE-pool handle | `INVALID_AGENT` | `INVALID_AGENT` | works | works |
-//! | `hsa_amd_vmem_import_shareable_handle` | `INVALID_ALLOCATION` | `INVALID_ALLOCATION` | works | works |
-//! | `hsa_amd_vmem_export_shareable_handle` of an AIE-pool handle | `ERROR` | `ERROR` | `ERROR` | a sealed memfd |
+//! | | `rocm-7.0` | `rocr-late-2025` | `rocr-g2-2026-05` | `rocr-newest` (default) | `kernel-object` |
+//! |---|---|---|---|---|---|
+//! | packet ABI | G1a | G1b | G2 | G2 | G2 layout, words 20/24 a kernel object |
+//! | packet header checked | no (`assert` only) | yes (must be 0) | no | type READY, opcode KMQ | opcode only |
+//! | `HSA_AGENT_INFO_NAME` | always `aie2` | `aie2` / `aie2p` by generation | same | same | same |
+//! | `HSA_AMD_AGENT_INFO_PRODUCT_NAME` | `AIE-ML` | the product name | same | same | same |
+//! | chain per doorbell | one, ≤ 4096 bytes at 52 + 4·(6+3N) per START_CU command | same | one, ≤ 4096 bytes at 52 + 4·(8+2N) per packet | split into as many as needed | split; 52 + 4·(6+2N) per `PdiInsts` command, 60 per `FullElf` |
+//! | a failed batch | silent | abort | abort | suspend + error callback (abort without one) | suspend + error callback; a batch refused before submission retires nothing |
+//! | command wait limit | 50 ms (`WAIT_CMD`) | the watchdog | the watchdog | the watchdog | the watchdog |
+//! | `hsa_amd_portable_export_dmabuf` of AIE memory | `ERROR` | `ERROR` | `ERROR` | `ERROR` | `ERROR` |
+//! | `hsa_amd_vmem_map` of an AIE-pool handle | `INVALID_AGENT` | `INVALID_AGENT` | works | works | works |
+//! | `hsa_amd_vmem_import_shareable_handle` | `INVALID_ALLOCATION` | `INVALID_ALLOCATION` | works | works | works |
+//! | `hsa_amd_vmem_export_shareable_handle` of an AIE-pool handle | `ERROR` | `ERROR` | `ERROR` | a sealed memfd | a sealed memfd |
+//! | AIE hsaco loads (`hsa_executable_load_agent_code_object`) | `INVALID_CODE_OBJECT` | same | same | same | yes |
 //!
 //! Where each row comes from, and which rows are inferred rather than read, is in the crate
 //! documentation's table of rules.

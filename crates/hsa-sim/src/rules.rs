@@ -1,7 +1,8 @@
 //! The checks ROCR, the amdxdna driver and the device apply to one decoded packet, then the
 //! reference kernel. The table of rules and statuses is in the crate docs.
 //!
-//! Order: the runtime's checks (instruction size, buffers resolving to allocations it knows,
+//! Order: the runtime's checks (the instruction buffer resolving to an allocation it knows, its
+//! size, the other buffers resolving,
 //! the 32-PDI limit), the driver's (PDI buffer type), then the device's (PDI and TXN
 //! contents, generation, argument coverage), then the kernel.
 
@@ -178,6 +179,11 @@ pub(crate) fn execute(
     state: &mut QueueState,
     cmd: &Command,
 ) -> Result<(), SimError> {
+    // The instruction buffer must resolve to a BO before its size is looked at: a
+    // kernel-object packet (words 20/24 a host descriptor, word 40 reserved 0) on a G2 runtime
+    // fails as an unknown allocation (`rocr-aie-hsaco.md` §1).
+    let mem = rt.memory();
+    let insts = kernel_buffer(&mem, "instruction buffer", cmd.insts, cmd.insts_size)?;
     if cmd.insts_size == 0 || !cmd.insts_size.is_multiple_of(4) {
         return Err(SimError::new(
             Status::ERROR_INVALID_ARGUMENT,
@@ -187,8 +193,6 @@ pub(crate) fn execute(
             ),
         ));
     }
-    let mem = rt.memory();
-    let insts = kernel_buffer(&mem, "instruction buffer", cmd.insts, cmd.insts_size)?;
     let mut avail = Vec::with_capacity(cmd.args.len());
     for (i, &(addr, size)) in cmd.args.iter().enumerate() {
         let r = kernel_buffer(&mem, format_args!("argument {i}"), addr, size)?;

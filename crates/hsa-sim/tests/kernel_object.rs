@@ -9,11 +9,12 @@ mod common;
 
 use std::ffi::{CString, c_void};
 
+use common::ko::*;
 use common::profiles::check_in_process;
 use common::*;
 use hsa_core::sys::{
-    AIE_DISPATCH_COUNT, AIE_DISPATCH_HEADER, Agent, AieKernelObjectPacket, CodeObjectReader,
-    Executable, ExecutableSymbol, FloatRoundingMode, HsaProfile, Signal, Status, SymbolInfo,
+    Agent, AieKernelObjectPacket, CodeObjectReader, Executable, ExecutableSymbol,
+    FloatRoundingMode, HsaProfile, Signal, Status, SymbolInfo,
 };
 use hsa_sim::*;
 use npu_artifacts::NpuGen;
@@ -21,128 +22,6 @@ use npu_artifacts::emu::{DType, EmuDesign};
 use npu_artifacts::hsaco::{Hsaco, HsacoBuilder, PdiInstsKernel};
 
 const KO: Profile = Profile::KernelObject;
-
-fn reader(bytes: &[u8]) -> CodeObjectReader {
-    let mut r = CodeObjectReader::default();
-    // SAFETY: `bytes` outlives every load through the reader in these tests.
-    let st = unsafe {
-        hsa_code_object_reader_create_from_memory(bytes.as_ptr().cast(), bytes.len(), &mut r)
-    };
-    assert_eq!(st, Status::SUCCESS);
-    r
-}
-
-fn executable() -> Executable {
-    let mut e = Executable::default();
-    // SAFETY: a live out-pointer; NULL options.
-    let st = unsafe {
-        hsa_executable_create_alt(
-            HsaProfile::FULL,
-            FloatRoundingMode::DEFAULT,
-            std::ptr::null(),
-            &mut e,
-        )
-    };
-    assert_eq!(st, Status::SUCCESS);
-    e
-}
-
-fn load_into(e: Executable, agent: Agent, r: CodeObjectReader) -> Status {
-    // SAFETY: handles from the runtime; the reader's bytes are alive; NULL outputs allowed.
-    unsafe {
-        hsa_executable_load_agent_code_object(e, agent, r, std::ptr::null(), std::ptr::null_mut())
-    }
-}
-
-fn freeze(e: Executable) -> Status {
-    // SAFETY: any handle; NULL options.
-    unsafe { hsa_executable_freeze(e, std::ptr::null()) }
-}
-
-fn destroy(e: Executable, r: CodeObjectReader) {
-    // SAFETY: handles from the runtime, destroyed once, in ROCR's order.
-    unsafe {
-        assert_eq!(hsa_executable_destroy(e), Status::SUCCESS);
-        assert_eq!(hsa_code_object_reader_destroy(r), Status::SUCCESS);
-    }
-}
-
-/// Loads `bytes` into a fresh executable for the AIE agent: the status and the handles.
-fn try_load(sim: &Sim, bytes: &[u8]) -> (Status, Executable, CodeObjectReader) {
-    let (r, e) = (reader(bytes), executable());
-    (load_into(e, sim.aie, r), e, r)
-}
-
-/// A loaded, frozen hsaco.
-struct Loaded {
-    exec: Executable,
-    reader: CodeObjectReader,
-    agent: Agent,
-}
-
-impl Loaded {
-    fn new(sim: &Sim, bytes: &[u8]) -> Self {
-        let (st, exec, reader) = try_load(sim, bytes);
-        assert_eq!(st, Status::SUCCESS, "{:?}", last_error());
-        assert_eq!(freeze(exec), Status::SUCCESS);
-        Self {
-            exec,
-            reader,
-            agent: sim.aie,
-        }
-    }
-
-    fn symbol(&self, name: &str) -> ExecutableSymbol {
-        let mut s = ExecutableSymbol::default();
-        let c = CString::new(name).unwrap();
-        // SAFETY: live pointers; the agent is the AIE agent.
-        let st = unsafe {
-            hsa_executable_get_symbol_by_name(self.exec, c.as_ptr(), &self.agent, &mut s)
-        };
-        assert_eq!(st, Status::SUCCESS, "{name}: {:?}", last_error());
-        s
-    }
-
-    fn kernel_object(&self, name: &str) -> u64 {
-        symbol_u64(self.symbol(name), SymbolInfo::KERNEL_OBJECT)
-    }
-
-    fn destroy(self) {
-        destroy(self.exec, self.reader);
-    }
-}
-
-fn symbol_u64(s: ExecutableSymbol, attr: SymbolInfo) -> u64 {
-    let mut v = 0u64;
-    // SAFETY: a u64 out-pointer, large enough for every numeric attribute.
-    let st = unsafe { hsa_executable_symbol_get_info(s, attr, (&raw mut v).cast()) };
-    assert_eq!(st, Status::SUCCESS, "{attr:?}");
-    v
-}
-
-/// A kernel-object packet naming `ko` with `args` in a fresh kernarg buffer.
-fn ko_packet(sim: &Sim, ko: u64, args: &[(u64, u64)], sig: Signal) -> [u8; 64] {
-    let kernarg = if args.is_empty() {
-        0
-    } else {
-        sim.kernargs(args)
-    };
-    let mut p = AieKernelObjectPacket {
-        header: AIE_DISPATCH_HEADER,
-        count: AIE_DISPATCH_COUNT,
-        completion_signal: sig,
-        num_kernargs: args.len() as u16,
-        kernarg_address: kernarg,
-        ..Default::default()
-    };
-    p.set_kernel_object(ko);
-    packet_bytes(&p)
-}
-
-fn packet_bytes(p: &AieKernelObjectPacket) -> [u8; 64] {
-    // SAFETY: the packet is 64 bytes of plain data with no padding.
-    unsafe { std::mem::transmute_copy(p) }
-}
 
 fn ko_sim() -> Sim {
     Sim::new(KO)
@@ -647,14 +526,17 @@ fn a_chain_of_100_runs_in_chains_of_44() {
             )
         })
         .collect();
-    // The ring holds 64: ring 64, then the other 36.
-    q.submit(&packets[..64]);
-    q.submit(&packets[64..]);
+    // Rings of 44 (one chain), 45 (44 + 1) and 11 (one chain).
+    q.submit(&packets[..44]);
+    q.submit(&packets[44..89]);
+    q.submit(&packets[89..]);
     assert_eq!(wait_eq(sig, 0, 1_000_000_000), 0, "{:?}", last_error());
     assert_eq!(bytes_i32(&read(bufs[0], 1024)), vec![100; 256]);
     let d = counters().since(&before);
-    // 64 = 44 + 20, then 36: three chains.
-    assert_eq!(d.chain_submissions, 3);
+    // 44 commands of two arguments fill one 4096-byte chain (92 bytes each); the 45th starts
+    // another.
+    assert_eq!(d.chain_submissions, 4);
+    assert_eq!(d.doorbells, 3);
     assert_eq!(d.packets_completed, 100);
     drop(q);
     l.destroy();
@@ -865,7 +747,7 @@ fn dispatch_kernarg_checks() {
         "NULL",
     );
     // Not a runtime allocation: host memory the runtime never saw.
-    let host = vec![0u64; 4];
+    let host = [0u64; 4];
     refused(
         &sim,
         &[packet(host.as_ptr() as u64, 2)],
@@ -947,7 +829,7 @@ fn dispatch_the_33rd_pdi_on_a_queue_is_out_of_resources_until_an_executable_is_d
     assert!(!q.suspended(), "{:?}", last_error());
     q.submit(&[packet(&loads[32])]);
     let detail = check_in_process(&sim, &q, Status::ERROR_OUT_OF_RESOURCES, 32);
-    assert!(detail.contains("33th distinct PDI"), "{detail}");
+    assert!(detail.contains("distinct PDI number 33"), "{detail}");
     drop(q);
     // A queue holding 32 PDIs takes a new one once an executable was destroyed: the
     // PDI-release epoch empties its cache.
@@ -1073,5 +955,100 @@ fn the_executable_api_through_the_resolved_table_on_every_profile() {
         assert_ne!(ko, 0);
         assert_eq!(des(e), Status::SUCCESS);
         assert_eq!((f.code_object_reader_destroy.unwrap())(r), Status::SUCCESS);
+    }
+}
+
+/// Deterministic contents for buffer `i` of `len` bytes.
+fn fill(i: usize, len: u64) -> Vec<u8> {
+    (0..len)
+        .map(|j| (j as u8).wrapping_mul(31).wrapping_add(7 ^ i as u8) % 17)
+        .collect()
+}
+
+/// Runs `design` on buffers filled by [`fill`] and returns every buffer after the run: through
+/// a G2 packet on `rocr-newest`, or through a kernel object of `hsaco` on `kernel-object`.
+fn outputs(design: &EmuDesign, hsaco: Option<(&[u8], &str)>) -> Vec<Vec<u8>> {
+    let profile = if hsaco.is_some() {
+        KO
+    } else {
+        Profile::RocrNewest
+    };
+    let sim = Sim::new(profile);
+    let args: Vec<(u64, u64)> = design
+        .arg_sizes()
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| (sim.put(DATA, &fill(i, len)), len))
+        .collect();
+    let sig = sim.signal(1);
+    let q = sim.queue();
+    let loaded = hsaco.map(|(bytes, _)| Loaded::new(&sim, bytes));
+    let packet = match (&loaded, hsaco) {
+        (Some(l), Some((_, name))) => ko_packet(&sim, l.kernel_object(name), &args, sig),
+        _ => sim.packet(&Dispatch::new(sim.load(design), &args, sig)),
+    };
+    q.submit(&[packet]);
+    assert_eq!(q.errors(), vec![], "{:?}", last_error());
+    assert_eq!(load_signal(sig), 0);
+    drop(q);
+    if let Some(l) = loaded {
+        l.destroy();
+    }
+    args.iter().map(|&(a, len)| read(a, len as usize)).collect()
+}
+
+#[test]
+fn every_reference_design_runs_from_both_hsaco_forms() {
+    for d in [
+        EmuDesign::passthrough(4096),
+        EmuDesign::vector_vector_add(64, DType::I32),
+        EmuDesign::vector_mul(64, DType::I16),
+        EmuDesign::relu(64, DType::I8),
+        EmuDesign::matmul(8, 8, 8, DType::I16, DType::I32),
+    ] {
+        let name = d.kernel.name();
+        let g2 = outputs(&d, None);
+        let before: Vec<Vec<u8>> = d
+            .arg_sizes()
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| fill(i, len))
+            .collect();
+        assert_ne!(g2, before, "{name} writes its output");
+        let pdi_insts = pdi_insts_hsaco(&d);
+        assert_eq!(outputs(&d, Some((&pdi_insts, name))), g2, "{name} PdiInsts");
+        let full_elf = d.to_full_elf_hsaco().unwrap();
+        let full_name = format!("{name}:sequence");
+        assert_eq!(
+            outputs(&d, Some((&full_elf, &full_name))),
+            g2,
+            "{name} FullElf"
+        );
+    }
+}
+
+#[test]
+fn full_elf_kernels_have_no_32_pdi_ceiling() {
+    // A full ELF loads its PDI from the control code, not through the CU mask: 40 loads (40
+    // distinct PDIs) all run on one queue.
+    let sim = ko_sim();
+    let bytes = add(256, 1).to_full_elf_hsaco().unwrap();
+    let loads: Vec<Loaded> = (0..40).map(|_| Loaded::new(&sim, &bytes)).collect();
+    let (a, o) = io_i32(&sim, &[1; 256]);
+    let q = sim.queue();
+    for l in &loads {
+        let ko = l.kernel_object("vector_scalar_add:sequence");
+        q.submit(&[ko_packet(
+            &sim,
+            ko,
+            &[(a, 1024), (o, 1024)],
+            Signal::default(),
+        )]);
+    }
+    assert!(!q.suspended(), "{:?}", last_error());
+    assert_eq!(q.read_index(), 40);
+    drop(q);
+    for l in loads {
+        l.destroy();
     }
 }

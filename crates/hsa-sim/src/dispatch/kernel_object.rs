@@ -242,21 +242,21 @@ fn check(
             avail.push(if size == 0 { left } else { size });
         }
     }
-    if let KernelBody::PdiInsts { pdi, .. } = &kernel.body {
-        if !pdis.contains(&pdi.bo) {
-            if pdis.len() >= PDI_CACHE {
-                return Err(SimError::new(
-                    Status::ERROR_OUT_OF_RESOURCES,
-                    format!(
-                        "the PDI of this kernel would be the {}th distinct PDI on this queue; a \
-                         queue holds at most {PDI_CACHE} (the CU mask has 32 bits; every load \
-                         of an hsaco is a new PDI)",
-                        PDI_CACHE + 1
-                    ),
-                ));
-            }
-            pdis.push(pdi.bo);
+    if let KernelBody::PdiInsts { pdi, .. } = &kernel.body
+        && !pdis.contains(&pdi.bo)
+    {
+        if pdis.len() >= PDI_CACHE {
+            return Err(SimError::new(
+                Status::ERROR_OUT_OF_RESOURCES,
+                format!(
+                    "the PDI of this kernel would be distinct PDI number {} on this queue; a \
+                     queue holds at most {PDI_CACHE} (the CU mask has 32 bits; every load of an \
+                     hsaco is a new PDI)",
+                    PDI_CACHE + 1
+                ),
+            ));
         }
+        pdis.push(pdi.bo);
     }
     let dwords = command_dwords(kind, n as u64);
     if dwords > MAX_COMMAND_DWORDS {

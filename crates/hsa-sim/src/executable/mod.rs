@@ -193,7 +193,7 @@ pub unsafe extern "C" fn hsa_executable_create_alt(
 /// `hsa_executable_load_agent_code_object`: loads the reader's code object for `agent`.
 ///
 /// On `kernel-object` with the AIE agent and an hsaco, ROCR's AIE loader runs (see
-/// [`loader`] for every failure and its status); anything else goes down the GPU loader path
+/// the crate docs for every failure and its status); anything else goes down the GPU loader path
 /// and fails with `INVALID_CODE_OBJECT`.
 ///
 /// # Safety
@@ -470,8 +470,8 @@ pub unsafe extern "C" fn hsa_executable_symbol_get_info(
                 ));
             }
             let name_len = u32::try_from(s.name.len()).unwrap_or(u32::MAX);
-            // SAFETY (every write below): `value` is non-null and valid for a write of the
-            // attribute's type by the contract; writes are unaligned-safe.
+            // SAFETY: `value` is non-null and, by the contract, valid for a write of the
+            // attribute's type (NAME: `NAME_LENGTH` bytes); every write is unaligned-safe.
             unsafe {
                 match attribute {
                     SymbolInfo::KERNEL_OBJECT => {

@@ -3,6 +3,7 @@
 
 #![allow(dead_code, clippy::cast_possible_truncation)]
 
+pub mod ko;
 pub mod profiles;
 
 use std::ffi::c_void;
