@@ -167,8 +167,12 @@ async fn run_designs(
     );
     let n = 64_usize;
     let mm = program(&EmuDesign::matmul(64, 64, 64, DType::I16, DType::I32));
-    let ma: Vec<i16> = (0..n * n).map(|i| (i % 31) as i16 - 15).collect();
-    let mb: Vec<i16> = (0..n * n).map(|i| (i % 23) as i16 - 11).collect();
+    let ma: Vec<i16> = (0..n * n)
+        .map(|i| i16::try_from(i % 31).unwrap() - 15)
+        .collect();
+    let mb: Vec<i16> = (0..n * n)
+        .map(|i| i16::try_from(i % 23).unwrap() - 11)
+        .collect();
     let (ta, tb, tc) = (
         c.tensor_from(&ma).await.unwrap(),
         c.tensor_from(&mb).await.unwrap(),
@@ -253,7 +257,11 @@ async fn an_hsaco_registers_once_by_content_and_its_statistics_name_the_kernel()
         .find(|p| p.program_id == r1.program_id)
         .unwrap();
     assert_eq!(
-        (p.form.as_str(), p.kernel_name.as_str(), p.kernel_kind.as_str()),
+        (
+            p.form.as_str(),
+            p.kernel_name.as_str(),
+            p.kernel_kind.as_str()
+        ),
         ("hsaco", "vector_scalar_add", "PdiInsts")
     );
 }

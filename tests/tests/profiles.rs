@@ -165,7 +165,10 @@ async fn core_work(profile: &str, runtime: Runtime) {
     assert!(r.failure.is_none(), "{profile}: {r:?}\n{}", d.stderr());
     assert_eq!(r.completed, 32);
     let doorbells = if profile == "kernel-object" { 1 } else { 2 };
-    assert_eq!(r.doorbells, doorbells, "27 + 5 on G1, 31 + 1 on G2, 32 on kernel objects");
+    assert_eq!(
+        r.doorbells, doorbells,
+        "27 + 5 on G1, 31 + 1 on G2, 32 on kernel objects"
+    );
 
     // The Submit stream: 20 dispatches in flight, completed in order.
     let (tx, rx) = tokio::sync::mpsc::channel(32);

@@ -38,7 +38,12 @@ struct Contender {
 ///
 /// # Errors
 /// When a daemon cannot be started or a dispatch fails.
-pub async fn rows(report: &mut Report, profiles: &[String], it: Iters, rounds: usize) -> Result<()> {
+pub async fn rows(
+    report: &mut Report,
+    profiles: &[String],
+    it: Iters,
+    rounds: usize,
+) -> Result<()> {
     let mut daemons = Vec::new();
     let mut all = Vec::new();
     for p in profiles {
@@ -103,8 +108,7 @@ pub async fn rows(report: &mut Report, profiles: &[String], it: Iters, rounds: u
 
 async fn session_abi(s: &Session) -> Result<String> {
     let mut c = s.client.clone();
-    Ok(c
-        .get_device_info(npu_proto::v1::GetDeviceInfoRequest {})
+    Ok(c.get_device_info(npu_proto::v1::GetDeviceInfoRequest {})
         .await?
         .into_inner()
         .packet_abi)

@@ -268,7 +268,10 @@ async fn all_rows(
     }
     if want("profiles") {
         let profiles: Vec<String> = if opts.profiles.is_empty() {
-            crate::profiles::DEFAULT.iter().map(|p| (*p).to_owned()).collect()
+            crate::profiles::DEFAULT
+                .iter()
+                .map(|p| (*p).to_owned())
+                .collect()
         } else {
             opts.profiles.clone()
         };

@@ -206,7 +206,13 @@ impl Program {
         let (pdi, insts, kind, txn, full_elf_args) = match (&k.pdi, &k.full_elf) {
             (Some(pdi), _) => {
                 let (kind, txn) = design::check_pair(pdi.bytes, k.insts.bytes)?;
-                (pdi.bytes.to_vec(), k.insts.bytes.to_vec(), Some(kind), txn, 0)
+                (
+                    pdi.bytes.to_vec(),
+                    k.insts.bytes.to_vec(),
+                    Some(kind),
+                    txn,
+                    0,
+                )
             }
             (None, Some(elf)) => {
                 // A FullElf kernel has no TXN stream: describe its arguments with an empty one.
@@ -222,7 +228,9 @@ impl Program {
                 };
                 // An emulated full ELF carries an emulated design where a real one carries
                 // control code.
-                let kind = EmuDesign::from_full_elf_kernel(elf).ok().map(PdiKind::Emulated);
+                let kind = EmuDesign::from_full_elf_kernel(elf)
+                    .ok()
+                    .map(PdiKind::Emulated);
                 (Vec::new(), Vec::new(), kind, txn, elf.arg_count)
             }
             _ => {
@@ -420,7 +428,7 @@ mod tests {
             e.contains("no kernel \"relu\"") && e.contains("vector_scalar_add"),
             "{e}"
         );
-        let e = Program::from_hsaco(&dir.path().join("missing.hsaco"), "")
+        let e = Program::from_hsaco(dir.path().join("missing.hsaco"), "")
             .unwrap_err()
             .to_string();
         assert!(e.contains("missing.hsaco"), "{e}");

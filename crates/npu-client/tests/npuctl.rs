@@ -209,7 +209,10 @@ fn emu_design_inspect_and_run_round_trip() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let got = std::fs::read(&output).expect("output");
-    assert_eq!(got, bytemuck::cast_slice::<i32, u8>(&(4..68).collect::<Vec<i32>>()));
+    assert_eq!(
+        got,
+        bytemuck::cast_slice::<i32, u8>(&(4..68).collect::<Vec<i32>>())
+    );
     // A kernel the file lacks, and --kernel with a design directory.
     let o = npuctl(&["run", &hsaco, "--kernel", "relu", "--addr", &d.unix()]);
     assert!(!o.status.success());

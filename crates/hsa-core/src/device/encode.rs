@@ -9,9 +9,9 @@ use std::str::FromStr;
 use crate::error::HsaError;
 use crate::sys::{
     AIE_DISPATCH_COUNT, AIE_DISPATCH_HEADER, AIE_PACKET_OPCODE_KMQ, AMD_PACKET_TYPE_AIE_ERT,
-    AMD_PACKET_TYPE_RESERVED200, AieDispatchPacket, AieKernelObjectPacket, CHAIN_BUFFER_BYTES, CHAIN_SLOT_HEADER_BYTES,
-    ERT_TXN_OPCODE, ErtBits, ErtPacket, MAX_PACKETS_PER_DOORBELL, Signal, ert_opcode,
-    ert_payload_count, ert_state,
+    AMD_PACKET_TYPE_RESERVED200, AieDispatchPacket, AieKernelObjectPacket, CHAIN_BUFFER_BYTES,
+    CHAIN_SLOT_HEADER_BYTES, ERT_TXN_OPCODE, ErtBits, ErtPacket, MAX_PACKETS_PER_DOORBELL, Signal,
+    ert_opcode, ert_payload_count, ert_state,
 };
 
 /// Which AIE packet ABI the runtime speaks (`rocr-aie.md` §0). ROCR cannot be asked.
@@ -358,11 +358,7 @@ mod tests {
         // SAFETY: the packet is a 64-byte `repr(C)` value of integers with no padding (its
         // layout test asserts every offset); reading its bytes is reading initialised memory.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                std::ptr::from_ref(p).cast::<u8>(),
-                out.as_mut_ptr(),
-                64,
-            );
+            std::ptr::copy_nonoverlapping(std::ptr::from_ref(p).cast::<u8>(), out.as_mut_ptr(), 64);
         }
         out
     }

@@ -139,8 +139,8 @@ impl Device {
         let api = self.rt.api.clone();
         let used = self.heap_used;
         let size = self.info.heap_size;
-        let loaded = LoadedKernel::load(&api, self.aie, bytes, kernel).map_err(|e| {
-            match e.status() {
+        let loaded =
+            LoadedKernel::load(&api, self.aie, bytes, kernel).map_err(|e| match e.status() {
                 Some(Status::ERROR_OUT_OF_RESOURCES) => HsaError::HeapFull {
                     needed: heap_bytes,
                     used,
@@ -148,8 +148,7 @@ impl Device {
                     reason: e.to_string(),
                 },
                 _ => e,
-            }
-        })?;
+            })?;
         self.heap_used += heap_bytes;
         let id = ProgramId(self.next_id());
         self.programs.insert(

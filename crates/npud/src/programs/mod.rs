@@ -48,9 +48,15 @@ pub struct Program {
 /// others an hsaco's PdiInsts kernel is unpacked.
 #[derive(Debug)]
 pub enum Code {
-    PdiInsts { pdi: Vec<u8>, insts: Vec<u8> },
+    PdiInsts {
+        pdi: Vec<u8>,
+        insts: Vec<u8>,
+    },
     /// An AIE hsaco and the kernel of it this program runs (resolved at registration).
-    Hsaco { bytes: Vec<u8>, kernel: String },
+    Hsaco {
+        bytes: Vec<u8>,
+        kernel: String,
+    },
 }
 
 /// `pdi+insts` or `hsaco`, as listings show it.
@@ -672,7 +678,11 @@ mod tests {
         assert_eq!(a.program.id, b.program.id);
         let s = &a.program.summary;
         assert_eq!(
-            (s.form.as_str(), s.kernel_name.as_str(), s.kernel_kind.as_str()),
+            (
+                s.form.as_str(),
+                s.kernel_name.as_str(),
+                s.kernel_kind.as_str()
+            ),
             (FORM_HSACO, "vector_scalar_add", "PdiInsts")
         );
         assert_eq!(s.min_arg_bytes, vec![4096, 4096]);
