@@ -95,7 +95,7 @@ pub async fn rows(
             "10",
             &format!("{}_chain32_link", c.key),
             &format!("npud chain of {LINKS} on {}: per link", c.label),
-            c.link.summary(),
+            c.link.summary_of(LINKS as u64),
         );
         r.links = Some(LINKS);
         report.rows.push(r);
