@@ -52,11 +52,12 @@ fn built(names: &[&str]) -> Result<PathBuf, String> {
 
 /// The emulator's runtime profiles, as users install the runtimes they model (hsa-sim's
 /// `Profile`), with the packet ABI each speaks.
-pub const PROFILES: [(&str, &str); 4] = [
+pub const PROFILES: [(&str, &str); 5] = [
     ("rocm-7.0", "g1a"),
     ("rocr-late-2025", "g1b"),
     ("rocr-g2-2026-05", "g2"),
     ("rocr-newest", "g2"),
+    ("kernel-object", "kernel-object"),
 ];
 
 /// How the daemon reaches the emulator.
@@ -193,7 +194,9 @@ impl Options {
                     .map_or("g2", |(_, abi)| abi);
                 args.extend(["--backend".into(), "hsa".into(), "--library".into()]);
                 args.push(hsa_sim_library().display().to_string());
-                args.extend(["--packet-abi".into(), abi.into()]);
+                if !self.args.iter().any(|a| a == "--packet-abi") {
+                    args.extend(["--packet-abi".into(), abi.into()]);
+                }
                 env.push(("HSA_SIM_PROFILE".into(), p.into()));
             }
         }
@@ -621,6 +624,26 @@ impl Session {
             pdi,
             insts,
             name: name.to_owned(),
+            ..Default::default()
+        });
+        Ok(self.client.register_program(req).await?.into_inner())
+    }
+
+    /// Registers kernel `kernel` of an AIE hsaco.
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn register_hsaco(
+        &mut self,
+        hsaco: Vec<u8>,
+        kernel: &str,
+        name: &str,
+    ) -> Result<pb::RegisterProgramResponse, Status> {
+        let req = self.req(pb::RegisterProgramRequest {
+            hsaco,
+            kernel: kernel.to_owned(),
+            name: name.to_owned(),
+            ..Default::default()
         });
         Ok(self.client.register_program(req).await?.into_inner())
     }

@@ -97,8 +97,8 @@ async fn core_work(profile: &str, runtime: Runtime) {
     };
     assert_eq!(i.backend, backend);
     assert!(i.runtime_version.contains(profile), "{}", i.runtime_version);
-    // Only the newest runtime exports tensor memory (from vmem); the others are staged.
-    let in_place = profile == "rocr-newest";
+    // Only the newest runtimes export tensor memory (from vmem); the others are staged.
+    let in_place = matches!(profile, "rocr-newest" | "kernel-object");
     assert_eq!(
         i.tensor_sharing,
         if in_place { "vmem-export" } else { "staged" },
@@ -135,7 +135,8 @@ async fn core_work(profile: &str, runtime: Runtime) {
     same(&a.map.i32s().unwrap(), &plus(100), "a after the chain");
 
     // 32 links of six arguments: 27 fit the G1 chain buffer and 31 the early G2 one; one
-    // doorbell for all 32 fails on those runtimes.
+    // doorbell for all 32 fails on those runtimes. A kernel-object command is two dwords
+    // shorter, so 33 fit and one doorbell carries all 32.
     let six = s
         .register(&EmuDesign::noop(6, 4096))
         .await
@@ -152,7 +153,11 @@ async fn core_work(profile: &str, runtime: Runtime) {
     let r = s.chain(links).await.unwrap();
     assert!(r.failure.is_none(), "{profile}: {r:?}\n{}", d.stderr());
     assert_eq!(r.completed, 32);
-    assert_eq!(r.doorbells, 2, "27 + 5 on G1, 31 + 1 on G2");
+    let doorbells = if profile == "kernel-object" { 1 } else { 2 };
+    assert_eq!(
+        r.doorbells, doorbells,
+        "27 + 5 on G1, 31 + 1 on G2, 32 on kernel objects"
+    );
 
     // The Submit stream: 20 dispatches in flight, completed in order.
     let (tx, rx) = tokio::sync::mpsc::channel(32);
@@ -302,12 +307,19 @@ per_profile! {
     rocr_late_2025 => "rocr-late-2025";
     rocr_g2_2026_05 => "rocr-g2-2026-05";
     rocr_newest => "rocr-newest";
+    kernel_object => "kernel-object";
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fault_on_the_newest_runtime_is_reported_and_quarantined_both_ways() {
     device_fault("rocr-newest", Runtime::Linked).await;
     device_fault("rocr-newest", Runtime::Loaded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fault_on_a_kernel_object_runtime_is_reported_and_quarantined_both_ways() {
+    device_fault("kernel-object", Runtime::Linked).await;
+    device_fault("kernel-object", Runtime::Loaded).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

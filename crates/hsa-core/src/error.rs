@@ -99,6 +99,14 @@ pub enum HsaError {
     #[error("{call} returned {detail}")]
     Contract { call: &'static str, detail: String },
 
+    /// A FullElf kernel on a runtime that dispatches PDI and instruction addresses: only a
+    /// runtime that loads code objects runs it.
+    #[error(
+        "kernel {kernel:?} is a FullElf kernel: only a runtime that loads code objects (packet \
+         ABI kernel-object) runs it, and this one speaks {abi}"
+    )]
+    NeedsCodeObjects { kernel: String, abi: &'static str },
+
     /// A caller-supplied value is out of range.
     #[error("{0}")]
     InvalidArgument(String),

@@ -19,15 +19,21 @@ use std::path::PathBuf;
 use hsa_core::{Device, DeviceOptions, Dispatch, HsaApi, PacketAbi};
 
 fn open() -> Device {
-    let abi: PacketAbi = std::env::var("NPUD_HW_PACKET_ABI")
-        .unwrap_or_else(|_| "g2".into())
-        .parse()
-        .expect("NPUD_HW_PACKET_ABI is g2, g1b or g1a");
+    // Unset or `auto`: probe for kernel objects, else G2.
+    let (abi, probe) = match std::env::var("NPUD_HW_PACKET_ABI").as_deref() {
+        Err(_) | Ok("auto") => (PacketAbi::G2, true),
+        Ok(abi) => (
+            abi.parse::<PacketAbi>()
+                .expect("NPUD_HW_PACKET_ABI is auto, kernel-object, g2, g1b or g1a"),
+            false,
+        ),
+    };
     let api = HsaApi::discover(None).expect("a ROCm with AIE support is installed");
     Device::open(
         api,
         DeviceOptions {
             packet_abi: abi,
+            probe_code_objects: probe,
             ..Default::default()
         },
     )

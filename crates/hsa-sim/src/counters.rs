@@ -46,11 +46,30 @@ pub struct Counters {
     /// Command chains started: one per doorbell batch, or more where the profile splits a
     /// batch to fit the driver's 4 KiB chain buffer (`rocr-newest`).
     pub chain_submissions: u64,
+    /// `hsa_code_object_reader_create_from_memory` successes.
+    pub code_object_readers_created: u64,
+    /// `hsa_code_object_reader_destroy` successes.
+    pub code_object_readers_destroyed: u64,
+    /// `hsa_executable_create_alt` successes.
+    pub executables_created: u64,
+    /// `hsa_executable_destroy` successes.
+    pub executables_destroyed: u64,
+    /// Code blobs (PDIs, instruction sequences) a load placed in the device heap.
+    pub code_blobs_placed: u64,
+    /// Code blobs freed: by `hsa_executable_destroy`, or by a load that failed after placing.
+    pub code_blobs_freed: u64,
+    /// Hardware contexts built (`kernel-object`: created or rebuilt for a doorbell batch).
+    pub hw_context_builds: u64,
+    /// Of those builds, the ones caused by a change of kernel kind between batches.
+    pub hw_context_mode_switches: u64,
+    /// The sum of the column counts of every context built: a test reads the width of one
+    /// build as the difference across it.
+    pub hw_context_columns: u64,
 }
 
 impl Counters {
     /// The created/destroyed pairs, by name.
-    pub fn pairs(&self) -> [(&'static str, u64, u64); 8] {
+    pub fn pairs(&self) -> [(&'static str, u64, u64); 11] {
         [
             ("init/shut_down", self.inits, self.shutdowns),
             ("queues", self.queues_created, self.queues_destroyed),
@@ -80,6 +99,17 @@ impl Counters {
                 self.dmabufs_exported,
                 self.dmabufs_closed,
             ),
+            (
+                "code object readers",
+                self.code_object_readers_created,
+                self.code_object_readers_destroyed,
+            ),
+            (
+                "executables",
+                self.executables_created,
+                self.executables_destroyed,
+            ),
+            ("code blobs", self.code_blobs_placed, self.code_blobs_freed),
         ]
     }
 
@@ -131,6 +161,15 @@ impl Counters {
             self.packets_completed,
             self.packets_failed,
             self.chain_submissions,
+            self.code_object_readers_created,
+            self.code_object_readers_destroyed,
+            self.executables_created,
+            self.executables_destroyed,
+            self.code_blobs_placed,
+            self.code_blobs_freed,
+            self.hw_context_builds,
+            self.hw_context_mode_switches,
+            self.hw_context_columns,
         ]
     }
 
@@ -157,11 +196,20 @@ impl Counters {
             packets_completed: a[18],
             packets_failed: a[19],
             chain_submissions: a[20],
+            code_object_readers_created: a[21],
+            code_object_readers_destroyed: a[22],
+            executables_created: a[23],
+            executables_destroyed: a[24],
+            code_blobs_placed: a[25],
+            code_blobs_freed: a[26],
+            hw_context_builds: a[27],
+            hw_context_mode_switches: a[28],
+            hw_context_columns: a[29],
         }
     }
 }
 
-const N_FIELDS: usize = 21;
+const N_FIELDS: usize = 30;
 
 /// Indexes into the live counters; the order is [`Counters::as_array`]'s.
 #[derive(Clone, Copy, Debug)]
@@ -187,13 +235,27 @@ pub(crate) enum Counter {
     PacketsCompleted,
     PacketsFailed,
     ChainSubmissions,
+    CodeObjectReadersCreated,
+    CodeObjectReadersDestroyed,
+    ExecutablesCreated,
+    ExecutablesDestroyed,
+    CodeBlobsPlaced,
+    CodeBlobsFreed,
+    HwContextBuilds,
+    HwContextModeSwitches,
+    HwContextColumns,
 }
 
 static LIVE: [AtomicU64; N_FIELDS] = [const { AtomicU64::new(0) }; N_FIELDS];
 
 /// Adds one to a counter.
 pub(crate) fn bump(c: Counter) {
-    LIVE[c as usize].fetch_add(1, Ordering::Relaxed);
+    bump_by(c, 1);
+}
+
+/// Adds `n` to a counter.
+pub(crate) fn bump_by(c: Counter, n: u64) {
+    LIVE[c as usize].fetch_add(n, Ordering::Relaxed);
 }
 
 /// A snapshot of every counter.
@@ -232,8 +294,10 @@ mod tests {
         }
         let c = Counters::from_array(a);
         assert_eq!(c.as_array(), a);
-        assert_eq!(c.chain_submissions, N_FIELDS as u64);
-        assert_eq!(Counter::ChainSubmissions as usize, N_FIELDS - 1);
+        assert_eq!(c.chain_submissions, 21);
+        assert_eq!(Counter::ChainSubmissions as usize, 20);
+        assert_eq!(c.hw_context_columns, N_FIELDS as u64);
+        assert_eq!(Counter::HwContextColumns as usize, N_FIELDS - 1);
         assert_eq!(std::mem::size_of::<Counters>(), N_FIELDS * 8);
     }
 

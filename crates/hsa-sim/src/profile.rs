@@ -4,19 +4,20 @@
 //! client tested on a kinder emulator breaks on the hardware. A profile fixes every behaviour
 //! that differs between releases (`rocr-aie.md` §0, §3, §4, §5; `rocr-aie-hsaco.md` §4, §6):
 //!
-//! | | `rocm-7.0` | `rocr-late-2025` | `rocr-g2-2026-05` | `rocr-newest` (default) |
-//! |---|---|---|---|---|
-//! | packet ABI | G1a | G1b | G2 | G2 |
-//! | packet header checked | no (`assert` only) | yes (must be 0) | no | type READY, opcode KMQ |
-//! | `HSA_AGENT_INFO_NAME` | always `aie2` | `aie2` / `aie2p` by generation | same | same |
-//! | `HSA_AMD_AGENT_INFO_PRODUCT_NAME` | `AIE-ML` | the product name | same | same |
-//! | chain per doorbell | one, ≤ 4096 bytes at 52 + 4·(6+3N) per START_CU command | same | one, ≤ 4096 bytes at 52 + 4·(8+2N) per packet | split into as many as needed |
-//! | a failed batch | silent | abort | abort | suspend + error callback (abort without one) |
-//! | command wait limit | 50 ms (`WAIT_CMD`) | the watchdog | the watchdog | the watchdog |
-//! | `hsa_amd_portable_export_dmabuf` of AIE memory | `ERROR` | `ERROR` | `ERROR` | `ERROR` |
-//! | `hsa_amd_vmem_map` of an AIE-pool handle | `INVALID_AGENT` | `INVALID_AGENT` | works | works |
-//! | `hsa_amd_vmem_import_shareable_handle` | `INVALID_ALLOCATION` | `INVALID_ALLOCATION` | works | works |
-//! | `hsa_amd_vmem_export_shareable_handle` of an AIE-pool handle | `ERROR` | `ERROR` | `ERROR` | a sealed memfd |
+//! | | `rocm-7.0` | `rocr-late-2025` | `rocr-g2-2026-05` | `rocr-newest` (default) | `kernel-object` |
+//! |---|---|---|---|---|---|
+//! | packet ABI | G1a | G1b | G2 | G2 | G2 layout, words 20/24 a kernel object |
+//! | packet header checked | no (`assert` only) | yes (must be 0) | no | type READY, opcode KMQ | opcode only |
+//! | `HSA_AGENT_INFO_NAME` | always `aie2` | `aie2` / `aie2p` by generation | same | same | same |
+//! | `HSA_AMD_AGENT_INFO_PRODUCT_NAME` | `AIE-ML` | the product name | same | same | same |
+//! | chain per doorbell | one, ≤ 4096 bytes at 52 + 4·(6+3N) per START_CU command | same | one, ≤ 4096 bytes at 52 + 4·(8+2N) per packet | split into as many as needed | split; 52 + 4·(6+2N) per `PdiInsts` command, 60 per `FullElf` |
+//! | a failed batch | silent | abort | abort | suspend + error callback (abort without one) | suspend + error callback; a batch refused before submission retires nothing |
+//! | command wait limit | 50 ms (`WAIT_CMD`) | the watchdog | the watchdog | the watchdog | the watchdog |
+//! | `hsa_amd_portable_export_dmabuf` of AIE memory | `ERROR` | `ERROR` | `ERROR` | `ERROR` | `ERROR` |
+//! | `hsa_amd_vmem_map` of an AIE-pool handle | `INVALID_AGENT` | `INVALID_AGENT` | works | works | works |
+//! | `hsa_amd_vmem_import_shareable_handle` | `INVALID_ALLOCATION` | `INVALID_ALLOCATION` | works | works | works |
+//! | `hsa_amd_vmem_export_shareable_handle` of an AIE-pool handle | `ERROR` | `ERROR` | `ERROR` | a sealed memfd | a sealed memfd |
+//! | AIE hsaco loads (`hsa_executable_load_agent_code_object`) | `INVALID_CODE_OBJECT` | same | same | same | yes |
 //!
 //! Where each row comes from, and which rows are inferred rather than read, is in the crate
 //! documentation's table of rules.
@@ -43,6 +44,10 @@ pub enum Profile {
     /// its error callback.
     #[default]
     RocrNewest,
+    /// A kernel-object ROCR (rocm-systems development branch, `rocr-aie-hsaco.md`): AIE hsacos
+    /// loaded with the executable API, packets naming a kernel object, chains split to fit,
+    /// a failed batch suspends the queue and calls its error callback.
+    KernelObject,
 }
 
 /// How a release reports a doorbell batch that failed (`rocr-aie.md` §5.6).
@@ -117,11 +122,12 @@ const PROFILE_MARK: &str = ", profile ";
 
 impl Profile {
     /// Every profile, oldest first.
-    pub const ALL: [Profile; 4] = [
+    pub const ALL: [Profile; 5] = [
         Profile::Rocm70,
         Profile::RocrLate2025,
         Profile::RocrG2May2026,
         Profile::RocrNewest,
+        Profile::KernelObject,
     ];
 
     /// The name users install and `HSA_SIM_PROFILE` takes.
@@ -131,6 +137,7 @@ impl Profile {
             Self::RocrLate2025 => "rocr-late-2025",
             Self::RocrG2May2026 => "rocr-g2-2026-05",
             Self::RocrNewest => "rocr-newest",
+            Self::KernelObject => "kernel-object",
         }
     }
 
@@ -141,16 +148,29 @@ impl Profile {
             Self::RocrLate2025 => build_version!("rocr-late-2025"),
             Self::RocrG2May2026 => build_version!("rocr-g2-2026-05"),
             Self::RocrNewest => build_version!("rocr-newest"),
+            Self::KernelObject => build_version!("kernel-object"),
         }
     }
 
     /// The packet ABI this release speaks (`rocr-aie.md` §0).
+    ///
+    /// The kernel-object runtime uses G2's 64-byte layout with words 20/24 naming a kernel
+    /// object instead of an instruction buffer ([`Profile::speaks_kernel_objects`]); hsa-core
+    /// has no name of its own for that form yet, so it is reported as G2 here. A client that
+    /// writes G2 packets to it is refused as real ROCR would refuse it.
     pub const fn packet_abi(self) -> PacketAbi {
         match self {
             Self::Rocm70 => PacketAbi::G1a,
             Self::RocrLate2025 => PacketAbi::G1b,
-            Self::RocrG2May2026 | Self::RocrNewest => PacketAbi::G2,
+            Self::RocrG2May2026 | Self::RocrNewest | Self::KernelObject => PacketAbi::G2,
         }
+    }
+
+    /// Whether this release loads AIE hsacos with the executable API and reads words 20/24 of
+    /// a packet as a kernel object (`rocr-aie-hsaco.md` §1, §3). The other releases have no
+    /// AIE section loader: `hsa_executable_load_agent_code_object` fails there.
+    pub const fn speaks_kernel_objects(self) -> bool {
+        matches!(self, Self::KernelObject)
     }
 
     /// How a failed doorbell batch is reported (`rocr-aie.md` §5.6).
@@ -158,7 +178,7 @@ impl Profile {
         match self {
             Self::Rocm70 => FailureReport::Silent,
             Self::RocrLate2025 | Self::RocrG2May2026 => FailureReport::Abort,
-            Self::RocrNewest => FailureReport::Callback,
+            Self::RocrNewest | Self::KernelObject => FailureReport::Callback,
         }
     }
 
@@ -167,7 +187,7 @@ impl Profile {
         match self {
             Self::Rocm70 | Self::RocrLate2025 => ChainPolicy::G1Unsplit,
             Self::RocrG2May2026 => ChainPolicy::G2Unsplit,
-            Self::RocrNewest => ChainPolicy::G2Split,
+            Self::RocrNewest | Self::KernelObject => ChainPolicy::G2Split,
         }
     }
 
@@ -183,6 +203,10 @@ impl Profile {
     /// Whether the packet header is checked: the G1b header must be 0, and the newest G2
     /// header type READY with opcode KMQ. ROCm 7.0 only `assert`s its header (compiled out),
     /// and the first G2 release checks neither field (`rocr-aie.md` §2.2, §5.4).
+    ///
+    /// The kernel-object runtime checks the opcode but not the header type (its driver reads
+    /// only the opcode, the descriptor and the kernargs; `rocr-aie-hsaco.md` §1): see
+    /// [`Profile::speaks_kernel_objects`].
     pub const fn checks_packet_header(self) -> bool {
         matches!(self, Self::RocrLate2025 | Self::RocrNewest)
     }
@@ -208,13 +232,19 @@ impl Profile {
     /// Whether `hsa_amd_vmem_map` accepts a handle from an AIE pool: the 2025 runtimes map
     /// only KFD memory (`rocr-aie.md` §4.2).
     pub const fn vmem_maps_aie_handles(self) -> bool {
-        matches!(self, Self::RocrG2May2026 | Self::RocrNewest)
+        matches!(
+            self,
+            Self::RocrG2May2026 | Self::RocrNewest | Self::KernelObject
+        )
     }
 
     /// Whether `hsa_amd_vmem_import_shareable_handle` takes a foreign fd: the 2025 runtimes
     /// import only dmabufs of GPU regions, and the emulator has no GPU (`rocr-aie.md` §4.3).
     pub const fn vmem_imports(self) -> bool {
-        matches!(self, Self::RocrG2May2026 | Self::RocrNewest)
+        matches!(
+            self,
+            Self::RocrG2May2026 | Self::RocrNewest | Self::KernelObject
+        )
     }
 
     /// Whether `hsa_amd_vmem_export_shareable_handle` exports a handle from an AIE pool:
@@ -222,7 +252,7 @@ impl Profile {
     /// 2025 runtimes export only KFD memory; for the first G2 release it is unconfirmed, so
     /// the emulator refuses it there.
     pub const fn vmem_exports_aie_handles(self) -> bool {
-        matches!(self, Self::RocrNewest)
+        matches!(self, Self::RocrNewest | Self::KernelObject)
     }
 }
 

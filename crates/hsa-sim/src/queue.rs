@@ -47,6 +47,8 @@ pub(crate) struct QueueState {
     pub pdis: Vec<u64>,
     /// Programs this queue has already identified and walked (see [`crate::rules`]).
     pub parsed: crate::rules::ParsedPrograms,
+    /// The kernel-object runtime's hardware context and PDI cache.
+    pub ko: crate::dispatch::kernel_object::KoQueueState,
 }
 
 /// One live queue.

@@ -1,7 +1,8 @@
 //! The checks ROCR, the amdxdna driver and the device apply to one decoded packet, then the
 //! reference kernel. The table of rules and statuses is in the crate docs.
 //!
-//! Order: the runtime's checks (instruction size, buffers resolving to allocations it knows,
+//! Order: the runtime's checks (the instruction buffer resolving to an allocation it knows, its
+//! size, the other buffers resolving,
 //! the 32-PDI limit), the driver's (PDI buffer type), then the device's (PDI and TXN
 //! contents, generation, argument coverage), then the kernel.
 
@@ -10,7 +11,6 @@ use std::sync::MutexGuard;
 use hsa_core::sys::{
     AccessPermission, DEV_ADDR_OFFSET_MASK, DEVICE_HEAP_DEVICE_BASE, MAX_PDIS_PER_QUEUE, Status,
 };
-use npu_artifacts::NpuGen;
 use npu_artifacts::emu::{EmuDesign, EmuKernel, HEADER_LEN, MAGIC};
 use npu_artifacts::pdi::{PdiKind, identify};
 use npu_artifacts::txn::TxnProgram;
@@ -70,10 +70,6 @@ pub(crate) fn kernel_buffer(
         )));
     }
     Ok(r)
-}
-
-fn npu_gen(rt: &Runtime) -> NpuGen {
-    rt.config.agent
 }
 
 /// Blocks for as long as the runtime waits for a command, then fails: as the driver's
@@ -183,6 +179,11 @@ pub(crate) fn execute(
     state: &mut QueueState,
     cmd: &Command,
 ) -> Result<(), SimError> {
+    // The instruction buffer must resolve to a BO before its size is looked at: a
+    // kernel-object packet (words 20/24 a host descriptor, word 40 reserved 0) on a G2 runtime
+    // fails as an unknown allocation (`rocr-aie-hsaco.md` §1).
+    let mem = rt.memory();
+    let insts = kernel_buffer(&mem, "instruction buffer", cmd.insts, cmd.insts_size)?;
     if cmd.insts_size == 0 || !cmd.insts_size.is_multiple_of(4) {
         return Err(SimError::new(
             Status::ERROR_INVALID_ARGUMENT,
@@ -192,8 +193,6 @@ pub(crate) fn execute(
             ),
         ));
     }
-    let mem = rt.memory();
-    let insts = kernel_buffer(&mem, "instruction buffer", cmd.insts, cmd.insts_size)?;
     let mut avail = Vec::with_capacity(cmd.args.len());
     for (i, &(addr, size)) in cmd.args.iter().enumerate() {
         let r = kernel_buffer(&mem, format_args!("argument {i}"), addr, size)?;
@@ -237,7 +236,24 @@ pub(crate) fn execute(
             describe(insts.owner)
         )));
     }
-    let pdi_bytes = pdi_bytes(&mem, cmd.pdi, &pdi);
+    run_pdi_insts(q, state, mem, cmd, &pdi, &avail)
+}
+
+/// The device's part of a PDI + insts command whose runtime checks passed: identify the PDI,
+/// walk the instruction stream, check the generation and the buffers, run the kernel.
+///
+/// # Errors
+/// A device error (`ERROR`), a hang, or an argument the design or TXN needs that is missing or
+/// too small (`INVALID_ALLOCATION`).
+pub(crate) fn run_pdi_insts(
+    q: &QueueObj,
+    state: &mut QueueState,
+    mem: MutexGuard<'_, Memory>,
+    cmd: &Command,
+    pdi: &Resolved,
+    avail: &[u64],
+) -> Result<(), SimError> {
+    let pdi_bytes = pdi_bytes(&mem, cmd.pdi, pdi);
     let txn_bytes = mem.read(cmd.insts, cmd.insts_size).unwrap_or_default();
     let k = match state.parsed.find(&pdi_bytes, &txn_bytes) {
         Some(k) => k,
@@ -257,7 +273,7 @@ pub(crate) fn execute(
         }
     };
     let ParsedProgram { design, txn, .. } = &state.parsed.entries[k];
-    let npu = npu_gen(rt);
+    let npu = q.config.agent;
     if txn.generation != npu {
         let why = format!(
             "insts.bin was built for {:?} (devGen {}) but the agent is {} ({npu:?}, devGen {})",
@@ -268,8 +284,39 @@ pub(crate) fn execute(
         );
         return Err(hang(q, mem, why));
     }
-    txn.check_buffers(&avail)
+    txn.check_buffers(avail)
         .map_err(|e| invalid_allocation(format!("{e}")))?;
+    let design = design.clone();
+    run_design(q, mem, &design, &cmd.args, avail)
+}
+
+/// Identifies the emulated design in a PDI's bytes.
+///
+/// # Errors
+/// `NOT_SUPPORTED` for real PDIs and xclbins, `ERROR` for bytes no loader takes.
+pub(crate) fn design_in(mem: &Memory, addr: u64) -> Result<EmuDesign, SimError> {
+    let r = mem.resolve(addr).ok_or_else(|| {
+        device_error(format!(
+            "device error: no PDI at {addr:#x} (the control code's PDI address is not in the \
+             device heap)"
+        ))
+    })?;
+    design_of(addr, &pdi_bytes(mem, addr, &r))
+}
+
+/// Runs an emulated design on the packet's arguments: `args` are (address, declared size),
+/// `avail` the bytes usable at each.
+///
+/// # Errors
+/// `INVALID_ALLOCATION` for missing or short buffers; the `fault` and `hang` designs' errors;
+/// a kernel's own failure as a device error.
+pub(crate) fn run_design(
+    q: &QueueObj,
+    mem: MutexGuard<'_, Memory>,
+    design: &EmuDesign,
+    args: &[(u64, u64)],
+    avail: &[u64],
+) -> Result<(), SimError> {
     let need = design.arg_sizes();
     if avail.len() < need.len() {
         return Err(invalid_allocation(format!(
@@ -304,12 +351,12 @@ pub(crate) fn execute(
     let (ins, out) = kernels::io(design.kernel);
     let inputs: Vec<Vec<u8>> = ins
         .iter()
-        .map(|&i| mem.read(cmd.args[i].0, need[i]).unwrap_or_default())
+        .map(|&i| mem.read(args[i].0, need[i]).unwrap_or_default())
         .collect();
     let result =
         kernels::run(design, &inputs).map_err(|e| device_error(format!("device error: {e}")))?;
     if let (Some(bytes), Some(o)) = (result, out) {
-        mem.write(cmd.args[o].0, &bytes).ok_or_else(|| {
+        mem.write(args[o].0, &bytes).ok_or_else(|| {
             invalid_allocation(format!("argument {o} is too small for the kernel's output"))
         })?;
     }
@@ -326,6 +373,7 @@ fn describe(owner: Owner) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use npu_artifacts::NpuGen;
 
     fn parsed(d: &EmuDesign) -> ParsedProgram {
         let insts = d.insts(NpuGen::Npu2);

@@ -19,6 +19,7 @@ use hsa_core::sys::{Agent, Status, SystemInfo};
 use crate::agents::{AgentKind, PoolDesc};
 use crate::config::SimConfig;
 use crate::counters::{Counter, bump};
+use crate::executable::CodeObjects;
 use crate::memory::Memory;
 use crate::queue::QueueObj;
 use crate::signal::SignalObj;
@@ -39,6 +40,9 @@ pub(crate) struct Runtime {
     pub signals: Mutex<HashMap<u64, Arc<SignalObj>>>,
     /// Live queues by the address of their `hsa_queue_t`.
     pub queues: Mutex<HashMap<usize, Arc<QueueObj>>>,
+    /// Code object readers, executables and kernel descriptors. Lock it before `memory`
+    /// when both are needed.
+    pub code: Mutex<CodeObjects>,
 }
 
 impl Runtime {
@@ -59,6 +63,7 @@ impl Runtime {
             memory: Mutex::new(memory),
             signals: Mutex::new(HashMap::new()),
             queues: Mutex::new(HashMap::new()),
+            code: Mutex::new(CodeObjects::default()),
         })
     }
 
@@ -81,6 +86,10 @@ impl Runtime {
 
     pub fn signals(&self) -> MutexGuard<'_, HashMap<u64, Arc<SignalObj>>> {
         self.signals.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn code(&self) -> MutexGuard<'_, CodeObjects> {
+        self.code.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub fn queues(&self) -> MutexGuard<'_, HashMap<usize, Arc<QueueObj>>> {

@@ -48,7 +48,7 @@ fn set_env(profile: Profile) {
 fn discovery_finds_the_cdylib_under_rocm_path_and_vector_scalar_add_passes() {
     let _g = hsa_sim::serial_test_guard();
     let root = rocm_root();
-    for profile in Profile::ALL {
+    for profile in packet_profiles() {
         let abi = profile.packet_abi();
         set_env(profile);
         let api = discover(root.path());
@@ -81,7 +81,7 @@ fn discovery_finds_the_cdylib_under_rocm_path_and_vector_scalar_add_passes() {
 fn the_cdylib_opened_by_path_passes_vector_scalar_add_for_each_packet_abi() {
     let _g = hsa_sim::serial_test_guard();
     let path = cdylib_path();
-    for profile in Profile::ALL {
+    for profile in packet_profiles() {
         let abi = profile.packet_abi();
         set_env(profile);
         let api = HsaApi::open(&path).expect("the cdylib loads and exports every required symbol");

@@ -11,7 +11,7 @@ use npu_artifacts::emu::{DType, EmuDesign};
 #[test]
 fn vector_scalar_add_passes_for_each_profile() {
     let _g = hsa_sim::serial_test_guard();
-    for profile in Profile::ALL {
+    for profile in packet_profiles() {
         let before = hsa_sim::counters();
         {
             let mut dev = open_static(profile, DeviceOptions::default());
@@ -32,7 +32,7 @@ fn vector_scalar_add_passes_for_each_profile() {
 #[test]
 fn a_chain_of_100_wraps_the_ring_rings_four_doorbells_and_recreates_g1a_queues() {
     let _g = hsa_sim::serial_test_guard();
-    for profile in Profile::ALL {
+    for profile in packet_profiles() {
         let abi = profile.packet_abi();
         let mut dev = open_static(profile, DeviceOptions::default());
         let report = add_one_chain(&mut dev, 100);
@@ -56,7 +56,7 @@ fn a_chain_of_100_wraps_the_ring_rings_four_doorbells_and_recreates_g1a_queues()
 #[test]
 fn thirty_two_links_of_six_arguments_ring_as_many_doorbells_as_the_chain_buffer_needs() {
     let _g = hsa_sim::serial_test_guard();
-    for profile in Profile::ALL {
+    for profile in packet_profiles() {
         let mut dev = open_static(profile, DeviceOptions::default());
         let prog = load(&mut dev, &EmuDesign::noop(6, 4096));
         let args: Vec<_> = (0..6).map(|_| dev.alloc_tensor(4096).unwrap()).collect();

@@ -2,13 +2,14 @@
 //! status (or runs the packet) and never crashes. Under `rocr-newest` a failure suspends the
 //! queue at the failing packet; G1 packets are fuzzed under `rocm-7.0`, whose failures are
 //! silent (the releases between abort the process, which a fuzzer cannot survive).
+//! Kernel-object packets are fuzzed under `kernel-object`, which suspends as `rocr-newest`.
 
 #![allow(clippy::cast_possible_truncation)]
 
 mod common;
 
 use common::*;
-use hsa_core::sys::{AieDispatchPacket, ErtBits, ErtPacket, Signal, Status};
+use hsa_core::sys::{AieDispatchPacket, AieKernelObjectPacket, ErtBits, ErtPacket, Signal, Status};
 use hsa_sim::*;
 use npu_artifacts::emu::{DType, EmuDesign};
 use proptest::prelude::*;
@@ -133,4 +134,48 @@ fn random_g1_packets_are_refused_or_run() {
         q.submit(&[g1_bytes(&p)]);
         check_silent(&q, &before);
     });
+}
+
+#[test]
+fn random_kernel_object_packets_are_refused_or_run() {
+    let sim = Sim::new(Profile::KernelObject);
+    let d = EmuDesign::vector_scalar_add(256, DType::I32, 1);
+    let (pdi_insts, full_elf) = (
+        d.to_hsaco(npu_artifacts::NpuGen::Npu2).unwrap(),
+        d.to_full_elf_hsaco().unwrap(),
+    );
+    let (a, b) = (
+        ko::Loaded::new(&sim, &pdi_insts),
+        ko::Loaded::new(&sim, &full_elf),
+    );
+    let kos = [
+        a.kernel_object("vector_scalar_add"),
+        b.kernel_object("vector_scalar_add:sequence"),
+    ];
+    let args = [(sim.alloc(DATA, 1024), 1024), (sim.alloc(DATA, 1024), 1024)];
+    let kernarg = sim.kernargs(&args);
+    let bases = vec![kos[0], kos[1], args[0].0, args[1].0, kernarg];
+    let strategy = (
+        prop_oneof![prop::sample::select(kos.to_vec()), address(bases.clone())],
+        address(bases.clone()),
+        0u16..5,
+        0u16..3,
+        any::<u64>(),
+    );
+    proptest!(ProptestConfig::with_cases(128), |(ko in strategy.0, kernarg in strategy.1,
+            n in strategy.2, opcode in strategy.3, reserved in strategy.4)| {
+        let mut p = AieKernelObjectPacket {
+            opcode,
+            num_kernargs: n,
+            kernarg_address: kernarg,
+            reserved_insts_size: reserved,
+            ..Default::default()
+        };
+        p.set_kernel_object(ko);
+        let q = sim.queue();
+        q.submit(&[ko::packet_bytes(&p)]);
+        check(&q);
+    });
+    a.destroy();
+    b.destroy();
 }

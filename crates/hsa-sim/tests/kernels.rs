@@ -37,7 +37,7 @@ fn vector_scalar_add_1024_i32_is_in_plus_one() {
 
 #[test]
 fn vector_scalar_add_runs_on_every_packet_generation() {
-    for profile in Profile::ALL {
+    for profile in profiles::ALL {
         let abi = profile.packet_abi();
         let sim = Sim::new(profile);
         let input: Vec<i32> = (0..256).map(|i| i * 5 - 300).collect();

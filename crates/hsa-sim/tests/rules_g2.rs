@@ -200,3 +200,32 @@ fn vmem_mappings_are_arguments_only_with_aie_access() {
         assert_eq!(bytes_i32(&read(va, 1024)), vec![6; 256], "{profile}");
     }
 }
+
+#[test]
+fn a_kernel_object_packet_is_an_unknown_instruction_buffer_to_a_g2_runtime() {
+    // The wrong-form hazard the other way round (`rocr-aie-hsaco.md` §1): a G2 runtime reads a
+    // kernel object (a host descriptor whose first u32 is 1) as an instruction address, and the
+    // reserved word 40 as a size of 0. It cannot resolve the address to a BO.
+    fails_on(
+        "a_kernel_object_packet_is_an_unknown_instruction_buffer_to_a_g2_runtime",
+        &G2,
+        &[Case::one(
+            "kernel-object packet",
+            Status::ERROR_INVALID_ALLOCATION,
+            &["instruction buffer", "not an allocation the runtime knows"],
+            |sim| {
+                let descriptor: &'static [u32; 4] = Box::leak(Box::new([1, 0, 0, 0]));
+                let d = valid(sim, sim.signal(1));
+                let mut p = hsa_core::sys::AieKernelObjectPacket {
+                    header: hsa_core::sys::AIE_DISPATCH_HEADER,
+                    count: hsa_core::sys::AIE_DISPATCH_COUNT,
+                    num_kernargs: 2,
+                    kernarg_address: sim.kernargs(&d.args),
+                    ..Default::default()
+                };
+                p.set_kernel_object(descriptor.as_ptr() as u64);
+                ko::packet_bytes(&p)
+            },
+        )],
+    );
+}

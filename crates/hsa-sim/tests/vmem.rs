@@ -331,7 +331,7 @@ fn vmem_maps_aie_memory_only_from_the_first_g2_runtime_on() {
 }
 
 #[test]
-fn only_the_newest_runtime_exports_aie_vmem_and_its_fd_is_sealed() {
+fn only_the_newest_runtimes_export_aie_vmem_and_the_fd_is_sealed() {
     use rustix::fs::SealFlags;
     for profile in Profile::ALL {
         let sim = Sim::new(profile);
@@ -340,7 +340,7 @@ fn only_the_newest_runtime_exports_aie_vmem_and_its_fd_is_sealed() {
         let mut raw: c_int = -1;
         // SAFETY: a live out-pointer and a runtime-made handle.
         let st = unsafe { hsa_amd_vmem_export_shareable_handle(&mut raw, h, 0) };
-        if profile != Profile::RocrNewest {
+        if !matches!(profile, Profile::RocrNewest | Profile::KernelObject) {
             assert_eq!(st, Status::ERROR, "{profile}");
             assert!(
                 last_error().unwrap().contains("does not export AIE memory"),
@@ -370,8 +370,25 @@ fn only_the_newest_runtime_exports_aie_vmem_and_its_fd_is_sealed() {
         let mut d = valid(&sim, sim.signal(1));
         d.args[1] = (va as u64, 1024);
         let q = sim.queue();
-        q.submit(&[sim.packet(&d)]);
+        let hsaco = add_one().to_hsaco(sim.agent).unwrap();
+        let loaded = profile
+            .speaks_kernel_objects()
+            .then(|| ko::Loaded::new(&sim, &hsaco));
+        let packet = match &loaded {
+            Some(l) => ko::ko_packet(
+                &sim,
+                l.kernel_object("vector_scalar_add"),
+                &d.args,
+                d.completion,
+            ),
+            None => sim.packet(&d),
+        };
+        q.submit(&[packet]);
         assert_eq!(q.errors(), vec![], "{:?}", last_error());
+        drop(q);
+        if let Some(l) = loaded {
+            l.destroy();
+        }
         let m = map_fd(std::os::fd::AsFd::as_fd(&fd), 0, size);
         // SAFETY: `m` maps one live page of the exported fd, and nothing writes it while the
         // copy is made: the dispatch that wrote it has completed and nothing else runs.

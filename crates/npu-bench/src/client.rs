@@ -242,12 +242,34 @@ impl Session {
         r
     }
 
+    /// Registers an emulated design packed as an hsaco (one PdiInsts kernel); returns its
+    /// program id.
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn register_hsaco(&mut self, d: &EmuDesign) -> Result<u64> {
+        let req = self.req(pb::RegisterProgramRequest {
+            hsaco: d.to_hsaco(self.generation)?,
+            kernel: String::new(),
+            name: format!("{} (hsaco)", d.kernel.name()),
+            ..Default::default()
+        });
+        Ok(self
+            .client
+            .register_program(req)
+            .await?
+            .into_inner()
+            .program_id)
+    }
+
     /// Registers an emulated design; returns its program id.
     ///
     /// # Errors
     /// The daemon's status.
     pub async fn register(&mut self, d: &EmuDesign) -> Result<u64> {
         let req = self.req(pb::RegisterProgramRequest {
+            hsaco: Vec::new(),
+            kernel: String::new(),
             pdi: d.to_pdi(),
             insts: d.insts(self.generation),
             name: d.kernel.name().to_owned(),

@@ -33,17 +33,22 @@ impl Daemon {
     /// # Errors
     /// When npud cannot be found or built, or does not become ready within 30 s (with its log).
     pub fn start() -> Result<Daemon> {
-        Daemon::start_with(&[])
+        Daemon::start_with(None, &[])
     }
 
-    /// [`Daemon::start`] with more command-line arguments (`--executor-spin-us 0`).
+    /// [`Daemon::start`] with the emulator behaving as the ROCR release `profile`
+    /// (`--emulator-profile`; the packet ABI is found as on an NPU, `auto`) and more
+    /// command-line arguments (`--executor-spin-us 0`).
     ///
     /// # Errors
     /// As [`Daemon::start`].
-    pub fn start_with(args: &[&str]) -> Result<Daemon> {
+    pub fn start_with(profile: Option<&str>, args: &[&str]) -> Result<Daemon> {
         let binary = find_binary(&NPUD, None).map_err(|e| BenchError(e.to_string()))?;
         let mut opts = LocalOptions::new(&binary);
         opts.args = vec!["--log-level".into(), "warn".into()];
+        if let Some(p) = profile {
+            opts.args.extend(["--emulator-profile".into(), p.into()]);
+        }
         opts.args.extend(args.iter().map(|a| (*a).into()));
         opts.env = vec![
             (

@@ -35,6 +35,7 @@ impl InProcess {
             api,
             DeviceOptions {
                 packet_abi: PacketAbi::G2,
+                probe_code_objects: false,
                 ..Default::default()
             },
         )

@@ -21,6 +21,7 @@ pub mod daemon;
 pub mod floors;
 pub mod inproc;
 pub mod load;
+pub mod profiles;
 pub mod report;
 pub mod rows;
 pub mod run;
@@ -65,6 +66,12 @@ impl From<tonic::transport::Error> for BenchError {
             cur = c.source();
         }
         BenchError(s)
+    }
+}
+
+impl From<npu_artifacts::ArtifactError> for BenchError {
+    fn from(e: npu_artifacts::ArtifactError) -> Self {
+        BenchError(e.to_string())
     }
 }
 

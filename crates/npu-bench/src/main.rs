@@ -32,9 +32,13 @@ struct Cli {
     #[arg(long)]
     iterations: Option<usize>,
     /// Only these sections (comma-separated): floors, inproc, tcp, chains, pipelined, sizes,
-    /// clients, memory, cpu. Row 3 always runs. Ratios need the rows they name.
+    /// clients, memory, cpu, profiles. Row 3 always runs. Ratios need the rows they name.
     #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(npu_bench::run::SECTIONS))]
     only: Vec<String>,
+    /// Emulator profiles to compare side by side in rows 11 (comma-separated; default
+    /// rocr-newest,kernel-object): one daemon each, the packet ABI found as on an NPU.
+    #[arg(long, value_delimiter = ',')]
+    profile: Vec<String>,
     /// Internal: serve the floors' echo servers in DIR until stdin closes.
     #[arg(long, hide = true)]
     serve_floors: Option<PathBuf>,
@@ -68,6 +72,7 @@ fn main() -> ExitCode {
         pid: cli.pid,
         iterations: cli.iterations,
         only: cli.only,
+        profiles: cli.profile,
     };
     match run(&opts) {
         Ok(report) => {

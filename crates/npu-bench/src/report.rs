@@ -217,6 +217,27 @@ impl Report {
             "<=",
             4.0,
         );
+        // Rows 11: every profile's dispatch and chain link over the first profile's.
+        let profile_rows: Vec<&str> = self
+            .rows
+            .iter()
+            .filter(|r| r.row == "11" && r.key.ends_with("_dispatch"))
+            .map(|r| r.key.trim_end_matches("_dispatch"))
+            .collect();
+        if let Some((base, rest)) = profile_rows.split_first() {
+            for other in rest {
+                for (what, name) in [("dispatch", "dispatch"), ("chain32_link", "chain-32 link")] {
+                    let (a, b) = (format!("{other}_{what}"), format!("{base}_{what}"));
+                    push(
+                        &format!("{name}: {other} over {base}"),
+                        &format!("p50({a}) / p50({b})"),
+                        div(p50(&a), p50(&b)),
+                        "<=",
+                        1.25,
+                    );
+                }
+            }
+        }
         let idle = self
             .memory
             .iter()

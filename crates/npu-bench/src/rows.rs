@@ -57,8 +57,21 @@ impl Ready {
     ///
     /// # Errors
     /// The daemon's refusal.
-    pub async fn new(mut session: Session, local: bool) -> Result<Ready> {
-        let program = session.register(&EmuDesign::noop(2, ARG_BYTES)).await?;
+    pub async fn new(session: Session, local: bool) -> Result<Ready> {
+        Self::with_form(session, local, false).await
+    }
+
+    /// As [`Ready::new`], registering the noop design as an hsaco when `hsaco`.
+    ///
+    /// # Errors
+    /// The daemon's refusal.
+    pub async fn with_form(mut session: Session, local: bool, hsaco: bool) -> Result<Ready> {
+        let design = EmuDesign::noop(2, ARG_BYTES);
+        let program = if hsaco {
+            session.register_hsaco(&design).await?
+        } else {
+            session.register(&design).await?
+        };
         let mut mapped = Vec::new();
         let mut ids = Vec::new();
         for _ in 0..2 {
@@ -120,6 +133,33 @@ impl Ready {
     /// # Errors
     /// The daemon's refusal, or a chain that did not complete.
     pub async fn chains(&self, links: usize, it: Iters) -> Result<(Summary, Summary)> {
+        let (ns, wall) = self.chain_samples(links, it).await?;
+        let n = ns.len() as u64;
+        let k = links as u64;
+        Ok((
+            summarize(ns.clone(), n, wall),
+            summarize(per(&ns, k), n * k, wall),
+        ))
+    }
+
+    /// Chains of `links` links: each chain's time in ns divided by `links`, and the wall time.
+    ///
+    /// # Errors
+    /// The daemon's refusal, or a chain that did not complete.
+    pub async fn chain_link_samples(
+        &self,
+        links: usize,
+        it: Iters,
+    ) -> Result<(Vec<u64>, std::time::Duration)> {
+        let (ns, wall) = self.chain_samples(links, it).await?;
+        Ok((per(&ns, links as u64), wall))
+    }
+
+    async fn chain_samples(
+        &self,
+        links: usize,
+        it: Iters,
+    ) -> Result<(Vec<u64>, std::time::Duration)> {
         let chain = pb::ChainRequest {
             links: vec![self.request.clone(); links],
         };
@@ -139,12 +179,7 @@ impl Ready {
             }
         })
         .await?;
-        let n = ns.len() as u64;
-        let k = links as u64;
-        Ok((
-            summarize(ns.clone(), n, wall),
-            summarize(per(&ns, k), n * k, wall),
-        ))
+        Ok((ns, wall))
     }
 
     /// Row 9: dispatches on one Submit stream with `depth` in flight.

@@ -42,6 +42,8 @@ pub struct Options {
     pub iterations: Option<usize>,
     /// Only these sections ([`SECTIONS`]); row 3 always runs. Empty: all.
     pub only: Vec<String>,
+    /// Emulator profiles whose rows 11 run side by side (default [`crate::profiles::DEFAULT`]).
+    pub profiles: Vec<String>,
 }
 
 /// Where the daemon is.
@@ -125,7 +127,7 @@ pub fn run(opts: &Options) -> Result<Report> {
         ratios: Vec::new(),
         skipped: Vec::new(),
     };
-    let result = rt.block_on(all_rows(&mut report, &mut target, it, &opts.only));
+    let result = rt.block_on(all_rows(&mut report, &mut target, it, opts));
     // Closes every client connection, so that npud's graceful shutdown does not wait for
     // connections nobody drives any more.
     drop(rt);
@@ -143,7 +145,7 @@ pub fn run(opts: &Options) -> Result<Report> {
 }
 
 /// Sections of the run, for `--only`.
-pub const SECTIONS: [&str; 9] = [
+pub const SECTIONS: [&str; 10] = [
     "floors",
     "inproc",
     "tcp",
@@ -153,6 +155,7 @@ pub const SECTIONS: [&str; 9] = [
     "clients",
     "memory",
     "cpu",
+    "profiles",
 ];
 
 /// Rounds the side-by-side rows (1, 1b, 3), and the fd sizes of row 6, alternate over. Short
@@ -192,8 +195,9 @@ async fn all_rows(
     report: &mut Report,
     target: &mut Target,
     it: Iters,
-    only: &[String],
+    opts: &Options,
 ) -> Result<()> {
+    let only = &opts.only;
     let want = |s: &str| only.is_empty() || only.iter().any(|o| o == s);
     // Row 8, idle: before anything else touches the daemon.
     if want("memory") {
@@ -263,6 +267,17 @@ async fn all_rows(
     }
     if want("sizes") {
         sizes(report, &unix, it).await?;
+    }
+    if want("profiles") {
+        let profiles: Vec<String> = if opts.profiles.is_empty() {
+            crate::profiles::DEFAULT
+                .iter()
+                .map(|p| (*p).to_owned())
+                .collect()
+        } else {
+            opts.profiles.clone()
+        };
+        crate::profiles::rows(report, &profiles, it, rounds(it, ROUNDS)).await?;
     }
     if want("clients") {
         // The client counts are measured in turn over rounds, so that a change in the
@@ -586,7 +601,7 @@ async fn cpu_rows(
     };
     let floors = FloorServers::start(dir, unix.session.threads.0)?;
     let echo = TonicEcho::connect(&floors.echo, unix.message_bytes()).await?;
-    let mut sleeper = Daemon::start_with(&["--executor-spin-us", "0"])?;
+    let mut sleeper = Daemon::start_with(None, &["--executor-spin-us", "0"])?;
     let sleeper_pid = sleeper
         .pid()
         .ok_or_else(|| BenchError("the second npud has no process id".into()))?;

@@ -88,8 +88,14 @@ impl Acc {
     /// One operation per sample.
     #[must_use]
     pub fn summary(self) -> Summary {
+        self.summary_of(1)
+    }
+
+    /// `ops` operations per sample (a chain's links, its samples divided by their count).
+    #[must_use]
+    pub fn summary_of(self, ops: u64) -> Summary {
         let n = self.ns.len() as u64;
-        summarize(self.ns, n, self.wall)
+        summarize(self.ns, n * ops, self.wall)
     }
 }
 

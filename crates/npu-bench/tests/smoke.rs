@@ -56,6 +56,20 @@ fn quick_json_has_every_row_with_sane_fields() {
                 .map(move |s| format!("{w}_{s}"))
         })
         .chain([1, 4, 16, 64].iter().map(|n| format!("clients_{n}")))
+        // Rows 10: G2 beside kernel objects, which run PDI+insts and hsacos.
+        .chain(
+            [
+                "rocr-newest_pdi_insts",
+                "kernel-object_pdi_insts",
+                "kernel-object_hsaco",
+            ]
+            .iter()
+            .flat_map(|p| {
+                ["dispatch", "chain32_link"]
+                    .iter()
+                    .map(move |w| format!("profile_{p}_{w}"))
+            }),
+        )
         .collect();
     expected.extend(sized.iter().map(String::as_str));
     for k in &expected {
@@ -65,7 +79,7 @@ fn quick_json_has_every_row_with_sane_fields() {
         .iter()
         .map(|r| field(r, "row").as_str().expect("row is text"))
         .collect();
-    for n in ["1", "1b", "2", "3", "4", "5", "6", "7", "9"] {
+    for n in ["1", "1b", "2", "3", "4", "5", "6", "7", "9", "11"] {
         assert!(rows_of_issue.contains(&n), "no row numbered {n}");
     }
     for r in rows {
@@ -135,7 +149,13 @@ fn quick_json_has_every_row_with_sane_fields() {
     let ratios = field(&report, "ratios")
         .as_array()
         .expect("ratios is a list");
-    assert_eq!(ratios.len(), 7, "ratios: {ratios:?}");
+    // Seven goals, and each kernel-object row's dispatch and chain link over G2's.
+    assert_eq!(ratios.len(), 11, "ratios: {ratios:?}");
+    assert!(
+        ratios.iter().any(|r| field(r, "formula").as_str()
+            == Some("p50(profile_kernel-object_hsaco_dispatch) / p50(profile_rocr-newest_pdi_insts_dispatch)")),
+        "{ratios:?}"
+    );
     for r in ratios {
         assert!(number(r, "value").is_finite(), "ratio value in {r}");
         assert!(field(r, "met").is_boolean(), "met in {r}");

@@ -134,10 +134,19 @@ impl Client {
         if let Some(info) = known.get(&program.key()) {
             return Ok(info.clone());
         }
-        let req = pb::RegisterProgramRequest {
-            pdi: program.pdi().to_vec(),
-            insts: program.insts().to_vec(),
-            name: program.name().to_owned(),
+        let req = match program.hsaco() {
+            Some(h) => pb::RegisterProgramRequest {
+                hsaco: h.bytes.clone(),
+                kernel: h.kernel.clone(),
+                name: program.name().to_owned(),
+                ..Default::default()
+            },
+            None => pb::RegisterProgramRequest {
+                pdi: program.pdi().to_vec(),
+                insts: program.insts().to_vec(),
+                name: program.name().to_owned(),
+                ..Default::default()
+            },
         };
         let r = self
             .inner

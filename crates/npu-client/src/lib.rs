@@ -59,7 +59,7 @@ pub use connect::{Address, ConnectOptions};
 pub use dispatch::{ChainArg, ChainBuilder, ChainResult, DispatchResult, LinkFailure};
 pub use error::{ClientError, code_name};
 pub use pipeline::{Completion, Pipeline};
-pub use program::{Program, ProgramInfo};
+pub use program::{HsacoSource, Program, ProgramInfo};
 pub use tensor::{Element, Tensor, TensorArg};
 
 /// The generated API types (`DeviceInfo`, `Statistics`, ...), as the daemon sends them.

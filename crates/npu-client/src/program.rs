@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use npu_artifacts::NpuGen;
 use npu_artifacts::design::{self, Design};
 use npu_artifacts::emu::{EmuDesign, EmuKernel};
+use npu_artifacts::hsaco::{Hsaco, KernelKind};
 use npu_artifacts::pdi::PdiKind;
 use npu_artifacts::txn::TxnProgram;
 use npu_proto::v1 as pb;
@@ -32,11 +33,64 @@ pub struct Program {
 struct ProgramData {
     key: u64,
     name: String,
+    /// The PDI and instruction stream (of the hsaco's kernel, when it is a PdiInsts kernel;
+    /// empty for a FullElf kernel).
     pdi: Vec<u8>,
     insts: Vec<u8>,
     dir: Option<PathBuf>,
-    kind: PdiKind,
+    /// What the PDI is; `None` for a FullElf kernel whose control code is not an emulated
+    /// design.
+    kind: Option<PdiKind>,
     txn: TxnProgram,
+    /// Registered as this hsaco and kernel rather than as the PDI and instruction stream.
+    hsaco: Option<HsacoCode>,
+}
+
+/// An AIE hsaco and the kernel of it a program runs.
+#[derive(Debug)]
+pub(crate) struct HsacoCode {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) kernel: String,
+    pub(crate) kind: KernelKind,
+    /// Buffer arguments a FullElf kernel takes (its instruction stream is not a TXN).
+    pub(crate) full_elf_args: u32,
+}
+
+/// Where [`Program::from_hsaco`] reads an hsaco from: a file, or bytes already in memory.
+#[derive(Debug, Clone)]
+pub enum HsacoSource {
+    Path(PathBuf),
+    Bytes(Vec<u8>),
+}
+
+impl From<&Path> for HsacoSource {
+    fn from(p: &Path) -> Self {
+        Self::Path(p.to_path_buf())
+    }
+}
+
+impl From<PathBuf> for HsacoSource {
+    fn from(p: PathBuf) -> Self {
+        Self::Path(p)
+    }
+}
+
+impl From<&PathBuf> for HsacoSource {
+    fn from(p: &PathBuf) -> Self {
+        Self::Path(p.clone())
+    }
+}
+
+impl From<Vec<u8>> for HsacoSource {
+    fn from(b: Vec<u8>) -> Self {
+        Self::Bytes(b)
+    }
+}
+
+impl From<&[u8]> for HsacoSource {
+    fn from(b: &[u8]) -> Self {
+        Self::Bytes(b.to_vec())
+    }
 }
 
 impl Program {
@@ -64,7 +118,7 @@ impl Program {
             d.pdi,
             d.insts,
             Some(d.files.dir),
-            d.kind,
+            Some(d.kind),
             d.program,
         ))
     }
@@ -81,7 +135,7 @@ impl Program {
         insts: Vec<u8>,
     ) -> Result<Program, ClientError> {
         let (kind, txn) = design::check_pair(&pdi, &insts)?;
-        Ok(Self::build(name.into(), pdi, insts, None, kind, txn))
+        Ok(Self::build(name.into(), pdi, insts, None, Some(kind), txn))
     }
 
     /// The program of an emulated design for the given generation (see
@@ -90,6 +144,121 @@ impl Program {
     /// # Errors
     ///
     /// [`ClientError::Artifact`] when the design's parameters do not validate.
+    /// Kernel `kernel` of an AIE hsaco (`kernel` may be empty when the file has one kernel).
+    /// The file is checked against ROCR's loader rules here; the daemon checks it again for
+    /// its device's arch. A PdiInsts kernel runs on every runtime npud supports (npud unpacks
+    /// it where the runtime does not load code objects); a FullElf kernel only where it does.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Input`] for an unreadable file, a format rule the file breaks (named
+    /// with its offset), or a kernel the file lacks (listing those it has); a PdiInsts kernel's
+    /// PDI and instruction stream are checked as [`Program::from_bytes`] checks them.
+    pub fn from_hsaco(
+        source: impl Into<HsacoSource>,
+        kernel: &str,
+    ) -> Result<Program, ClientError> {
+        let (bytes, from) = match source.into() {
+            HsacoSource::Path(p) => (
+                std::fs::read(&p).map_err(|source| ClientError::Io {
+                    path: p.clone(),
+                    source,
+                })?,
+                Some(p),
+            ),
+            HsacoSource::Bytes(b) => (b, None),
+        };
+        let at = || {
+            from.as_ref()
+                .map_or_else(|| "hsaco".to_owned(), |p| p.display().to_string())
+        };
+        let parsed =
+            Hsaco::parse(&bytes).map_err(|e| ClientError::Invalid(format!("{}: {e}", at())))?;
+        let mut names: Vec<&str> = parsed
+            .sections
+            .iter()
+            .flat_map(|s| s.kernels.iter().map(|k| k.name.as_str()))
+            .collect();
+        names.dedup();
+        let kernel = match (kernel, names.as_slice()) {
+            ("", [only]) => (*only).to_owned(),
+            ("", _) => {
+                return Err(ClientError::Invalid(format!(
+                    "{}: name a kernel; it has {names:?}",
+                    at()
+                )));
+            }
+            (k, _) if names.contains(&k) => k.to_owned(),
+            (k, _) => {
+                return Err(ClientError::Invalid(format!(
+                    "{}: no kernel {k:?}; it has {names:?}",
+                    at()
+                )));
+            }
+        };
+        // The first section holding the kernel describes it (every arch's copy has the same
+        // arguments).
+        let k = parsed
+            .sections
+            .iter()
+            .find_map(|s| s.kernel(&kernel))
+            .ok_or_else(|| ClientError::Invalid(format!("{}: no kernel {kernel:?}", at())))?;
+        let (pdi, insts, kind, txn, full_elf_args) = match (&k.pdi, &k.full_elf) {
+            (Some(pdi), _) => {
+                let (kind, txn) = design::check_pair(pdi.bytes, k.insts.bytes)?;
+                (
+                    pdi.bytes.to_vec(),
+                    k.insts.bytes.to_vec(),
+                    Some(kind),
+                    txn,
+                    0,
+                )
+            }
+            (None, Some(elf)) => {
+                // A FullElf kernel has no TXN stream: describe its arguments with an empty one.
+                let txn = TxnProgram {
+                    version: (0, 0),
+                    generation: NpuGen::Npu2,
+                    rows: 0,
+                    cols: u8::try_from(k.num_cols).unwrap_or(u8::MAX),
+                    mem_tile_rows: 0,
+                    op_count: 0,
+                    size_bytes: 0,
+                    args: Vec::new(),
+                };
+                // An emulated full ELF carries an emulated design where a real one carries
+                // control code.
+                let kind = EmuDesign::from_full_elf_kernel(elf)
+                    .ok()
+                    .map(PdiKind::Emulated);
+                (Vec::new(), Vec::new(), kind, txn, elf.arg_count)
+            }
+            _ => {
+                return Err(ClientError::Invalid(format!(
+                    "{}: kernel {kernel:?} has neither a PDI nor a full ELF",
+                    at()
+                )));
+            }
+        };
+        let code = HsacoCode {
+            kind: k.kind,
+            kernel: kernel.clone(),
+            bytes: Vec::new(),
+            full_elf_args,
+        };
+        let name = from
+            .as_deref()
+            .and_then(Path::file_stem)
+            .map_or_else(|| kernel.clone(), |s| s.to_string_lossy().into_owned());
+        let mut p = Self::build(name, pdi, insts, None, kind, txn);
+        let data = Arc::get_mut(&mut p.data).ok_or_else(|| {
+            ClientError::Invalid("a new program is shared before it is built".into())
+        })?;
+        data.hsaco = Some(HsacoCode { bytes, ..code });
+        data.dir = from.and_then(|p| p.parent().map(Path::to_path_buf));
+        Ok(p)
+    }
+
     pub fn emulated(design: &EmuDesign, generation: NpuGen) -> Result<Program, ClientError> {
         design.validate()?;
         Self::from_bytes(
@@ -104,7 +273,7 @@ impl Program {
         pdi: Vec<u8>,
         insts: Vec<u8>,
         dir: Option<PathBuf>,
-        kind: PdiKind,
+        kind: Option<PdiKind>,
         txn: TxnProgram,
     ) -> Program {
         if name.len() > 128 {
@@ -123,6 +292,7 @@ impl Program {
                 dir,
                 kind,
                 txn,
+                hsaco: None,
             }),
         }
     }
@@ -153,8 +323,8 @@ impl Program {
 
     /// What the PDI is (an emulated design, a partial PDI).
     #[must_use]
-    pub fn kind(&self) -> &PdiKind {
-        &self.data.kind
+    pub fn kind(&self) -> Option<&PdiKind> {
+        self.data.kind.as_ref()
     }
 
     /// The validated instruction stream: generation, buffer arguments and their minimum sizes.
@@ -167,7 +337,7 @@ impl Program {
     #[must_use]
     pub fn emulated_design(&self) -> Option<&EmuDesign> {
         match &self.data.kind {
-            PdiKind::Emulated(d) => Some(d),
+            Some(PdiKind::Emulated(d)) => Some(d),
             _ => None,
         }
     }
@@ -190,6 +360,26 @@ impl Program {
             | EmuKernel::Fault
             | EmuKernel::Hang => 1,
         }
+    }
+
+    /// The hsaco kernel's name, when the program came from an hsaco.
+    #[must_use]
+    pub fn hsaco_kernel(&self) -> Option<&str> {
+        self.data.hsaco.as_ref().map(|h| h.kernel.as_str())
+    }
+
+    /// The smallest size of each buffer argument, in order: what the instruction stream's DDR
+    /// patches need, or for a FullElf kernel one byte per argument.
+    #[must_use]
+    pub fn min_arg_sizes(&self) -> Vec<u64> {
+        match &self.data.hsaco {
+            Some(h) if h.kind == KernelKind::FullElf => vec![1; h.full_elf_args as usize],
+            _ => self.data.txn.min_arg_sizes(),
+        }
+    }
+
+    pub(crate) fn hsaco(&self) -> Option<&HsacoCode> {
+        self.data.hsaco.as_ref()
     }
 
     pub(crate) fn key(&self) -> u64 {
@@ -257,6 +447,38 @@ mod tests {
             "a faulting kernel may have written"
         );
         assert_eq!(args(EmuDesign::noop(3, 64)), 3, "noop writes nothing");
+    }
+
+    #[test]
+    fn from_hsaco_takes_a_file_or_bytes_and_names_what_is_wrong() {
+        let d = EmuDesign::vector_scalar_add(64, DType::I32, 1);
+        let bytes = d.to_hsaco(NpuGen::Npu2).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vsa.hsaco");
+        std::fs::write(&path, &bytes).unwrap();
+        let p = Program::from_hsaco(&path, "").unwrap();
+        assert_eq!(p.name(), "vsa");
+        assert_eq!(p.hsaco_kernel(), Some("vector_scalar_add"));
+        assert_eq!(p.min_arg_sizes(), vec![256, 256]);
+        assert_eq!(p.emulated_design(), Some(&d));
+        let q = Program::from_hsaco(bytes.clone(), "vector_scalar_add").unwrap();
+        assert_eq!(q.pdi(), p.pdi());
+        let e = Program::from_hsaco(bytes, "relu").unwrap_err().to_string();
+        assert!(
+            e.contains("no kernel \"relu\"") && e.contains("vector_scalar_add"),
+            "{e}"
+        );
+        let e = Program::from_hsaco(dir.path().join("missing.hsaco"), "")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing.hsaco"), "{e}");
+        let e = Program::from_hsaco(b"\x7fELF".as_slice(), "")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("hsaco: "), "{e}");
+        let full = Program::from_hsaco(d.to_full_elf_hsaco().unwrap(), "").unwrap();
+        assert_eq!(full.min_arg_sizes(), vec![1, 1]);
+        assert_eq!(full.emulated_design(), Some(&d));
     }
 
     #[test]

@@ -177,6 +177,53 @@ fn emu_design_inspect_and_run_round_trip() {
             .collect();
         assert_eq!(got, (3..67).collect::<Vec<i32>>(), "{addr}");
     }
+
+    // The same design as an hsaco file (the daemon's default runtime speaks G2, so it runs
+    // the kernel's PDI and instructions).
+    let hsaco = d.dir().join("vsa.hsaco").display().to_string();
+    let o = npuctl(&[
+        "emu-design",
+        "vector_scalar_add",
+        "--format",
+        "hsaco",
+        "--out",
+        &hsaco,
+        "--n",
+        "64",
+        "--scalar",
+        "4",
+        "--generation",
+        "npu2",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let _ = std::fs::remove_file(&output);
+    let o = npuctl(&[
+        "run",
+        &hsaco,
+        "--kernel",
+        "vector_scalar_add",
+        "--input",
+        &input.display().to_string(),
+        "--output",
+        &output.display().to_string(),
+        "--addr",
+        &d.unix(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got = std::fs::read(&output).expect("output");
+    assert_eq!(
+        got,
+        bytemuck::cast_slice::<i32, u8>(&(4..68).collect::<Vec<i32>>())
+    );
+    // A kernel the file lacks, and --kernel with a design directory.
+    let o = npuctl(&["run", &hsaco, "--kernel", "relu", "--addr", &d.unix()]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no kernel \"relu\""), "{err}");
+    let o = npuctl(&["run", &dir_s, "--kernel", "x", "--addr", &d.unix()]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("is a design directory"), "{err}");
 }
 
 #[test]

@@ -357,20 +357,20 @@ impl Config {
             .map_err(|_| {
                 invalid(
                     "emulator.profile",
-                    "expected rocr-newest, rocr-g2-2026-05, rocr-late-2025 or rocm-7.0",
+                    "expected rocr-newest, rocr-g2-2026-05, rocr-late-2025, rocm-7.0 or kernel-object",
                 )
             })?;
-        if let Some(abi) = &self.packet_abi {
-            let abi = abi
-                .parse::<hsa_core::PacketAbi>()
-                .map_err(|_| invalid("packet_abi", "expected g2, g1b or g1a"))?;
-            if self.backend == Backend::Emulator && abi != profile.packet_abi() {
+        if let Some(abi) = self.packet_abi.as_deref().filter(|a| *a != "auto") {
+            let abi = abi.parse::<hsa_core::PacketAbi>().map_err(|_| {
+                invalid("packet_abi", "expected auto, kernel-object, g2, g1b or g1a")
+            })?;
+            if self.backend == Backend::Emulator && abi != spoken_by(profile) {
                 return Err(ConfigError::Invalid {
                     key: "packet_abi",
                     reason: format!(
                         "the emulator profile {profile} speaks {}, not {abi}; leave packet_abi \
                          unset on the emulator, or choose a profile that speaks {abi}",
-                        profile.packet_abi()
+                        spoken_by(profile)
                     ),
                 });
             }
@@ -481,24 +481,38 @@ impl Config {
         self.emulator.profile.parse().unwrap_or_default()
     }
 
-    /// The packet ABI spoken to the runtime: `packet_abi` when set, else the emulator
-    /// profile's on the emulator and G2 on `hsa`.
-    pub fn packet_abi(&self) -> hsa_core::PacketAbi {
-        match (&self.packet_abi, self.backend) {
-            (Some(abi), _) => abi.parse().unwrap_or_default(),
-            (None, Backend::Emulator) => self.emulator_profile().packet_abi(),
-            (None, Backend::Hsa) => hsa_core::PacketAbi::G2,
+    /// How the packet ABI is chosen, as (ABI, probe): `packet_abi` when it names one; else
+    /// (`auto`, the default) by loading a code object when the device opens, falling back to
+    /// the emulator profile's ABI on the emulator and to G2 on `hsa`.
+    pub fn packet_abi(&self) -> (hsa_core::PacketAbi, bool) {
+        match self.packet_abi.as_deref().filter(|a| *a != "auto") {
+            Some(abi) => (abi.parse().unwrap_or_default(), false),
+            None => match self.backend {
+                Backend::Emulator => (spoken_by(self.emulator_profile()), true),
+                Backend::Hsa => (hsa_core::PacketAbi::G2, true),
+            },
         }
     }
 
     /// The device options this configuration asks for.
     pub fn device_options(&self) -> hsa_core::DeviceOptions {
+        let (packet_abi, probe_code_objects) = self.packet_abi();
         hsa_core::DeviceOptions {
-            packet_abi: self.packet_abi(),
+            packet_abi,
+            probe_code_objects,
             generation: self.generation.as_deref().and_then(|g| g.parse().ok()),
             sysfs_root: self.sysfs_root.clone(),
             ..hsa_core::DeviceOptions::default()
         }
+    }
+}
+
+/// The packet ABI an emulator profile speaks: kernel objects where it loads code objects.
+fn spoken_by(profile: hsa_sim::Profile) -> hsa_core::PacketAbi {
+    if profile.speaks_kernel_objects() {
+        hsa_core::PacketAbi::KernelObject
+    } else {
+        profile.packet_abi()
     }
 }
 
@@ -654,6 +668,36 @@ mod tests {
             jail.set_env("NPUD_PACKET_ABI", "g3");
             let e = Config::load(None, &Overrides::default()).unwrap_err();
             assert!(e.to_string().contains("packet_abi"), "{e}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn packet_abi_is_auto_by_default_and_a_named_one_must_be_the_profiles() {
+        use hsa_core::PacketAbi;
+        Jail::expect_with(|jail| {
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.packet_abi(), (PacketAbi::G2, true));
+            jail.set_env("NPUD_EMULATOR__PROFILE", "kernel-object");
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.packet_abi(), (PacketAbi::KernelObject, true));
+            jail.set_env("NPUD_PACKET_ABI", "kernel-object");
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.packet_abi(), (PacketAbi::KernelObject, false));
+            jail.set_env("NPUD_PACKET_ABI", "g2");
+            let e = Config::load(None, &Overrides::default()).unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("the emulator profile kernel-object speaks kernel-object, not g2"),
+                "{e}"
+            );
+            jail.set_env("NPUD_EMULATOR__PROFILE", "rocm-7.0");
+            jail.set_env("NPUD_PACKET_ABI", "auto");
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.packet_abi(), (PacketAbi::G1a, true));
+            jail.set_env("NPUD_BACKEND", "hsa");
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.packet_abi(), (PacketAbi::G2, true));
             Ok(())
         });
     }

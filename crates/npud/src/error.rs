@@ -314,7 +314,9 @@ impl From<hsa_core::HsaError> for NpudError {
         match &e {
             H::InvalidArgument(_) => Self::InvalidArgument(e.to_string()),
             H::UnknownHandle { .. } => Self::NotFound(e.to_string()),
-            H::Unsupported { .. } => Self::FailedPrecondition(e.to_string()),
+            H::Unsupported { .. } | H::NeedsCodeObjects { .. } => {
+                Self::FailedPrecondition(e.to_string())
+            }
             H::HeapFull { .. } => Self::ResourceExhausted(e.to_string()),
             H::Call { status, .. } if *status == Status::ERROR_OUT_OF_RESOURCES => {
                 out_of_memory(&e)

@@ -32,7 +32,9 @@ struct Cli {
     /// Path of libhsa-runtime64.so (hsa backend).
     #[arg(long)]
     library: Option<PathBuf>,
-    /// AIE packet ABI: g2, g1b or g1a (default: g2 on hsa, the profile's on the emulator).
+    /// AIE packet ABI: auto (the default: kernel-object when the runtime loads a built-in AIE
+    /// code object, else g2 on hsa and the profile's on the emulator), kernel-object, g2, g1b
+    /// or g1a.
     #[arg(long)]
     packet_abi: Option<String>,
     /// npu1 or npu2, overriding the agent name and the PCI id in sysfs.
@@ -45,8 +47,8 @@ struct Cli {
     /// The emulator's agent: aie2 (npu1) or aie2p (npu2).
     #[arg(long)]
     emulator_agent: Option<String>,
-    /// The ROCR release the emulator behaves as: rocr-newest, rocr-g2-2026-05, rocr-late-2025
-    /// or rocm-7.0.
+    /// The ROCR release the emulator behaves as: rocr-newest, rocr-g2-2026-05, rocr-late-2025,
+    /// rocm-7.0 or kernel-object.
     #[arg(long)]
     emulator_profile: Option<String>,
     /// The emulator's hang timeout, in milliseconds.

@@ -138,14 +138,17 @@ pub async fn run(
         hsa_core::Generation::Npu1 => npu_artifacts::NpuGen::Npu1,
         hsa_core::Generation::Npu2 => npu_artifacts::NpuGen::Npu2,
     };
-    let programs = Arc::new(Programs::new(
-        cfg.limits.max_program_bytes,
-        cfg.limits.max_program_bytes_per_session,
-        generation,
-        Runs::of_runtime(opened.facts.info.runtime_version.as_deref()),
-        persisted.quarantine,
-        persisted.records,
-    ));
+    let programs = Arc::new(
+        Programs::new(
+            cfg.limits.max_program_bytes,
+            cfg.limits.max_program_bytes_per_session,
+            generation,
+            Runs::of_runtime(opened.facts.info.runtime_version.as_deref()),
+            persisted.quarantine,
+            persisted.records,
+        )
+        .with_packet_abi(opened.facts.info.packet_abi),
+    );
     let facts = opened.facts.clone();
     let executor = opened.run(programs.clone(), persisted.inflight);
     let sessions = Arc::new(Sessions::new(

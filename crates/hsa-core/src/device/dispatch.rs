@@ -12,7 +12,10 @@ use std::collections::HashSet;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
+use npu_artifacts::hsaco::KernelKind;
+
 use super::encode::{self, Packet, PacketAbi, PacketDesc};
+use super::program::Code;
 use super::resource::{PoolAlloc, QueueOwner};
 use super::{Device, ProgramId, QueueState, SIDE_SLOT, TensorId};
 use crate::error::HsaError;
@@ -115,7 +118,7 @@ impl Device {
             })
             .collect::<Result<_, _>>()?;
         let batches =
-            doorbell_batches(self.opts.packet_abi, &descs).map_err(|(index, error)| {
+            doorbell_batches(self.info.packet_abi, &descs).map_err(|(index, error)| {
                 ChainError {
                     index,
                     error,
@@ -156,8 +159,22 @@ impl Device {
     /// # Errors
     /// [`ChainError`] for a link whose one command does not fit the driver's chain buffer.
     pub fn doorbell_plan(&self, links: &[Dispatch]) -> Result<Vec<usize>, ChainError> {
-        let counts: Vec<usize> = links.iter().map(|l| l.args.len()).collect();
-        plan(self.opts.packet_abi, &counts)
+        let counts: Vec<Cost> = links
+            .iter()
+            .map(|l| Cost {
+                args: l.args.len(),
+                full_elf: self.programs.get(&l.program).is_some_and(|p| {
+                    matches!(
+                        p.code,
+                        Code::Loaded {
+                            kind: KernelKind::FullElf,
+                            ..
+                        }
+                    )
+                }),
+            })
+            .collect();
+        plan(self.info.packet_abi, &counts)
             .map(|v| v.into_iter().map(|r| r.len()).collect())
             .map_err(|(index, error)| ChainError {
                 index,
@@ -193,11 +210,30 @@ impl Device {
                 }
             })
             .collect::<Result<_, _>>()?;
-        Ok(PacketDesc {
-            pdi: p.pdi.addr(),
-            insts: p.insts.addr(),
-            insts_size: p.insts_len as u64,
-            args,
+        Ok(match &p.code {
+            Code::Heap {
+                pdi,
+                insts,
+                insts_len,
+            } => PacketDesc {
+                pdi: pdi.addr(),
+                insts: insts.addr(),
+                insts_size: *insts_len as u64,
+                args,
+                ..PacketDesc::default()
+            },
+            Code::Loaded { kernel, kind } => {
+                let full_elf = *kind == KernelKind::FullElf;
+                PacketDesc {
+                    // The runtime caches one PDI per loaded PdiInsts kernel; FullElf PDIs are
+                    // listed per command, not cached.
+                    pdi: if full_elf { 0 } else { kernel.kernel_object },
+                    kernel_object: kernel.kernel_object,
+                    full_elf,
+                    args,
+                    ..PacketDesc::default()
+                }
+            }
         })
     }
 
@@ -236,10 +272,10 @@ impl Device {
                 let new_pdis: HashSet<u64> = batch
                     .iter()
                     .map(|d| d.pdi)
-                    .filter(|p| !q.pdis.contains(p))
+                    .filter(|p| *p != 0 && !q.pdis.contains(p))
                     .collect();
                 q.stale
-                    || (self.opts.packet_abi == PacketAbi::G1a
+                    || (self.info.packet_abi == PacketAbi::G1a
                         && q.taken + batch.len() as u64 > u64::from(AIE_QUEUE_SIZE))
                     || q.pdis.len() + new_pdis.len() > MAX_PDIS_PER_QUEUE
             }
@@ -266,7 +302,7 @@ impl Device {
     fn run_batch(&mut self, batch: &[PacketDesc]) -> Result<(), (usize, HsaError)> {
         let api = self.rt.api.clone();
         let f = api.fns();
-        let abi = self.opts.packet_abi;
+        let abi = self.info.packet_abi;
         let timeout = self.opts.completion_timeout;
         let signal = self.signal.signal;
         let q = self.queue.as_mut().ok_or((
@@ -334,10 +370,13 @@ impl Device {
                 let dst = ring.add(slot * 64);
                 match packet {
                     Packet::G2(p) => std::ptr::write_volatile(dst.cast(), p),
+                    Packet::KernelObject(p) => std::ptr::write_volatile(dst.cast(), p),
                     Packet::G1(p) => std::ptr::write_volatile(dst.cast(), p),
                 }
             }
-            q.pdis.insert(d.pdi);
+            if d.pdi != 0 {
+                q.pdis.insert(d.pdi);
+            }
         }
         q.taken += n as u64;
         // SAFETY: the doorbell signal belongs to this queue; the store submits every pending
@@ -430,17 +469,31 @@ fn doorbell_batches(
     abi: PacketAbi,
     descs: &[PacketDesc],
 ) -> Result<Vec<Range<usize>>, (usize, HsaError)> {
-    let counts: Vec<usize> = descs.iter().map(|d| d.args.len()).collect();
+    let counts: Vec<Cost> = descs
+        .iter()
+        .map(|d| Cost {
+            args: d.args.len(),
+            full_elf: d.full_elf,
+        })
+        .collect();
     plan(abi, &counts)
 }
 
-/// Splits links with `arg_counts` arguments into doorbell batches: each as long as it can be
-/// while every command, sized as the batch's largest, fits the chain buffer.
-fn plan(abi: PacketAbi, arg_counts: &[usize]) -> Result<Vec<Range<usize>>, (usize, HsaError)> {
+/// What decides where a link's doorbell batch ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cost {
+    args: usize,
+    /// A FullElf kernel: kernel-object runtimes refuse a batch that mixes kinds.
+    full_elf: bool,
+}
+
+/// Splits links into doorbell batches: each as long as it can be while every command, sized as
+/// the batch's largest, fits the chain buffer, and (kernel objects) holding one kernel kind.
+fn plan(abi: PacketAbi, costs: &[Cost]) -> Result<Vec<Range<usize>>, (usize, HsaError)> {
     let mut batches = Vec::new();
     let mut start = 0;
     let mut widest = 0;
-    for (i, &n) in arg_counts.iter().enumerate() {
+    for (i, &Cost { args: n, full_elf }) in costs.iter().enumerate() {
         if abi.commands_per_doorbell(n) == 0 {
             return Err((
                 i,
@@ -452,7 +505,8 @@ fn plan(abi: PacketAbi, arg_counts: &[usize]) -> Result<Vec<Range<usize>>, (usiz
             ));
         }
         let wider = widest.max(n);
-        if i > start && i - start >= abi.commands_per_doorbell(wider) {
+        let kind_changes = i > start && full_elf != costs[start].full_elf;
+        if i > start && (kind_changes || i - start >= abi.commands_per_doorbell(wider)) {
             batches.push(start..i);
             start = i;
             widest = n;
@@ -460,8 +514,8 @@ fn plan(abi: PacketAbi, arg_counts: &[usize]) -> Result<Vec<Range<usize>>, (usiz
             widest = wider;
         }
     }
-    if start < arg_counts.len() {
-        batches.push(start..arg_counts.len());
+    if start < costs.len() {
+        batches.push(start..costs.len());
     }
     Ok(batches)
 }
@@ -470,8 +524,18 @@ fn plan(abi: PacketAbi, arg_counts: &[usize]) -> Result<Vec<Range<usize>>, (usiz
 mod tests {
     use super::*;
 
+    fn costs(counts: &[usize]) -> Vec<Cost> {
+        counts
+            .iter()
+            .map(|&args| Cost {
+                args,
+                full_elf: false,
+            })
+            .collect()
+    }
+
     fn lens(abi: PacketAbi, counts: &[usize]) -> Vec<usize> {
-        plan(abi, counts)
+        plan(abi, &costs(counts))
             .unwrap()
             .into_iter()
             .map(|r| r.len())
@@ -495,6 +559,25 @@ mod tests {
     }
 
     #[test]
+    fn kernel_object_batches_hold_one_kernel_kind() {
+        let abi = PacketAbi::KernelObject;
+        // 44 two-argument commands fit a chain; a doorbell still carries at most 32.
+        assert_eq!(lens(abi, &[2; 100]), vec![32, 32, 32, 4]);
+        assert_eq!(lens(abi, &[6; 40]), vec![32, 8]);
+        assert_eq!(lens(abi, &[16; 40]), vec![20, 20]);
+        let mut mixed = costs(&[2; 10]);
+        for c in &mut mixed[3..5] {
+            c.full_elf = true;
+        }
+        let plan: Vec<usize> = plan(abi, &mixed)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.len())
+            .collect();
+        assert_eq!(plan, vec![3, 2, 5]);
+    }
+
+    #[test]
     fn wait_hints_are_exact_ticks_and_never_zero() {
         let ms = Duration::from_millis;
         assert_eq!(wait_ticks(ms(250), 1_000_000_000), 250_000_000);
@@ -507,7 +590,7 @@ mod tests {
 
     #[test]
     fn a_link_too_wide_for_any_batch_is_refused_by_index() {
-        let (index, e) = plan(PacketAbi::G1a, &[2, 2, 400]).unwrap_err();
+        let (index, e) = plan(PacketAbi::G1a, &costs(&[2, 2, 400])).unwrap_err();
         assert_eq!(index, 2);
         assert!(e.to_string().contains("4096-byte"), "{e}");
     }

@@ -9,9 +9,9 @@ use std::str::FromStr;
 use crate::error::HsaError;
 use crate::sys::{
     AIE_DISPATCH_COUNT, AIE_DISPATCH_HEADER, AIE_PACKET_OPCODE_KMQ, AMD_PACKET_TYPE_AIE_ERT,
-    AMD_PACKET_TYPE_RESERVED200, AieDispatchPacket, CHAIN_BUFFER_BYTES, CHAIN_SLOT_HEADER_BYTES,
-    ERT_TXN_OPCODE, ErtBits, ErtPacket, MAX_PACKETS_PER_DOORBELL, Signal, ert_opcode,
-    ert_payload_count, ert_state,
+    AMD_PACKET_TYPE_RESERVED200, AieDispatchPacket, AieKernelObjectPacket, CHAIN_BUFFER_BYTES,
+    CHAIN_SLOT_HEADER_BYTES, ERT_TXN_OPCODE, ErtBits, ErtPacket, MAX_PACKETS_PER_DOORBELL, Signal,
+    ert_opcode, ert_payload_count, ert_state,
 };
 
 /// Which AIE packet ABI the runtime speaks (`rocr-aie.md` §0). ROCR cannot be asked.
@@ -27,6 +27,11 @@ pub enum PacketAbi {
     /// The vendor ERT packet with `AmdFormat` 3, no completion signal, and a ring that does not
     /// wrap (ROCm 7.0).
     G1a,
+    /// The G2 packet's layout with words 20/24 holding a kernel object: the address of a
+    /// descriptor ROCR's loader built when an AIE hsaco was loaded through the executable API
+    /// (`rocr-aie-hsaco.md` §1, §3). Words 40 and 48 are reserved and zero. ROCR cannot tell
+    /// this form from G2; a runtime of this kind is found by loading a code object.
+    KernelObject,
 }
 
 impl PacketAbi {
@@ -36,7 +41,14 @@ impl PacketAbi {
             Self::G2 => "g2",
             Self::G1b => "g1b",
             Self::G1a => "g1a",
+            Self::KernelObject => "kernel-object",
         }
+    }
+
+    /// Whether a program on this ABI is a loaded code object (an executable and its symbols),
+    /// not a PDI and an instruction stream in the device heap.
+    pub fn loads_code_objects(self) -> bool {
+        matches!(self, Self::KernelObject)
     }
 
     /// Whether packets of this ABI carry a completion signal.
@@ -53,9 +65,13 @@ impl PacketAbi {
     ///   holds `count − 1` dwords, `52 + 4·(8 + 2N)`: 40 commands of two arguments, as IRON
     ///   measured. The newest G2 runtimes pad one dword and split batches themselves, but
     ///   nothing tells the two apart, so every G2 runtime is sized as the early one.
+    /// - kernel objects: a PdiInsts command declares `count = 7 + 2N` (one pad dword) and its
+    ///   slot holds `count − 1` dwords, `52 + 4·(6 + 2N)`: 44 commands of two arguments. A
+    ///   FullElf command is smaller (60 bytes), so sizing every command as PdiInsts is safe.
     pub fn chain_command_bytes(self, n: usize) -> usize {
         let dwords = match self {
             Self::G2 => 8 + 2 * n,
+            Self::KernelObject => 6 + 2 * n,
             Self::G1a | Self::G1b => 1 + ert_payload_count(n),
         };
         CHAIN_SLOT_HEADER_BYTES + 4 * dwords
@@ -71,7 +87,7 @@ impl PacketAbi {
     /// Bytes of side buffer (kernargs or payload) a dispatch with `n` arguments needs.
     pub fn side_buffer_len(self, n: usize) -> usize {
         match self {
-            Self::G2 => 16 * n,
+            Self::G2 | Self::KernelObject => 16 * n,
             Self::G1a | Self::G1b => 8 + 4 * ert_payload_count(n),
         }
     }
@@ -91,19 +107,27 @@ impl FromStr for PacketAbi {
             "g2" => Ok(Self::G2),
             "g1b" => Ok(Self::G1b),
             "g1a" => Ok(Self::G1a),
+            "kernel-object" => Ok(Self::KernelObject),
             other => Err(format!(
-                "unknown packet ABI {other:?}: expected g2, g1b or g1a"
+                "unknown packet ABI {other:?}: expected kernel-object, g2, g1b or g1a"
             )),
         }
     }
 }
 
 /// Everything a packet says about one dispatch, as addresses.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct PacketDesc {
+    /// The PDI's address (G1, G2), or on kernel objects the key of the PDI the runtime caches
+    /// for this program (its kernel object; 0 for a FullElf kernel, whose PDIs are not cached).
     pub pdi: u64,
     pub insts: u64,
     pub insts_size: u64,
+    /// The symbol's `KERNEL_OBJECT` (kernel objects only).
+    pub kernel_object: u64,
+    /// Whether the kernel is a FullElf kernel (kernel objects only): one doorbell batch holds
+    /// kernels of one kind.
+    pub full_elf: bool,
     /// (host VA, byte size) per buffer argument, in design order.
     pub args: Vec<(u64, u64)>,
 }
@@ -112,6 +136,7 @@ pub(crate) struct PacketDesc {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Packet {
     G2(AieDispatchPacket),
+    KernelObject(AieKernelObjectPacket),
     G1(ErtPacket),
 }
 
@@ -124,9 +149,11 @@ pub(crate) fn encode(
 ) -> Result<(Packet, Vec<u8>), HsaError> {
     let n = desc.args.len();
     match abi {
-        PacketAbi::G2 => {
+        PacketAbi::G2 | PacketAbi::KernelObject => {
             let num_kernargs = u16::try_from(n).map_err(|_| {
-                HsaError::InvalidArgument(format!("{n} arguments: a G2 packet holds at most 65535"))
+                HsaError::InvalidArgument(format!(
+                    "{n} arguments: a {abi} packet holds at most 65535"
+                ))
             })?;
             let mut side = Vec::with_capacity(16 * n);
             for &(va, _) in &desc.args {
@@ -134,6 +161,21 @@ pub(crate) fn encode(
             }
             for &(_, size) in &desc.args {
                 side.extend_from_slice(&size.to_le_bytes());
+            }
+            let kernarg_address = if n == 0 { 0 } else { side_addr };
+            if abi == PacketAbi::KernelObject {
+                // Words 20/24 name the descriptor; 40 and 48 are reserved (zero).
+                let mut pkt = AieKernelObjectPacket {
+                    header: AIE_DISPATCH_HEADER,
+                    opcode: AIE_PACKET_OPCODE_KMQ,
+                    count: AIE_DISPATCH_COUNT,
+                    completion_signal: completion,
+                    num_kernargs,
+                    kernarg_address,
+                    ..Default::default()
+                };
+                pkt.set_kernel_object(desc.kernel_object);
+                return Ok((Packet::KernelObject(pkt), side));
             }
             let pkt = AieDispatchPacket {
                 header: AIE_DISPATCH_HEADER,
@@ -143,7 +185,7 @@ pub(crate) fn encode(
                 insts_addr_low: low(desc.insts),
                 insts_addr_high: high(desc.insts),
                 num_kernargs,
-                kernarg_address: if n == 0 { 0 } else { side_addr },
+                kernarg_address,
                 insts_size: desc.insts_size,
                 pdi_addr: desc.pdi,
                 ..Default::default()
@@ -228,6 +270,7 @@ mod tests {
             insts: 0x7f00_0400_8000,
             insts_size: 64,
             args: vec![(0x7f11_0000_1000, 4096), (0x7f22_0000_2000, 4096)],
+            ..PacketDesc::default()
         }
     }
 
@@ -285,6 +328,53 @@ mod tests {
             vec![0x7f11_0000_1000, 0x7f22_0000_2000, 4096, 4096]
         );
         assert_eq!(side.len(), PacketAbi::G2.side_buffer_len(2));
+    }
+
+    #[test]
+    fn kernel_object_packets_name_the_descriptor_and_zero_words_40_and_48() {
+        let d = PacketDesc {
+            kernel_object: 0x5555_1234_5678,
+            ..desc()
+        };
+        let (p, side) = encode(PacketAbi::KernelObject, &d, Signal { handle: 9 }, 0xAAA0).unwrap();
+        let Packet::KernelObject(p) = p else { panic!() };
+        assert_eq!(p.kernel_object(), 0x5555_1234_5678);
+        let bytes: [u8; 64] = packet_bytes(&p);
+        let word = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
+        let quad = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
+        assert_eq!(u16::from_le_bytes([bytes[0], bytes[1]]), 0x1400);
+        assert_eq!((word(20), word(24)), (0x1234_5678, 0x5555));
+        assert_eq!(u16::from_le_bytes([bytes[28], bytes[29]]), 2);
+        assert_eq!((quad(32), quad(40), quad(48), quad(56)), (0xAAA0, 0, 0, 0));
+        assert_eq!(
+            u64s(&side),
+            vec![0x7f11_0000_1000, 0x7f22_0000_2000, 4096, 4096]
+        );
+    }
+
+    /// The packet's 64 bytes as the ring holds them.
+    fn packet_bytes(p: &AieKernelObjectPacket) -> [u8; 64] {
+        let mut out = [0u8; 64];
+        // SAFETY: the packet is a 64-byte `repr(C)` value of integers with no padding (its
+        // layout test asserts every offset); reading its bytes is reading initialised memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(std::ptr::from_ref(p).cast::<u8>(), out.as_mut_ptr(), 64);
+        }
+        out
+    }
+
+    #[test]
+    fn kernel_object_chains_hold_44_two_argument_commands() {
+        let abi = PacketAbi::KernelObject;
+        assert_eq!(abi.chain_command_bytes(2), 92);
+        assert_eq!(CHAIN_BUFFER_BYTES / abi.chain_command_bytes(2), 44);
+        assert_eq!(abi.commands_per_doorbell(2), MAX_PACKETS_PER_DOORBELL);
+        // 52 + 4·(6+2N): six arguments give 33 (G2: 31), sixteen give 20.
+        assert_eq!(CHAIN_BUFFER_BYTES / abi.chain_command_bytes(6), 33);
+        assert_eq!(abi.commands_per_doorbell(16), 20);
+        assert_eq!(PacketAbi::G2.commands_per_doorbell(16), 19);
+        assert_eq!(abi.side_buffer_len(3), 48);
+        assert!(abi.loads_code_objects() && !PacketAbi::G2.loads_code_objects());
     }
 
     #[test]
@@ -353,10 +443,15 @@ mod tests {
     #[test]
     fn abi_names_parse() {
         assert_eq!("G1A".parse::<PacketAbi>().unwrap(), PacketAbi::G1a);
+        assert_eq!(
+            "kernel-object".parse::<PacketAbi>().unwrap(),
+            PacketAbi::KernelObject
+        );
+        assert_eq!(PacketAbi::KernelObject.to_string(), "kernel-object");
         assert!(
             "g3".parse::<PacketAbi>()
                 .unwrap_err()
-                .contains("expected g2, g1b or g1a")
+                .contains("expected kernel-object, g2, g1b or g1a")
         );
     }
 }

@@ -4,6 +4,7 @@
 //! queue is not safe to enqueue into or ring from several threads, and the doorbell is
 //! synchronous, so a dispatch returns when the device has finished it.
 
+mod code_object;
 mod discover;
 mod dispatch;
 mod encode;
@@ -71,7 +72,12 @@ impl TensorSharing {
 /// Choices made when opening a device.
 #[derive(Debug, Clone)]
 pub struct DeviceOptions {
+    /// The packet ABI to speak; with `probe_code_objects`, the one to speak when the runtime
+    /// does not load code objects.
     pub packet_abi: PacketAbi,
+    /// Load a tiny built-in code object when the device opens (`packet_abi = "auto"`): a
+    /// runtime that takes it speaks [`PacketAbi::KernelObject`], whatever `packet_abi` says.
+    pub probe_code_objects: bool,
     /// Overrides the generation read from the agent name or sysfs.
     pub generation: Option<Generation>,
     /// Where sysfs is mounted (`/sys`): the generation is read from the NPU's PCI id there
@@ -86,6 +92,7 @@ impl Default for DeviceOptions {
     fn default() -> Self {
         Self {
             packet_abi: PacketAbi::G2,
+            probe_code_objects: true,
             generation: None,
             sysfs_root: PathBuf::from("/sys"),
             tensor_backing: TensorBacking::Auto,
@@ -104,7 +111,10 @@ pub struct DeviceInfo {
     pub generation: Generation,
     /// Where the generation came from: the agent name, a sysfs file, or the configuration.
     pub generation_source: String,
+    /// The packet ABI spoken: configured, or found by loading a code object.
     pub packet_abi: PacketAbi,
+    /// How it was chosen: `configured`, `probe: ...` with what the probe saw.
+    pub packet_abi_source: String,
     /// `HSA_AMD_SYSTEM_INFO_BUILD_VERSION`, when the runtime answers it.
     pub runtime_version: Option<String>,
     /// Where the function table came from.
@@ -209,7 +219,9 @@ impl Device {
                 found: describe(),
             })?
             .agent;
-        let (generation, generation_source) = resolve_generation(&aie.name, &opts)?;
+        let (abi, packet_abi_source) = resolve_abi(&api, aie.agent, &opts);
+        tracing::info!(abi = %abi, how = %packet_abi_source, "chose the packet ABI");
+        let (generation, generation_source) = resolve_generation(&aie.name, abi, &opts)?;
         let pools = discover::choose_pools(&discover::pools(&api, aie.agent)?)?;
         let fns = api.fns();
         let probe = tensor::probe_sharing(&api, &pools, cpu, aie.agent, opts.tensor_backing);
@@ -224,7 +236,8 @@ impl Device {
             agent_name: aie.name.clone(),
             generation,
             generation_source,
-            packet_abi: opts.packet_abi,
+            packet_abi: abi,
+            packet_abi_source,
             runtime_version: build_version(&api),
             library: api.source().to_string(),
             heap_size: pools.heap.size,
@@ -244,7 +257,7 @@ impl Device {
         let errors = Arc::new(ErrorSlot::default());
         let queue = QueueOwner::new(&api, aie.agent, AIE_QUEUE_SIZE, errors.clone())?;
         tracing::info!(
-            agent = %info.agent_name, generation = %generation, abi = %opts.packet_abi,
+            agent = %info.agent_name, generation = %generation, abi = %abi,
             library = %info.library, "opened the NPU"
         );
         Ok(Self {
@@ -294,11 +307,15 @@ impl Device {
 
 /// The generation and where it came from: the configuration, a specific agent name, or the
 /// PCI id in sysfs (see [`generation`]).
-fn resolve_generation(name: &str, opts: &DeviceOptions) -> Result<(Generation, String), HsaError> {
+fn resolve_generation(
+    name: &str,
+    abi: PacketAbi,
+    opts: &DeviceOptions,
+) -> Result<(Generation, String), HsaError> {
     if let Some(g) = opts.generation {
         return Ok((g, "configuration".into()));
     }
-    if let Some(g) = generation::from_specific_name(name, opts.packet_abi) {
+    if let Some(g) = generation::from_specific_name(name, abi) {
         return Ok((g, format!("agent name {name}")));
     }
     match generation::from_sysfs(&opts.sysfs_root) {
@@ -312,6 +329,28 @@ fn resolve_generation(name: &str, opts: &DeviceOptions) -> Result<(Generation, S
             },
             sysfs,
         }),
+    }
+}
+
+/// The packet ABI for `setting`, and how it was chosen. `Auto` loads a tiny built-in code
+/// object on the agent before any queue exists: a runtime that takes it speaks kernel objects
+/// (a runtime without the AIE loader fails the load, or lacks the executable API).
+fn resolve_abi(api: &Arc<HsaApi>, aie: Agent, opts: &DeviceOptions) -> (PacketAbi, String) {
+    let fallback = opts.packet_abi;
+    if !opts.probe_code_objects {
+        return (fallback, "configured".into());
+    }
+    match code_object::probe(api, aie) {
+        Ok(()) => (
+            PacketAbi::KernelObject,
+            "auto: the runtime loaded a built-in AIE code object".into(),
+        ),
+        Err(e) => (
+            fallback,
+            format!(
+                "auto: the runtime did not load a built-in AIE code object ({e}); using {fallback}"
+            ),
+        ),
     }
 }
 

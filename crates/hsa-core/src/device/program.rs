@@ -1,25 +1,61 @@
-//! Programs: a PDI and its instruction stream copied into the device heap.
+//! Programs: a PDI and its instruction stream copied into the device heap (G1, G2), or a code
+//! object loaded through the executable API (kernel objects).
+//!
+//! On a runtime that loads code objects, a PDI and an instruction stream are packed into an
+//! hsaco in memory and loaded like any other, so callers need not know which form the runtime
+//! speaks. On the other runtimes an hsaco's `PdiInsts` kernel is unpacked into its PDI and
+//! instruction stream, which is exactly what those runtimes dispatch; its `FullElf` kernels
+//! cannot run there.
 
 use std::sync::Arc;
 
+use npu_artifacts::NpuGen;
+use npu_artifacts::hsaco::{KernelKind, parse_for_arch};
+use npu_artifacts::txn::TxnProgram;
+
+use super::code_object::{LoadedKernel, PACKED_KERNEL, pack_pdi_insts};
 use super::discover::PoolChoice;
 use super::resource::PoolAlloc;
-use super::{Device, ProgramId, round_up};
+use super::{Device, Generation, ProgramId, round_up};
 use crate::api::HsaApi;
 use crate::error::HsaError;
 use crate::sys::{DEVICE_HEAP_ALIGNMENT, DEVICE_HEAP_SIZE, Status};
 
 #[derive(Debug)]
 pub(super) struct Program {
-    pub(super) pdi: PoolAlloc,
-    pub(super) insts: PoolAlloc,
-    pub(super) insts_len: usize,
-    /// Device-heap bytes held (both allocations, rounded to the heap's alignment).
+    pub(super) code: Code,
+    /// Device-heap bytes held (every blob, rounded to the heap's alignment).
     pub(super) heap_bytes: usize,
 }
 
+/// Where a program's code lives.
+#[derive(Debug)]
+pub(super) enum Code {
+    /// A PDI and an instruction stream this binding placed in the device heap.
+    Heap {
+        pdi: PoolAlloc,
+        insts: PoolAlloc,
+        insts_len: usize,
+    },
+    /// A kernel of a loaded code object; the runtime placed its blobs.
+    Loaded {
+        kernel: LoadedKernel,
+        kind: KernelKind,
+    },
+}
+
 impl Device {
-    /// Copies a PDI and its instruction stream into the device heap.
+    /// The arch whose hsaco section the device loads.
+    fn arch(&self) -> NpuGen {
+        match self.info.generation {
+            Generation::Npu1 => NpuGen::Npu1,
+            Generation::Npu2 => NpuGen::Npu2,
+        }
+    }
+
+    /// Loads a PDI and its instruction stream: copied into the device heap, or on a runtime
+    /// that loads code objects, packed into an hsaco in memory and loaded through the
+    /// executable API.
     ///
     /// # Errors
     /// [`HsaError::InvalidArgument`] for an empty PDI or an instruction stream that is empty or
@@ -35,6 +71,100 @@ impl Device {
                 insts.len()
             )));
         }
+        if self.info.packet_abi.loads_code_objects() {
+            // The partition width and the argument count come from the TXN header and its DDR
+            // patches; a stream this binding cannot parse is packed as one column.
+            let (cols, args) = TxnProgram::parse(insts).map_or((1, 0), |t| {
+                (
+                    u32::from(t.cols),
+                    u32::try_from(t.arg_count()).unwrap_or(u32::MAX),
+                )
+            });
+            let bytes = pack_pdi_insts(self.arch(), pdi, insts, cols, args)?;
+            let heap = heap_of(&[pdi.len(), insts.len()]);
+            return self.load_code_object(bytes, PACKED_KERNEL, KernelKind::PdiInsts, heap);
+        }
+        self.load_to_heap(pdi, insts)
+    }
+
+    /// Loads kernel `kernel` of an AIE hsaco. On a runtime that loads code objects the hsaco
+    /// is loaded as it is; on the others its `PdiInsts` kernel is unpacked and loaded as a PDI
+    /// and an instruction stream.
+    ///
+    /// # Errors
+    /// [`HsaError::InvalidArgument`] naming the broken format rule, or a kernel the section for
+    /// this device's arch lacks; [`HsaError::NeedsCodeObjects`] for a FullElf kernel on a
+    /// runtime that does not load code objects; as [`Device::load_program`] otherwise.
+    pub fn load_hsaco(&mut self, hsaco: &[u8], kernel: &str) -> Result<ProgramId, HsaError> {
+        let arch = self.arch();
+        let section = parse_for_arch(hsaco, arch)
+            .map_err(|e| HsaError::InvalidArgument(format!("the hsaco: {e}")))?;
+        let k = section.kernel(kernel).ok_or_else(|| {
+            let names: Vec<&str> = section.kernels.iter().map(|k| k.name.as_str()).collect();
+            HsaError::InvalidArgument(format!(
+                "the hsaco's {} section has no kernel {kernel:?}; it has {names:?}",
+                arch.agent_name()
+            ))
+        })?;
+        if !self.info.packet_abi.loads_code_objects() {
+            return match (k.kind, &k.pdi) {
+                (KernelKind::PdiInsts, Some(pdi)) => {
+                    let (pdi, insts) = (pdi.bytes.to_vec(), k.insts.bytes.to_vec());
+                    self.load_to_heap(&pdi, &insts)
+                }
+                _ => Err(HsaError::NeedsCodeObjects {
+                    kernel: kernel.to_owned(),
+                    abi: self.info.packet_abi.as_str(),
+                }),
+            };
+        }
+        let kind = k.kind;
+        let heap = match &k.full_elf {
+            Some(elf) => heap_of(&elf.pdis.iter().map(|p| p.bytes.len()).collect::<Vec<_>>()),
+            None => heap_of(&[
+                k.insts.bytes.len(),
+                k.pdi.as_ref().map_or(0, |p| p.bytes.len()),
+            ]),
+        };
+        self.load_code_object(hsaco.to_vec(), kernel, kind, heap)
+    }
+
+    fn load_code_object(
+        &mut self,
+        bytes: Vec<u8>,
+        kernel: &str,
+        kind: KernelKind,
+        heap_bytes: usize,
+    ) -> Result<ProgramId, HsaError> {
+        let api = self.rt.api.clone();
+        let used = self.heap_used;
+        let size = self.info.heap_size;
+        let loaded =
+            LoadedKernel::load(&api, self.aie, bytes, kernel).map_err(|e| match e.status() {
+                Some(Status::ERROR_OUT_OF_RESOURCES) => HsaError::HeapFull {
+                    needed: heap_bytes,
+                    used,
+                    size,
+                    reason: e.to_string(),
+                },
+                _ => e,
+            })?;
+        self.heap_used += heap_bytes;
+        let id = ProgramId(self.next_id());
+        self.programs.insert(
+            id,
+            Program {
+                code: Code::Loaded {
+                    kernel: loaded,
+                    kind,
+                },
+                heap_bytes,
+            },
+        );
+        Ok(id)
+    }
+
+    fn load_to_heap(&mut self, pdi: &[u8], insts: &[u8]) -> Result<ProgramId, HsaError> {
         let api = self.rt.api.clone();
         let heap_full = |reason: String| HsaError::HeapFull {
             needed: round_up(pdi.len(), DEVICE_HEAP_ALIGNMENT)
@@ -62,16 +192,17 @@ impl Device {
             std::ptr::copy_nonoverlapping(pdi.as_ptr(), pdi_mem.ptr(), pdi.len());
             std::ptr::copy_nonoverlapping(insts.as_ptr(), insts_mem.ptr(), insts.len());
         }
-        let heap_bytes = round_up(pdi.len(), DEVICE_HEAP_ALIGNMENT)
-            + round_up(insts.len(), DEVICE_HEAP_ALIGNMENT);
+        let heap_bytes = heap_of(&[pdi.len(), insts.len()]);
         self.heap_used += heap_bytes;
         let id = ProgramId(self.next_id());
         self.programs.insert(
             id,
             Program {
-                pdi: pdi_mem,
-                insts: insts_mem,
-                insts_len: insts.len(),
+                code: Code::Heap {
+                    pdi: pdi_mem,
+                    insts: insts_mem,
+                    insts_len: insts.len(),
+                },
                 heap_bytes,
             },
         );
@@ -88,20 +219,44 @@ impl Device {
             id: id.0,
         })?;
         self.heap_used -= p.heap_bytes;
-        // A queue that loaded this PDI holds it in its hardware context: destroy the queue
-        // before the PDI's memory goes (the next dispatch creates a new one), so the runtime
-        // never refers to freed memory and a new PDI at the same address is not mistaken for
-        // the cached one.
-        if self
-            .queue
-            .as_ref()
-            .is_some_and(|q| q.pdis.contains(&p.pdi.addr()))
-        {
-            self.queue = None;
+        match &p.code {
+            // A queue that loaded this PDI holds it in its hardware context: destroy the queue
+            // before the PDI's memory goes (the next dispatch creates a new one), so the
+            // runtime never refers to freed memory and a new PDI at the same address is not
+            // mistaken for the cached one.
+            Code::Heap { pdi, .. } => {
+                if self
+                    .queue
+                    .as_ref()
+                    .is_some_and(|q| q.pdis.contains(&pdi.addr()))
+                {
+                    self.queue = None;
+                }
+            }
+            // Destroying an executable bumps the agent's PDI-release epoch: every queue drops
+            // its whole PDI cache before its next batch, so the queue stays and so does
+            // nothing of the cache this binding mirrors.
+            Code::Loaded {
+                kind: KernelKind::PdiInsts,
+                ..
+            } => {
+                if let Some(q) = &mut self.queue {
+                    q.pdis.clear();
+                }
+            }
+            Code::Loaded { .. } => {}
         }
         drop(p);
         Ok(())
     }
+}
+
+/// Device-heap bytes of blobs of these lengths, each rounded to the heap's alignment.
+fn heap_of(lens: &[usize]) -> usize {
+    lens.iter()
+        .filter(|&&l| l > 0)
+        .map(|&l| round_up(l, DEVICE_HEAP_ALIGNMENT))
+        .sum()
 }
 
 /// Allocates device-heap memory for an instruction stream at an address ROCR translates

@@ -8,8 +8,10 @@
 use std::ffi::{c_char, c_int, c_void};
 
 use super::{
-    AccessDesc, AccessPermission, Agent, AgentInfo, MemoryPool, MemoryType, PoolInfo, Queue,
-    QueueType, Signal, SignalCondition, SignalValue, Status, SystemInfo, VmemHandle, WaitState,
+    AccessDesc, AccessPermission, Agent, AgentInfo, CodeObjectReader, Executable, ExecutableSymbol,
+    FloatRoundingMode, HsaProfile, LoadedCodeObject, MemoryPool, MemoryType, PoolInfo, Queue,
+    QueueType, Signal, SignalCondition, SignalValue, Status, SymbolInfo, SystemInfo, VmemHandle,
+    WaitState,
 };
 
 /// Callback of `hsa_iterate_agents`.
@@ -153,6 +155,24 @@ fn_table! {
         portable_export_dmabuf = "hsa_amd_portable_export_dmabuf":
             fn(*const c_void, usize, *mut c_int, *mut u64) -> Status;
         portable_close_dmabuf = "hsa_amd_portable_close_dmabuf": fn(c_int) -> Status;
+        // The executable API (`hsa.h`): how a kernel-object runtime loads an AIE hsaco
+        // (`rocr-aie-hsaco.md` §3). Every ROCR exports these; only a kernel-object ROCR loads
+        // an AIE hsaco with them.
+        code_object_reader_create_from_memory = "hsa_code_object_reader_create_from_memory":
+            fn(*const c_void, usize, *mut CodeObjectReader) -> Status;
+        code_object_reader_destroy = "hsa_code_object_reader_destroy":
+            fn(CodeObjectReader) -> Status;
+        executable_create_alt = "hsa_executable_create_alt":
+            fn(HsaProfile, FloatRoundingMode, *const c_char, *mut Executable) -> Status;
+        executable_load_agent_code_object = "hsa_executable_load_agent_code_object":
+            fn(Executable, Agent, CodeObjectReader, *const c_char, *mut LoadedCodeObject)
+                -> Status;
+        executable_freeze = "hsa_executable_freeze": fn(Executable, *const c_char) -> Status;
+        executable_get_symbol_by_name = "hsa_executable_get_symbol_by_name":
+            fn(Executable, *const c_char, *const Agent, *mut ExecutableSymbol) -> Status;
+        executable_symbol_get_info = "hsa_executable_symbol_get_info":
+            fn(ExecutableSymbol, SymbolInfo, *mut c_void) -> Status;
+        executable_destroy = "hsa_executable_destroy": fn(Executable) -> Status;
     }
 }
 
@@ -169,6 +189,7 @@ mod tests {
         assert_eq!(all.len(), n);
         assert!(HsaFns::REQUIRED.contains(&"hsa_signal_store_screlease"));
         assert!(HsaFns::OPTIONAL.contains(&"hsa_amd_vmem_map"));
+        assert!(HsaFns::OPTIONAL.contains(&"hsa_executable_load_agent_code_object"));
     }
 
     #[test]

@@ -142,6 +142,38 @@ pub struct VmemHandle {
     pub handle: u64,
 }
 
+/// `hsa_code_object_reader_t`: a code object in memory, as the loader will read it.
+#[doc(alias = "hsa_code_object_reader_t")]
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct CodeObjectReader {
+    pub handle: u64,
+}
+
+/// `hsa_executable_t`: loaded code objects and their symbols.
+#[doc(alias = "hsa_executable_t")]
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Executable {
+    pub handle: u64,
+}
+
+/// `hsa_executable_symbol_t`: one symbol of an executable, for one agent.
+#[doc(alias = "hsa_executable_symbol_t")]
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct ExecutableSymbol {
+    pub handle: u64,
+}
+
+/// `hsa_loaded_code_object_t`: what `hsa_executable_load_agent_code_object` may return.
+#[doc(alias = "hsa_loaded_code_object_t")]
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct LoadedCodeObject {
+    pub handle: u64,
+}
+
 /// `hsa_signal_value_t` (the large machine model: 64 bits, signed).
 #[doc(alias = "hsa_signal_value_t")]
 pub type SignalValue = i64;
@@ -318,6 +350,77 @@ c_newtype! {
 }
 
 c_newtype! {
+    /// `hsa_profile_t`: what `hsa_executable_create_alt` is built for. Named `HsaProfile`
+    /// because "profile" in this workspace means an emulated ROCR release.
+    #[doc(alias = "hsa_profile_t")]
+    HsaProfile(u32) { BASE = 0, FULL = 1 }
+}
+
+c_newtype! {
+    /// `hsa_default_float_rounding_mode_t`.
+    #[doc(alias = "hsa_default_float_rounding_mode_t")]
+    FloatRoundingMode(u32) { DEFAULT = 0, ZERO = 1, NEAR = 2 }
+}
+
+c_newtype! {
+    /// `hsa_executable_symbol_info_t`: the attributes `hsa_executable_symbol_get_info` reads.
+    /// The numbers are not in declaration order in `hsa.h`; these are its values.
+    #[doc(alias = "hsa_executable_symbol_info_t")]
+    SymbolInfo(u32) {
+        /// `hsa_symbol_kind_t` (u32).
+        TYPE = 0,
+        /// u32, without the terminating NUL.
+        NAME_LENGTH = 1,
+        /// `NAME_LENGTH` chars, not NUL-terminated.
+        NAME = 2,
+        MODULE_NAME_LENGTH = 3,
+        MODULE_NAME = 4,
+        /// `hsa_symbol_linkage_t` (u32).
+        LINKAGE = 5,
+        VARIABLE_ALLOCATION = 6,
+        VARIABLE_SEGMENT = 7,
+        VARIABLE_ALIGNMENT = 8,
+        VARIABLE_SIZE = 9,
+        VARIABLE_IS_CONST = 10,
+        /// u32.
+        KERNEL_KERNARG_SEGMENT_SIZE = 11,
+        /// u32.
+        KERNEL_KERNARG_SEGMENT_ALIGNMENT = 12,
+        /// u32.
+        KERNEL_GROUP_SEGMENT_SIZE = 13,
+        /// u32.
+        KERNEL_PRIVATE_SEGMENT_SIZE = 14,
+        KERNEL_DYNAMIC_CALLSTACK = 15,
+        INDIRECT_FUNCTION_CALL_CONVENTION = 16,
+        /// bool (one byte).
+        IS_DEFINITION = 17,
+        KERNEL_CALL_CONVENTION = 18,
+        /// `hsa_agent_t`.
+        AGENT = 20,
+        VARIABLE_ADDRESS = 21,
+        /// u64: the handle a dispatch packet names; 0 until the executable is frozen.
+        KERNEL_OBJECT = 22,
+        INDIRECT_FUNCTION_OBJECT = 23,
+    }
+}
+
+c_newtype! {
+    /// `hsa_symbol_kind_t`.
+    #[doc(alias = "hsa_symbol_kind_t")]
+    SymbolKind(u32) { VARIABLE = 0, KERNEL = 1, INDIRECT_FUNCTION = 2 }
+}
+
+c_newtype! {
+    /// `hsa_symbol_linkage_t`.
+    #[doc(alias = "hsa_symbol_linkage_t")]
+    SymbolLinkage(u32) { MODULE = 0, PROGRAM = 1 }
+}
+
+/// The kernarg alignment ROCR reports for an AIE kernel symbol
+/// (`KERNEL_KERNARG_SEGMENT_ALIGNMENT`, `rocr-aie-hsaco.md` §3).
+pub const AIE_KERNARG_ALIGNMENT: u32 = 64;
+
+c_newtype! {
     /// `hsa_packet_type_t` (the low 8 bits of an AQL header).
     #[doc(alias = "hsa_packet_type_t")]
     PacketType(u8) {
@@ -415,6 +518,38 @@ mod tests {
         assert_eq!(Status(0x4242).name(), None);
         assert_eq!(format!("{:?}", Status::ERROR), "Status::ERROR(0x1000)");
         assert_eq!(format!("{:?}", Status(0x4242)), "Status(0x4242)");
+    }
+
+    #[test]
+    fn executable_api_values_match_hsa_h() {
+        for (size, align) in [
+            (
+                size_of::<CodeObjectReader>(),
+                align_of::<CodeObjectReader>(),
+            ),
+            (size_of::<Executable>(), align_of::<Executable>()),
+            (
+                size_of::<ExecutableSymbol>(),
+                align_of::<ExecutableSymbol>(),
+            ),
+            (
+                size_of::<LoadedCodeObject>(),
+                align_of::<LoadedCodeObject>(),
+            ),
+        ] {
+            assert_eq!((size, align), (8, 8));
+        }
+        assert_eq!(HsaProfile::FULL.0, 1);
+        assert_eq!(FloatRoundingMode::DEFAULT.0, 0);
+        assert_eq!(FloatRoundingMode::NEAR.0, 2);
+        assert_eq!(SymbolInfo::KERNEL_OBJECT.0, 22);
+        assert_eq!(SymbolInfo::KERNEL_KERNARG_SEGMENT_SIZE.0, 11);
+        assert_eq!(SymbolInfo::KERNEL_KERNARG_SEGMENT_ALIGNMENT.0, 12);
+        assert_eq!(SymbolInfo::AGENT.0, 20);
+        assert_eq!(SymbolInfo::IS_DEFINITION.0, 17);
+        assert_eq!(SymbolKind::KERNEL.0, 1);
+        assert_eq!(SymbolLinkage::PROGRAM.0, 1);
+        assert_eq!(Status::ERROR_INVALID_CODE_OBJECT_READER.0, 0x1021);
     }
 
     #[test]

@@ -1,7 +1,10 @@
-//! The three AIE packet layouts ROCR has spoken (`rocr-aie.md` §0, §2).
+//! The AIE packet layouts ROCR has spoken (`rocr-aie.md` §0, §2; `rocr-aie-hsaco.md` §1).
 //!
 //! ROCR cannot be asked which one it speaks, so the caller chooses:
-//! - **G2**: [`AieDispatchPacket`] (`hsa_amd_aie_kernel_dispatch_packet_t`), the current ABI;
+//! - **kernel object**: [`AieKernelObjectPacket`], the same 64 bytes as G2 with words 20/24
+//!   naming a kernel object (`HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT` of a loaded AIE hsaco)
+//!   and words 40/48 reserved;
+//! - **G2**: [`AieDispatchPacket`] (`hsa_amd_aie_kernel_dispatch_packet_t`);
 //! - **G1b**: [`ErtPacket`] with `AmdFormat` 200 and a completion signal at offset 48;
 //! - **G1a**: [`ErtPacket`] with `AmdFormat` 3, header 0, no completion signal (ROCm 7.0).
 //!
@@ -54,6 +57,55 @@ impl AieDispatchPacket {
         u64::from(self.insts_addr_low) | (u64::from(self.insts_addr_high) << 32)
     }
 }
+
+/// The kernel-object form of `hsa_amd_aie_kernel_dispatch_packet_t`, 64 bytes
+/// (`rocr-aie-hsaco.md` §1).
+///
+/// Header, opcode, count, completion signal and the kernarg block are G2's. Words 20/24 hold the
+/// kernel object, a host pointer to a runtime-owned kernel descriptor whose first u32 is
+/// [`AIE_KERNEL_DESCRIPTOR_VERSION`]; it stays valid from `hsa_executable_freeze` until
+/// `hsa_executable_destroy`. Words 40 and 48 are reserved and must be 0 (the driver does not
+/// read them). A kernel-object ROCR reads a G2 packet's instruction address as a descriptor
+/// pointer: the two forms cannot be told apart by the runtime, only by the caller.
+#[doc(alias = "hsa_amd_aie_kernel_dispatch_packet_t")]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AieKernelObjectPacket {
+    pub header: u16,
+    pub opcode: u16,
+    pub count: u16,
+    pub reserved0: u8,
+    pub reserved1: u8,
+    pub completion_signal: Signal,
+    pub reserved2: u32,
+    pub kernel_object_low: u32,
+    pub kernel_object_high: u32,
+    pub num_kernargs: u16,
+    pub reserved3: u16,
+    pub kernarg_address: u64,
+    /// G2's `insts_size`; reserved, 0.
+    pub reserved_insts_size: u64,
+    /// G2's `pdi_addr`; reserved, 0.
+    pub reserved_pdi_addr: u64,
+    pub reserved4: u64,
+}
+
+impl AieKernelObjectPacket {
+    /// The kernel object, from its two halves.
+    pub fn kernel_object(&self) -> u64 {
+        u64::from(self.kernel_object_low) | (u64::from(self.kernel_object_high) << 32)
+    }
+
+    /// Stores `kernel_object` in its two halves.
+    pub fn set_kernel_object(&mut self, kernel_object: u64) {
+        self.kernel_object_low = (kernel_object & 0xFFFF_FFFF) as u32;
+        self.kernel_object_high = (kernel_object >> 32) as u32;
+    }
+}
+
+/// `kAieKernelDescriptorVersion`: the first u32 of every AIE kernel descriptor, the only word
+/// of it that is ABI (`rocr-aie-hsaco.md` §2).
+pub const AIE_KERNEL_DESCRIPTOR_VERSION: u32 = 1;
 
 /// `HSA_AMD_PACKET_TYPE_AIE_ERT`: the G1a `AmdFormat`.
 pub const AMD_PACKET_TYPE_AIE_ERT: u8 = 3;
@@ -191,6 +243,29 @@ mod tests {
         assert_eq!(offset_of!(AieDispatchPacket, pdi_addr), 48);
         assert_eq!(offset_of!(AieDispatchPacket, reserved4), 56);
         assert_eq!(AIE_DISPATCH_HEADER, 0x1400);
+    }
+
+    #[test]
+    fn kernel_object_layout_is_g2_with_words_20_24_renamed() {
+        assert_eq!(size_of::<AieKernelObjectPacket>(), 64);
+        assert_eq!(align_of::<AieKernelObjectPacket>(), 8);
+        assert_eq!(offset_of!(AieKernelObjectPacket, opcode), 2);
+        assert_eq!(offset_of!(AieKernelObjectPacket, count), 4);
+        assert_eq!(offset_of!(AieKernelObjectPacket, completion_signal), 8);
+        assert_eq!(offset_of!(AieKernelObjectPacket, kernel_object_low), 20);
+        assert_eq!(offset_of!(AieKernelObjectPacket, kernel_object_high), 24);
+        assert_eq!(offset_of!(AieKernelObjectPacket, num_kernargs), 28);
+        assert_eq!(offset_of!(AieKernelObjectPacket, kernarg_address), 32);
+        assert_eq!(offset_of!(AieKernelObjectPacket, reserved_insts_size), 40);
+        assert_eq!(offset_of!(AieKernelObjectPacket, reserved_pdi_addr), 48);
+        assert_eq!(offset_of!(AieKernelObjectPacket, reserved4), 56);
+        let mut p = AieKernelObjectPacket::default();
+        p.set_kernel_object(0x1234_5678_9ABC_DEF0);
+        assert_eq!(p.kernel_object(), 0x1234_5678_9ABC_DEF0);
+        assert_eq!(
+            (p.kernel_object_low, p.kernel_object_high),
+            (0x9ABC_DEF0, 0x1234_5678)
+        );
     }
 
     #[test]

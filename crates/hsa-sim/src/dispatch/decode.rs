@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use hsa_core::sys::{
     AIE_PACKET_OPCODE_KMQ, AIE_PACKET_TYPE_READY, AIE_QUEUE_SIZE, AMD_PACKET_TYPE_AIE_ERT,
-    AMD_PACKET_TYPE_RESERVED200, AieDispatchPacket, ERT_PAYLOAD_DATA_OFFSET, ERT_TXN_OPCODE,
-    ErtPacket, Signal, Status, ert_opcode, ert_state,
+    AMD_PACKET_TYPE_RESERVED200, AieDispatchPacket, AieKernelObjectPacket, ERT_PAYLOAD_DATA_OFFSET,
+    ERT_TXN_OPCODE, ErtPacket, Signal, Status, ert_opcode, ert_state,
 };
 
 use crate::config::PacketAbi;
@@ -35,7 +35,7 @@ pub(crate) struct Command {
 fn slot(q: &QueueObj, index: u64) -> Option<usize> {
     let size = u64::from(AIE_QUEUE_SIZE);
     let i = match q.config.packet_abi() {
-        PacketAbi::G2 | PacketAbi::G1b => index % size,
+        PacketAbi::G2 | PacketAbi::G1b | PacketAbi::KernelObject => index % size,
         PacketAbi::G1a if index < size => index,
         PacketAbi::G1a => return None,
     };
@@ -49,6 +49,13 @@ pub(crate) fn read_g2(q: &QueueObj, index: u64) -> Option<AieDispatchPacket> {
     // SAFETY: `at` is a 64-byte-aligned slot inside the queue's live ring mapping (the queue is
     // kept alive by the caller's Arc); the packet type is plain data valid for any bits.
     Some(unsafe { std::ptr::read_volatile(at as *const AieDispatchPacket) })
+}
+
+/// Packet `index` read as the kernel-object form (the G2 ring layout).
+pub(crate) fn read_kernel_object(q: &QueueObj, index: u64) -> Option<AieKernelObjectPacket> {
+    let at = slot(q, index)?;
+    // SAFETY: as in `read_g2`.
+    Some(unsafe { std::ptr::read_volatile(at as *const AieKernelObjectPacket) })
 }
 
 fn read_g1(q: &QueueObj, index: u64) -> Option<ErtPacket> {
@@ -72,7 +79,7 @@ fn bad_format(detail: String) -> SimError {
     SimError::new(Status::ERROR_INVALID_PACKET_FORMAT, detail)
 }
 
-fn completion(rt: &Runtime, s: Signal) -> Result<Option<Arc<SignalObj>>, SimError> {
+pub(crate) fn completion(rt: &Runtime, s: Signal) -> Result<Option<Arc<SignalObj>>, SimError> {
     if s.handle == 0 {
         return Ok(None);
     }
@@ -90,7 +97,7 @@ fn completion(rt: &Runtime, s: Signal) -> Result<Option<Arc<SignalObj>>, SimErro
 
 pub(crate) fn decode(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError> {
     match q.config.packet_abi() {
-        PacketAbi::G2 => decode_g2(rt, q, index),
+        PacketAbi::G2 | PacketAbi::KernelObject => decode_g2(rt, q, index),
         PacketAbi::G1a | PacketAbi::G1b => decode_g1(rt, q, index),
     }
 }

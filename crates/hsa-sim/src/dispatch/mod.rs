@@ -46,6 +46,7 @@ use crate::signal::complete;
 use crate::status::{SimError, record, status_label};
 
 pub(crate) mod decode;
+pub(crate) mod kernel_object;
 
 pub(crate) use decode::Command;
 
@@ -129,6 +130,9 @@ fn run_batch(rt: &Runtime, q: &QueueObj, state: &mut QueueState) -> Result<(), B
                 wr - rd
             ),
         )));
+    }
+    if q.config.profile.speaks_kernel_objects() {
+        return kernel_object::run_batch(rt, q, state, rd, wr).map_err(fail);
     }
     let chains = plan_chains(q, rd, wr).map_err(fail)?;
     let mut chains = chains.into_iter();

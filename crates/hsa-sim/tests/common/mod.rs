@@ -3,6 +3,7 @@
 
 #![allow(dead_code, clippy::cast_possible_truncation)]
 
+pub mod ko;
 pub mod profiles;
 
 use std::ffi::c_void;
@@ -202,7 +203,7 @@ impl Sim {
     /// A packet of this runtime's generation for one dispatch.
     pub fn packet(&self, d: &Dispatch) -> [u8; 64] {
         match self.abi {
-            PacketAbi::G2 => g2_bytes(&g2_packet(self, d)),
+            PacketAbi::G2 | PacketAbi::KernelObject => g2_bytes(&g2_packet(self, d)),
             PacketAbi::G1a | PacketAbi::G1b => g1_bytes(&g1_packet(self, d)),
         }
     }

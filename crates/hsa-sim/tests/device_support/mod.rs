@@ -10,6 +10,15 @@ use hsa_sim::{Profile, SimConfig};
 use npu_artifacts::NpuGen;
 use npu_artifacts::emu::{DType, EmuDesign};
 
+/// The profiles hsa-core's device layer drives with PDI + insts packets: every profile but
+/// `kernel-object`, whose packets name kernel objects of loaded hsacos (its own tests are in
+/// `kernel_object.rs`).
+pub fn packet_profiles() -> impl Iterator<Item = Profile> {
+    Profile::ALL
+        .into_iter()
+        .filter(|p| !p.speaks_kernel_objects())
+}
+
 /// The hardware each profile is emulated on here: ROCm 7.0 names every AIE agent `aie2`, and
 /// hsa-core picks the instruction generation by that name, so under ROCm 7.0 only a Phoenix
 /// (npu1) runs what hsa-core builds. The later releases run on a Strix (npu2).

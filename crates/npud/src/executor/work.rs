@@ -16,7 +16,7 @@ use hsa_core::{ChainError, Dispatch, HsaError, ProgramId};
 use super::sched::may_start;
 use super::{WorkItem, Worker};
 use crate::error::NpudError;
-use crate::programs::{Program, Runnable};
+use crate::programs::{Code, Program, Runnable};
 
 /// A link that failed on the device after earlier links completed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -259,7 +259,11 @@ impl Worker {
             self.unload(v);
         }
         loop {
-            match self.dev.load_program(&p.pdi, &p.insts) {
+            let loaded = match &p.code {
+                Code::PdiInsts { pdi, insts } => self.dev.load_program(pdi, insts),
+                Code::Hsaco { bytes, kernel } => self.dev.load_hsaco(bytes, kernel),
+            };
+            match loaded {
                 Ok(d) => {
                     self.cache.insert(p.id, d);
                     self.programs.set_loaded(p.id, true);

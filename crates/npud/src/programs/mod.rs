@@ -30,76 +30,10 @@ mod validate;
 use crate::stats::{DispatchStats, Outcome};
 pub use quarantine::record_proto;
 use quarantine::{explain, refused_at_registration};
-pub use validate::validate;
+pub use validate::{validate, validate_hsaco};
 
-/// A stored program: its bytes and what the daemon needs to know to check a dispatch.
-#[derive(Debug)]
-pub struct Program {
-    pub id: u64,
-    /// blake3 of the PDI followed by the instruction stream, hex.
-    pub hash: String,
-    pub name: String,
-    pub pdi: Vec<u8>,
-    pub insts: Vec<u8>,
-    pub summary: pb::ProgramSummary,
-}
-
-impl Program {
-    /// Refuses arguments that are fewer or smaller than the program's DDR patches require.
-    /// `sizes` are the byte lengths of the arguments; `field` names them (`args`,
-    /// `links[2].args`).
-    ///
-    /// # Errors
-    /// INVALID_ARGUMENT naming the argument.
-    pub fn check_args(
-        &self,
-        sizes: &[u64],
-        field: impl std::fmt::Display,
-    ) -> Result<(), NpudError> {
-        let need = &self.summary.min_arg_bytes;
-        if sizes.len() < need.len() {
-            return Err(NpudError::InvalidArgument(format!(
-                "{field}: program {} ({}) takes {} buffer arguments; {} given",
-                self.id,
-                self.display_name(),
-                need.len(),
-                sizes.len()
-            )));
-        }
-        for (i, (&have, &min)) in sizes.iter().zip(need).enumerate() {
-            if have < min {
-                return Err(NpudError::InvalidArgument(format!(
-                    "{field}[{i}]: {have} bytes, but program {} ({}) needs at least {min} \
-                     (its instruction stream patches that many)",
-                    self.id,
-                    self.display_name()
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// The bytes it holds: PDI plus instruction stream.
-    pub fn byte_len(&self) -> u64 {
-        (self.pdi.len() as u64).saturating_add(self.insts.len() as u64)
-    }
-
-    pub fn display_name(&self) -> &str {
-        if self.name.is_empty() {
-            &self.summary.kind
-        } else {
-            &self.name
-        }
-    }
-}
-
-/// The content hash of a program's bytes.
-pub fn content_hash(pdi: &[u8], insts: &[u8]) -> String {
-    let mut h = blake3::Hasher::new();
-    h.update(pdi);
-    h.update(insts);
-    h.finalize().to_hex().to_string()
-}
+mod program;
+pub use program::{Code, FORM_HSACO, FORM_PDI_INSTS, Program, content_hash, hsaco_hash};
 
 #[derive(Debug)]
 struct Entry {
@@ -131,6 +65,9 @@ pub struct Programs {
     runs: Runs,
     /// Where records are kept across restarts; `None` when `state_dir` is empty.
     records: Option<QuarantineDir>,
+    /// The packet ABI the device speaks: whether it loads code objects decides which hsaco
+    /// kernels can run.
+    abi: hsa_core::PacketAbi,
 }
 
 /// What kind of design the device runs: decided by the runtime that was opened, not by how
@@ -197,7 +134,15 @@ impl Programs {
             device,
             runs,
             records,
+            abi: hsa_core::PacketAbi::G2,
         }
+    }
+
+    /// The packet ABI the device speaks (G2 unless set).
+    #[must_use]
+    pub fn with_packet_abi(mut self, abi: hsa_core::PacketAbi) -> Self {
+        self.abi = abi;
+        self
     }
 
     /// Refuses a program of `bytes` bytes for `session` when the distinct programs it already
@@ -264,21 +209,70 @@ impl Programs {
         insts: Vec<u8>,
         name: String,
     ) -> Result<Registered, NpudError> {
+        let hash = content_hash(&pdi, &insts);
+        let bytes = (pdi.len() as u64).saturating_add(insts.len() as u64);
+        let (max, device, runs) = (self.max_bytes, self.device, self.runs);
+        self.store(session, hash, bytes, name, || {
+            let summary = validate(&pdi, &insts, max, device, runs)?;
+            Ok((Code::PdiInsts { pdi, insts }, summary))
+        })
+    }
+
+    /// Stores kernel `kernel` of an AIE hsaco (the only kernel of the device's section when
+    /// `kernel` is empty), or finds the stored one with the same bytes and kernel, and adds
+    /// `session`'s reference.
+    ///
+    /// # Errors
+    /// As [`validate_hsaco`], and as [`Programs::register`].
+    pub fn register_hsaco(
+        &self,
+        session: u64,
+        hsaco: Vec<u8>,
+        kernel: String,
+        name: String,
+    ) -> Result<Registered, NpudError> {
+        let (max, device, runs, abi) = (self.max_bytes, self.device, self.runs, self.abi);
+        validate::check_size("hsaco", hsaco.len() as u64, max)?;
+        // The kernel is resolved before hashing, so that naming the only kernel and leaving
+        // the name empty are the same program.
+        let kernel = validate::resolve_kernel(&hsaco, &kernel, device)?;
+        let hash = hsaco_hash(&hsaco, &kernel);
+        let bytes = hsaco.len() as u64;
+        self.store(session, hash, bytes, name, || {
+            let summary = validate_hsaco(&hsaco, &kernel, max, device, runs, abi)?;
+            Ok((
+                Code::Hsaco {
+                    bytes: hsaco,
+                    kernel,
+                },
+                summary,
+            ))
+        })
+    }
+
+    /// Registration after the bytes are hashed: dedupe, quota, then `validate` (only for
+    /// bytes not stored yet), then store.
+    fn store(
+        &self,
+        session: u64,
+        hash: String,
+        bytes: u64,
+        name: String,
+        validate: impl FnOnce() -> Result<(Code, pb::ProgramSummary), NpudError>,
+    ) -> Result<Registered, NpudError> {
         if name.len() > MAX_NAME_BYTES {
             return Err(NpudError::InvalidArgument(format!(
                 "name: {} bytes; at most {MAX_NAME_BYTES}",
                 name.len()
             )));
         }
-        let hash = content_hash(&pdi, &insts);
         let limit = self.max_session_bytes;
         if let Some(known) = Self::known(&mut self.lock(), session, &hash, limit) {
             return known;
         }
-        let bytes = (pdi.len() as u64).saturating_add(insts.len() as u64);
         // Before validation, so that a session at its quota costs no parsing.
         Self::check_quota(&self.lock(), session, bytes, limit)?;
-        let summary = validate(&pdi, &insts, self.max_bytes, self.device, self.runs)?;
+        let (code, summary) = validate()?;
         let mut g = self.lock();
         // Another session may have stored the same bytes (or a fault quarantined them) while
         // this one validated, and this session may have registered others.
@@ -292,8 +286,7 @@ impl Programs {
             id,
             hash: hash.clone(),
             name,
-            pdi,
-            insts,
+            code,
             summary,
         });
         g.by_hash.insert(hash, id);
@@ -436,6 +429,9 @@ impl Programs {
                 quarantined: e.quarantined,
                 loads: e.loads,
                 dispatches: Some(e.stats.to_proto()),
+                form: e.program.summary.form.clone(),
+                kernel_name: e.program.summary.kernel_name.clone(),
+                kernel_kind: e.program.summary.kernel_kind.clone(),
             })
             .collect()
     }
@@ -566,6 +562,51 @@ mod tests {
         let e = validate(&pdi, &insts, 1 << 20, NpuGen::Npu2, Runs::RealDesigns).unwrap_err();
         assert!(matches!(e, NpudError::FailedPrecondition(_)), "{e}");
         assert!(e.message().contains("runs only on the emulator"), "{e}");
+    }
+
+    #[test]
+    fn an_hsaco_kernel_is_stored_once_and_full_elf_needs_code_objects() {
+        let d = EmuDesign::vector_scalar_add(1024, DType::I32, 1);
+        let hsaco = d.to_hsaco(NpuGen::Npu2).unwrap();
+        let p = store();
+        let a = p
+            .register_hsaco(1, hsaco.clone(), String::new(), "a".into())
+            .unwrap();
+        let b = p
+            .register_hsaco(2, hsaco.clone(), "vector_scalar_add".into(), "b".into())
+            .unwrap();
+        assert!(a.newly_stored && !b.newly_stored);
+        assert_eq!(a.program.id, b.program.id);
+        let s = &a.program.summary;
+        assert_eq!(
+            (
+                s.form.as_str(),
+                s.kernel_name.as_str(),
+                s.kernel_kind.as_str()
+            ),
+            (FORM_HSACO, "vector_scalar_add", "PdiInsts")
+        );
+        assert_eq!(s.min_arg_bytes, vec![4096, 4096]);
+        assert_eq!(a.program.byte_len(), hsaco.len() as u64);
+        // The same design as PDI+insts is another program (its own form and hash).
+        let (pdi, insts) = vsa(1);
+        let c = p.register(1, pdi, insts, "c".into()).unwrap();
+        assert_ne!(c.program.id, a.program.id);
+        assert_eq!(c.program.summary.form, FORM_PDI_INSTS);
+
+        let full = d.to_full_elf_hsaco().unwrap();
+        let e = p
+            .register_hsaco(1, full.clone(), String::new(), String::new())
+            .unwrap_err();
+        assert!(matches!(e, NpudError::FailedPrecondition(_)), "{e}");
+        assert!(e.message().contains("does not load code objects"), "{e}");
+        let ko = store().with_packet_abi(hsa_core::PacketAbi::KernelObject);
+        let r = ko
+            .register_hsaco(1, full, String::new(), String::new())
+            .unwrap();
+        assert_eq!(r.program.summary.kernel_kind, "FullElf");
+        assert_eq!(r.program.summary.kind, "vector_scalar_add");
+        assert_eq!(r.program.summary.arg_count, 2);
     }
 
     #[test]

@@ -16,10 +16,16 @@ impl NpudService {
     ) -> Result<pb::RegisterProgramResponse, NpudError> {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
-        let reg = self
-            .state
-            .programs
-            .register(caller.session, r.pdi, r.insts, r.name)?;
+        let programs = &self.state.programs;
+        let reg = match (r.hsaco.is_empty(), r.pdi.is_empty() && r.insts.is_empty()) {
+            (true, _) => programs.register(caller.session, r.pdi, r.insts, r.name)?,
+            (false, true) => programs.register_hsaco(caller.session, r.hsaco, r.kernel, r.name)?,
+            (false, false) => {
+                return Err(NpudError::InvalidArgument(
+                    "hsaco: set either pdi and insts, or hsaco (and kernel), not both".into(),
+                ));
+            }
+        };
         Ok(pb::RegisterProgramResponse {
             program_id: reg.program.id,
             content_hash: reg.program.hash.clone(),

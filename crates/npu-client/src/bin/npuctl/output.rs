@@ -93,6 +93,7 @@ pub fn device_json(d: &pb::DeviceInfo) -> Value {
         "runtime_library": d.runtime_library,
         "runtime_version": d.runtime_version,
         "packet_abi": d.packet_abi,
+        "packet_abi_source": d.packet_abi_source,
         "heap_size_bytes": d.heap_size_bytes,
         "heap_used_bytes": d.heap_used_bytes,
         "programs_loaded": d.programs_loaded,
@@ -151,6 +152,9 @@ pub fn summary_json(s: Option<&pb::ProgramSummary>) -> Value {
         "pdi_bytes": s.pdi_bytes,
         "columns": s.columns,
         "op_count": s.op_count,
+        "form": s.form,
+        "kernel_name": s.kernel_name,
+        "kernel_kind": s.kernel_kind,
     })
 }
 
@@ -159,6 +163,9 @@ pub fn program_stats_json(p: &pb::ProgramStatistics) -> Value {
         "program_id": p.program_id,
         "name": p.name,
         "content_hash": p.content_hash,
+        "form": p.form,
+        "kernel_name": p.kernel_name,
+        "kernel_kind": p.kernel_kind,
         "references": p.references,
         "loaded": p.loaded,
         "quarantined": p.quarantined,

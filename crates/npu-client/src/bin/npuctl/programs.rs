@@ -58,6 +58,7 @@ pub async fn run(a: &Args, addr: Option<&str>, json: bool) -> crate::CmdResult {
             "id",
             "name",
             "hash",
+            "form",
             "kind",
             "gen",
             "args",
@@ -83,6 +84,11 @@ pub async fn run(a: &Args, addr: Option<&str>, json: bool) -> crate::CmdResult {
                 p.program_id.to_string(),
                 p.name.clone(),
                 p.content_hash.chars().take(12).collect(),
+                if s.kernel_name.is_empty() {
+                    s.form
+                } else {
+                    format!("{} {} ({})", s.form, s.kernel_name, s.kernel_kind)
+                },
                 s.kind,
                 s.generation,
                 s.arg_count.to_string(),

@@ -1,4 +1,5 @@
-//! `npuctl run DESIGN_DIR --input FILE... --output FILE...`: run a design over files.
+//! `npuctl run DESIGN_DIR|FILE.hsaco [--kernel NAME] --input FILE... --output FILE...`: run a
+//! design over files. An `.hsaco` file runs the kernel `--kernel` names (or its only kernel).
 //!
 //! Buffers are passed in the design's argument order: the inputs (each as big as its file), then
 //! the outputs (each as big as the design's instruction stream needs that argument to be, or
@@ -16,8 +17,11 @@ use crate::output;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The design directory.
+    /// The design directory, or an AIE hsaco file (`*.hsaco`).
     dir: PathBuf,
+    /// The hsaco kernel to run (default: the file's only kernel).
+    #[arg(long, default_value = "")]
+    kernel: String,
     /// Input files, raw bytes, in argument order.
     #[arg(long = "input", num_args = 1..)]
     inputs: Vec<PathBuf>,
@@ -33,9 +37,20 @@ pub struct Args {
 }
 
 pub async fn run(a: &Args, addr: Option<&str>, json: bool) -> crate::CmdResult {
-    let program = Program::from_dir(&a.dir).map_err(|e| e.to_string())?;
+    let program = if a.dir.is_file() {
+        Program::from_hsaco(&a.dir, &a.kernel)
+    } else if a.kernel.is_empty() {
+        Program::from_dir(&a.dir)
+    } else {
+        return Err(format!(
+            "--kernel {}: {} is a design directory; --kernel names a kernel of an .hsaco file",
+            a.kernel,
+            a.dir.display()
+        ));
+    }
+    .map_err(|e| e.to_string())?;
     let client = Client::connect(addr).await.map_err(|e| e.to_string())?;
-    let need = program.txn().min_arg_sizes();
+    let need = program.min_arg_sizes();
     let mut tensors: Vec<Tensor<u8>> = Vec::new();
     for path in &a.inputs {
         let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -53,6 +53,7 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
                 )
             },
         ),
+        ("packet ABI", info.packet_abi_source.clone()),
         (
             "runtime",
             if info.runtime_version.is_empty() {
