@@ -1,18 +1,29 @@
 //! The executor: one named thread that owns the `hsa_core::Device`.
 //!
 //! Handlers send it [`Command`]s over a bounded channel, each with a oneshot for the reply;
-//! only opaque ids, bytes and validated program descriptions cross the channel. Work
-//! (dispatches and chains) goes into per-session queues served round-robin ([`sched`]); control
-//! commands (tensors, reads and writes, unloads, session releases) run in arrival order between
-//! work items. A work item whose deadline has passed when it reaches the front is answered
-//! DEADLINE_EXCEEDED without running.
+//! only opaque ids, bytes and validated program descriptions cross the channel.
+//!
+//! The executor does a bounded amount of work per turn, as firecracker's device loop does.
+//! Dispatches, chains and tensor writes and reads go into per-session queues served round-robin
+//! ([`sched`]), and each turn does at most one doorbell batch and at most
+//! `executor.slice_bytes` of copying (WriteTensor and ReadTensor chunks, staging copies of
+//! client memfds) before the next session's turn: a 1,024-link chain is 32 turns, a 16 MiB
+//! chunk 16. The remaining control commands (allocate, import, export, free, info, unloads,
+//! session releases) are small and run in arrival order between turns; allocation does not
+//! touch the memory (hsa-core's tensors are fresh pages the kernel zeroed). A work item whose
+//! deadline has passed when it reaches the front is answered DEADLINE_EXCEEDED without running.
+//!
+//! What the device holds and whether the thread is alive are published in [`shared`], so that
+//! statistics and the systemd watchdog never wait behind work.
 //!
 //! On shutdown the executor finishes the work already queued, frees every tensor and program,
 //! and drops the device (which releases the queue and the runtime).
 
 mod cache;
+mod copy;
 mod idle;
 mod sched;
+mod shared;
 mod tensors;
 mod work;
 
@@ -29,12 +40,16 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::{Backend, Config};
 use crate::error::NpudError;
+use crate::faults::FaultBudget;
 use crate::programs::{Program, Programs};
 use crate::state_dir::InFlight;
 use cache::ProgramCache;
+use copy::CopyJob;
 use idle::Idle;
 use sched::RoundRobin;
+use shared::Shared;
 use tensors::Tensors;
+use work::Running;
 
 pub use work::{LinkFailure, LinkPrefix, WorkDone};
 
@@ -55,6 +70,8 @@ pub struct Link {
 #[derive(Debug)]
 pub struct WorkItem {
     pub session: u64,
+    /// The session's uid (`None` over TCP), charged for device faults.
+    pub uid: Option<u32>,
     pub links: Vec<Link>,
     /// Chains name links in messages (`links[3].args[0]`); a single dispatch does not.
     pub chain: bool,
@@ -141,9 +158,6 @@ pub enum Command {
         session: u64,
         reply: oneshot::Sender<usize>,
     },
-    Snapshot {
-        reply: oneshot::Sender<Snapshot>,
-    },
     /// Finish queued work, release the device, then reply.
     Shutdown {
         reply: oneshot::Sender<()>,
@@ -172,6 +186,8 @@ fn emulator_profile(build_version: Option<&str>) -> Option<String> {
 pub struct ExecutorHandle {
     tx: mpsc::Sender<Command>,
     faults: Arc<AtomicU64>,
+    budget: Arc<FaultBudget>,
+    shared: Arc<Shared>,
 }
 
 impl ExecutorHandle {
@@ -196,12 +212,22 @@ impl ExecutorHandle {
         rx.await.map_err(|_| NpudError::executor_gone())?
     }
 
+    /// What the device holds, as the executor last published it (never waits for the
+    /// executor).
     pub async fn snapshot(&self) -> Snapshot {
-        let (tx, rx) = oneshot::channel();
-        if self.send(Command::Snapshot { reply: tx }).await.is_err() {
-            return Snapshot::default();
-        }
-        rx.await.unwrap_or_default()
+        self.shared.snapshot()
+    }
+
+    /// Whether the executor thread runs and is waiting for work or started its current turn
+    /// less than `within` ago (the watchdog's liveness check; turns are bounded, so a longer
+    /// one means the device or the thread is wedged).
+    pub fn responsive(&self, within: Duration) -> bool {
+        !self.tx.is_closed() && self.shared.responsive(within)
+    }
+
+    /// The device-fault budget every identity is charged against.
+    pub fn fault_budget(&self) -> &Arc<FaultBudget> {
+        &self.budget
     }
 
     /// Device faults since start.
@@ -250,6 +276,10 @@ impl Executor {
         let cfg = cfg.clone();
         let faults = Arc::new(AtomicU64::new(0));
         let thread_faults = faults.clone();
+        let budget = Arc::new(FaultBudget::from_limits(&cfg.limits));
+        let thread_budget = budget.clone();
+        let shared = Arc::new(Shared::default());
+        let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("npud-executor".into())
             .spawn(move || {
@@ -289,6 +319,11 @@ impl Executor {
                     programs,
                     serving,
                     faults: thread_faults,
+                    budget: thread_budget,
+                    shared: thread_shared,
+                    usage_changed: true,
+                    published: (u64::MAX, usize::MAX),
+                    slice_bytes: usize::try_from(cfg.executor.slice_bytes).unwrap_or(usize::MAX),
                     inflight,
                     idle: Idle::new(Duration::from_micros(cfg.executor.spin_us)),
                 };
@@ -311,7 +346,12 @@ impl Executor {
         Ok(Opened {
             facts,
             setup: setup_tx,
-            handle: ExecutorHandle { tx, faults },
+            handle: ExecutorHandle {
+                tx,
+                faults,
+                budget,
+                shared,
+            },
             thread,
         })
     }
@@ -386,13 +426,39 @@ struct Worker {
     dev: Device,
     tensors: Tensors,
     cache: ProgramCache,
-    rr: RoundRobin<WorkItem>,
+    rr: RoundRobin<Job>,
     programs: Arc<Programs>,
     serving: watch::Sender<bool>,
     faults: Arc<AtomicU64>,
+    budget: Arc<FaultBudget>,
+    shared: Arc<Shared>,
+    /// Whether tensor usage changed since the last publication.
+    usage_changed: bool,
+    /// (heap used, programs loaded) as last published.
+    published: (u64, usize),
+    /// `executor.slice_bytes`: the most bytes one turn copies.
+    slice_bytes: usize,
     /// Which programs are on the device, for the next start if this process dies meanwhile.
     inflight: Option<InFlight>,
     idle: Idle,
+}
+
+/// What waits in a session's queue: a work item (maybe part done), or a copy.
+#[derive(Debug)]
+enum Job {
+    Work(Box<Running>),
+    Copy(CopyJob),
+}
+
+impl Job {
+    fn refuse(self, e: NpudError) {
+        match self {
+            Job::Work(r) => {
+                let _ = r.item.reply.send(Err(e));
+            }
+            Job::Copy(c) => c.refuse(e),
+        }
+    }
 }
 
 impl Worker {
@@ -410,15 +476,26 @@ impl Worker {
                     Err(mpsc::error::TryRecvError::Disconnected) => closed = true,
                 }
             }
-            if let Some((_, item)) = self.rr.pop() {
-                self.idle.serving(item.session);
-                self.run_item(item);
+            self.publish();
+            if let Some((session, job)) = self.rr.pop() {
+                self.shared.beat();
+                self.idle.serving(session);
+                let left = match job {
+                    Job::Work(r) => self.work_turn(r).map(Job::Work),
+                    Job::Copy(c) => self.copy_turn(c).map(Job::Copy),
+                };
+                if let Some(job) = left {
+                    self.rr.resume(session, job);
+                }
                 continue;
             }
             if shutdown.is_some() || closed {
                 break;
             }
-            match self.idle.next(&mut rx) {
+            self.shared.idle();
+            let next = self.idle.next(&mut rx);
+            self.shared.beat();
+            match next {
                 Some(Command::Shutdown { reply }) => shutdown = Some(reply),
                 Some(cmd) => self.handle(cmd, false),
                 None => closed = true,
@@ -433,6 +510,16 @@ impl Worker {
     }
 
     fn handle(&mut self, cmd: Command, draining: bool) {
+        if !matches!(
+            cmd,
+            Command::Work(_)
+                | Command::Write { .. }
+                | Command::Read { .. }
+                | Command::Info { .. }
+                | Command::Size { .. }
+        ) {
+            self.usage_changed = true;
+        }
         let dev = &mut self.dev;
         let t = &mut self.tensors;
         match cmd {
@@ -444,12 +531,12 @@ impl Worker {
                     return;
                 }
                 let session = item.session;
-                if let Err(item) = self.rr.push(session, item) {
-                    let _ = item.reply.send(Err(NpudError::ResourceExhausted(
+                if let Err(job) = self.rr.push(session, Job::Work(Box::new(Running::new(item)))) {
+                    job.refuse(NpudError::ResourceExhausted(
                         "the session already has limits.max_pending_per_session dispatches \
                          queued"
                             .into(),
-                    )));
+                    ));
                 }
             }
             Command::Allocate {
@@ -512,7 +599,15 @@ impl Worker {
                 data,
                 reply,
             } => {
-                let _ = reply.send(t.write(dev, session, tensor, offset, &data));
+                let job = CopyJob::Write {
+                    session,
+                    tensor,
+                    offset,
+                    data,
+                    done: 0,
+                    reply,
+                };
+                self.rr.push_unbounded(job.session(), Job::Copy(job));
             }
             Command::Read {
                 session,
@@ -521,31 +616,47 @@ impl Worker {
                 len,
                 reply,
             } => {
-                let _ = reply.send(t.read(dev, session, tensor, offset, len));
+                let job = CopyJob::Read {
+                    session,
+                    tensor,
+                    offset,
+                    len,
+                    out: Vec::new(),
+                    reply,
+                };
+                self.rr.push_unbounded(job.session(), Job::Copy(job));
             }
             Command::Unload { program } => self.unload(program),
             Command::ReleaseSession { session, reply } => {
-                for item in self.rr.take_session(session) {
-                    let _ = item.reply.send(Err(NpudError::Unavailable(
-                        "the session ended before this work started".into(),
-                    )));
+                for job in self.rr.take_session(session) {
+                    job.refuse(NpudError::Unavailable(
+                        "the session ended before this work finished".into(),
+                    ));
                 }
                 let freed = t.release_session(dev, session);
+                self.budget.forget_session(session);
                 let _ = reply.send(freed);
-            }
-            Command::Snapshot { reply } => {
-                let usage = self.tensors.all_usage();
-                let _ = reply.send(Snapshot {
-                    heap_used: self.dev.heap_used() as u64,
-                    programs_loaded: u32::try_from(self.cache.len()).unwrap_or(u32::MAX),
-                    usage,
-                });
             }
             Command::Shutdown { reply } => {
                 // Handled by the loop; answering here keeps the match total.
                 let _ = reply.send(());
             }
         }
+    }
+
+    /// Publishes what the device holds when it changed since the last time.
+    fn publish(&mut self) {
+        let now = (self.dev.heap_used() as u64, self.cache.len());
+        if !self.usage_changed && now == self.published {
+            return;
+        }
+        self.shared.publish(Snapshot {
+            heap_used: now.0,
+            programs_loaded: u32::try_from(now.1).unwrap_or(u32::MAX),
+            usage: self.tensors.all_usage(),
+        });
+        self.published = now;
+        self.usage_changed = false;
     }
 
     fn unload(&mut self, program: u64) {

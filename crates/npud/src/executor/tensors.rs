@@ -443,34 +443,40 @@ impl Tensors {
         })
     }
 
-    /// Copies staged memfds into their device tensors before a dispatch.
-    pub fn stage_in(&self, dev: &mut Device, ids: &[u64]) -> Result<(), NpudError> {
-        for id in ids {
-            if let Some(Tensor {
-                storage: Storage::Staged { mapping, .. },
-                device: Some(d),
-                ..
-            }) = self.map.get(id)
-            {
-                dev.with_tensor_mut(*d, 0, mapping.len(), |dst| mapping.copy_to_slice(0, dst))?
-                    .map_err(|e| NpudError::Internal(format!("staging tensor {id} in: {e}")))?;
-            }
+    /// Copies bytes `offset..offset + len` of a staged memfd into its device tensor before a
+    /// dispatch (the executor copies a big tensor in several turns).
+    pub fn stage_in(
+        &self,
+        dev: &mut Device,
+        id: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), NpudError> {
+        if let Some(Tensor {
+            storage: Storage::Staged { mapping, .. },
+            device: Some(d),
+            ..
+        }) = self.map.get(&id)
+        {
+            let (start, len) = (to_usize(offset, "offset")?, to_usize(len, "length")?);
+            dev.with_tensor_mut(*d, start, len, |dst| mapping.copy_to_slice(start, dst))?
+                .map_err(|e| NpudError::Internal(format!("staging tensor {id} in: {e}")))?;
         }
         Ok(())
     }
 
-    /// Copies device tensors back into their staged memfds after a dispatch.
-    pub fn stage_out(&mut self, dev: &Device, ids: &[u64]) -> Result<(), NpudError> {
-        for id in ids {
-            if let Some(Tensor {
-                storage: Storage::Staged { mapping, .. },
-                device: Some(d),
-                ..
-            }) = self.map.get(id)
-            {
-                dev.with_tensor(*d, 0, mapping.len(), |src| mapping.copy_from_slice(0, src))?
-                    .map_err(|e| NpudError::Internal(format!("staging tensor {id} out: {e}")))?;
-            }
+    /// Copies bytes `offset..offset + len` of a device tensor back into its staged memfd after
+    /// a dispatch.
+    pub fn stage_out(&self, dev: &Device, id: u64, offset: u64, len: u64) -> Result<(), NpudError> {
+        if let Some(Tensor {
+            storage: Storage::Staged { mapping, .. },
+            device: Some(d),
+            ..
+        }) = self.map.get(&id)
+        {
+            let (start, len) = (to_usize(offset, "offset")?, to_usize(len, "length")?);
+            dev.with_tensor(*d, start, len, |src| mapping.copy_from_slice(start, src))?
+                .map_err(|e| NpudError::Internal(format!("staging tensor {id} out: {e}")))?;
         }
         Ok(())
     }

@@ -15,6 +15,11 @@ impl NpudService {
         req: Request<pb::RegisterProgramRequest>,
     ) -> Result<pb::RegisterProgramResponse, NpudError> {
         let caller = self.caller(&req)?;
+        self.state.exec.fault_budget().check(
+            self.state.sessions.uid(caller.session),
+            "register programs",
+            std::time::Instant::now(),
+        )?;
         let r = req.into_inner();
         let reg = self
             .state
