@@ -324,6 +324,7 @@ impl Executor {
                     usage_changed: true,
                     published: (u64::MAX, usize::MAX),
                     slice_bytes: usize::try_from(cfg.executor.slice_bytes).unwrap_or(usize::MAX),
+                    suspended: None,
                     inflight,
                     idle: Idle::new(Duration::from_micros(cfg.executor.spin_us)),
                 };
@@ -438,6 +439,9 @@ struct Worker {
     published: (u64, usize),
     /// `executor.slice_bytes`: the most bytes one turn copies.
     slice_bytes: usize,
+    /// The job that had the last turn and has work left, until the commands that arrived
+    /// during that turn have been queued.
+    suspended: Option<(u64, Job)>,
     /// Which programs are on the device, for the next start if this process dies meanwhile.
     inflight: Option<InFlight>,
     idle: Idle,
@@ -476,6 +480,11 @@ impl Worker {
                     Err(mpsc::error::TryRecvError::Disconnected) => closed = true,
                 }
             }
+            // The item that just had its turn goes behind the sessions whose work arrived
+            // during that turn.
+            if let Some((session, job)) = self.suspended.take() {
+                self.rr.resume(session, job);
+            }
             self.publish();
             if let Some((session, job)) = self.rr.pop() {
                 self.shared.beat();
@@ -484,9 +493,7 @@ impl Worker {
                     Job::Work(r) => self.work_turn(r).map(Job::Work),
                     Job::Copy(c) => self.copy_turn(c).map(Job::Copy),
                 };
-                if let Some(job) = left {
-                    self.rr.resume(session, job);
-                }
+                self.suspended = left.map(|job| (session, job));
                 continue;
             }
             if shutdown.is_some() || closed {
@@ -628,7 +635,11 @@ impl Worker {
             }
             Command::Unload { program } => self.unload(program),
             Command::ReleaseSession { session, reply } => {
-                for job in self.rr.take_session(session) {
+                let suspended = self
+                    .suspended
+                    .take_if(|(s, _)| *s == session)
+                    .map(|(_, job)| job);
+                for job in suspended.into_iter().chain(self.rr.take_session(session)) {
                     job.refuse(NpudError::Unavailable(
                         "the session ended before this work finished".into(),
                     ));
@@ -679,7 +690,10 @@ impl Worker {
 }
 
 #[cfg(test)]
-mod tests {
+mod tests;
+
+#[cfg(test)]
+mod profile_tests {
     use super::emulator_profile;
 
     #[test]
