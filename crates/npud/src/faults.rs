@@ -134,7 +134,10 @@ impl FaultBudget {
 }
 
 fn prune(faults: &mut VecDeque<Instant>, window: Duration, now: Instant) {
-    while faults.front().is_some_and(|t| now.duration_since(*t) >= window) {
+    while faults
+        .front()
+        .is_some_and(|t| now.duration_since(*t) >= window)
+    {
         faults.pop_front();
     }
 }
@@ -187,8 +190,13 @@ mod tests {
         assert!(!b.charge(1, None, t + 200 * MS));
         b.check(None, "dispatch", t + 201 * MS).unwrap();
         assert!(b.charge(1, None, t + 250 * MS));
-        let e = b.check(None, "register programs", t + 251 * MS).unwrap_err();
-        assert!(e.to_string().starts_with("TCP clients faulted the device 2 times within 100 ms"));
+        let e = b
+            .check(None, "register programs", t + 251 * MS)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("TCP clients faulted the device 2 times within 100 ms")
+        );
     }
 
     #[test]

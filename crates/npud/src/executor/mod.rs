@@ -538,7 +538,10 @@ impl Worker {
                     return;
                 }
                 let session = item.session;
-                if let Err(job) = self.rr.push(session, Job::Work(Box::new(Running::new(item)))) {
+                if let Err(job) = self
+                    .rr
+                    .push(session, Job::Work(Box::new(Running::new(item))))
+                {
                     job.refuse(NpudError::ResourceExhausted(
                         "the session already has limits.max_pending_per_session dispatches \
                          queued"

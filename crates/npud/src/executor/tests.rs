@@ -58,10 +58,7 @@ fn fixture(slice_bytes: u64) -> Fixture {
 impl Fixture {
     /// Queues a command before the executor serves.
     fn queue(&self, cmd: Command) {
-        self.handle
-            .tx
-            .try_send(cmd)
-            .expect("the channel has room");
+        self.handle.tx.try_send(cmd).expect("the channel has room");
     }
 
     fn allocate(&self, session: u64, size: u64) -> oneshot::Receiver<Result<u64, NpudError>> {
@@ -129,8 +126,7 @@ impl Fixture {
 }
 
 #[test]
-fn other_sessions_are_served_between_the_slices_of_a_big_write_and_the_batches_of_a_long_chain()
-{
+fn other_sessions_are_served_between_the_slices_of_a_big_write_and_the_batches_of_a_long_chain() {
     const BIG: usize = 64 << 20;
     const LINK: u32 = 64 << 10;
     // 4 KiB slices: the write is 16,384 turns, the chain 32 (one per doorbell batch).

@@ -134,7 +134,9 @@ impl Worker {
                             tracing::error!(error = %e, "copying results back to a client memfd failed");
                         }
                         let outcome = p.outcome.take().unwrap_or_else(|| {
-                            Err(NpudError::Internal("a work item ended without a result".into()))
+                            Err(NpudError::Internal(
+                                "a work item ended without a result".into(),
+                            ))
                         });
                         self.reply(r.item, outcome);
                         return None;
@@ -286,6 +288,8 @@ impl Worker {
         if p.queue_ns.is_none() {
             p.queue_ns = Some(nanos(start.duration_since(item.admitted)));
         }
+        // Statistics read what the executor published: the programs just loaded count.
+        self.publish();
         self.record_in_flight(item, first..end);
         let result = self.dev.run_chain(&p.dispatches[first..end]);
         if !matches!(
@@ -324,11 +328,8 @@ impl Worker {
                     HsaError::Device { .. } | HsaError::Timeout { .. } => {
                         let link = item.links.get(index).map(|l| l.program.as_ref());
                         let error = self.device_fault(item, link, &error);
-                        p.outcome = Some(Ok(self.done(
-                            p,
-                            index,
-                            Some(LinkFailure { index, error }),
-                        )));
+                        p.outcome =
+                            Some(Ok(self.done(p, index, Some(LinkFailure { index, error }))));
                         p.phase = Phase::StageOut;
                     }
                     other => {
