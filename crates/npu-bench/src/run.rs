@@ -10,6 +10,7 @@ use crate::inproc::InProcess;
 use crate::load;
 use crate::report::{Machine, MemoryRow, Report, Row, keys};
 use crate::rows::Ready;
+use crate::stall::{self, Hog};
 use crate::stats::Acc;
 use crate::{BenchError, Result};
 
@@ -142,7 +143,7 @@ pub fn run(opts: &Options) -> Result<Report> {
 }
 
 /// Sections of the run, for `--only`.
-pub const SECTIONS: [&str; 8] = [
+pub const SECTIONS: [&str; 9] = [
     "floors",
     "inproc",
     "tcp",
@@ -150,6 +151,7 @@ pub const SECTIONS: [&str; 8] = [
     "pipelined",
     "sizes",
     "clients",
+    "stalls",
     "memory",
 ];
 
@@ -295,6 +297,9 @@ async fn all_rows(
             report.rows.push(r);
         }
     }
+    if want("stalls") {
+        stalls(report, target, &unix, it).await?;
+    }
     let mut s = unix.session.clone();
     load::close(&mut s).await;
     if want("memory")
@@ -424,6 +429,40 @@ async fn inproc(report: &mut Report, it: Iters) -> Result<()> {
     );
     r.links = Some(32);
     report.rows.push(r);
+    Ok(())
+}
+
+/// Row 10: the one-client dispatch of row 3 while another client allocates and frees 1 GiB
+/// tensors, or runs 1,024-link chains, back to back.
+async fn stalls(report: &mut Report, target: &Target, unix: &Ready, it: Iters) -> Result<()> {
+    let hog = stall::hog_session(&target.socket).await?;
+    let it = it.scaled_down(4);
+    for (hog_kind, key, name) in [
+        (
+            Hog::Allocate(1 << 30),
+            keys::STALL_ALLOC,
+            "one client's dispatch while another allocates and frees 1 GiB tensors",
+        ),
+        (
+            Hog::Chain(1024),
+            keys::STALL_CHAIN,
+            "one client's dispatch while another runs 1,024-link chains",
+        ),
+    ] {
+        let (ns, wall, rounds) = stall::under(hog_kind, &hog, unix, it).await?;
+        let mut acc = Acc::default();
+        acc.add((ns, wall));
+        let mut r = Row::new("10", key, name, acc.summary());
+        r.message_bytes = Some(unix.message_bytes());
+        match hog_kind {
+            Hog::Allocate(bytes) => r.tensor_bytes = Some(bytes),
+            Hog::Chain(links) => r.links = Some(links),
+        }
+        r.hog_requests = Some(rounds);
+        report.rows.push(r);
+    }
+    let mut s = hog.session.clone();
+    load::close(&mut s).await;
     Ok(())
 }
 

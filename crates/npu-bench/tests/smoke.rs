@@ -47,6 +47,8 @@ fn quick_json_has_every_row_with_sane_fields() {
         "chain32_per_link",
         "pipelined_per_dispatch",
         "pipelined_latency",
+        "stall_alloc_1GiB",
+        "stall_chain1024",
     ];
     let sized: Vec<String> = ["fd", "inline"]
         .iter()
@@ -65,7 +67,7 @@ fn quick_json_has_every_row_with_sane_fields() {
         .iter()
         .map(|r| field(r, "row").as_str().expect("row is text"))
         .collect();
-    for n in ["1", "1b", "2", "3", "4", "5", "6", "7", "9"] {
+    for n in ["1", "1b", "2", "3", "4", "5", "6", "7", "9", "10"] {
         assert!(rows_of_issue.contains(&n), "no row numbered {n}");
     }
     for r in rows {
