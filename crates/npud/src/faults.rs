@@ -110,10 +110,14 @@ impl FaultBudget {
                 let left = until - now;
                 let whom = who.map_or_else(|| "TCP clients".to_owned(), |u| format!("uid {u}"));
                 Err(NpudError::ResourceExhausted(format!(
-                    "{whom} faulted the device {} times within {} (limits.fault_budget, \
+                    "{whom} faulted the device {} within {} (limits.fault_budget, \
                      limits.fault_window_ms); it may not {doing} for another {:.1} s \
                      (limits.fault_cooldown_ms)",
-                    self.budget,
+                    if self.budget == 1 {
+                        "once".to_owned()
+                    } else {
+                        format!("{} times", self.budget)
+                    },
                     fmt_window(self.window),
                     left.as_secs_f64()
                 )))

@@ -24,13 +24,19 @@ struct Fixture {
 }
 
 fn fixture(slice_bytes: u64) -> Fixture {
-    let cfg = Config {
-        backend: Backend::Emulator,
+    fixture_with(Config {
         executor: crate::config::ExecutorConfig {
             spin_us: 0,
             slice_bytes,
         },
         ..Config::default()
+    })
+}
+
+fn fixture_with(cfg: Config) -> Fixture {
+    let cfg = Config {
+        backend: Backend::Emulator,
+        ..cfg
     };
     let (tx, rx) = watch::channel(true);
     let opened = Executor::start(&cfg, tx).expect("the emulator opens");
@@ -91,6 +97,15 @@ impl Fixture {
         session: u64,
         links: Vec<(Arc<Program>, [u64; 2])>,
     ) -> oneshot::Receiver<Result<WorkDone, NpudError>> {
+        self.work_as(session, 1000, links)
+    }
+
+    fn work_as(
+        &self,
+        session: u64,
+        uid: u32,
+        links: Vec<(Arc<Program>, [u64; 2])>,
+    ) -> oneshot::Receiver<Result<WorkDone, NpudError>> {
         let (reply, rx) = oneshot::channel();
         let chain = links.len() > 1;
         let links = links
@@ -109,7 +124,7 @@ impl Fixture {
             .collect();
         self.queue(Command::Work(WorkItem {
             session,
-            uid: Some(1000),
+            uid: Some(uid),
             links,
             chain,
             admitted: Instant::now(),
@@ -194,6 +209,58 @@ fn other_sessions_are_served_between_the_slices_of_a_big_write_and_the_batches_o
     let bytes = read.blocking_recv().unwrap().unwrap();
     assert_eq!(bytes.len(), 3 * 4096 + 5);
     assert!(bytes.iter().all(|b| *b == 7));
+    shutdown(exec);
+}
+
+#[test]
+fn a_chain_stops_at_its_next_batch_when_its_uid_spent_the_fault_budget_between_two() {
+    let mut f = fixture_with(Config {
+        limits: crate::config::Limits {
+            fault_budget: 1,
+            ..crate::config::Limits::default()
+        },
+        ..Config::default()
+    });
+    let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let fault = f.register(B, &EmuDesign::fault(4096));
+    let other = f.register(3, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let allocations = [
+        f.allocate(A, 4096),
+        f.allocate(A, 4096),
+        f.allocate(B, 4096),
+        f.allocate(B, 4096),
+        f.allocate(3, 4096),
+        f.allocate(3, 4096),
+    ];
+    // Sessions A and B belong to uid 1000, session 3 to uid 1001. A's 64-link chain rings
+    // twice; B's fault runs between the two batches and spends uid 1000's budget of one.
+    let chain = f.work_as(A, 1000, vec![(add.clone(), [1, 2]); 64]);
+    let faulted = f.work_as(B, 1000, vec![(fault, [3, 4])]);
+    let unaffected = f.work_as(3, 1001, vec![(other, [5, 6])]);
+    let exec = f.serve();
+    for (k, r) in allocations.into_iter().enumerate() {
+        assert_eq!(r.blocking_recv().unwrap().unwrap(), k as u64 + 1);
+    }
+    let done = faulted.blocking_recv().unwrap().unwrap();
+    let failure = done.failure.expect("the fault design fails");
+    assert_eq!(failure.error.code_name(), "INTERNAL");
+    let done = chain.blocking_recv().unwrap().unwrap();
+    assert_eq!(done.completed, 32, "{done:?}");
+    assert_eq!(done.doorbells, 1);
+    let failure = done.failure.expect("the second batch is refused");
+    assert_eq!(failure.index, 32);
+    assert_eq!(failure.error.code_name(), "RESOURCE_EXHAUSTED");
+    assert!(
+        failure
+            .error
+            .to_string()
+            .starts_with("uid 1000 faulted the device once within"),
+        "{failure:?}"
+    );
+    let done = unaffected.blocking_recv().unwrap().unwrap();
+    assert_eq!((done.completed, done.failure), (1, None));
+    assert_eq!(f.handle.fault_budget().session_faults(B), 1);
+    assert_eq!(f.handle.fault_budget().session_faults(A), 0);
     shutdown(exec);
 }
 

@@ -281,7 +281,7 @@ impl Worker {
         if p.batch > 0
             && let Err((index, error)) = self.recheck(item, p, first..end)
         {
-            self.end_item(p, index, error);
+            self.refused(p, first, end, index, error);
             return;
         }
         let start = Instant::now();
@@ -339,20 +339,36 @@ impl Worker {
                         } else {
                             e
                         };
-                        self.end_item(p, index, e);
+                        // Refused before the doorbell: none of this batch ran.
+                        self.refused(p, first, end, index, e);
                     }
                 }
             }
         }
     }
 
-    /// Ends an item whose link `index` was refused without a device fault: an error when
-    /// nothing ran, a link failure after completed links.
-    fn end_item(&self, p: &mut Progress, index: usize, error: NpudError) {
-        p.outcome = Some(if index == 0 {
+    /// Link `index` of the batch `first..end` was refused before the doorbell (without a
+    /// device fault). The links before it in the batch run first, as a batch of their own in
+    /// the next turn; when it is the batch's first, the item ends there: an error when no link
+    /// ran, a link failure after the completed ones (so that, as the API says, links before
+    /// the failure completed and links after it did not run).
+    fn refused(&self, p: &mut Progress, first: usize, end: usize, index: usize, error: NpudError) {
+        if index > first && index < end {
+            p.batches[p.batch] = index - first;
+            p.batches.insert(p.batch + 1, end - index);
+            return;
+        }
+        p.outcome = Some(if first == 0 {
             Err(error)
         } else {
-            Ok(self.done(p, index, Some(LinkFailure { index, error })))
+            Ok(self.done(
+                p,
+                first,
+                Some(LinkFailure {
+                    index: first,
+                    error,
+                }),
+            ))
         });
         p.phase = Phase::StageOut;
     }
