@@ -690,6 +690,33 @@ mod tests {
                 e.to_string(),
                 "configuration key executor.spin_us: must be at most 10000 (10 ms); 0 never polls"
             );
+            jail.set_env("NPUD_EXECUTOR__SPIN_US", "0");
+            jail.set_env("NPUD_EXECUTOR__SLICE_BYTES", "4095");
+            let e = Config::load(None, &Overrides::default()).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "configuration key executor.slice_bytes: must be between 4096 and 268435456 \
+                 (256 MiB)"
+            );
+            jail.set_env("NPUD_EXECUTOR__SLICE_BYTES", "65536");
+            jail.set_env("NPUD_LIMITS__FAULT_BUDGET", "0");
+            let e = Config::load(None, &Overrides::default()).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "configuration key limits.fault_budget: must be at least 1"
+            );
+            jail.set_env("NPUD_LIMITS__FAULT_BUDGET", "5");
+            jail.set_env("NPUD_LIMITS__FAULT_COOLDOWN_MS", "1500");
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.executor.slice_bytes, 65536);
+            assert_eq!(
+                (
+                    c.limits.fault_budget,
+                    c.limits.fault_window_ms,
+                    c.limits.fault_cooldown_ms
+                ),
+                (5, 60_000, 1500)
+            );
             jail.set_env("NPUD_EXECUTOR__SPIN_MS", "1");
             let e = Config::load(None, &Overrides::default()).unwrap_err();
             assert!(e.to_string().contains("spin_ms"), "{e}");
