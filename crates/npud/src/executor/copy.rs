@@ -3,7 +3,8 @@
 //! rather than one long one. Every slice looks its tensor up again: a tensor freed between
 //! slices ends the copy with NOT_FOUND, never a copy into freed memory.
 
-use super::{Reply, Worker};
+use super::Reply;
+use super::worker::Worker;
 
 /// A copy between a request's bytes and a tensor, part done.
 #[derive(Debug)]

@@ -23,8 +23,9 @@ use std::time::{Duration, Instant};
 
 use hsa_core::{ChainError, Dispatch, HsaError, ProgramId};
 
+use super::WorkItem;
 use super::sched::may_start;
-use super::{WorkItem, Worker};
+use super::worker::Worker;
 use crate::error::NpudError;
 use crate::programs::{Program, Runnable};
 
