@@ -167,13 +167,17 @@ async fn statistics_and_device_info_answer_while_the_device_hangs() {
     let mut watcher = Session::open(d.connect().await, "watcher").await.unwrap();
     for _ in 0..3 {
         let stats = watcher.statistics().await.unwrap();
-        assert_eq!(stats.device_faults, 0);
         let info = watcher
             .client
             .get_device_info(pb::GetDeviceInfoRequest {})
             .await
             .unwrap()
             .into_inner();
+        assert!(
+            !running.is_finished(),
+            "statistics and device info waited for the hang to end"
+        );
+        assert_eq!(stats.device_faults, 0);
         assert!(info.heap_used_bytes > 0, "{info:?}");
         let hs = stats
             .sessions
@@ -182,10 +186,6 @@ async fn statistics_and_device_info_answer_while_the_device_hangs() {
             .unwrap();
         assert_eq!((hs.tensors, hs.tensor_bytes), (2, 8192));
     }
-    assert!(
-        !running.is_finished(),
-        "statistics and device info waited for the hang to end"
-    );
     d.send_signal(rustix::process::Signal::KILL);
     let _ = running.await;
 }
