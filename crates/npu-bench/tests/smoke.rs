@@ -118,7 +118,7 @@ fn quick_json_has_every_row_with_sane_fields() {
     let ratios = field(&report, "ratios")
         .as_array()
         .expect("ratios is a list");
-    assert_eq!(ratios.len(), 7, "ratios: {ratios:?}");
+    assert_eq!(ratios.len(), 9, "ratios: {ratios:?}");
     for r in ratios {
         assert!(number(r, "value").is_finite(), "ratio value in {r}");
         assert!(field(r, "met").is_boolean(), "met in {r}");
