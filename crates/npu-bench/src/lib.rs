@@ -10,6 +10,7 @@
 //! | 2 | [`inproc`] | dispatch through hsa-core on the emulator, no daemon |
 //! | 3, 4, 5, 6, 9 | [`rows`] | npud over Unix and TCP, chains, tensor sizes, pipelined Submit |
 //! | 7, 8 | [`load`] | concurrent clients; the daemon's resident memory |
+//! | 10 | [`stall`] | another client's dispatches while one allocates 1 GiB, or runs 1,024-link chains |
 //!
 //! [`daemon`] starts npud on the emulator (or takes a running one); [`run::run`] runs every row
 //! and returns a [`report::Report`].
@@ -25,6 +26,7 @@ pub mod profiles;
 pub mod report;
 pub mod rows;
 pub mod run;
+pub mod stall;
 pub mod stats;
 
 /// The bare echo service (`proto/bench/v1/echo.proto`).

@@ -21,6 +21,8 @@ pub mod keys {
     pub const CPU_TONIC_ECHO: &str = "cpu_tonic_echo";
     pub const CPU_NPUD_POLLING: &str = "cpu_npud_polling";
     pub const CPU_NPUD_SLEEPING: &str = "cpu_npud_sleeping";
+    pub const STALL_ALLOC: &str = "stall_alloc_1GiB";
+    pub const STALL_CHAIN: &str = "stall_chain1024";
 }
 
 /// One timed row.
@@ -41,6 +43,9 @@ pub struct Row {
     pub links: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tensor_bytes: Option<u64>,
+    /// Row 10: the big requests the other client completed meanwhile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hog_requests: Option<usize>,
     #[serde(flatten)]
     pub summary: Summary,
     /// The daemon's own mean queue time (admission to device start) over these dispatches.
@@ -65,6 +70,7 @@ impl Row {
             clients: None,
             links: None,
             tensor_bytes: None,
+            hog_requests: None,
             summary,
             daemon_queue_us: None,
             daemon_device_us: None,
@@ -238,6 +244,20 @@ impl Report {
                 }
             }
         }
+        push(
+            "another client's p99 while one allocates 1 GiB, over row 3's",
+            "p99(stall_alloc_1GiB) / p99(npud_unix)",
+            div(p99(keys::STALL_ALLOC), p99(keys::NPUD_UNIX)),
+            "<=",
+            4.0,
+        );
+        push(
+            "another client's p99 while one runs 1,024-link chains, over row 3's",
+            "p99(stall_chain1024) / p99(npud_unix)",
+            div(p99(keys::STALL_CHAIN), p99(keys::NPUD_UNIX)),
+            "<=",
+            4.0,
+        );
         let idle = self
             .memory
             .iter()
@@ -260,7 +280,7 @@ impl Report {
         t.load_preset(UTF8_FULL_CONDENSED)
             .set_content_arrangement(ContentArrangement::Disabled)
             .set_header([
-                "row", "key", "measures", "p50 µs", "p99 µs", "mean µs", "ops/s", "n",
+                "row", "key", "measures", "p50 µs", "p99 µs", "mean µs", "max µs", "ops/s", "n",
             ]);
         for r in &self.rows {
             let s = &r.summary;
@@ -271,6 +291,7 @@ impl Report {
                 format!("{:.1}", s.p50_us),
                 format!("{:.1}", s.p99_us),
                 format!("{:.1}", s.mean_us),
+                format!("{:.1}", s.max_us),
                 format!("{:.0}", s.throughput_per_s),
                 s.samples.to_string(),
             ]);
@@ -289,7 +310,7 @@ impl Report {
                 ]);
             }
         }
-        for c in 3..8 {
+        for c in 3..9 {
             if let Some(col) = t.column_mut(c) {
                 col.set_cell_alignment(CellAlignment::Right);
             }

@@ -10,6 +10,7 @@ use crate::inproc::InProcess;
 use crate::load;
 use crate::report::{CpuRow, Machine, MemoryRow, Report, Row, keys};
 use crate::rows::Ready;
+use crate::stall::{self, Hog};
 use crate::stats::Acc;
 use crate::{BenchError, Result};
 
@@ -145,7 +146,7 @@ pub fn run(opts: &Options) -> Result<Report> {
 }
 
 /// Sections of the run, for `--only`.
-pub const SECTIONS: [&str; 10] = [
+pub const SECTIONS: [&str; 11] = [
     "floors",
     "inproc",
     "tcp",
@@ -153,6 +154,7 @@ pub const SECTIONS: [&str; 10] = [
     "pipelined",
     "sizes",
     "clients",
+    "stalls",
     "memory",
     "cpu",
     "profiles",
@@ -315,6 +317,9 @@ async fn all_rows(
     if want("cpu") {
         cpu_rows(report, &unix, target.pid, dir.path(), it).await?;
     }
+    if want("stalls") {
+        stalls(report, target, &unix, it).await?;
+    }
     let mut s = unix.session.clone();
     load::close(&mut s).await;
     if want("memory")
@@ -444,6 +449,40 @@ async fn inproc(report: &mut Report, it: Iters) -> Result<()> {
     );
     r.links = Some(32);
     report.rows.push(r);
+    Ok(())
+}
+
+/// Row 12: the one-client dispatch of row 3 while another client allocates and frees 1 GiB
+/// tensors, or runs 1,024-link chains, back to back.
+async fn stalls(report: &mut Report, target: &Target, unix: &Ready, it: Iters) -> Result<()> {
+    let hog = stall::hog_session(&target.socket).await?;
+    let it = it.scaled_down(4);
+    for (hog_kind, key, name) in [
+        (
+            Hog::Allocate(1 << 30),
+            keys::STALL_ALLOC,
+            "one client's dispatch while another allocates and frees 1 GiB tensors",
+        ),
+        (
+            Hog::Chain(1024),
+            keys::STALL_CHAIN,
+            "one client's dispatch while another runs 1,024-link chains",
+        ),
+    ] {
+        let (ns, wall, rounds) = stall::under(hog_kind, &hog, unix, it).await?;
+        let mut acc = Acc::default();
+        acc.add((ns, wall));
+        let mut r = Row::new("12", key, name, acc.summary());
+        r.message_bytes = Some(unix.message_bytes());
+        match hog_kind {
+            Hog::Allocate(bytes) => r.tensor_bytes = Some(bytes),
+            Hog::Chain(links) => r.links = Some(links),
+        }
+        r.hog_requests = Some(rounds);
+        report.rows.push(r);
+    }
+    let mut s = hog.session.clone();
+    load::close(&mut s).await;
     Ok(())
 }
 

@@ -18,6 +18,8 @@ pub struct Summary {
     pub p50_us: f64,
     pub p99_us: f64,
     pub mean_us: f64,
+    /// The slowest sample.
+    pub max_us: f64,
     /// Operations per second over the measured wall time.
     pub throughput_per_s: f64,
 }
@@ -61,6 +63,7 @@ pub fn summarize(mut ns: Vec<u64>, ops: u64, wall: Duration) -> Summary {
         p50_us: rank(0.50),
         p99_us: rank(0.99),
         mean_us: mean,
+        max_us: ns.last().map_or(0.0, |v| f64_of(*v) / 1000.0),
         throughput_per_s: if secs > 0.0 { f64_of(ops) / secs } else { 0.0 },
     }
 }

@@ -24,6 +24,11 @@ const MAX_IO_THREADS: u32 = 64;
 /// Longest executor poll `executor.spin_us` may ask for: past this, polling is just a busy core.
 const MAX_SPIN_US: u64 = 10_000;
 
+/// Bounds of `executor.slice_bytes`: below a page, turns cost more than the copies; above
+/// 256 MiB, one turn is long enough to stall other clients noticeably.
+const MIN_SLICE_BYTES: u64 = 4096;
+const MAX_SLICE_BYTES: u64 = 256 << 20;
+
 /// Which HSA runtime the daemon drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -100,11 +105,17 @@ pub struct ExecutorConfig {
     /// dispatches arrive back to back (0: always sleep). Polling spends CPU time to spare each
     /// dispatch a thread wake-up; see `executor::idle`.
     pub spin_us: u64,
+    /// Bytes of copying (tensor writes and reads, staging copies) the executor does for one
+    /// request before it serves another session: a big request becomes many bounded turns.
+    pub slice_bytes: u64,
 }
 
 impl Default for ExecutorConfig {
     fn default() -> Self {
-        Self { spin_us: 200 }
+        Self {
+            spin_us: 200,
+            slice_bytes: 1 << 20,
+        }
     }
 }
 
@@ -156,6 +167,13 @@ pub struct Limits {
     pub handshake_timeout_ms: u64,
     /// How long a connection may stay without receiving a byte before it is closed, in ms.
     pub idle_timeout_ms: u64,
+    /// Device faults (failures and hangs) one uid may cause within `fault_window_ms` before it
+    /// is cooled down (TCP clients, who have no uid, share one budget).
+    pub fault_budget: u32,
+    /// The window the fault budget counts over, in ms.
+    pub fault_window_ms: u64,
+    /// How long a uid that spent its fault budget may not register programs or dispatch, in ms.
+    pub fault_cooldown_ms: u64,
 }
 
 impl Default for Limits {
@@ -175,6 +193,9 @@ impl Default for Limits {
             max_connections_per_peer: 128,
             handshake_timeout_ms: 10_000,
             idle_timeout_ms: 300_000,
+            fault_budget: 3,
+            fault_window_ms: 60_000,
+            fault_cooldown_ms: 300_000,
         }
     }
 }
@@ -406,6 +427,12 @@ impl Config {
                 "must be at most 60000 (1 min); 0 reports only what the device does",
             ));
         }
+        if !(MIN_SLICE_BYTES..=MAX_SLICE_BYTES).contains(&self.executor.slice_bytes) {
+            return Err(invalid(
+                "executor.slice_bytes",
+                "must be between 4096 and 268435456 (256 MiB)",
+            ));
+        }
         let l = &self.limits;
         if l.max_cached_programs == 0 || l.max_cached_programs > MAX_PDIS {
             return Err(invalid(
@@ -444,6 +471,9 @@ impl Config {
             ),
             ("limits.handshake_timeout_ms", l.handshake_timeout_ms),
             ("limits.idle_timeout_ms", l.idle_timeout_ms),
+            ("limits.fault_budget", u64::from(l.fault_budget)),
+            ("limits.fault_window_ms", l.fault_window_ms),
+            ("limits.fault_cooldown_ms", l.fault_cooldown_ms),
         ] {
             if v == 0 {
                 return Err(invalid(key, "must be at least 1"));
@@ -732,6 +762,33 @@ mod tests {
             assert_eq!(
                 e.to_string(),
                 "configuration key executor.spin_us: must be at most 10000 (10 ms); 0 never polls"
+            );
+            jail.set_env("NPUD_EXECUTOR__SPIN_US", "0");
+            jail.set_env("NPUD_EXECUTOR__SLICE_BYTES", "4095");
+            let e = Config::load(None, &Overrides::default()).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "configuration key executor.slice_bytes: must be between 4096 and 268435456 \
+                 (256 MiB)"
+            );
+            jail.set_env("NPUD_EXECUTOR__SLICE_BYTES", "65536");
+            jail.set_env("NPUD_LIMITS__FAULT_BUDGET", "0");
+            let e = Config::load(None, &Overrides::default()).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "configuration key limits.fault_budget: must be at least 1"
+            );
+            jail.set_env("NPUD_LIMITS__FAULT_BUDGET", "5");
+            jail.set_env("NPUD_LIMITS__FAULT_COOLDOWN_MS", "1500");
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.executor.slice_bytes, 65536);
+            assert_eq!(
+                (
+                    c.limits.fault_budget,
+                    c.limits.fault_window_ms,
+                    c.limits.fault_cooldown_ms
+                ),
+                (5, 60_000, 1500)
             );
             jail.set_env("NPUD_EXECUTOR__SPIN_MS", "1");
             let e = Config::load(None, &Overrides::default()).unwrap_err();

@@ -6,7 +6,8 @@
 //! [`service`] (the `npud.v1.Npud` handlers), [`fdsock`] (file descriptors over SCM_RIGHTS),
 //! [`sessions`] and [`conn`] (who is calling, and when they left), [`programs`] (the content-hash
 //! program store), [`executor`] (the one thread that owns the device), [`config`] and
-//! [`error`] (the one place errors become gRPC statuses), [`state_dir`] (quarantine records and
+//! [`error`] (the one place errors become gRPC statuses), [`faults`] (the device-fault budget
+//! per uid), [`state_dir`] (quarantine records and
 //! the in-flight record, kept across restarts), [`systemd`] (socket activation, readiness, the
 //! watchdog).
 
@@ -17,6 +18,7 @@ pub mod config;
 pub mod conn;
 pub mod error;
 pub mod executor;
+pub mod faults;
 pub mod fdsock;
 pub mod health;
 pub mod logging;

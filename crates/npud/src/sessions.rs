@@ -252,6 +252,11 @@ impl Sessions {
         }
     }
 
+    /// The uid a session is bound to; `None` over TCP (and for a session that has ended).
+    pub fn uid(&self, id: u64) -> Option<u32> {
+        self.lock().sessions.get(&id).and_then(|s| s.uid)
+    }
+
     pub fn count(&self) -> usize {
         self.lock().sessions.len()
     }

@@ -10,9 +10,11 @@
 //!   listener serves; `STOPPING=1` when a signal starts the drain. Without `NOTIFY_SOCKET`
 //!   these do nothing.
 //! - **Watchdog.** With `WatchdogSec=` set, `WATCHDOG=1` is sent every half period, but only
-//!   after the executor thread has answered a query within that half period: a wedged device
-//!   thread stops the pings and systemd restarts the daemon. `WatchdogSec=` must therefore be
-//!   longer than the longest dispatch.
+//!   while the executor thread is alive and either waiting for work or in a turn that started
+//!   less than half a period ago (its heartbeat, read without waiting for the thread; turns are
+//!   bounded, one doorbell batch or one slice of a copy): a wedged device thread stops the pings
+//!   and systemd restarts the daemon. `WatchdogSec=` must therefore be longer than twice the
+//!   longest doorbell batch (the runtime's completion timeout).
 
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
@@ -136,7 +138,7 @@ pub async fn watchdog(exec: ExecutorHandle, stop: CancellationToken) {
             () = stop.cancelled() => break,
             _ = tick.tick() => {}
         }
-        if tokio::time::timeout(half, exec.snapshot()).await.is_ok() {
+        if exec.responsive(half) {
             if let Err(e) = sd_notify::notify(&[NotifyState::Watchdog]) {
                 tracing::warn!(error = %e, "pinging the systemd watchdog failed");
             }

@@ -49,6 +49,12 @@ pub struct TensorInfo {
 impl Device {
     /// Allocates `size` bytes of tensor memory, zeroed.
     ///
+    /// The memory is not written here: every backing is fresh pages that the kernel zeroes on
+    /// first touch (amdxdna's `BO_SHARE` buffers, which both the data pool and vmem handles
+    /// allocate, are shmem objects; the emulator gives each allocation its own memfd). Touching
+    /// it would cost a gigabyte tensor a second of the caller's thread and its whole size in
+    /// resident memory before it is used.
+    ///
     /// # Errors
     /// [`HsaError::InvalidArgument`] for size 0; the runtime's allocation error.
     pub fn alloc_tensor(&mut self, size: usize) -> Result<TensorId, HsaError> {
@@ -78,8 +84,6 @@ impl Device {
             size,
             exported: false,
         };
-        // SAFETY: the allocation holds at least `size` bytes and nothing else refers to it yet.
-        unsafe { std::ptr::write_bytes(t.ptr(), 0, size) };
         let id = TensorId(self.next_id());
         self.tensors.insert(id, t);
         Ok(id)

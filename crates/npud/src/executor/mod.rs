@@ -1,20 +1,32 @@
 //! The executor: one named thread that owns the `hsa_core::Device`.
 //!
 //! Handlers send it [`Command`]s over a bounded channel, each with a oneshot for the reply;
-//! only opaque ids, bytes and validated program descriptions cross the channel. Work
-//! (dispatches and chains) goes into per-session queues served round-robin ([`sched`]); control
-//! commands (tensors, reads and writes, unloads, session releases) run in arrival order between
-//! work items. A work item whose deadline has passed when it reaches the front is answered
-//! DEADLINE_EXCEEDED without running.
+//! only opaque ids, bytes and validated program descriptions cross the channel.
+//!
+//! The executor does a bounded amount of work per turn, as firecracker's device loop does.
+//! Dispatches, chains and tensor writes and reads go into per-session queues served round-robin
+//! ([`sched`]), and each turn does at most one doorbell batch and at most
+//! `executor.slice_bytes` of copying (WriteTensor and ReadTensor chunks, staging copies of
+//! client memfds) before the next session's turn: a 1,024-link chain is 32 turns, a 16 MiB
+//! chunk 16. The remaining control commands (allocate, import, export, free, info, unloads,
+//! session releases) are small and run in arrival order between turns; allocation does not
+//! touch the memory (hsa-core's tensors are fresh pages the kernel zeroed). A work item whose
+//! deadline has passed when it reaches the front is answered DEADLINE_EXCEEDED without running.
+//!
+//! What the device holds and whether the thread is alive are published in [`shared`], so that
+//! statistics and the systemd watchdog never wait behind work.
 //!
 //! On shutdown the executor finishes the work already queued, frees every tensor and program,
 //! and drops the device (which releases the queue and the runtime).
 
 mod cache;
+mod copy;
 mod idle;
 mod sched;
+mod shared;
 mod tensors;
 mod work;
+mod worker;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -29,13 +41,16 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::{Backend, Config};
 use crate::error::NpudError;
+use crate::faults::FaultBudget;
 use crate::health::DeviceHealth;
 use crate::programs::{Program, Programs};
 use crate::state_dir::InFlight;
 use cache::ProgramCache;
 use idle::Idle;
 use sched::RoundRobin;
+use shared::Shared;
 use tensors::Tensors;
+use worker::Worker;
 
 pub use work::{LinkFailure, LinkPrefix, WorkDone};
 
@@ -56,6 +71,8 @@ pub struct Link {
 #[derive(Debug)]
 pub struct WorkItem {
     pub session: u64,
+    /// The session's uid (`None` over TCP), charged for device faults.
+    pub uid: Option<u32>,
     pub links: Vec<Link>,
     /// Chains name links in messages (`links[3].args[0]`); a single dispatch does not.
     pub chain: bool,
@@ -142,9 +159,6 @@ pub enum Command {
         session: u64,
         reply: oneshot::Sender<usize>,
     },
-    Snapshot {
-        reply: oneshot::Sender<Snapshot>,
-    },
     /// Finish queued work, release the device, then reply.
     Shutdown {
         reply: oneshot::Sender<()>,
@@ -173,6 +187,8 @@ fn emulator_profile(build_version: Option<&str>) -> Option<String> {
 pub struct ExecutorHandle {
     tx: mpsc::Sender<Command>,
     faults: Arc<AtomicU64>,
+    budget: Arc<FaultBudget>,
+    shared: Arc<Shared>,
 }
 
 impl ExecutorHandle {
@@ -197,12 +213,22 @@ impl ExecutorHandle {
         rx.await.map_err(|_| NpudError::executor_gone())?
     }
 
+    /// What the device holds, as the executor last published it (never waits for the
+    /// executor).
     pub async fn snapshot(&self) -> Snapshot {
-        let (tx, rx) = oneshot::channel();
-        if self.send(Command::Snapshot { reply: tx }).await.is_err() {
-            return Snapshot::default();
-        }
-        rx.await.unwrap_or_default()
+        self.shared.snapshot()
+    }
+
+    /// Whether the executor thread runs and is waiting for work or started its current turn
+    /// less than `within` ago (the watchdog's liveness check; turns are bounded, so a longer
+    /// one means the device or the thread is wedged).
+    pub fn responsive(&self, within: Duration) -> bool {
+        !self.tx.is_closed() && self.shared.responsive(within)
+    }
+
+    /// The device-fault budget every identity is charged against.
+    pub fn fault_budget(&self) -> &Arc<FaultBudget> {
+        &self.budget
     }
 
     /// Device faults since start.
@@ -251,6 +277,10 @@ impl Executor {
         let cfg = cfg.clone();
         let faults = Arc::new(AtomicU64::new(0));
         let thread_faults = faults.clone();
+        let budget = Arc::new(FaultBudget::from_limits(&cfg.limits));
+        let thread_budget = budget.clone();
+        let shared = Arc::new(Shared::default());
+        let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("npud-executor".into())
             .spawn(move || {
@@ -290,6 +320,12 @@ impl Executor {
                     programs,
                     serving,
                     faults: thread_faults,
+                    budget: thread_budget,
+                    shared: thread_shared,
+                    usage_changed: true,
+                    published: (u64::MAX, usize::MAX),
+                    slice_bytes: usize::try_from(cfg.executor.slice_bytes).unwrap_or(usize::MAX),
+                    suspended: None,
                     inflight,
                     idle: Idle::new(Duration::from_micros(cfg.executor.spin_us)),
                 };
@@ -312,7 +348,12 @@ impl Executor {
         Ok(Opened {
             facts,
             setup: setup_tx,
-            handle: ExecutorHandle { tx, faults },
+            handle: ExecutorHandle {
+                tx,
+                faults,
+                budget,
+                shared,
+            },
             thread,
         })
     }
@@ -381,195 +422,11 @@ fn open_device(cfg: &Config) -> Result<Device, StartError> {
     Device::open(api, cfg.device_options()).map_err(|source| StartError::Open { backend, source })
 }
 
-/// The executor thread's state.
-#[derive(Debug)]
-struct Worker {
-    dev: Device,
-    tensors: Tensors,
-    cache: ProgramCache,
-    rr: RoundRobin<WorkItem>,
-    programs: Arc<Programs>,
-    serving: DeviceHealth,
-    faults: Arc<AtomicU64>,
-    /// Which programs are on the device, for the next start if this process dies meanwhile.
-    inflight: Option<InFlight>,
-    idle: Idle,
-}
-
-impl Worker {
-    fn run(mut self, mut rx: mpsc::Receiver<Command>) {
-        let mut shutdown: Option<oneshot::Sender<()>> = None;
-        let mut closed = false;
-        loop {
-            // Take every command that is already waiting, so control commands and newly
-            // admitted work are seen between work items.
-            while !closed {
-                match rx.try_recv() {
-                    Ok(Command::Shutdown { reply }) => shutdown = Some(reply),
-                    Ok(cmd) => self.handle(cmd, shutdown.is_some()),
-                    Err(mpsc::error::TryRecvError::Empty) => break,
-                    Err(mpsc::error::TryRecvError::Disconnected) => closed = true,
-                }
-            }
-            if let Some((_, item)) = self.rr.pop() {
-                self.idle.serving(item.session);
-                self.run_item(item);
-                continue;
-            }
-            if shutdown.is_some() || closed {
-                break;
-            }
-            match self.idle.next(&mut rx) {
-                Some(Command::Shutdown { reply }) => shutdown = Some(reply),
-                Some(cmd) => self.handle(cmd, false),
-                None => closed = true,
-            }
-        }
-        self.release_all();
-        drop(self);
-        tracing::info!("released the NPU");
-        if let Some(reply) = shutdown {
-            let _ = reply.send(());
-        }
-    }
-
-    fn handle(&mut self, cmd: Command, draining: bool) {
-        let dev = &mut self.dev;
-        let t = &mut self.tensors;
-        match cmd {
-            Command::Work(item) => {
-                if draining {
-                    let _ = item.reply.send(Err(NpudError::Unavailable(
-                        "the daemon is shutting down".into(),
-                    )));
-                    return;
-                }
-                let session = item.session;
-                if let Err(item) = self.rr.push(session, item) {
-                    let _ = item.reply.send(Err(NpudError::ResourceExhausted(
-                        "the session already has limits.max_pending_per_session dispatches \
-                         queued"
-                            .into(),
-                    )));
-                }
-            }
-            Command::Allocate {
-                session,
-                size,
-                name,
-                local,
-                reply,
-            } => {
-                let _ = reply.send(t.allocate(dev, session, size, name, local));
-            }
-            Command::DeclareImport {
-                session,
-                size,
-                name,
-                reply,
-            } => {
-                let _ = reply.send(t.declare_import(session, size, name));
-            }
-            Command::AttachImport {
-                session,
-                tensor,
-                fd,
-                reply,
-            } => {
-                let _ = reply.send(t.attach_import(dev, session, tensor, fd));
-            }
-            Command::Export {
-                session,
-                tensor,
-                reply,
-            } => {
-                let _ = reply.send(t.export(dev, session, tensor));
-            }
-            Command::Free {
-                session,
-                tensor,
-                reply,
-            } => {
-                let _ = reply.send(t.free(dev, session, tensor));
-            }
-            Command::Info {
-                session,
-                tensor,
-                reply,
-            } => {
-                let _ = reply.send(t.info(session, tensor));
-            }
-            Command::Size {
-                session,
-                tensor,
-                reply,
-            } => {
-                let _ = reply.send(t.size(session, tensor, "tensor_id"));
-            }
-            Command::Write {
-                session,
-                tensor,
-                offset,
-                data,
-                reply,
-            } => {
-                let _ = reply.send(t.write(dev, session, tensor, offset, &data));
-            }
-            Command::Read {
-                session,
-                tensor,
-                offset,
-                len,
-                reply,
-            } => {
-                let _ = reply.send(t.read(dev, session, tensor, offset, len));
-            }
-            Command::Unload { program } => self.unload(program),
-            Command::ReleaseSession { session, reply } => {
-                for item in self.rr.take_session(session) {
-                    let _ = item.reply.send(Err(NpudError::Unavailable(
-                        "the session ended before this work started".into(),
-                    )));
-                }
-                let freed = t.release_session(dev, session);
-                let _ = reply.send(freed);
-            }
-            Command::Snapshot { reply } => {
-                let usage = self.tensors.all_usage();
-                let _ = reply.send(Snapshot {
-                    heap_used: self.dev.heap_used() as u64,
-                    programs_loaded: u32::try_from(self.cache.len()).unwrap_or(u32::MAX),
-                    usage,
-                });
-            }
-            Command::Shutdown { reply } => {
-                // Handled by the loop; answering here keeps the match total.
-                let _ = reply.send(());
-            }
-        }
-    }
-
-    fn unload(&mut self, program: u64) {
-        if let Some(d) = self.cache.remove(program) {
-            if let Err(e) = self.dev.unload_program(d) {
-                tracing::warn!(program, error = %e, "unloading a program failed");
-            }
-            self.programs.set_loaded(program, false);
-        }
-    }
-
-    fn release_all(&mut self) {
-        self.tensors.clear(&mut self.dev);
-        for (id, d) in self.cache.drain() {
-            if let Err(e) = self.dev.unload_program(d) {
-                tracing::warn!(program = id, error = %e, "unloading a program failed");
-            }
-        }
-    }
-}
+#[cfg(test)]
+mod tests;
 
 #[cfg(test)]
-mod tests {
+mod profile_tests {
     use super::emulator_profile;
 
     #[test]

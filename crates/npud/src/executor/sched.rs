@@ -1,8 +1,11 @@
 //! Per-session work queues served round-robin, and the deadline check.
 //!
 //! Each session has a FIFO; the scheduler takes one item from the session at the front of the
-//! rotation and moves that session to the back if it has more. A session with a thousand
-//! pending items therefore delays another session's next item by at most one item.
+//! rotation and moves that session to the back if it has more. An item that did only part of
+//! its work in its turn (a chain between doorbell batches, a copy between slices) is resumed at
+//! the front of its session's queue, and the session goes to the back of the rotation. A session
+//! with a thousand pending items, or one very large item, therefore delays another session's
+//! next item by at most one turn.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
@@ -36,6 +39,28 @@ impl<T> RoundRobin<T> {
         }
         q.push_back(item);
         Ok(())
+    }
+
+    /// Queues `item` for `session` whatever the session's queue holds (control work, which the
+    /// request channel already bounds).
+    pub fn push_unbounded(&mut self, session: u64, item: T) {
+        let q = self.queues.entry(session).or_default();
+        if q.is_empty() {
+            self.order.push_back(session);
+        }
+        q.push_back(item);
+    }
+
+    /// Puts back an item that [`RoundRobin::pop`] returned and that has work left: first in its
+    /// session's queue, with the session last in the rotation.
+    pub fn resume(&mut self, session: u64, item: T) {
+        let q = self.queues.entry(session).or_default();
+        if q.is_empty() {
+            // `pop` took the session out of the rotation when its queue emptied; otherwise it
+            // is already at the back.
+            self.order.push_back(session);
+        }
+        q.push_front(item);
     }
 
     /// The next item in round-robin order.
@@ -130,6 +155,28 @@ mod tests {
         rr.push(2, 9).unwrap();
         assert_eq!(rr.take_session(1), vec![1, 2]);
         assert_eq!(rr.pop(), Some((2, 9)));
+        assert_eq!(rr.pop(), None);
+    }
+
+    #[test]
+    fn a_resumed_item_keeps_its_place_in_its_session_and_others_go_first() {
+        let mut rr = RoundRobin::new(100);
+        rr.push(1, "chain").unwrap();
+        rr.push(1, "after-chain").unwrap();
+        rr.push(2, "b0").unwrap();
+        rr.push_unbounded(3, "write");
+        let (s, item) = rr.pop().unwrap();
+        assert_eq!((s, item), (1, "chain"));
+        rr.resume(1, "chain");
+        assert_eq!(rr.pop(), Some((2, "b0")));
+        rr.push(2, "b1").unwrap();
+        let (s, item) = rr.pop().unwrap();
+        assert_eq!((s, item), (3, "write"));
+        rr.resume(3, "write");
+        assert_eq!(rr.pop(), Some((1, "chain")));
+        assert_eq!(rr.pop(), Some((2, "b1")));
+        assert_eq!(rr.pop(), Some((3, "write")));
+        assert_eq!(rr.pop(), Some((1, "after-chain")));
         assert_eq!(rr.pop(), None);
     }
 

@@ -443,53 +443,61 @@ impl Tensors {
         })
     }
 
-    /// Copies staged memfds into their device tensors before a dispatch.
-    pub fn stage_in(&self, dev: &mut Device, ids: &[u64]) -> Result<(), NpudError> {
-        for id in ids {
-            if let Some(Tensor {
-                storage: Storage::Staged { mapping, .. },
-                device: Some(d),
-                ..
-            }) = self.map.get(id)
-            {
-                let len = mapping.len();
-                let err = |e: npu_fd::FdError| {
-                    NpudError::Internal(format!("staging tensor {id} in: {e}"))
-                };
-                match dev.with_tensor_mut(*d, 0, len, |dst| mapping.copy_to_slice(0, dst)) {
-                    Ok(copied) => copied.map_err(err)?,
-                    // No slice of device memory while a failed dispatch may still write it:
-                    // bounce through a buffer, raw copies on both sides.
-                    Err(_) => {
-                        dev.write_tensor(*d, 0, &mapping.read_vec::<u8>(0, len).map_err(err)?)?
-                    }
+    /// Copies bytes `offset..offset + len` of a staged memfd into its device tensor before a
+    /// dispatch (the executor copies a big tensor in several turns).
+    pub fn stage_in(
+        &self,
+        dev: &mut Device,
+        id: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), NpudError> {
+        if let Some(Tensor {
+            storage: Storage::Staged { mapping, .. },
+            device: Some(d),
+            ..
+        }) = self.map.get(&id)
+        {
+            let (start, len) = (to_usize(offset, "offset")?, to_usize(len, "length")?);
+            let err =
+                |e: npu_fd::FdError| NpudError::Internal(format!("staging tensor {id} in: {e}"));
+            match dev.with_tensor_mut(*d, start, len, |dst| mapping.copy_to_slice(start, dst)) {
+                Ok(copied) => copied.map_err(err)?,
+                // No slice of device memory while a failed dispatch may still write it:
+                // bounce through a buffer, raw copies on both sides.
+                Err(_) => {
+                    dev.write_tensor(*d, start, &mapping.read_vec::<u8>(start, len).map_err(err)?)?
                 }
             }
         }
         Ok(())
     }
 
-    /// Copies device tensors back into their staged memfds after a dispatch.
-    pub fn stage_out(&mut self, dev: &Device, ids: &[u64]) -> Result<(), NpudError> {
-        for id in ids {
-            if let Some(Tensor {
-                storage: Storage::Staged { mapping, .. },
-                device: Some(d),
-                ..
-            }) = self.map.get_mut(id)
-            {
-                let len = mapping.len();
-                let err = |e: npu_fd::FdError| {
-                    NpudError::Internal(format!("staging tensor {id} out: {e}"))
-                };
-                match dev.with_tensor(*d, 0, len, |src| mapping.copy_from_slice(0, src)) {
-                    Ok(copied) => copied.map_err(err)?,
-                    // As in `stage_in`: after a failed dispatch, copy without a slice.
-                    Err(_) => {
-                        let mut buf = vec![0u8; len];
-                        dev.read_tensor(*d, 0, &mut buf)?;
-                        mapping.copy_from_slice(0, &buf).map_err(err)?;
-                    }
+    /// Copies bytes `offset..offset + len` of a device tensor back into its staged memfd after
+    /// a dispatch.
+    pub fn stage_out(
+        &mut self,
+        dev: &Device,
+        id: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), NpudError> {
+        if let Some(Tensor {
+            storage: Storage::Staged { mapping, .. },
+            device: Some(d),
+            ..
+        }) = self.map.get_mut(&id)
+        {
+            let (start, len) = (to_usize(offset, "offset")?, to_usize(len, "length")?);
+            let err =
+                |e: npu_fd::FdError| NpudError::Internal(format!("staging tensor {id} out: {e}"));
+            match dev.with_tensor(*d, start, len, |src| mapping.copy_from_slice(start, src)) {
+                Ok(copied) => copied.map_err(err)?,
+                // As in `stage_in`: after a failed dispatch, copy without a slice.
+                Err(_) => {
+                    let mut buf = vec![0u8; len];
+                    dev.read_tensor(*d, start, &mut buf)?;
+                    mapping.copy_from_slice(start, &buf).map_err(err)?;
                 }
             }
         }

@@ -1,20 +1,31 @@
-//! Running one work item on the device: the deadline check, argument checks against the
-//! program's DDR patches, loading programs (evicting least-recently-used ones), staging client
-//! memfds, the chain itself, and what a device fault does (quarantine, queue recovery).
+//! Running one work item on the device, a bounded piece per turn: the deadline and fault-budget
+//! checks, argument checks against the program's DDR patches, loading programs (evicting
+//! least-recently-used ones), staging client memfds in and out (at most `executor.slice_bytes`
+//! per turn), the chain one doorbell batch per turn, and what a device fault does (quarantine,
+//! the fault budget, queue recovery).
 //!
-//! Around the doorbell the executor keeps the state directory's in-flight record: every distinct
-//! program of the work item (one dispatch, or every link of a chain, whatever batches hsa-core
-//! rings it in) is recorded before `run_chain` and cleared after it returns, so that a runtime
-//! that aborts the process on a device fault leaves behind which programs to quarantine.
+//! Between two turns of one item, other sessions run. So each batch after the first checks
+//! again that its programs may run (one may have been quarantined or unregistered meanwhile)
+//! and are loaded (another session's work may have evicted them), and that the uid has not
+//! spent its fault budget meanwhile; a link refused then ends the chain as a link failure, with
+//! the links before it completed. The session's own later work waits behind the item (its queue
+//! is FIFO), so nothing of the session changes its staged tensors in between.
+//!
+//! Around each doorbell the executor keeps the state directory's in-flight record: the distinct
+//! programs of the batch are recorded before the doorbell and cleared after it returns, so that
+//! a runtime that aborts the process on a device fault leaves behind which programs to
+//! quarantine (and, since another session may run between two batches, only the batch that was
+//! on the device).
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hsa_core::{ChainError, Dispatch, HsaError, ProgramId};
 
+use super::WorkItem;
 use super::sched::may_start;
-use super::{WorkItem, Worker};
+use super::worker::Worker;
 use crate::error::NpudError;
 use crate::programs::{Code, Program, Runnable};
 
@@ -38,17 +49,105 @@ pub struct WorkDone {
     pub failure: Option<LinkFailure>,
 }
 
+/// A work item and how far it got.
+#[derive(Debug)]
+pub struct Running {
+    pub item: WorkItem,
+    progress: Option<Progress>,
+}
+
+impl Running {
+    pub fn new(item: WorkItem) -> Self {
+        Self {
+            item,
+            progress: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    StageIn,
+    Run,
+    StageOut,
+}
+
+/// An item past its checks.
+#[derive(Debug)]
+struct Progress {
+    dispatches: Vec<Dispatch>,
+    /// Links per doorbell batch, in order.
+    batches: Vec<usize>,
+    /// The next batch, and its first link.
+    batch: usize,
+    link: usize,
+    /// Staged memfds (store id, bytes), and the copy's position: (index, bytes done).
+    staged: Vec<(u64, u64)>,
+    cursor: (usize, u64),
+    phase: Phase,
+    queue_ns: Option<u64>,
+    device: Duration,
+    doorbells: u32,
+    /// The reply, held while staged results are copied out.
+    outcome: Option<Result<WorkDone, NpudError>>,
+}
+
 impl Worker {
-    pub(super) fn run_item(&mut self, item: WorkItem) {
-        let now = Instant::now();
-        let result = if may_start(item.deadline, now) {
-            self.execute(&item)
-        } else {
-            Err(NpudError::DeadlineExceeded(format!(
-                "the deadline passed after {:?} in the queue; the work did not run",
-                now.duration_since(item.admitted)
-            )))
-        };
+    /// Does one turn of `r`: its checks when it starts, then at most `executor.slice_bytes` of
+    /// staging copies and at most one doorbell batch. Gives it back when work is left.
+    pub(super) fn work_turn(&mut self, mut r: Box<Running>) -> Option<Box<Running>> {
+        if r.progress.is_none() {
+            match self.start(&r.item) {
+                Ok(p) => r.progress = Some(p),
+                Err(e) => {
+                    self.reply(r.item, Err(e));
+                    return None;
+                }
+            }
+        }
+        let mut budget = self.slice_bytes as u64;
+        let mut rang = false;
+        loop {
+            let p = r.progress.as_mut()?;
+            match p.phase {
+                Phase::StageIn => match self.stage(p, &mut budget, true) {
+                    Ok(true) => {
+                        p.phase = Phase::Run;
+                        p.cursor = (0, 0);
+                    }
+                    Ok(false) => return Some(r),
+                    Err(e) => {
+                        self.reply(r.item, Err(e));
+                        return None;
+                    }
+                },
+                Phase::Run => {
+                    if rang {
+                        return Some(r);
+                    }
+                    rang = true;
+                    self.run_batch(&r.item, p);
+                }
+                Phase::StageOut => match self.stage(p, &mut budget, false) {
+                    Ok(false) => return Some(r),
+                    done => {
+                        if let Err(e) = done {
+                            tracing::error!(error = %e, "copying results back to a client memfd failed");
+                        }
+                        let outcome = p.outcome.take().unwrap_or_else(|| {
+                            Err(NpudError::Internal(
+                                "a work item ended without a result".into(),
+                            ))
+                        });
+                        self.reply(r.item, outcome);
+                        return None;
+                    }
+                },
+            }
+        }
+    }
+
+    fn reply(&self, item: WorkItem, result: Result<WorkDone, NpudError>) {
         match &result {
             Ok(done) => tracing::debug!(
                 session = item.session,
@@ -65,32 +164,26 @@ impl Worker {
         let _ = item.reply.send(result);
     }
 
-    fn execute(&mut self, item: &WorkItem) -> Result<WorkDone, NpudError> {
+    /// The checks before anything runs: the deadline, the fault budget, every link's program
+    /// and arguments, loading the programs, and the doorbell plan.
+    fn start(&mut self, item: &WorkItem) -> Result<Progress, NpudError> {
+        let now = Instant::now();
+        if !may_start(item.deadline, now) {
+            return Err(NpudError::DeadlineExceeded(format!(
+                "the deadline passed after {:?} in the queue; the work did not run",
+                now.duration_since(item.admitted)
+            )));
+        }
+        self.budget.check(item.uid, "dispatch", now)?;
         // Check every link before anything runs; field names are formatted only on failure.
-        let mut staged: Vec<u64> = Vec::new();
+        let mut staged: Vec<(u64, u64)> = Vec::new();
         let mut resolved = Vec::with_capacity(item.links.len());
         for (k, link) in item.links.iter().enumerate() {
             let p = LinkPrefix {
                 chain: item.chain,
                 k,
             };
-            match self.programs.runnable(link.program.id) {
-                Runnable::Yes => {}
-                Runnable::Gone => {
-                    return Err(NpudError::NotFound(format!(
-                        "{p}program_id: program {} was unregistered",
-                        link.program.id
-                    )));
-                }
-                Runnable::Quarantined => {
-                    return Err(NpudError::FailedPrecondition(format!(
-                        "{p}program_id: program {} ({}) is quarantined: it faulted the device \
-                         while this work was queued",
-                        link.program.id,
-                        link.program.display_name()
-                    )));
-                }
-            }
+            self.check_runnable(&link.program, p)?;
             let mut args = Vec::with_capacity(link.args.len());
             let mut sizes = Vec::with_capacity(link.args.len());
             for (i, a) in link.args.iter().enumerate() {
@@ -98,9 +191,9 @@ impl Worker {
                     .tensors
                     .resolve(item.session, a, format_args!("{p}args[{i}]"))?;
                 if let Some(id) = r.staged
-                    && !staged.contains(&id)
+                    && !staged.iter().any(|(s, _)| *s == id)
                 {
-                    staged.push(id);
+                    staged.push((id, self.tensors.size(item.session, id, "tensor_id")?));
                 }
                 sizes.push(r.len);
                 args.push(r.arg);
@@ -118,11 +211,88 @@ impl Worker {
             let program = self.ensure_loaded(&link.program, &protect)?;
             dispatches.push(Dispatch { program, args });
         }
-        self.tensors.stage_in(&mut self.dev, &staged)?;
+        let batches = self.dev.doorbell_plan(&dispatches).map_err(|e| {
+            let err = NpudError::from(e.error);
+            if item.chain {
+                err.within(&format!("links[{}]", e.index))
+            } else {
+                err
+            }
+        })?;
+        Ok(Progress {
+            dispatches,
+            batches,
+            batch: 0,
+            link: 0,
+            staged,
+            cursor: (0, 0),
+            phase: Phase::StageIn,
+            queue_ns: None,
+            device: Duration::ZERO,
+            doorbells: 0,
+            outcome: None,
+        })
+    }
+
+    fn check_runnable(&self, program: &Program, p: LinkPrefix) -> Result<(), NpudError> {
+        match self.programs.runnable(program.id) {
+            Runnable::Yes => Ok(()),
+            Runnable::Gone => Err(NpudError::NotFound(format!(
+                "{p}program_id: program {} was unregistered",
+                program.id
+            ))),
+            Runnable::Quarantined => Err(NpudError::FailedPrecondition(format!(
+                "{p}program_id: program {} ({}) is quarantined: it faulted the device while \
+                 this work was queued",
+                program.id,
+                program.display_name()
+            ))),
+        }
+    }
+
+    /// Copies staged memfds in (or out) within `budget` bytes; true when every copy is done.
+    fn stage(&mut self, p: &mut Progress, budget: &mut u64, into: bool) -> Result<bool, NpudError> {
+        while let Some(&(id, len)) = p.staged.get(p.cursor.0) {
+            let done = p.cursor.1;
+            if done >= len {
+                p.cursor = (p.cursor.0 + 1, 0);
+                continue;
+            }
+            if *budget == 0 {
+                return Ok(false);
+            }
+            let n = (len - done).min(*budget);
+            if into {
+                self.tensors.stage_in(&mut self.dev, id, done, n)?;
+            } else {
+                self.tensors.stage_out(&self.dev, id, done, n)?;
+            }
+            *budget -= n;
+            p.cursor.1 += n;
+        }
+        Ok(true)
+    }
+
+    /// Rings one doorbell batch of `item`; sets the outcome and moves to staging out when the
+    /// item is over (its last batch, or a failure).
+    fn run_batch(&mut self, item: &WorkItem, p: &mut Progress) {
+        let first = p.link;
+        let len = p.batches.get(p.batch).copied().unwrap_or(0);
+        let end = (first + len).min(p.dispatches.len());
+        if p.batch > 0
+            && let Err((index, error)) = self.recheck(item, p, first..end)
+        {
+            self.refused(p, first, end, index, error);
+            return;
+        }
         let start = Instant::now();
-        let queue_ns = nanos(start.duration_since(item.admitted));
-        self.record_in_flight(item);
-        let result = self.dev.run_chain(&dispatches);
+        if p.queue_ns.is_none() {
+            p.queue_ns = Some(nanos(start.duration_since(item.admitted)));
+        }
+        // Statistics read what the executor published: the programs just loaded count.
+        self.publish();
+        self.record_in_flight(item, first..end);
+        let result = self.dev.run_chain(&p.dispatches[first..end]);
         if !matches!(
             &result,
             Err(ChainError {
@@ -133,60 +303,125 @@ impl Worker {
             // A device fault keeps the record until its program's quarantine is on disk.
             self.clear_in_flight();
         }
-        if let Err(e) = self.tensors.stage_out(&self.dev, &staged) {
-            tracing::error!(error = %e, "copying results back to a client memfd failed");
-        }
         match result {
             Ok(report) => {
-                // A dispatch ran, so the device serves again even if recover() had failed.
-                self.serving.recovered();
-                Ok(WorkDone {
-                    queue_ns,
-                    device_ns: nanos(report.device_time),
-                    doorbells: report.doorbells,
-                    completed: dispatches.len(),
-                    failure: None,
-                })
+                p.device += report.device_time;
+                p.doorbells += report.doorbells;
+                p.batch += 1;
+                p.link = end;
+                if end >= p.dispatches.len() {
+                    // A dispatch ran, so the device serves again even if recover() had failed.
+                    self.serving.recovered();
+                    p.outcome = Some(Ok(self.done(p, p.dispatches.len(), None)));
+                    p.phase = Phase::StageOut;
+                }
             }
             Err(ChainError {
                 index,
                 error,
                 report,
             }) => {
-                let link = item.links.get(index).map(|l| l.program.as_ref());
+                p.device += report.device_time;
+                p.doorbells += report.doorbells;
+                let index = first + index;
                 match error {
                     HsaError::Device { .. } | HsaError::Timeout { .. } => {
-                        let error = self.device_fault(link, &error);
-                        Ok(WorkDone {
-                            queue_ns,
-                            device_ns: nanos(report.device_time),
-                            doorbells: report.doorbells,
-                            completed: index,
-                            failure: Some(LinkFailure { index, error }),
-                        })
+                        let link = item.links.get(index).map(|l| l.program.as_ref());
+                        let error = self.device_fault(item, link, &error);
+                        p.outcome =
+                            Some(Ok(self.done(p, index, Some(LinkFailure { index, error }))));
+                        p.phase = Phase::StageOut;
                     }
                     other => {
                         let e = NpudError::from(other);
-                        Err(if item.chain {
+                        let e = if item.chain {
                             e.within(&format!("links[{index}]"))
                         } else {
                             e
-                        })
+                        };
+                        // Refused before the doorbell: none of this batch ran.
+                        self.refused(p, first, end, index, e);
                     }
                 }
             }
         }
     }
 
-    /// Records the distinct programs of `item` as on the device (nothing without a state
-    /// directory).
-    fn record_in_flight(&mut self, item: &WorkItem) {
+    /// Link `index` of the batch `first..end` was refused before the doorbell (without a
+    /// device fault). The links before it in the batch run first, as a batch of their own in
+    /// the next turn; when it is the batch's first, the item ends there: an error when no link
+    /// ran, a link failure after the completed ones (so that, as the API says, links before
+    /// the failure completed and links after it did not run).
+    fn refused(&self, p: &mut Progress, first: usize, end: usize, index: usize, error: NpudError) {
+        if index > first && index < end {
+            p.batches[p.batch] = index - first;
+            p.batches.insert(p.batch + 1, end - index);
+            return;
+        }
+        p.outcome = Some(if first == 0 {
+            Err(error)
+        } else {
+            Ok(self.done(
+                p,
+                first,
+                Some(LinkFailure {
+                    index: first,
+                    error,
+                }),
+            ))
+        });
+        p.phase = Phase::StageOut;
+    }
+
+    fn done(&self, p: &Progress, completed: usize, failure: Option<LinkFailure>) -> WorkDone {
+        WorkDone {
+            queue_ns: p.queue_ns.unwrap_or(0),
+            device_ns: nanos(p.device),
+            doorbells: p.doorbells,
+            completed,
+            failure,
+        }
+    }
+
+    /// Before a later batch: the uid may still use the device, and the batch's programs may
+    /// still run and are loaded (refreshing their device ids).
+    fn recheck(
+        &mut self,
+        item: &WorkItem,
+        p: &mut Progress,
+        links: std::ops::Range<usize>,
+    ) -> Result<(), (usize, NpudError)> {
+        self.budget
+            .check(item.uid, "dispatch", Instant::now())
+            .map_err(|e| (links.start, e))?;
+        let protect: HashSet<u64> = item.links[links.clone()]
+            .iter()
+            .map(|l| l.program.id)
+            .collect();
+        for k in links {
+            let link = &item.links[k];
+            let prefix = LinkPrefix {
+                chain: item.chain,
+                k,
+            };
+            self.check_runnable(&link.program, prefix)
+                .map_err(|e| (k, e))?;
+            p.dispatches[k].program = self
+                .ensure_loaded(&link.program, &protect)
+                .map_err(|e| (k, e))?;
+        }
+        Ok(())
+    }
+
+    /// Records the distinct programs of `links` of `item` as on the device (nothing without a
+    /// state directory).
+    fn record_in_flight(&mut self, item: &WorkItem, links: std::ops::Range<usize>) {
         let Some(r) = self.inflight.as_mut() else {
             return;
         };
         let mut seen: Vec<u64> = Vec::new();
         r.begin(
-            item.links
+            item.links[links]
                 .iter()
                 .filter(|l| {
                     let new = !seen.contains(&l.program.id);
@@ -206,10 +441,25 @@ impl Worker {
     }
 
     /// A program faulted the device: quarantine it (durably, before the in-flight record that
-    /// would otherwise quarantine every program of the item at the next start is cleared), count
-    /// the fault, and report the service NOT_SERVING while the queue is recreated.
-    fn device_fault(&mut self, program: Option<&Program>, error: &HsaError) -> NpudError {
+    /// would otherwise quarantine every program of the batch at the next start is cleared),
+    /// count the fault, charge it to the session and its uid, and report the service
+    /// NOT_SERVING while the queue is recreated.
+    fn device_fault(
+        &mut self,
+        item: &WorkItem,
+        program: Option<&Program>,
+        error: &HsaError,
+    ) -> NpudError {
         self.faults.fetch_add(1, Ordering::Relaxed);
+        if self.budget.charge(item.session, item.uid, Instant::now()) {
+            let who = item
+                .uid
+                .map_or_else(|| "TCP clients".to_owned(), |u| format!("uid {u}"));
+            tracing::warn!(
+                session = item.session,
+                "{who} spent its device-fault budget (limits.fault_budget); cooling it down"
+            );
+        }
         // Written before NOT_SERVING: the record's fsyncs are not recovery, and clients that
         // submit meanwhile are queued rather than told to retry.
         if let Some(p) = program {

@@ -15,6 +15,11 @@ impl NpudService {
         req: Request<pb::RegisterProgramRequest>,
     ) -> Result<pb::RegisterProgramResponse, NpudError> {
         let caller = self.caller(&req)?;
+        self.state.exec.fault_budget().check(
+            self.state.sessions.uid(caller.session),
+            "register programs",
+            std::time::Instant::now(),
+        )?;
         let r = req.into_inner();
         let programs = &self.state.programs;
         let reg = match (r.hsaco.is_empty(), r.pdi.is_empty() && r.insts.is_empty()) {

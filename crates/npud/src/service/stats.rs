@@ -23,6 +23,7 @@ impl NpudService {
                     tensor_bytes,
                     programs: s.programs.count_for(x.id),
                     dispatches: Some(x.stats.to_proto()),
+                    device_faults: s.exec.fault_budget().session_faults(x.id),
                 }
             })
             .collect();

@@ -112,12 +112,18 @@ impl NpudService {
         deadline: Option<Instant>,
     ) -> Result<Admitted, NpudError> {
         self.check_serving()?;
+        let uid = self.state.sessions.uid(session);
+        self.state
+            .exec
+            .fault_budget()
+            .check(uid, "dispatch", Instant::now())?;
         let programs = links.iter().map(|l| l.program.id).collect();
         let (tx, rx) = oneshot::channel();
         self.state
             .exec
             .send(Command::Work(WorkItem {
                 session,
+                uid,
                 links,
                 chain,
                 admitted: Instant::now(),

@@ -2,9 +2,9 @@
 //! its runtime in the middle of a dispatch (some ROCR releases `abort()` from the queue's error
 //! path) knows at its next start which programs to quarantine.
 //!
-//! The executor writes the record with one `pwrite` before it rings the doorbell for a work item
-//! (a dispatch, or a chain: every distinct program of the chain), and clears it with a second
-//! after the doorbell returns. There is no `fsync`: the page cache outlives the process, so a
+//! The executor writes the record with one `pwrite` before it rings a doorbell (a dispatch, or
+//! one batch of a chain: every distinct program of the batch; other sessions' work may run
+//! between two batches of a chain), and clears it with a second after the doorbell returns. There is no `fsync`: the page cache outlives the process, so a
 //! process that aborts leaves the record for its successor; only a crash of the whole machine
 //! loses it (and the next start then finds an older or an empty record).
 //!

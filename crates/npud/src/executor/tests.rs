@@ -1,0 +1,273 @@
+//! The executor's turns, in process on the emulator: commands are queued before the executor
+//! starts serving (it waits for [`Opened::run`]), so the order it finds them in is known, and
+//! what the test checks is which reply comes first, never how long anything took.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use npu_artifacts::emu::{DType, EmuDesign};
+use npu_proto::v1 as pb;
+use tokio::sync::oneshot::{self, error::TryRecvError};
+
+use super::*;
+use crate::programs::Runs;
+
+const A: u64 = 1;
+const B: u64 = 2;
+
+struct Fixture {
+    handle: ExecutorHandle,
+    generation: npu_artifacts::NpuGen,
+    opened: Option<Opened>,
+    programs: Arc<Programs>,
+    _serving: tokio::sync::watch::Receiver<crate::health::Condition>,
+}
+
+fn fixture(slice_bytes: u64) -> Fixture {
+    fixture_with(Config {
+        executor: crate::config::ExecutorConfig {
+            spin_us: 0,
+            slice_bytes,
+        },
+        ..Config::default()
+    })
+}
+
+fn fixture_with(cfg: Config) -> Fixture {
+    let cfg = Config {
+        backend: Backend::Emulator,
+        ..cfg
+    };
+    let (tx, rx) = crate::health::DeviceHealth::new();
+    let opened = Executor::start(&cfg, tx).expect("the emulator opens");
+    let generation = match opened.facts.info.generation {
+        hsa_core::Generation::Npu1 => npu_artifacts::NpuGen::Npu1,
+        hsa_core::Generation::Npu2 => npu_artifacts::NpuGen::Npu2,
+    };
+    let programs = Arc::new(Programs::new(
+        1 << 30,
+        1 << 30,
+        generation,
+        Runs::EmulatedDesigns,
+        None,
+        Vec::new(),
+    ));
+    Fixture {
+        handle: opened.handle.clone(),
+        generation,
+        opened: Some(opened),
+        programs,
+        _serving: rx,
+    }
+}
+
+impl Fixture {
+    /// Queues a command before the executor serves.
+    fn queue(&self, cmd: Command) {
+        self.handle.tx.try_send(cmd).expect("the channel has room");
+    }
+
+    fn allocate(&self, session: u64, size: u64) -> oneshot::Receiver<Result<u64, NpudError>> {
+        let (reply, rx) = oneshot::channel();
+        self.queue(Command::Allocate {
+            session,
+            size,
+            name: String::new(),
+            local: false,
+            reply,
+        });
+        rx
+    }
+
+    fn register(&self, session: u64, d: &EmuDesign) -> Arc<Program> {
+        let reg = self
+            .programs
+            .register(
+                session,
+                d.to_pdi(),
+                d.insts(self.generation),
+                d.kernel.name().into(),
+            )
+            .expect("the design registers");
+        reg.program
+    }
+
+    fn work(
+        &self,
+        session: u64,
+        links: Vec<(Arc<Program>, [u64; 2])>,
+    ) -> oneshot::Receiver<Result<WorkDone, NpudError>> {
+        self.work_as(session, 1000, links)
+    }
+
+    fn work_as(
+        &self,
+        session: u64,
+        uid: u32,
+        links: Vec<(Arc<Program>, [u64; 2])>,
+    ) -> oneshot::Receiver<Result<WorkDone, NpudError>> {
+        let (reply, rx) = oneshot::channel();
+        let chain = links.len() > 1;
+        let links = links
+            .into_iter()
+            .map(|(program, t)| Link {
+                program,
+                args: t
+                    .iter()
+                    .map(|id| pb::TensorArg {
+                        tensor_id: *id,
+                        offset: 0,
+                        length: 0,
+                    })
+                    .collect(),
+            })
+            .collect();
+        self.queue(Command::Work(WorkItem {
+            session,
+            uid: Some(uid),
+            links,
+            chain,
+            admitted: Instant::now(),
+            deadline: None,
+            reply,
+        }));
+        rx
+    }
+
+    fn serve(&mut self) -> Executor {
+        let opened = self.opened.take().expect("served once");
+        opened.run(self.programs.clone(), None)
+    }
+}
+
+#[test]
+fn other_sessions_are_served_between_the_slices_of_a_big_write_and_the_batches_of_a_long_chain() {
+    const BIG: usize = 64 << 20;
+    const LINK: u32 = 64 << 10;
+    // 4 KiB slices: the write is 16,384 turns, the chain 32 (one per doorbell batch).
+    let mut f = fixture(4096);
+    let copy = f.register(A, &EmuDesign::vector_scalar_add(LINK / 4, DType::I32, 1));
+    let add = f.register(B, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let allocations = [
+        f.allocate(A, BIG as u64),
+        f.allocate(A, u64::from(LINK)),
+        f.allocate(A, u64::from(LINK)),
+        f.allocate(B, 4096),
+        f.allocate(B, 4096),
+    ];
+    // A fresh executor gives tensor ids out from 1 in the order the allocations were queued
+    // (checked below).
+    let (big, a_in, a_out, b_in, b_out) = (1, 2, 3, 4, 5);
+    // Queued before anything runs: A's write, B's dispatch, A's chain, B's dispatch.
+    let (reply, mut write) = oneshot::channel();
+    f.queue(Command::Write {
+        session: A,
+        tensor: big,
+        offset: 0,
+        data: vec![7u8; BIG],
+        reply,
+    });
+    let b_first = f.work(B, vec![(add.clone(), [b_in, b_out])]);
+    let mut chain = f.work(A, vec![(copy.clone(), [a_in, a_out]); 1024]);
+    let b_second = f.work(B, vec![(add.clone(), [b_in, b_out])]);
+    let exec = f.serve();
+    let ids: Vec<u64> = allocations
+        .into_iter()
+        .map(|r| r.blocking_recv().unwrap().unwrap())
+        .collect();
+    assert_eq!(ids, [1, 2, 3, 4, 5]);
+
+    let done = b_first.blocking_recv().unwrap().unwrap();
+    assert_eq!((done.completed, done.failure), (1, None));
+    assert!(
+        matches!(write.try_recv(), Err(TryRecvError::Empty)),
+        "B's dispatch waited for A's whole 64 MiB write"
+    );
+    write.blocking_recv().unwrap().unwrap();
+    let done = b_second.blocking_recv().unwrap().unwrap();
+    assert_eq!((done.completed, done.failure), (1, None));
+    assert!(
+        matches!(chain.try_recv(), Err(TryRecvError::Empty)),
+        "B's dispatch waited for A's whole 1,024-link chain"
+    );
+    let done = chain.blocking_recv().unwrap().unwrap();
+    assert_eq!((done.completed, done.failure), (1024, None));
+    assert_eq!(done.doorbells, 32, "one doorbell per 32-link batch");
+
+    // The written bytes arrived, read back in slices too.
+    let (reply, read) = oneshot::channel();
+    f.handle
+        .tx
+        .blocking_send(Command::Read {
+            session: A,
+            tensor: big,
+            offset: BIG as u64 - 3 * 4096 - 5,
+            len: 3 * 4096 + 5,
+            reply,
+        })
+        .unwrap();
+    let bytes = read.blocking_recv().unwrap().unwrap();
+    assert_eq!(bytes.len(), 3 * 4096 + 5);
+    assert!(bytes.iter().all(|b| *b == 7));
+    shutdown(exec);
+}
+
+#[test]
+fn a_chain_stops_at_its_next_batch_when_its_uid_spent_the_fault_budget_between_two() {
+    let mut f = fixture_with(Config {
+        limits: crate::config::Limits {
+            fault_budget: 1,
+            ..crate::config::Limits::default()
+        },
+        ..Config::default()
+    });
+    let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let fault = f.register(B, &EmuDesign::fault(4096));
+    let other = f.register(3, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let allocations = [
+        f.allocate(A, 4096),
+        f.allocate(A, 4096),
+        f.allocate(B, 4096),
+        f.allocate(B, 4096),
+        f.allocate(3, 4096),
+        f.allocate(3, 4096),
+    ];
+    // Sessions A and B belong to uid 1000, session 3 to uid 1001. A's 64-link chain rings
+    // twice; B's fault runs between the two batches and spends uid 1000's budget of one.
+    let chain = f.work_as(A, 1000, vec![(add.clone(), [1, 2]); 64]);
+    let faulted = f.work_as(B, 1000, vec![(fault, [3, 4])]);
+    let unaffected = f.work_as(3, 1001, vec![(other, [5, 6])]);
+    let exec = f.serve();
+    for (k, r) in allocations.into_iter().enumerate() {
+        assert_eq!(r.blocking_recv().unwrap().unwrap(), k as u64 + 1);
+    }
+    let done = faulted.blocking_recv().unwrap().unwrap();
+    let failure = done.failure.expect("the fault design fails");
+    assert_eq!(failure.error.code_name(), "INTERNAL");
+    let done = chain.blocking_recv().unwrap().unwrap();
+    assert_eq!(done.completed, 32, "{done:?}");
+    assert_eq!(done.doorbells, 1);
+    let failure = done.failure.expect("the second batch is refused");
+    assert_eq!(failure.index, 32);
+    assert_eq!(failure.error.code_name(), "RESOURCE_EXHAUSTED");
+    assert!(
+        failure
+            .error
+            .to_string()
+            .starts_with("uid 1000 faulted the device once within"),
+        "{failure:?}"
+    );
+    let done = unaffected.blocking_recv().unwrap().unwrap();
+    assert_eq!((done.completed, done.failure), (1, None));
+    assert_eq!(f.handle.fault_budget().session_faults(B), 1);
+    assert_eq!(f.handle.fault_budget().session_faults(A), 0);
+    shutdown(exec);
+}
+
+fn shutdown(exec: Executor) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(exec.shutdown(std::time::Duration::from_secs(10)));
+}

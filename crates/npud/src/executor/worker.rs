@@ -1,0 +1,293 @@
+//! The executor thread's loop: take every waiting command, give the next session in the
+//! rotation one bounded turn, publish what changed, and wait when there is nothing to do.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use hsa_core::Device;
+use tokio::sync::{mpsc, oneshot};
+
+use super::cache::ProgramCache;
+use super::copy::CopyJob;
+use super::idle::Idle;
+use super::sched::RoundRobin;
+use super::shared::Shared;
+use super::tensors::Tensors;
+use super::work::Running;
+use super::{Command, Snapshot};
+use crate::error::NpudError;
+use crate::faults::FaultBudget;
+use crate::health::DeviceHealth;
+use crate::programs::Programs;
+use crate::state_dir::InFlight;
+
+/// The executor thread's state.
+#[derive(Debug)]
+pub(super) struct Worker {
+    pub(super) dev: Device,
+    pub(super) tensors: Tensors,
+    pub(super) cache: ProgramCache,
+    pub(super) rr: RoundRobin<Job>,
+    pub(super) programs: Arc<Programs>,
+    pub(super) serving: DeviceHealth,
+    pub(super) faults: Arc<AtomicU64>,
+    pub(super) budget: Arc<FaultBudget>,
+    pub(super) shared: Arc<Shared>,
+    /// Whether tensor usage changed since the last publication.
+    pub(super) usage_changed: bool,
+    /// (heap used, programs loaded) as last published.
+    pub(super) published: (u64, usize),
+    /// `executor.slice_bytes`: the most bytes one turn copies.
+    pub(super) slice_bytes: usize,
+    /// The job that had the last turn and has work left, until the commands that arrived
+    /// during that turn have been queued.
+    pub(super) suspended: Option<(u64, Job)>,
+    /// Which programs are on the device, for the next start if this process dies meanwhile.
+    pub(super) inflight: Option<InFlight>,
+    pub(super) idle: Idle,
+}
+
+/// What waits in a session's queue: a work item (maybe part done), or a copy.
+#[derive(Debug)]
+pub(super) enum Job {
+    Work(Box<Running>),
+    Copy(CopyJob),
+}
+
+impl Job {
+    fn refuse(self, e: NpudError) {
+        match self {
+            Job::Work(r) => {
+                let _ = r.item.reply.send(Err(e));
+            }
+            Job::Copy(c) => c.refuse(e),
+        }
+    }
+}
+
+impl Worker {
+    pub(super) fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+        let mut shutdown: Option<oneshot::Sender<()>> = None;
+        let mut closed = false;
+        loop {
+            // Take every command that is already waiting, so control commands and newly
+            // admitted work are seen between work items.
+            while !closed {
+                match rx.try_recv() {
+                    Ok(Command::Shutdown { reply }) => shutdown = Some(reply),
+                    Ok(cmd) => self.handle(cmd, shutdown.is_some()),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => closed = true,
+                }
+            }
+            // The item that just had its turn goes behind the sessions whose work arrived
+            // during that turn.
+            if let Some((session, job)) = self.suspended.take() {
+                self.rr.resume(session, job);
+            }
+            self.publish();
+            if let Some((session, job)) = self.rr.pop() {
+                self.shared.beat();
+                self.idle.serving(session);
+                let left = match job {
+                    Job::Work(r) => self.work_turn(r).map(Job::Work),
+                    Job::Copy(c) => self.copy_turn(c).map(Job::Copy),
+                };
+                self.suspended = left.map(|job| (session, job));
+                continue;
+            }
+            if shutdown.is_some() || closed {
+                break;
+            }
+            self.shared.idle();
+            let next = self.idle.next(&mut rx);
+            self.shared.beat();
+            match next {
+                Some(Command::Shutdown { reply }) => shutdown = Some(reply),
+                Some(cmd) => self.handle(cmd, false),
+                None => closed = true,
+            }
+        }
+        self.release_all();
+        drop(self);
+        tracing::info!("released the NPU");
+        if let Some(reply) = shutdown {
+            let _ = reply.send(());
+        }
+    }
+
+    fn handle(&mut self, cmd: Command, draining: bool) {
+        if !matches!(
+            cmd,
+            Command::Work(_)
+                | Command::Write { .. }
+                | Command::Read { .. }
+                | Command::Info { .. }
+                | Command::Size { .. }
+        ) {
+            self.usage_changed = true;
+        }
+        let dev = &mut self.dev;
+        let t = &mut self.tensors;
+        match cmd {
+            Command::Work(item) => {
+                if draining {
+                    let _ = item.reply.send(Err(NpudError::Unavailable(
+                        "the daemon is shutting down".into(),
+                    )));
+                    return;
+                }
+                let session = item.session;
+                if let Err(job) = self
+                    .rr
+                    .push(session, Job::Work(Box::new(Running::new(item))))
+                {
+                    job.refuse(NpudError::ResourceExhausted(
+                        "the session already has limits.max_pending_per_session dispatches \
+                         queued"
+                            .into(),
+                    ));
+                }
+            }
+            Command::Allocate {
+                session,
+                size,
+                name,
+                local,
+                reply,
+            } => {
+                let _ = reply.send(t.allocate(dev, session, size, name, local));
+            }
+            Command::DeclareImport {
+                session,
+                size,
+                name,
+                reply,
+            } => {
+                let _ = reply.send(t.declare_import(session, size, name));
+            }
+            Command::AttachImport {
+                session,
+                tensor,
+                fd,
+                reply,
+            } => {
+                let _ = reply.send(t.attach_import(dev, session, tensor, fd));
+            }
+            Command::Export {
+                session,
+                tensor,
+                reply,
+            } => {
+                let _ = reply.send(t.export(dev, session, tensor));
+            }
+            Command::Free {
+                session,
+                tensor,
+                reply,
+            } => {
+                let _ = reply.send(t.free(dev, session, tensor));
+            }
+            Command::Info {
+                session,
+                tensor,
+                reply,
+            } => {
+                let _ = reply.send(t.info(session, tensor));
+            }
+            Command::Size {
+                session,
+                tensor,
+                reply,
+            } => {
+                let _ = reply.send(t.size(session, tensor, "tensor_id"));
+            }
+            Command::Write {
+                session,
+                tensor,
+                offset,
+                data,
+                reply,
+            } => {
+                let job = CopyJob::Write {
+                    session,
+                    tensor,
+                    offset,
+                    data,
+                    done: 0,
+                    reply,
+                };
+                self.rr.push_unbounded(job.session(), Job::Copy(job));
+            }
+            Command::Read {
+                session,
+                tensor,
+                offset,
+                len,
+                reply,
+            } => {
+                let job = CopyJob::Read {
+                    session,
+                    tensor,
+                    offset,
+                    len,
+                    out: Vec::new(),
+                    reply,
+                };
+                self.rr.push_unbounded(job.session(), Job::Copy(job));
+            }
+            Command::Unload { program } => self.unload(program),
+            Command::ReleaseSession { session, reply } => {
+                let suspended = self
+                    .suspended
+                    .take_if(|(s, _)| *s == session)
+                    .map(|(_, job)| job);
+                for job in suspended.into_iter().chain(self.rr.take_session(session)) {
+                    job.refuse(NpudError::Unavailable(
+                        "the session ended before this work finished".into(),
+                    ));
+                }
+                let freed = t.release_session(dev, session);
+                self.budget.forget_session(session);
+                let _ = reply.send(freed);
+            }
+            Command::Shutdown { reply } => {
+                // Handled by the loop; answering here keeps the match total.
+                let _ = reply.send(());
+            }
+        }
+    }
+
+    /// Publishes what the device holds when it changed since the last time.
+    pub(super) fn publish(&mut self) {
+        let now = (self.dev.heap_used() as u64, self.cache.len());
+        if !self.usage_changed && now == self.published {
+            return;
+        }
+        self.shared.publish(Snapshot {
+            heap_used: now.0,
+            programs_loaded: u32::try_from(now.1).unwrap_or(u32::MAX),
+            usage: self.tensors.all_usage(),
+        });
+        self.published = now;
+        self.usage_changed = false;
+    }
+
+    pub(super) fn unload(&mut self, program: u64) {
+        if let Some(d) = self.cache.remove(program) {
+            if let Err(e) = self.dev.unload_program(d) {
+                tracing::warn!(program, error = %e, "unloading a program failed");
+            }
+            self.programs.set_loaded(program, false);
+        }
+    }
+
+    fn release_all(&mut self) {
+        self.tensors.clear(&mut self.dev);
+        for (id, d) in self.cache.drain() {
+            if let Err(e) = self.dev.unload_program(d) {
+                tracing::warn!(program = id, error = %e, "unloading a program failed");
+            }
+        }
+    }
+}

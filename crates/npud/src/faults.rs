@@ -1,0 +1,218 @@
+//! The device-fault budget: how often one identity may fault the device.
+//!
+//! Quarantine is keyed by a program's bytes, so a client that changes one word of a hanging
+//! design gets a fresh program that stalls every client again for the runtime's whole timeout.
+//! The budget bounds that by identity instead: every device fault (a failure or a hang) charges
+//! the session whose work faulted and that session's uid (TCP clients, which have no uid, are one
+//! identity, as for `limits.max_sessions_per_uid`). When an identity's faults within the last
+//! `window` reach `budget`, it is cooled down: it may not register programs or dispatch until
+//! the cool-down ends, which is `cooldown` after the fault that spent the budget, and never
+//! before the oldest of those `budget` faults leaves the window.
+//!
+//! The executor checks the budget again when an item (or a chain's next doorbell batch) is about
+//! to start, so work queued before the budget ran out does not slip past it. One identity can
+//! therefore fault the device at most `budget` times in any interval of length `window`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::config::Limits;
+use crate::error::NpudError;
+
+/// Who is charged: a local uid, or every TCP client together (`None`).
+pub type Identity = Option<u32>;
+
+#[derive(Debug, Default)]
+struct Record {
+    /// Faults within the window, oldest first.
+    faults: VecDeque<Instant>,
+    /// Refused until then.
+    until: Option<Instant>,
+    /// Faults since start.
+    total: u64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    identities: HashMap<Identity, Record>,
+    /// Faults per session since it opened.
+    sessions: HashMap<u64, u64>,
+}
+
+/// Faults per identity and per session, and the cool-downs they earned.
+#[derive(Debug)]
+pub struct FaultBudget {
+    budget: u32,
+    window: Duration,
+    cooldown: Duration,
+    inner: Mutex<Inner>,
+}
+
+impl FaultBudget {
+    /// A budget of `budget` faults per `window`, then `cooldown` without device access.
+    pub fn new(budget: u32, window: Duration, cooldown: Duration) -> Self {
+        Self {
+            budget: budget.max(1),
+            window,
+            cooldown,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    /// The budget `limits` configures (`fault_budget`, `fault_window_ms`, `fault_cooldown_ms`).
+    pub fn from_limits(l: &Limits) -> Self {
+        Self::new(
+            l.fault_budget,
+            Duration::from_millis(l.fault_window_ms),
+            Duration::from_millis(l.fault_cooldown_ms),
+        )
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Charges one fault at `now` to `session` and `who`; returns whether this fault started a
+    /// cool-down.
+    pub fn charge(&self, session: u64, who: Identity, now: Instant) -> bool {
+        let mut g = self.lock();
+        *g.sessions.entry(session).or_default() += 1;
+        let r = g.identities.entry(who).or_default();
+        r.total += 1;
+        prune(&mut r.faults, self.window, now);
+        r.faults.push_back(now);
+        if r.faults.len() < self.budget as usize {
+            return false;
+        }
+        // The oldest fault that counts toward the budget leaves the window at `leaves`.
+        let k = r.faults.len() - self.budget as usize;
+        let leaves = r.faults[k] + self.window;
+        let until = (now + self.cooldown).max(leaves);
+        let started = r.until.is_none_or(|u| u <= now);
+        r.until = Some(r.until.map_or(until, |u| u.max(until)));
+        started
+    }
+
+    /// Whether `who` may use the device at `now` to `doing` (`dispatch`, `register programs`).
+    ///
+    /// # Errors
+    /// RESOURCE_EXHAUSTED during a cool-down, saying why and for how long.
+    pub fn check(&self, who: Identity, doing: &str, now: Instant) -> Result<(), NpudError> {
+        let g = self.lock();
+        let Some(r) = g.identities.get(&who) else {
+            return Ok(());
+        };
+        match r.until {
+            Some(until) if now < until => {
+                let left = until - now;
+                let whom = who.map_or_else(|| "TCP clients".to_owned(), |u| format!("uid {u}"));
+                Err(NpudError::ResourceExhausted(format!(
+                    "{whom} faulted the device {} within {} (limits.fault_budget, \
+                     limits.fault_window_ms); it may not {doing} for another {:.1} s \
+                     (limits.fault_cooldown_ms)",
+                    if self.budget == 1 {
+                        "once".to_owned()
+                    } else {
+                        format!("{} times", self.budget)
+                    },
+                    fmt_window(self.window),
+                    left.as_secs_f64()
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Faults charged to `session` since it opened.
+    pub fn session_faults(&self, session: u64) -> u64 {
+        self.lock().sessions.get(&session).copied().unwrap_or(0)
+    }
+
+    /// Forgets an ended session's count (its identity keeps its own).
+    pub fn forget_session(&self, session: u64) {
+        self.lock().sessions.remove(&session);
+    }
+}
+
+fn prune(faults: &mut VecDeque<Instant>, window: Duration, now: Instant) {
+    while faults
+        .front()
+        .is_some_and(|t| now.duration_since(*t) >= window)
+    {
+        faults.pop_front();
+    }
+}
+
+fn fmt_window(w: Duration) -> String {
+    if w.subsec_millis() == 0 {
+        format!("{} s", w.as_secs())
+    } else {
+        format!("{} ms", w.as_millis())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_fault_that_spends_the_budget_starts_a_cool_down_with_the_time_left() {
+        let b = FaultBudget::new(3, 1000 * MS, 5000 * MS);
+        let t = Instant::now();
+        assert!(!b.charge(1, Some(1000), t));
+        assert!(!b.charge(2, Some(1000), t + 10 * MS));
+        b.check(Some(1000), "dispatch", t + 20 * MS).unwrap();
+        assert!(b.charge(1, Some(1000), t + 20 * MS));
+        let e = b.check(Some(1000), "dispatch", t + 1020 * MS).unwrap_err();
+        assert_eq!(e.code_name(), "RESOURCE_EXHAUSTED");
+        assert_eq!(
+            e.to_string(),
+            "uid 1000 faulted the device 3 times within 1 s (limits.fault_budget, \
+             limits.fault_window_ms); it may not dispatch for another 4.0 s \
+             (limits.fault_cooldown_ms)"
+        );
+        // Another uid, and TCP clients, are not affected; sessions are counted apart.
+        b.check(Some(1001), "dispatch", t + 30 * MS).unwrap();
+        b.check(None, "dispatch", t + 30 * MS).unwrap();
+        assert_eq!(b.session_faults(1), 2);
+        assert_eq!(b.session_faults(2), 1);
+        // After the cool-down the uid works again.
+        b.check(Some(1000), "dispatch", t + 5020 * MS).unwrap();
+    }
+
+    #[test]
+    fn faults_older_than_the_window_do_not_count() {
+        let b = FaultBudget::new(2, 100 * MS, 1000 * MS);
+        let t = Instant::now();
+        assert!(!b.charge(1, None, t));
+        assert!(!b.charge(1, None, t + 100 * MS));
+        assert!(!b.charge(1, None, t + 200 * MS));
+        b.check(None, "dispatch", t + 201 * MS).unwrap();
+        assert!(b.charge(1, None, t + 250 * MS));
+        let e = b
+            .check(None, "register programs", t + 251 * MS)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("TCP clients faulted the device 2 times within 100 ms")
+        );
+    }
+
+    #[test]
+    fn a_cool_down_shorter_than_the_window_still_bounds_faults_per_window() {
+        // Budget 2 per 1 s, cool-down 10 ms: the uid stays refused until the older of its two
+        // faults leaves the window.
+        let b = FaultBudget::new(2, 1000 * MS, 10 * MS);
+        let t = Instant::now();
+        b.charge(1, Some(7), t);
+        assert!(b.charge(1, Some(7), t + 100 * MS));
+        assert!(b.check(Some(7), "dispatch", t + 500 * MS).is_err());
+        assert!(b.check(Some(7), "dispatch", t + 999 * MS).is_err());
+        b.check(Some(7), "dispatch", t + 1000 * MS).unwrap();
+    }
+}

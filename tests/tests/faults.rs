@@ -1,0 +1,276 @@
+//! The device-fault budget: each fault (a failure or a hang) charges the session and its uid;
+//! a uid past `limits.fault_budget` faults within the window may not register programs or
+//! dispatch until its cool-down ends, and the refusal says for how long. Changing one word of a
+//! hanging design (new bytes, so no quarantine applies) no longer lets one user stall everyone
+//! again and again. TCP clients are one identity of their own, so they stand in for "another
+//! user" here.
+
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use npu_artifacts::emu::{DType, EmuDesign};
+use npu_proto::v1 as pb;
+use npu_proto::v1::npud_client::NpudClient;
+use npud_e2e::{Daemon, Options, Session, bytes_i32, i32_bytes};
+use tonic::Code;
+
+const N: u32 = 1024;
+const BYTES: u64 = N as u64 * 4;
+
+fn budget(n: u32, window_ms: u64, cooldown_ms: u64) -> Options {
+    Options {
+        tcp: true,
+        ..Options::default()
+    }
+    .env("NPUD_LIMITS__FAULT_BUDGET", &n.to_string())
+    .env("NPUD_LIMITS__FAULT_WINDOW_MS", &window_ms.to_string())
+    .env("NPUD_LIMITS__FAULT_COOLDOWN_MS", &cooldown_ms.to_string())
+    .arg("--emulator-timeout-ms")
+    .arg("300")
+}
+
+async fn tcp_session(d: &Daemon, name: &str) -> Session {
+    let ch = tonic::transport::Endpoint::try_from(format!("http://{}", d.tcp.unwrap()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    Session::open(NpudClient::new(ch), name).await.unwrap()
+}
+
+async fn tensor(s: &mut Session, values: Option<&[i32]>) -> u64 {
+    let req = s.req(pb::AllocateTensorRequest {
+        size_bytes: BYTES,
+        name: String::new(),
+    });
+    let id = s
+        .client
+        .allocate_tensor(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .tensor_id;
+    if let Some(v) = values {
+        let req = s.req(tokio_stream::iter(vec![pb::WriteTensorChunk {
+            tensor_id: id,
+            offset: 0,
+            data: i32_bytes(v),
+        }]));
+        s.client.write_tensor(req).await.unwrap();
+    }
+    id
+}
+
+async fn read(s: &mut Session, tensor: u64) -> Vec<i32> {
+    let req = s.req(pb::ReadTensorRequest {
+        tensor_id: tensor,
+        offset: 0,
+        length: BYTES,
+        chunk_bytes: 0,
+    });
+    let mut stream = s.client.read_tensor(req).await.unwrap().into_inner();
+    let mut out = Vec::new();
+    while let Some(c) = stream.message().await.unwrap() {
+        out.extend_from_slice(&c.data);
+    }
+    bytes_i32(&out)
+}
+
+/// A design that faults (`hang` false) or hangs, made distinct by `word`: the same kernel over a
+/// different length, as a client changing one word of its design would send.
+fn culprit_design(hang: bool, word: u32) -> EmuDesign {
+    let n = N - 8 * word;
+    if hang {
+        EmuDesign::hang(n * 4)
+    } else {
+        EmuDesign::fault(n * 4)
+    }
+}
+
+/// The time left that a cool-down refusal names ("... for another 1.4 s ...").
+fn seconds_left(msg: &str) -> f64 {
+    let rest = msg
+        .split("for another ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no time left in {msg:?}"));
+    rest.split(' ').next().unwrap().parse().unwrap()
+}
+
+async fn session_faults(s: &mut Session) -> u64 {
+    let id = s.id;
+    let stats = s.statistics().await.unwrap();
+    stats
+        .sessions
+        .iter()
+        .find(|x| x.session_id == id)
+        .map(|x| x.device_faults)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_uid_past_its_fault_budget_is_cooled_down_and_no_one_else_is() {
+    const BUDGET: u32 = 2;
+    let d = Daemon::start(budget(BUDGET, 2000, 3000));
+    let mut culprit = Session::open(d.connect().await, "culprit").await.unwrap();
+    let mut same_uid = Session::open(d.connect().await, "same-uid").await.unwrap();
+    let mut remote = tcp_session(&d, "remote").await;
+    let good = EmuDesign::vector_scalar_add(N, DType::I32, 1);
+    let good_id = culprit.register(&good).await.unwrap().program_id;
+    let input: Vec<i32> = (0..N as i32).collect();
+    let (a, b) = (
+        tensor(&mut culprit, Some(&input)).await,
+        tensor(&mut culprit, None).await,
+    );
+
+    // BUDGET faults, one a failure and one a hang, each from new bytes.
+    for (k, hang) in [false, true].into_iter().enumerate() {
+        let design = culprit_design(hang, u32::try_from(k).unwrap());
+        let reg = culprit.register(&design).await.unwrap();
+        let e = culprit.dispatch(reg.program_id, &[a, b]).await.unwrap_err();
+        assert_eq!(e.code(), Code::Internal, "{e:?}");
+    }
+    assert_eq!(session_faults(&mut culprit).await, u64::from(BUDGET));
+
+    // Fault BUDGET + 1 cannot happen: new programs and dispatches are refused, with the time
+    // left, for every session of the uid.
+    let e = culprit
+        .register(&culprit_design(true, 7))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message()
+            .contains("faulted the device 2 times within 2 s")
+            && e.message()
+                .contains("may not register programs for another"),
+        "{e:?}"
+    );
+    let left = seconds_left(e.message());
+    assert!(left > 0.0 && left <= 3.0, "{e:?}");
+    let e = culprit.dispatch(good_id, &[a, b]).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().contains("may not dispatch for another"),
+        "{e:?}"
+    );
+    let e = same_uid.register(&good).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+
+    // Another identity is not affected.
+    let rid = remote.register(&good).await.unwrap().program_id;
+    let (ra, rb) = (
+        tensor(&mut remote, Some(&input)).await,
+        tensor(&mut remote, None).await,
+    );
+    remote.dispatch(rid, &[ra, rb]).await.unwrap();
+    assert_eq!(read(&mut remote, rb).await[..3], [1, 2, 3]);
+    assert_eq!(session_faults(&mut remote).await, 0);
+
+    // After the cool-down the uid works again.
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        match culprit.dispatch(good_id, &[a, b]).await {
+            Ok(_) => break,
+            Err(e) if e.code() == Code::ResourceExhausted => {
+                assert!(Instant::now() < until, "the cool-down never ended: {e:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(read(&mut culprit, b).await[..3], [1, 2, 3]);
+    same_uid.register(&good).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_and_hangs_hit_only_the_culprit() {
+    const BUDGET: u32 = 3;
+    let d = Daemon::start(budget(BUDGET, 600_000, 600_000));
+    let mut culprit = Session::open(d.connect().await, "culprit").await.unwrap();
+    let (ca, cb) = (
+        tensor(&mut culprit, None).await,
+        tensor(&mut culprit, None).await,
+    );
+    let mut innocent = tcp_session(&d, "innocent").await;
+    let add = innocent
+        .register(&EmuDesign::vector_scalar_add(N, DType::I32, 5))
+        .await
+        .unwrap()
+        .program_id;
+    let (ia, ib) = (
+        tensor(&mut innocent, None).await,
+        tensor(&mut innocent, None).await,
+    );
+
+    // The innocent client dispatches and checks every result, retrying only UNAVAILABLE (the
+    // device recovering), while the culprit faults and hangs until it is cut off.
+    let mut inn = innocent.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let worker = tokio::spawn(async move {
+        let mut done = 0u32;
+        let mut seed = 0i32;
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) || done < 10 {
+            seed += 1;
+            let input: Vec<i32> = (0..N as i32).map(|x| x * seed).collect();
+            let req = inn.req(tokio_stream::iter(vec![pb::WriteTensorChunk {
+                tensor_id: ia,
+                offset: 0,
+                data: i32_bytes(&input),
+            }]));
+            inn.client.write_tensor(req).await.unwrap();
+            loop {
+                match inn.dispatch(add, &[ia, ib]).await {
+                    Ok(_) => break,
+                    Err(e) if e.code() == Code::Unavailable => {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    Err(e) => panic!("the innocent client's dispatch failed: {e:?}"),
+                }
+            }
+            let out = read(&mut inn, ib).await;
+            let want: Vec<i32> = input.iter().map(|x| x + 5).collect();
+            assert_eq!(out, want, "dispatch {seed}");
+            done += 1;
+        }
+        done
+    });
+
+    let mut codes = Vec::new();
+    for k in 0..BUDGET + 2 {
+        let design = culprit_design(k % 2 == 1, k);
+        let r = match culprit.register(&design).await {
+            Ok(reg) => culprit
+                .dispatch(reg.program_id, &[ca, cb])
+                .await
+                .map(|_| ()),
+            Err(e) => Err(e),
+        };
+        codes.push(r.unwrap_err().code());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let done = worker.await.unwrap();
+    assert!(done >= 10);
+    assert_eq!(
+        codes,
+        [
+            Code::Internal,
+            Code::Internal,
+            Code::Internal,
+            Code::ResourceExhausted,
+            Code::ResourceExhausted
+        ]
+    );
+    let stats = innocent.statistics().await.unwrap();
+    assert_eq!(stats.device_faults, u64::from(BUDGET));
+    let faults = |id: u64| {
+        stats
+            .sessions
+            .iter()
+            .find(|x| x.session_id == id)
+            .unwrap()
+            .device_faults
+    };
+    assert_eq!((faults(culprit.id), faults(innocent.id)), (3, 0));
+}
