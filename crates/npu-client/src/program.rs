@@ -138,12 +138,6 @@ impl Program {
         Ok(Self::build(name.into(), pdi, insts, None, Some(kind), txn))
     }
 
-    /// The program of an emulated design for the given generation (see
-    /// [`crate::Client::generation`]).
-    ///
-    /// # Errors
-    ///
-    /// [`ClientError::Artifact`] when the design's parameters do not validate.
     /// Kernel `kernel` of an AIE hsaco (`kernel` may be empty when the file has one kernel).
     /// The file is checked against ROCR's loader rules here; the daemon checks it again for
     /// its device's arch. A PdiInsts kernel runs on every runtime npud supports (npud unpacks
@@ -151,9 +145,10 @@ impl Program {
     ///
     /// # Errors
     ///
-    /// [`ClientError::Input`] for an unreadable file, a format rule the file breaks (named
-    /// with its offset), or a kernel the file lacks (listing those it has); a PdiInsts kernel's
-    /// PDI and instruction stream are checked as [`Program::from_bytes`] checks them.
+    /// [`ClientError::Io`] for an unreadable file; [`ClientError::Invalid`] for a format rule
+    /// the file breaks (named with its offset) or a kernel the file lacks (listing those it
+    /// has); a PdiInsts kernel's PDI and instruction stream are checked as
+    /// [`Program::from_bytes`] checks them.
     pub fn from_hsaco(
         source: impl Into<HsacoSource>,
         kernel: &str,
@@ -259,6 +254,12 @@ impl Program {
         Ok(p)
     }
 
+    /// The program of an emulated design for the given generation (see
+    /// [`crate::Client::generation`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Artifact`] when the design's parameters do not validate.
     pub fn emulated(design: &EmuDesign, generation: NpuGen) -> Result<Program, ClientError> {
         design.validate()?;
         Self::from_bytes(

@@ -672,6 +672,21 @@ impl Program {
             .map_err(|e| artifact_err(py, e))
     }
 
+    /// Kernel `kernel` of an AIE hsaco given as a path or as bytes (`kernel` may be empty
+    /// when the file has one kernel).
+    #[staticmethod]
+    #[pyo3(signature = (source, kernel=""))]
+    fn from_hsaco(py: Python<'_>, source: &Bound<'_, PyAny>, kernel: &str) -> PyResult<Self> {
+        let source = if let Ok(b) = source.cast::<PyBytes>() {
+            npu_client::HsacoSource::Bytes(b.as_bytes().to_vec())
+        } else {
+            npu_client::HsacoSource::Path(source.extract::<std::path::PathBuf>()?)
+        };
+        NativeProgram::from_hsaco(source, kernel)
+            .map(|program| Self { program })
+            .map_err(|e| artifact_err(py, e))
+    }
+
     #[staticmethod]
     #[pyo3(signature = (kernel, n, generation, dtype=None, scalar=None))]
     fn emulated(

@@ -3,6 +3,10 @@ shared by fd) and over TCP (tensors staged through the API)."""
 
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -39,6 +43,24 @@ def test_from_dir_and_from_bytes(client, tmp_path):
     np.testing.assert_array_equal(a, np.arange(N) + 4)
     info = client.register(q)
     assert len(info.content_hash) == 64 and not info.newly_stored
+
+
+def test_from_hsaco_by_path_and_bytes(client, tmp_path):
+    npuctl = pathlib.Path(os.environ["NPUD_BIN"]).with_name("npuctl")
+    path = tmp_path / "vsa.hsaco"
+    subprocess.run([npuctl, "emu-design", "vector_scalar_add", "--format", "hsaco", "--n", str(N),
+                    "--generation", client.generation, "--out", path], check=True,
+                   capture_output=True)
+    p = npud.Program.from_hsaco(path)
+    q = npud.Program.from_hsaco(path.read_bytes(), "vector_scalar_add")
+    a = client.array(np.arange(N, dtype=np.int32))
+    b = client.alloc(N, np.int32)
+    client.dispatch(p, a, b)
+    np.testing.assert_array_equal(b, np.arange(N) + 1)
+    client.dispatch(q, b, a)
+    np.testing.assert_array_equal(a, np.arange(N) + 2)
+    with pytest.raises(npud.InvalidRequest, match="relu"):
+        npud.Program.from_hsaco(path, "relu")
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.float32])

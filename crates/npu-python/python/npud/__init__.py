@@ -244,6 +244,20 @@ class Program:
         return Program(_npud.Program.from_bytes(name, bytes(pdi), bytes(insts)))
 
     @staticmethod
+    def from_hsaco(source: str | os.PathLike[str] | bytes, kernel: str = "") -> Program:
+        """Kernel ``kernel`` of an AIE hsaco, from a path or from bytes (``kernel`` may be
+        empty when the file has one kernel). A PdiInsts kernel runs on every runtime npud
+        supports; a FullElf kernel only where the runtime loads code objects.
+
+        Raises:
+            InvalidRequest: the file breaks a format rule (named with its offset) or lacks
+                the kernel (the message lists those it has).
+        """
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            return Program(_npud.Program.from_hsaco(bytes(source), kernel))
+        return Program(_npud.Program.from_hsaco(os.fspath(source), kernel))
+
+    @staticmethod
     def emulated(kernel: str, n: int, *, generation: str = "npu2", dtype: Any = None,
                  scalar: int | None = None) -> Program:
         """An emulated design for the daemon's emulator: ``kernel`` is one of passthrough,
