@@ -857,7 +857,7 @@ async fn pipeline_task(
     }
 }
 
-/// Dispatches in flight on one `Submit` stream.
+/// Dispatches in flight, at most `depth` at once, completed in submission order.
 #[pyclass(frozen, module = "npud._npud")]
 struct Pipeline {
     tx: mpsc::Sender<Cmd>,

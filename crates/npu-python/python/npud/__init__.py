@@ -456,7 +456,11 @@ def _completion(t: tuple[int, tuple[int, int] | None, NpudError | None] | None) 
 
 
 class Pipeline:
-    """Dispatches in flight on one ``Submit`` stream.
+    """Dispatches in flight, at most ``depth`` at once.
+
+    Each submission takes its tensors in submission order (shared where the design only reads
+    them, alone where it may write them), so work on one tensor keeps its order while work on
+    other tensors overlaps.
 
     :meth:`submit` returns a request id at once (it waits only while ``depth`` dispatches are
     in flight and ``depth`` more wait to be sent); a dispatch refused by the daemon, or by the
