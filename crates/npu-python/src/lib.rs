@@ -884,7 +884,7 @@ async fn run_batch(
             (
                 *id,
                 match h {
-                    Held::Read(g) => Lent::Read(&**g),
+                    Held::Read(g) => Lent::Read(g),
                     Held::Write(g) => Lent::Write(Some(&mut **g)),
                 },
             )
