@@ -95,6 +95,7 @@ fn status_json_matches_what_the_daemon_reports() {
         assert_eq!(j["tensors"], s.tensors);
         assert_eq!(j["tensor_bytes"], s.tensor_bytes);
         assert_eq!(j["programs"], s.programs);
+        assert_eq!(j["device_faults"], s.device_faults);
         let ok = s
             .dispatches
             .as_ref()

@@ -137,6 +137,7 @@ pub fn session_json(s: &pb::SessionStatistics) -> Value {
         "tensors": s.tensors,
         "tensor_bytes": s.tensor_bytes,
         "programs": s.programs,
+        "device_faults": s.device_faults,
         "dispatches": dispatches_json(s.dispatches.as_ref()),
     })
 }

@@ -27,6 +27,7 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
         "programs",
         "ok",
         "failed",
+        "faults",
         "mean queue",
         "mean device",
     ]);
@@ -42,6 +43,7 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
             s.programs.to_string(),
             count(d.success.as_ref()).to_string(),
             count(d.fail.as_ref()).to_string(),
+            s.device_faults.to_string(),
             mean(d.queue.as_ref()),
             mean(d.execute.as_ref()),
         ]);
