@@ -48,6 +48,7 @@ mod client;
 pub mod connect;
 mod dispatch;
 mod error;
+pub mod json;
 pub mod local;
 mod pipeline;
 mod program;

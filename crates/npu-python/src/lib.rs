@@ -23,8 +23,6 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tokio::sync::{mpsc, oneshot};
 
-mod convert;
-
 /// The runtime every client of this process uses, with the pid that made it: a process forked
 /// after it was made (multiprocessing's default on Linux) cannot use it, and makes its own.
 static RUNTIME: Mutex<Option<(u32, Arc<tokio::runtime::Runtime>)>> = Mutex::new(None);
@@ -425,26 +423,36 @@ impl Client {
 
     fn device_info_json(&self, py: Python<'_>) -> PyResult<String> {
         let c = self.get()?;
-        wait(py, async move { c.device_info().await }).map(|d| convert::device_json(&d))
+        wait(py, async move { c.device_info().await })
+            .map(|d| npu_client::json::device_json(&d).to_string())
     }
 
     fn device_info_start(&self, callback: Py<PyAny>) -> PyResult<()> {
         let c = self.get()?;
         start(
-            async move { c.device_info().await.map(|d| convert::device_json(&d)) },
+            async move {
+                c.device_info()
+                    .await
+                    .map(|d| npu_client::json::device_json(&d).to_string())
+            },
             callback,
         )
     }
 
     fn statistics_json(&self, py: Python<'_>) -> PyResult<String> {
         let c = self.get()?;
-        wait(py, async move { c.statistics().await }).map(|s| convert::statistics_json(&s))
+        wait(py, async move { c.statistics().await })
+            .map(|s| npu_client::json::statistics_json(&s).to_string())
     }
 
     fn statistics_start(&self, callback: Py<PyAny>) -> PyResult<()> {
         let c = self.get()?;
         start(
-            async move { c.statistics().await.map(|s| convert::statistics_json(&s)) },
+            async move {
+                c.statistics()
+                    .await
+                    .map(|s| npu_client::json::statistics_json(&s).to_string())
+            },
             callback,
         )
     }
