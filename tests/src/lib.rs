@@ -117,6 +117,43 @@ pub fn npuctl_binary() -> PathBuf {
     bin
 }
 
+/// The binary `bin` of the workspace package `package` in this build's profile directory,
+/// built with `cargo build -p PACKAGE --bin BIN` first when it is missing (as
+/// [`npuctl_binary`] does for npuctl).
+///
+/// # Panics
+/// When it is missing and cannot be built.
+pub fn package_binary(package: &str, bin: &str) -> PathBuf {
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let exe = std::env::current_exe().expect("the test executable has a path");
+    let deps = exe.parent().expect("the test executable is in a directory");
+    let profile = if deps.file_name().is_some_and(|n| n == "deps") {
+        deps.parent().expect("deps has a parent")
+    } else {
+        deps
+    };
+    let path = profile.join(bin);
+    let _guard = BUILD
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !path.is_file() {
+        let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        cmd.args(["build", "-p", package, "--bin", bin])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if profile.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status();
+        assert!(
+            path.is_file(),
+            "no {bin} at {} and `cargo build -p {package} --bin {bin}` did not make one \
+             ({status:?})",
+            path.display()
+        );
+    }
+    path
+}
+
 /// How to start a daemon.
 #[derive(Debug, Clone)]
 pub struct Options {

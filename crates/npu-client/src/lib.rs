@@ -30,6 +30,7 @@
 //!   in flight on one stream ([`Pipeline`], for tensors shared in place).
 //! - [`blocking::Client`]: the same without async.
 //! - [`Operator`]: device information, statistics and every stored program, without a session.
+//! - [`health::check`]: the daemon's `grpc.health.v1` status, for probes.
 //!
 //! # Sessions
 //!
@@ -48,6 +49,7 @@ mod client;
 pub mod connect;
 mod dispatch;
 mod error;
+pub mod health;
 pub mod json;
 pub mod local;
 mod pipeline;

@@ -7,6 +7,7 @@
 mod bench;
 mod demo;
 mod emu_design;
+mod health;
 mod inspect;
 mod inspect_hsaco;
 mod output;
@@ -43,6 +44,8 @@ enum Command {
     Status,
     /// Open sessions and their counters.
     Sessions,
+    /// Exit 0 when the daemon's gRPC health is SERVING, 1 otherwise (for exec probes).
+    Health(health::Args),
     /// Stored programs, their counters, and quarantined programs; or clear a quarantine.
     Programs(programs::Args),
     /// Summarize a design directory (main.pdi + insts.bin) and list its instruction stream, or
@@ -73,6 +76,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Status => status::run(addr, cli.json).await,
         Command::Sessions => sessions::run(addr, cli.json).await,
+        Command::Health(a) => health::run(&a, addr, cli.json).await,
         Command::Programs(a) => programs::run(&a, addr, cli.json).await,
         Command::Inspect(a) => inspect::run(&a, cli.json),
         Command::Pack(a) => pack::run(&a, cli.json),

@@ -1,0 +1,534 @@
+//! The device plugin against a stand-in kubelet and a real npud on the emulator: the kubelet's
+//! side of the device-plugin API v1beta1 (its `Registration` server, a `DevicePlugin` client)
+//! from the same proto, and the real `npud-device-plugin` binary in between.
+//!
+//! Registration (version, endpoint, resource, options); the advertised shares; the preferred
+//! allocation; Allocate's mounts, environment and token file (mode, format, rotation, revocation);
+//! shares Unhealthy while npud is down and Healthy when it is back; registration again after
+//! the kubelet restarts (its socket recreated, the plugin's removed); a refused registration
+//! stopping the plugin; configuration errors naming the flag.
+
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use npud_device_plugin::v1beta1 as api;
+use npud_device_plugin::v1beta1::device_plugin_client::DevicePluginClient;
+use npud_device_plugin::v1beta1::registration_server::{Registration, RegistrationServer};
+use npud_e2e::{Daemon, Options, connect_unix, package_binary, signal};
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+/// Every wait in these tests.
+const BOUND: Duration = Duration::from_secs(15);
+const SHARES: u32 = 3;
+
+/// The stand-in kubelet's `Registration`: records each request, and accepts it or refuses it
+/// with `refuse`.
+#[derive(Debug)]
+struct Recorder {
+    seen: mpsc::UnboundedSender<api::RegisterRequest>,
+    refuse: Option<String>,
+}
+
+#[tonic::async_trait]
+impl Registration for Recorder {
+    async fn register(
+        &self,
+        request: Request<api::RegisterRequest>,
+    ) -> Result<Response<api::Empty>, Status> {
+        let _ = self.seen.send(request.get_ref().clone());
+        match &self.refuse {
+            Some(why) => Err(Status::invalid_argument(why.clone())),
+            None => Ok(Response::new(api::Empty {})),
+        }
+    }
+}
+
+/// A stand-in kubelet serving `Registration` on `socket`.
+struct Kubelet {
+    socket: PathBuf,
+    registrations: mpsc::UnboundedReceiver<api::RegisterRequest>,
+    stop: Option<oneshot::Sender<()>>,
+    server: Option<JoinHandle<()>>,
+}
+
+impl Kubelet {
+    fn start(socket: &Path, refuse: Option<&str>) -> Kubelet {
+        let _ = std::fs::remove_file(socket);
+        let listener = UnixListener::bind(socket).expect("the stand-in kubelet binds its socket");
+        let (seen, registrations) = mpsc::unbounded_channel();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let recorder = Recorder {
+            seen,
+            refuse: refuse.map(str::to_owned),
+        };
+        let server = tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(RegistrationServer::new(recorder))
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("the stand-in kubelet serves");
+        });
+        Kubelet {
+            socket: socket.to_owned(),
+            registrations,
+            stop: Some(stop),
+            server: Some(server),
+        }
+    }
+
+    async fn next_registration(&mut self) -> api::RegisterRequest {
+        tokio::time::timeout(BOUND, self.registrations.recv())
+            .await
+            .expect("a registration within the bound")
+            .expect("the recorder lives")
+    }
+
+    /// Stops serving and removes every socket in the directory, as a restarting kubelet does.
+    async fn stop_and_clean(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(h) = self.server.take() {
+            tokio::time::timeout(BOUND, h)
+                .await
+                .expect("the stand-in kubelet stops")
+                .unwrap();
+        }
+        let dir = self.socket.parent().unwrap();
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_socket() {
+                std::fs::remove_file(e.path()).unwrap();
+            }
+        }
+    }
+}
+
+/// The plugin process, stopped with SIGTERM (then SIGKILL) on drop.
+struct PluginProcess {
+    child: Option<Child>,
+    stderr: PathBuf,
+}
+
+impl PluginProcess {
+    fn start(args: &[String], log_dir: &Path) -> PluginProcess {
+        let stderr = log_dir.join("plugin.stderr");
+        let file = std::fs::File::create(&stderr).unwrap();
+        let mut cmd = Command::new(package_binary("npud-device-plugin", "npud-device-plugin"));
+        cmd.args(args)
+            .args(["--log-level", "npud_device_plugin=debug,info"])
+            .env_remove("RUST_LOG")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("NPUD_PLUGIN_") {
+                cmd.env_remove(k);
+            }
+        }
+        PluginProcess {
+            child: Some(cmd.spawn().expect("npud-device-plugin starts")),
+            stderr,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Waits up to the bound for the process to exit on its own.
+    fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let until = Instant::now() + BOUND;
+        let child = self.child.as_mut().expect("the plugin was started");
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                self.child = None;
+                return s;
+            }
+            assert!(
+                Instant::now() < until,
+                "the plugin did not exit within the bound:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_ref()?;
+        signal(child, rustix::process::Signal::TERM);
+        let until = Instant::now() + BOUND;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(s)) = child.try_wait() {
+                self.child = None;
+                return Some(s);
+            }
+            if Instant::now() > until {
+                let _ = child.kill();
+                let s = child.wait().ok();
+                self.child = None;
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for PluginProcess {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+/// The plugin's flags for a kubelet directory, an npud socket and a token directory.
+fn plugin_args(kubelet_socket: &Path, npud_socket: &Path, tokens: &Path) -> Vec<String> {
+    [
+        "--kubelet-socket",
+        &kubelet_socket.display().to_string(),
+        "--npud-socket",
+        &npud_socket.display().to_string(),
+        "--token-dir",
+        &tokens.display().to_string(),
+        "--shares",
+        &SHARES.to_string(),
+        "--watch-interval-ms",
+        "100",
+        "--max-backoff-ms",
+        "200",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// (id, health) of each device in a list.
+fn summary(list: &api::ListAndWatchResponse) -> Vec<(String, String)> {
+    list.devices
+        .iter()
+        .map(|d| (d.id.clone(), d.health.clone()))
+        .collect()
+}
+
+/// Reads lists until every share has `health`, within the bound; the lists seen on the way.
+async fn until_all(
+    stream: &mut tonic::Streaming<api::ListAndWatchResponse>,
+    health: &str,
+) -> Vec<Vec<(String, String)>> {
+    let mut seen = Vec::new();
+    let until = tokio::time::Instant::now() + BOUND;
+    loop {
+        let list = tokio::time::timeout_at(until, stream.message())
+            .await
+            .unwrap_or_else(|_| panic!("no list with every share {health} in time: {seen:?}"))
+            .expect("the ListAndWatch stream does not fail")
+            .expect("the ListAndWatch stream does not end");
+        let s = summary(&list);
+        let ids: Vec<&str> = s.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["npu0-share-0", "npu0-share-1", "npu0-share-2"]);
+        let done = s.iter().all(|(_, h)| h == health);
+        seen.push(s);
+        if done {
+            return seen;
+        }
+    }
+}
+
+async fn plugin_client(socket: &Path) -> DevicePluginClient<Channel> {
+    let until = Instant::now() + BOUND;
+    while !socket.exists() {
+        assert!(Instant::now() < until, "no plugin socket {}", socket.display());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    DevicePluginClient::new(connect_unix(socket).await)
+}
+
+fn allocate_request(ids: &[&str]) -> api::AllocateRequest {
+    api::AllocateRequest {
+        container_requests: vec![api::ContainerAllocateRequest {
+            devices_ids: ids.iter().map(|s| (*s).to_owned()).collect(),
+        }],
+    }
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+/// A token file's secret, checked against the contract: one line of 32 to 128 characters of
+/// `[A-Za-z0-9_-]`, mode 0644.
+fn secret(path: &Path) -> String {
+    assert_eq!(mode(path), 0o644, "{}", path.display());
+    let text = std::fs::read_to_string(path).unwrap();
+    let line = text
+        .strip_suffix('\n')
+        .unwrap_or_else(|| panic!("{text:?} ends in a newline"));
+    assert!((32..=128).contains(&line.len()), "{line:?}");
+    assert!(
+        line.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+        "{line:?}"
+    );
+    line.to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_registers_lists_allocates_and_follows_npud_and_its_own_restart() {
+    let mut npud = Daemon::start(Options::default());
+    let root = tempfile::Builder::new()
+        .prefix("dp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let plugins_dir = root.path().join("dp");
+    std::fs::create_dir(&plugins_dir).unwrap();
+    let kubelet_socket = plugins_dir.join("kubelet.sock");
+    let tokens = root.path().join("tokens");
+    let mut kubelet = Kubelet::start(&kubelet_socket, None);
+    let mut plugin = PluginProcess::start(
+        &plugin_args(&kubelet_socket, &npud.socket, &tokens),
+        root.path(),
+    );
+
+    // Registration.
+    let reg = kubelet.next_registration().await;
+    assert_eq!(reg.version, "v1beta1");
+    assert_eq!(reg.resource_name, "amd.com/npu");
+    assert_eq!(reg.endpoint, "npud-amd-npu.sock");
+    let options = reg.options.expect("options are sent");
+    assert!(options.get_preferred_allocation_available && !options.pre_start_required);
+    let endpoint = plugins_dir.join(&reg.endpoint);
+    let mut dp = plugin_client(&endpoint).await;
+    let asked = dp
+        .get_device_plugin_options(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(asked, options);
+    assert_eq!(mode(&tokens), 0o711, "the token directory's mode");
+
+    // The shares, healthy once the plugin sees npud SERVING.
+    let mut lists = dp.list_and_watch(api::Empty {}).await.unwrap().into_inner();
+    until_all(&mut lists, "Healthy").await;
+
+    // The preferred allocation: must-include first, then the lowest; a size beyond what is
+    // offered is refused with the reason.
+    let pref = dp
+        .get_preferred_allocation(api::PreferredAllocationRequest {
+            container_requests: vec![api::ContainerPreferredAllocationRequest {
+                available_device_i_ds: vec![
+                    "npu0-share-2".into(),
+                    "npu0-share-1".into(),
+                    "npu0-share-0".into(),
+                ],
+                must_include_device_i_ds: vec!["npu0-share-2".into()],
+                allocation_size: 2,
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        pref.container_responses[0].device_i_ds,
+        ["npu0-share-2", "npu0-share-0"]
+    );
+    let too_many = dp
+        .get_preferred_allocation(api::PreferredAllocationRequest {
+            container_requests: vec![api::ContainerPreferredAllocationRequest {
+                available_device_i_ds: vec!["npu0-share-0".into()],
+                must_include_device_i_ds: vec![],
+                allocation_size: 2,
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(too_many.code(), tonic::Code::InvalidArgument);
+    assert!(
+        too_many.message().contains("only 1 of this plugin's devices"),
+        "{too_many:?}"
+    );
+
+    // Allocate: npud's socket directory and a token file, no device node.
+    let r = dp
+        .allocate(allocate_request(&["npu0-share-1"]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.container_responses.len(), 1);
+    let c = &r.container_responses[0];
+    let socket_name = npud.socket.file_name().unwrap().to_str().unwrap();
+    assert_eq!(
+        c.envs,
+        HashMap::from([
+            ("NPUD_ADDR".to_owned(), format!("unix:/run/npud/{socket_name}")),
+            ("NPUD_TOKEN_FILE".to_owned(), "/var/run/npud/token".to_owned()),
+        ])
+    );
+    assert!(c.devices.is_empty() && c.cdi_devices.is_empty() && c.annotations.is_empty());
+    let token_file = tokens.join("npu0-share-1");
+    assert_eq!(
+        c.mounts,
+        [
+            api::Mount {
+                container_path: "/run/npud".into(),
+                host_path: npud.dir.path().display().to_string(),
+                read_only: false,
+            },
+            api::Mount {
+                container_path: "/var/run/npud/token".into(),
+                host_path: token_file.display().to_string(),
+                read_only: true,
+            },
+        ]
+    );
+    // The mounted directory holds npud's socket: the container's NPUD_ADDR reaches npud.
+    let seen_by_container = Path::new(&c.mounts[0].host_path).join(socket_name);
+    assert!(
+        std::fs::metadata(&seen_by_container)
+            .unwrap()
+            .file_type()
+            .is_socket()
+    );
+    let first = secret(&token_file);
+
+    // A new Allocate of the share rotates its secret: the previous pod's no longer works.
+    dp.allocate(allocate_request(&["npu0-share-1"]))
+        .await
+        .unwrap();
+    let second = secret(&token_file);
+    assert_ne!(first, second, "a fresh secret at each Allocate");
+    // Two shares in one allocation: one file named after both; allocating one of them again
+    // revokes it.
+    dp.allocate(allocate_request(&["npu0-share-2", "npu0-share-0"]))
+        .await
+        .unwrap();
+    let both = tokens.join("npu0-share-0.2");
+    secret(&both);
+    dp.allocate(allocate_request(&["npu0-share-2"]))
+        .await
+        .unwrap();
+    assert!(!both.exists(), "share 2 moved on: its old allocation's token is gone");
+    secret(&tokens.join("npu0-share-2"));
+    assert_eq!(secret(&token_file), second, "share 1 was not touched");
+    // An unknown share is refused, naming it, and writes nothing.
+    let e = dp
+        .allocate(allocate_request(&["npu0-share-7"]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        e.message()
+            .contains("\"npu0-share-7\" is not one of this plugin's devices"),
+        "{e:?}"
+    );
+    let pre = dp
+        .pre_start_container(api::PreStartContainerRequest {
+            devices_ids: vec!["npu0-share-1".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(pre, api::PreStartContainerResponse {});
+
+    // npud stops: every share Unhealthy; it starts again: Healthy.
+    npud.terminate();
+    until_all(&mut lists, "Unhealthy").await;
+    npud.restart();
+    until_all(&mut lists, "Healthy").await;
+
+    // The kubelet restarts: its socket is recreated and the plugin's removed. The plugin
+    // serves on a new socket and registers again; the old stream ends.
+    kubelet.stop_and_clean().await;
+    assert!(!endpoint.exists());
+    let mut kubelet = Kubelet::start(&kubelet_socket, None);
+    let again = kubelet.next_registration().await;
+    assert_eq!(again, reg, "the same registration");
+    let old_end = tokio::time::timeout(BOUND, async {
+        loop {
+            match lists.message().await {
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+    })
+    .await;
+    assert!(old_end.is_ok(), "the old socket's ListAndWatch stream ends");
+    let mut dp = plugin_client(&endpoint).await;
+    let mut lists = dp.list_and_watch(api::Empty {}).await.unwrap().into_inner();
+    until_all(&mut lists, "Healthy").await;
+    // Token files outlive the kubelet's restart: running pods keep their identities.
+    assert_eq!(secret(&token_file), second);
+
+    // SIGTERM: a clean exit, the plugin's socket removed, the tokens kept.
+    let status = plugin.terminate().expect("the plugin ran");
+    assert!(status.success(), "{status:?}\n{}", plugin.stderr());
+    assert!(!endpoint.exists());
+    assert!(token_file.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_registration_stops_the_plugin_with_the_kubelets_reason() {
+    let root = tempfile::Builder::new()
+        .prefix("dp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let kubelet_socket = root.path().join("kubelet.sock");
+    let why = "resource amd.com/npu is already registered by another plugin";
+    let mut kubelet = Kubelet::start(&kubelet_socket, Some(why));
+    // No npud at all: the plugin still registers (its shares are Unhealthy).
+    let mut plugin = PluginProcess::start(
+        &plugin_args(
+            &kubelet_socket,
+            &root.path().join("no-npud.sock"),
+            &root.path().join("tokens"),
+        ),
+        root.path(),
+    );
+    kubelet.next_registration().await;
+    let status = plugin.wait_exit();
+    assert_eq!(status.code(), Some(1), "{}", plugin.stderr());
+    let stderr = plugin.stderr();
+    assert!(
+        stderr.contains("the kubelet refused the registration of amd.com/npu")
+            && stderr.contains(why),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_configuration_is_refused_naming_the_flag_and_print_config_shows_the_allocation() {
+    let bin = package_binary("npud-device-plugin", "npud-device-plugin");
+    let out = Command::new(&bin)
+        .args(["--shares", "0"])
+        .env_remove("NPUD_PLUGIN_SHARES")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "npud-device-plugin: --shares: 0 is outside 1 to 64\n"
+    );
+    let out = Command::new(&bin)
+        .arg("--print-config")
+        .env("NPUD_PLUGIN_SHARES", "5")
+        .env("NPUD_PLUGIN_RESOURCE_NAME", "example.com/npu-share")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(c["shares"], 5, "{c}");
+    assert_eq!(c["resource_name"], "example.com/npu-share");
+    assert_eq!(c["container_npud_addr"], "unix:/run/npud/npud.sock");
+    assert_eq!(c["host_socket_dir"], "/run/npud");
+}
