@@ -117,9 +117,10 @@ pub fn npuctl_binary() -> PathBuf {
     bin
 }
 
-/// The binary `bin` of the workspace package `package` in this build's profile directory,
-/// built with `cargo build -p PACKAGE --bin BIN` first when it is missing (as
-/// [`npuctl_binary`] does for npuctl).
+/// The binary `bin` of the workspace package `package` (in `crates/<package>`) in this build's
+/// profile directory, built with `cargo build -p PACKAGE --bin BIN` first when it is missing or
+/// older than a file of its crate (so that running one test file after an edit does not test
+/// an old binary; `cargo test --workspace` builds it anyway).
 ///
 /// # Panics
 /// When it is missing and cannot be built.
@@ -136,7 +137,11 @@ pub fn package_binary(package: &str, bin: &str) -> PathBuf {
     let _guard = BUILD
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !path.is_file() {
+    let built_at = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+    let sources = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../crates")
+        .join(package);
+    if built_at.is_none_or(|t| newest_file(&sources).is_some_and(|s| s > t)) {
         let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
         cmd.args(["build", "-p", package, "--bin", bin])
             .current_dir(env!("CARGO_MANIFEST_DIR"));
@@ -152,6 +157,21 @@ pub fn package_binary(package: &str, bin: &str) -> PathBuf {
         );
     }
     path
+}
+
+/// The latest modification time of a file under `dir`.
+fn newest_file(dir: &Path) -> Option<std::time::SystemTime> {
+    let mut newest = None;
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        let t = if p.is_dir() {
+            newest_file(&p)
+        } else {
+            e.metadata().and_then(|m| m.modified()).ok()
+        };
+        newest = newest.max(t);
+    }
+    newest
 }
 
 /// How to start a daemon.

@@ -249,7 +249,11 @@ async fn until_all(
 async fn plugin_client(socket: &Path) -> DevicePluginClient<Channel> {
     let until = Instant::now() + BOUND;
     while !socket.exists() {
-        assert!(Instant::now() < until, "no plugin socket {}", socket.display());
+        assert!(
+            Instant::now() < until,
+            "no plugin socket {}",
+            socket.display()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     DevicePluginClient::new(connect_unix(socket).await)
@@ -355,7 +359,9 @@ async fn a_kubelet_registers_lists_allocates_and_follows_npud_and_its_own_restar
         .unwrap_err();
     assert_eq!(too_many.code(), tonic::Code::InvalidArgument);
     assert!(
-        too_many.message().contains("only 1 of this plugin's devices"),
+        too_many
+            .message()
+            .contains("only 1 of this plugin's devices"),
         "{too_many:?}"
     );
 
@@ -371,8 +377,14 @@ async fn a_kubelet_registers_lists_allocates_and_follows_npud_and_its_own_restar
     assert_eq!(
         c.envs,
         HashMap::from([
-            ("NPUD_ADDR".to_owned(), format!("unix:/run/npud/{socket_name}")),
-            ("NPUD_TOKEN_FILE".to_owned(), "/var/run/npud/token".to_owned()),
+            (
+                "NPUD_ADDR".to_owned(),
+                format!("unix:/run/npud/{socket_name}")
+            ),
+            (
+                "NPUD_TOKEN_FILE".to_owned(),
+                "/var/run/npud/token".to_owned()
+            ),
         ])
     );
     assert!(c.devices.is_empty() && c.cdi_devices.is_empty() && c.annotations.is_empty());
@@ -418,7 +430,10 @@ async fn a_kubelet_registers_lists_allocates_and_follows_npud_and_its_own_restar
     dp.allocate(allocate_request(&["npu0-share-2"]))
         .await
         .unwrap();
-    assert!(!both.exists(), "share 2 moved on: its old allocation's token is gone");
+    assert!(
+        !both.exists(),
+        "share 2 moved on: its old allocation's token is gone"
+    );
     secret(&tokens.join("npu0-share-2"));
     assert_eq!(secret(&token_file), second, "share 1 was not touched");
     // An unknown share is refused, naming it, and writes nothing.
@@ -455,12 +470,7 @@ async fn a_kubelet_registers_lists_allocates_and_follows_npud_and_its_own_restar
     let again = kubelet.next_registration().await;
     assert_eq!(again, reg, "the same registration");
     let old_end = tokio::time::timeout(BOUND, async {
-        loop {
-            match lists.message().await {
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => break,
-            }
-        }
+        while let Ok(Some(_)) = lists.message().await {}
     })
     .await;
     assert!(old_end.is_ok(), "the old socket's ListAndWatch stream ends");

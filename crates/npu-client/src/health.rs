@@ -12,8 +12,8 @@ use tonic_health::pb::health_client::HealthClient;
 
 pub use tonic_health::pb::health_check_response::ServingStatus;
 
-use crate::connect::{Address, ConnectOptions, open_channel};
 use crate::ClientError;
+use crate::connect::{Address, ConnectOptions, open_channel};
 
 /// The health status the daemon at `address` (as [`Address::resolve`] takes it) reports for
 /// `service`, within the options' connect and call timeouts.
