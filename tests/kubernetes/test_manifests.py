@@ -180,8 +180,11 @@ def test_the_plugin_mounts_the_host_directory_of_npuds_socket():
     assert pathlib.PurePosixPath(toml["fd_socket"]).parent == socket.parent
     # The plugin watches the same socket through its own mount.
     assert host_path_mounted_at(spec, dp, plugin["npud_socket"])[0] == host_socket
-    # Inside pods, NPUD_ADDR names the socket in the mounted directory.
-    assert plugin["container_npud_addr"] == f"unix:{plugin['container_socket_dir']}/{socket.name}"
+    # Inside pods, NPUD_ADDR names the socket in the mounted directory, at the path npud has
+    # it: npud tells clients its fd socket's path as it sees it (OpenSession's fd_socket), so
+    # pods must see the directory where npud does.
+    assert plugin["container_socket_dir"] == str(socket.parent)
+    assert plugin["container_npud_addr"] == f"unix:{socket}"
     # The kubelet's directory.
     kubelet_host, _ = host_path_mounted_at(spec, dp, plugin["kubelet_socket"])
     assert kubelet_host == "/var/lib/kubelet/device-plugins/kubelet.sock"
