@@ -542,3 +542,200 @@ fn bad_configuration_is_refused_naming_the_flag_and_print_config_shows_the_alloc
     assert_eq!(c["container_npud_addr"], "unix:/run/npud/npud.sock");
     assert_eq!(c["host_socket_dir"], "/run/npud");
 }
+
+/// Shell words, single-quoted.
+fn quoted(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The commands a container runtime's bind mounts amount to, from an Allocate answer: parents
+/// before children (as containerd orders them), each mount point created when missing (a
+/// directory, or an empty file for a file), read-only ones remounted so.
+fn mount_script(c: &api::ContainerAllocateResponse) -> String {
+    let mut mounts = c.mounts.clone();
+    mounts.sort_by_key(|m| Path::new(&m.container_path).components().count());
+    let mut script = String::new();
+    for m in &mounts {
+        let (host, target) = (quoted(&m.host_path), quoted(&m.container_path));
+        if Path::new(&m.host_path).is_dir() {
+            script += &format!("mkdir -p {target}\n");
+        } else {
+            script +=
+                &format!("mkdir -p \"$(dirname {target})\"\n[ -e {target} ] || : > {target}\n");
+        }
+        script += &format!("mount --bind {host} {target}\n");
+        if m.read_only {
+            script += &format!("mount -o remount,ro,bind {target}\n");
+        }
+    }
+    for (k, v) in &c.envs {
+        script += &format!("export {k}={}\n", quoted(v));
+    }
+    script
+}
+
+/// npud in a mount namespace of its own that has the host directory `sockets` at /run/npud,
+/// as the DaemonSet's npud container has: its socket is /run/npud/npud.sock there.
+struct NamespacedNpud {
+    child: Child,
+}
+
+impl NamespacedNpud {
+    fn start(sockets: &Path, work: &Path) -> NamespacedNpud {
+        let ready = work.join("npud-ready");
+        let script = format!(
+            "mount --bind {} /run/npud\nexec {} --backend emulator --socket /run/npud/npud.sock \
+             --fd-socket /run/npud/npud.fd.sock --state-dir {} --ready-file {}",
+            quoted(&sockets.display().to_string()),
+            quoted(&npud_e2e::binary("npud").display().to_string()),
+            quoted(&work.join("state").display().to_string()),
+            quoted(&ready.display().to_string()),
+        );
+        let log = std::fs::File::create(work.join("npud.stderr")).unwrap();
+        let child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-ec", &script])
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("unshare starts");
+        let mut d = NamespacedNpud { child };
+        let until = Instant::now() + BOUND;
+        while !ready.exists() {
+            if let Ok(Some(s)) = d.child.try_wait() {
+                panic!(
+                    "npud exited with {s}:\n{}",
+                    std::fs::read_to_string(work.join("npud.stderr")).unwrap_or_default()
+                );
+            }
+            assert!(Instant::now() < until, "npud not ready within the bound");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+}
+
+impl Drop for NamespacedNpud {
+    fn drop(&mut self) {
+        signal(&self.child, rustix::process::Signal::TERM);
+        let until = Instant::now() + BOUND;
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A pod's view, as far as mounts and environment make it: npud runs in a mount namespace with
+/// the host's socket directory at /run/npud (the DaemonSet), and a "container" in another
+/// mount namespace gets exactly what Allocate answered (mounts, environment) and runs npuctl:
+/// health, an emulated design run with tensors shared through the fd socket whose path npud
+/// reports, and its token read from NPUD_TOKEN_FILE. Needs root and unshare(1) for the mount
+/// namespaces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(as_root),
+    ignore = "needs root: npud and the container are mount namespaces of their own"
+)]
+async fn a_container_given_the_allocation_reaches_npud_through_its_mounts() {
+    let root = tempfile::Builder::new()
+        .prefix("dpc")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let sockets = root.path().join("run-npud");
+    let plugins_dir = root.path().join("dp");
+    let tokens = root.path().join("tokens");
+    std::fs::create_dir(&sockets).unwrap();
+    std::fs::create_dir(&plugins_dir).unwrap();
+    // The mount point npud's and the container's namespaces bind the host directory onto.
+    let made_run_npud = !Path::new("/run/npud").exists();
+    if made_run_npud {
+        std::fs::create_dir_all("/run/npud").unwrap();
+    }
+    struct RemoveDir(bool);
+    impl Drop for RemoveDir {
+        fn drop(&mut self) {
+            if self.0 {
+                let _ = std::fs::remove_dir("/run/npud");
+            }
+        }
+    }
+    let _cleanup = RemoveDir(made_run_npud);
+    let _npud = NamespacedNpud::start(&sockets, root.path());
+
+    let kubelet_socket = plugins_dir.join("kubelet.sock");
+    let mut kubelet = Kubelet::start(&kubelet_socket, None);
+    let _plugin = PluginProcess::start(
+        &plugin_args(&kubelet_socket, &sockets.join("npud.sock"), &tokens),
+        root.path(),
+    );
+    let reg = kubelet.next_registration().await;
+    let mut dp = plugin_client(&plugins_dir.join(&reg.endpoint)).await;
+    let mut lists = dp.list_and_watch(api::Empty {}).await.unwrap().into_inner();
+    until_all(&mut lists, "Healthy").await;
+    let r = dp
+        .allocate(allocate_request(&["npu0-share-0"]))
+        .await
+        .unwrap()
+        .into_inner();
+    let c = &r.container_responses[0];
+    assert_eq!(c.envs["NPUD_ADDR"], "unix:/run/npud/npud.sock");
+    let token = secret(&tokens.join("npu0-share-0"));
+
+    let work = root.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let w = |name: &str| quoted(&work.join(name).display().to_string());
+    let npuctl = quoted(&npud_e2e::npuctl_binary().display().to_string());
+    let script = format!(
+        "{mounts}{npuctl} health\n\
+         {npuctl} emu-design vector_scalar_add --out {vsa}\n\
+         head -c 4096 /dev/zero > {input}\n\
+         {npuctl} --json run {vsa} --input {input} --output {output}\n\
+         echo \"token=$(cat \"$NPUD_TOKEN_FILE\")\"\n\
+         echo \"token mount: $(grep ' /run/npud/token \\| /var/run/npud/token ' /proc/self/mountinfo | wc -l)\"\n",
+        mounts = mount_script(c),
+        vsa = w("vsa"),
+        input = w("in"),
+        output = w("out"),
+    );
+    let out = tokio::time::timeout(
+        BOUND,
+        tokio::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-ec", &script])
+            .env_remove("NPUD_ADDR")
+            .env_remove("NPUD_TOKEN_FILE")
+            .output(),
+    )
+    .await
+    .expect("the container's commands finish within the bound")
+    .expect("unshare runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{script}\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("SERVING\n"), "{stdout}");
+    // Tensors went through the fd socket, at the path npud reported (/run/npud/npud.fd.sock).
+    assert!(stdout.contains("\"shared\": true"), "{stdout}");
+    // vector_scalar_add adds 1 to each of the 1024 zeros.
+    let output = std::fs::read(work.join("out")).unwrap();
+    let ones: Vec<i32> = output
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    assert_eq!(ones, vec![1; 1024]);
+    assert!(stdout.contains(&format!("token={token}\n")), "{stdout}");
+    assert!(stdout.contains("token mount: 1\n"), "{stdout}");
+    // Where /var/run links to /run (as here and in most images), the token's mount point lies
+    // in the socket directory's mount, and is created in the host's directory (which is why
+    // that mount is writable by default; see deploy/kubernetes/README.md).
+    if std::fs::read_link("/var/run")
+        .is_ok_and(|t| t == Path::new("/run") || t == Path::new("../run"))
+    {
+        let point = std::fs::metadata(sockets.join("token")).expect("the mount point");
+        assert_eq!(point.len(), 0);
+    }
+}
