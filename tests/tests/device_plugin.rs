@@ -4,7 +4,8 @@
 //!
 //! Registration (version, endpoint, resource, options); the advertised shares; the preferred
 //! allocation; Allocate's mounts, environment and token file (mode, format, rotation, revocation);
-//! shares Unhealthy while npud is down and Healthy when it is back; registration again after
+//! shares Unhealthy while npud reports NOT_SERVING (a device recovery) or is down, and Healthy
+//! when it serves again; registration again after
 //! the kubelet restarts (its socket recreated, the plugin's removed); a refused registration
 //! stopping the plugin; configuration errors naming the flag.
 
@@ -16,10 +17,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use npu_artifacts::emu::EmuDesign;
 use npud_device_plugin::v1beta1 as api;
 use npud_device_plugin::v1beta1::device_plugin_client::DevicePluginClient;
 use npud_device_plugin::v1beta1::registration_server::{Registration, RegistrationServer};
-use npud_e2e::{Daemon, Options, connect_unix, package_binary, signal};
+use npud_e2e::{Daemon, Options, Session, connect_unix, package_binary, signal};
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -290,7 +292,8 @@ fn secret(path: &Path) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kubelet_registers_lists_allocates_and_follows_npud_and_its_own_restart() {
-    let mut npud = Daemon::start(Options::default());
+    // A device recovery holds NOT_SERVING for a second, long enough to be seen.
+    let mut npud = Daemon::start(Options::default().env("NPUD_HEALTH__MIN_NOT_SERVING_MS", "1000"));
     let root = tempfile::Builder::new()
         .prefix("dp")
         .tempdir_in("/tmp")
@@ -455,6 +458,18 @@ async fn a_kubelet_registers_lists_allocates_and_follows_npud_and_its_own_restar
         .unwrap()
         .into_inner();
     assert_eq!(pre, api::PreStartContainerResponse {});
+
+    // A device fault: npud reports NOT_SERVING while it recovers, and the shares follow.
+    let mut s = Session::open(npud.connect().await, "faulty").await.unwrap();
+    let fault = s.register(&EmuDesign::fault(4096)).await.unwrap();
+    let a = s.alloc_mapped(4096).await.unwrap();
+    let b = s.alloc_mapped(4096).await.unwrap();
+    s.dispatch(fault.program_id, &[a.id, b.id])
+        .await
+        .unwrap_err();
+    until_all(&mut lists, "Unhealthy").await;
+    until_all(&mut lists, "Healthy").await;
+    drop((a, b, s));
 
     // npud stops: every share Unhealthy; it starts again: Healthy.
     npud.terminate();
