@@ -450,6 +450,26 @@ async fn a_kubelet_registers_lists_allocates_and_follows_npud_and_its_own_restar
             .contains("\"npu0-share-7\" is not one of this plugin's devices"),
         "{e:?}"
     );
+    // Two containers of one pod cannot hold the same share.
+    let e = dp
+        .allocate(api::AllocateRequest {
+            container_requests: vec![
+                api::ContainerAllocateRequest {
+                    devices_ids: vec!["npu0-share-0".into()],
+                },
+                api::ContainerAllocateRequest {
+                    devices_ids: vec!["npu0-share-0".into()],
+                },
+            ],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        e.message()
+            .contains("container_requests[1] and container_requests[0] list the same device"),
+        "{e:?}"
+    );
     let pre = dp
         .pre_start_container(api::PreStartContainerRequest {
             devices_ids: vec!["npu0-share-1".into()],

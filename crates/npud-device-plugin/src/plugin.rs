@@ -197,6 +197,15 @@ impl DevicePlugin for Plugin {
                 })
             })
             .collect::<Result<Vec<_>, Status>>()?;
+        // The kubelet gives a share to one container at a time; two containers of one request
+        // sharing one would revoke each other's token.
+        for (n, a) in allocations.iter().enumerate() {
+            if let Some(m) = allocations[..n].iter().position(|b| b.overlaps(a)) {
+                return Err(Status::invalid_argument(format!(
+                    "container_requests[{n}] and container_requests[{m}] list the same device"
+                )));
+            }
+        }
         let mut container_responses = Vec::with_capacity(allocations.len());
         for (n, a) in allocations.iter().enumerate() {
             let name = self.tokens.issue(a).map_err(|e| {
