@@ -119,8 +119,8 @@ pub fn npuctl_binary() -> PathBuf {
 
 /// The binary `bin` of the workspace package `package` (in `crates/<package>`) in this build's
 /// profile directory, built with `cargo build -p PACKAGE --bin BIN` first when it is missing or
-/// older than a file of its crate (so that running one test file after an edit does not test
-/// an old binary; `cargo test --workspace` builds it anyway).
+/// older than its crate's `src/`, `build.rs` or `Cargo.toml` (so that running one test file
+/// after an edit does not test an old binary; `cargo test --workspace` builds it anyway).
 ///
 /// # Panics
 /// When it is missing and cannot be built.
@@ -138,10 +138,26 @@ pub fn package_binary(package: &str, bin: &str) -> PathBuf {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let built_at = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
-    let sources = Path::new(env!("CARGO_MANIFEST_DIR"))
+    // What cargo rebuilds the binary for (a README is not), so that a binary cargo would call
+    // fresh is never rebuilt from here.
+    let krate = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../crates")
         .join(package);
-    if built_at.is_none_or(|t| newest_file(&sources).is_some_and(|s| s > t)) {
+    let newest = [
+        krate.join("src"),
+        krate.join("build.rs"),
+        krate.join("Cargo.toml"),
+    ]
+    .iter()
+    .filter_map(|p| {
+        if p.is_dir() {
+            newest_file(p)
+        } else {
+            std::fs::metadata(p).and_then(|m| m.modified()).ok()
+        }
+    })
+    .max();
+    if built_at.is_none_or(|t| newest.is_some_and(|s| s > t)) {
         let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
         cmd.args(["build", "-p", package, "--bin", bin])
             .current_dir(env!("CARGO_MANIFEST_DIR"));
