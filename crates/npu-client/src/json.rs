@@ -130,5 +130,7 @@ pub fn statistics_json(s: &pb::Statistics) -> Value {
         "sessions_ended": s.sessions_ended,
         "device_faults": s.device_faults,
         "uptime_ms": s.uptime_ms,
+        "pending_dispatches": s.pending_dispatches,
+        "open_sessions": s.open_sessions,
     })
 }

@@ -30,6 +30,8 @@
 //!   in flight on one stream ([`Pipeline`], for tensors shared in place).
 //! - [`blocking::Client`]: the same without async.
 //! - [`Operator`]: device information, statistics and every stored program, without a session.
+//! - [`Fleet`]: sessions spread over several hosts (a list of addresses or a DNS name), each
+//!   on the healthy host with the least pending work, pinned there.
 //!
 //! # Sessions
 //!
@@ -48,6 +50,7 @@ mod client;
 pub mod connect;
 mod dispatch;
 mod error;
+pub mod fleet;
 pub mod json;
 pub mod local;
 mod pipeline;
@@ -59,6 +62,7 @@ pub use client::{Client, Operator};
 pub use connect::{Address, ConnectOptions};
 pub use dispatch::{ChainArg, ChainBuilder, ChainResult, DispatchResult, LinkFailure};
 pub use error::{ClientError, code_name};
+pub use fleet::{Fleet, FleetOptions, FleetSpec, HostHealth, HostStatus};
 pub use pipeline::{Completion, Pipeline};
 pub use program::{HsacoSource, Program, ProgramInfo};
 pub use tensor::{Element, Tensor, TensorArg};

@@ -7,6 +7,7 @@
 mod bench;
 mod demo;
 mod emu_design;
+mod fleet;
 mod inspect;
 mod inspect_hsaco;
 mod output;
@@ -20,7 +21,7 @@ mod worker;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use npu_client::Operator;
+use npu_client::{Client, Fleet, FleetOptions, FleetSpec, Operator};
 
 /// Operate and use npud, the daemon that owns the NPU.
 #[derive(Debug, Parser)]
@@ -30,6 +31,10 @@ struct Cli {
     /// (default: the daemon's default socket).
     #[arg(long, global = true, env = "NPUD_ADDR")]
     addr: Option<String>,
+    /// Several daemons: ADDR,ADDR,... or dns:///NAME:PORT (every address NAME resolves to).
+    /// `run` opens its session on the least loaded healthy one, `bench` measures that one.
+    #[arg(long, global = true, env = "NPUD_FLEET", conflicts_with = "addr")]
+    fleet: Option<String>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -43,6 +48,8 @@ enum Command {
     Status,
     /// Open sessions and their counters.
     Sessions,
+    /// The hosts of --fleet: health, sessions, pending work, and where the next session goes.
+    Fleet,
     /// Stored programs, their counters, and quarantined programs; or clear a quarantine.
     Programs(programs::Args),
     /// Summarize a design directory (main.pdi + insts.bin) and list its instruction stream, or
@@ -70,15 +77,17 @@ type CmdResult = Result<(), String>;
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let addr = cli.addr.as_deref();
+    let fleet = cli.fleet.as_deref();
     let result = match cli.command {
         Command::Status => status::run(addr, cli.json).await,
         Command::Sessions => sessions::run(addr, cli.json).await,
+        Command::Fleet => fleet::run(fleet, cli.json).await,
         Command::Programs(a) => programs::run(&a, addr, cli.json).await,
         Command::Inspect(a) => inspect::run(&a, cli.json),
         Command::Pack(a) => pack::run(&a, cli.json),
         Command::EmuDesign(a) => emu_design::run(&a, addr, cli.json).await,
-        Command::Run(a) => run::run(&a, addr, cli.json).await,
-        Command::Bench(a) => bench::run(&a, addr, cli.json),
+        Command::Run(a) => run::run(&a, addr, fleet, cli.json).await,
+        Command::Bench(a) => bench::run(&a, addr, fleet, cli.json).await,
         Command::Demo(a) => demo::run(&a).await,
         Command::DemoWorker(a) => worker::run(&a).await,
     };
@@ -94,4 +103,24 @@ async fn main() -> ExitCode {
 /// A session-less connection for the operator views.
 async fn operator(addr: Option<&str>) -> Result<Operator, String> {
     Operator::connect(addr).await.map_err(|e| e.to_string())
+}
+
+/// The fleet `--fleet` names, its hosts probed once.
+async fn fleet(spec: &str) -> Result<Fleet, String> {
+    let spec = FleetSpec::parse(spec).map_err(|e| format!("--fleet: {e}"))?;
+    Fleet::connect_with(spec, FleetOptions::default())
+        .await
+        .map_err(|e| format!("--fleet: {e}"))
+}
+
+/// A session: on the least loaded healthy host of `--fleet` when given, else on `--addr`.
+async fn session(addr: Option<&str>, fleet: Option<&str>) -> Result<Client, String> {
+    match fleet {
+        Some(spec) => self::fleet(spec)
+            .await?
+            .open()
+            .await
+            .map_err(|e| e.to_string()),
+        None => Client::connect(addr).await.map_err(|e| e.to_string()),
+    }
 }
