@@ -18,6 +18,10 @@
 //!   programs or re-creates tensors behind the caller's back: their contents are gone.
 //! - An `UNAVAILABLE` the daemon itself sends (the device recovers, the daemon drains) is returned
 //!   as [`ClientError::Daemon`], not retried.
+//! - A session a [`crate::Fleet`] opened is also lost when the fleet finds its host down, and
+//!   when its own reconnect fails for the reconnect timeout (it then tells the fleet): the
+//!   daemon that held its tensors is gone.
+//!   [`ClientError::SessionLost`] names the host in every case.
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -32,8 +32,9 @@ struct Cli {
     #[arg(long, global = true, env = "NPUD_ADDR")]
     addr: Option<String>,
     /// Several daemons: ADDR,ADDR,... or dns:///NAME:PORT (every address NAME resolves to).
-    /// `run` opens its session on the least loaded healthy one, `bench` measures that one.
-    #[arg(long, global = true, env = "NPUD_FLEET", conflicts_with = "addr")]
+    /// `run` opens its session on the least loaded healthy one (before --addr), `bench`
+    /// measures that one, `fleet` lists them; commands about one daemon still need --addr.
+    #[arg(long, global = true, env = "NPUD_FLEET")]
     fleet: Option<String>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
@@ -78,11 +79,21 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let addr = cli.addr.as_deref();
     let fleet = cli.fleet.as_deref();
+    let one = |command: &str| one_daemon(command, addr, fleet);
     let result = match cli.command {
-        Command::Status => status::run(addr, cli.json).await,
-        Command::Sessions => sessions::run(addr, cli.json).await,
+        Command::Status => match one("status") {
+            Ok(addr) => status::run(addr, cli.json).await,
+            Err(e) => Err(e),
+        },
+        Command::Sessions => match one("sessions") {
+            Ok(addr) => sessions::run(addr, cli.json).await,
+            Err(e) => Err(e),
+        },
         Command::Fleet => fleet::run(fleet, cli.json).await,
-        Command::Programs(a) => programs::run(&a, addr, cli.json).await,
+        Command::Programs(a) => match one("programs") {
+            Ok(addr) => programs::run(&a, addr, cli.json).await,
+            Err(e) => Err(e),
+        },
         Command::Inspect(a) => inspect::run(&a, cli.json),
         Command::Pack(a) => pack::run(&a, cli.json),
         Command::EmuDesign(a) => emu_design::run(&a, addr, cli.json).await,
@@ -97,6 +108,22 @@ async fn main() -> ExitCode {
             eprintln!("npuctl: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The daemon a command about one daemon talks to: with only `--fleet` (or `NPUD_FLEET`) given
+/// it would silently fall back to the default socket, so it refuses instead.
+fn one_daemon<'a>(
+    command: &str,
+    addr: Option<&'a str>,
+    fleet: Option<&str>,
+) -> Result<Option<&'a str>, String> {
+    match (addr, fleet) {
+        (None, Some(f)) => Err(format!(
+            "npuctl {command} shows one daemon: give --addr (or NPUD_ADDR); the fleet {f} is \
+             listed by `npuctl fleet`"
+        )),
+        _ => Ok(addr),
     }
 }
 
