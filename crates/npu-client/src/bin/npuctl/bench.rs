@@ -1,7 +1,7 @@
 //! `npuctl bench`: runs `npuctl-bench` (crate `npu-bench`), the instrument that measures npud
 //! against its floors, passing the arguments through. `--json` and `--addr` given to npuctl are
 //! passed on too; with `--fleet`, the host the fleet's next session would go to is measured
-//! (the floors are one machine's, so a bench runs on one host).
+//! (the floors are one machine's, so a bench runs on one host: a Unix socket on this machine).
 
 use std::path::PathBuf;
 use std::process::Command;
