@@ -25,10 +25,15 @@ pub enum ClientError {
     /// The session no longer exists on the daemon: the daemon restarted, or the session ended
     /// after its grace period without a connection. Its tensors and programs are gone; open a new
     /// [`crate::Client`].
-    #[error("session {session} is lost ({call}): {message}; connect again to open a new session")]
+    #[error(
+        "session {session} on {address} is lost ({call}): {message}; connect again to open a new \
+         session"
+    )]
     SessionLost {
         /// The session id the client held.
         session: u64,
+        /// The daemon (host) the session was on.
+        address: String,
         /// The call that found out.
         call: &'static str,
         /// The daemon's message (or why the resume failed).
@@ -47,6 +52,15 @@ pub enum ClientError {
     LocalDaemon {
         /// What went wrong, with the daemon's log when it has one.
         message: String,
+    },
+    /// No host of a [`crate::Fleet`] could take a session: each host and why.
+    #[error(
+        "no npud host of the fleet can take a session: {}",
+        host_reasons(hosts)
+    )]
+    NoHealthyHost {
+        /// Each host's address and why it took no session (down, not serving, refused).
+        hosts: Vec<(String, String)>,
     },
     /// The daemon could not be reached.
     #[error("cannot reach npud at {address}: {message}")]
@@ -136,6 +150,17 @@ impl ClientError {
         let what = what.into();
         move |source| Self::Fd { what, source }
     }
+}
+
+fn host_reasons(hosts: &[(String, String)]) -> String {
+    if hosts.is_empty() {
+        return "the fleet has no hosts".to_owned();
+    }
+    hosts
+        .iter()
+        .map(|(host, why)| format!("{host}: {why}"))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The upper-case name of a gRPC code, as the daemon's statistics spell it.

@@ -1,8 +1,10 @@
 //! The daemon's messages as JSON, with the proto's field names: what `npuctl --json` prints and
-//! what the Python package hands back as dicts, so both show every field the same way.
+//! what the Python package hands back as dicts, so both show every field the same way. A
+//! [`crate::Fleet`]'s view of its hosts too.
 
 use serde_json::{Value, json};
 
+use crate::fleet::{Fleet, HostHealth};
 use crate::proto as pb;
 
 /// A `Duration` (count, ns).
@@ -130,5 +132,49 @@ pub fn statistics_json(s: &pb::Statistics) -> Value {
         "sessions_ended": s.sessions_ended,
         "device_faults": s.device_faults,
         "uptime_ms": s.uptime_ms,
+        "pending_dispatches": s.pending_dispatches,
+        "open_sessions": s.open_sessions,
+    })
+}
+
+/// A fleet's health word (`serving`, `not_serving`, `down`, `unknown`) and its reason.
+#[must_use]
+pub fn host_health(h: &HostHealth) -> (&'static str, Option<&str>) {
+    match h {
+        HostHealth::Unknown => ("unknown", None),
+        HostHealth::Serving => ("serving", None),
+        HostHealth::NotServing(why) => ("not_serving", Some(why)),
+        HostHealth::Down(why) => ("down", Some(why)),
+    }
+}
+
+/// What a [`Fleet`] knows of its hosts: `fleet`, `resolve_error`, `next` (the address the next
+/// session would go to, or null) and `hosts` (address, health, reason, sessions,
+/// pending_dispatches, next, checked_ms_ago, retry_in_ms).
+#[must_use]
+pub fn fleet_json(fleet: &Fleet) -> Value {
+    let ms = |d: Option<std::time::Duration>| {
+        d.map_or(Value::Null, |d| {
+            json!(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        })
+    };
+    let hosts = fleet.hosts();
+    json!({
+        "fleet": fleet.spec().to_string(),
+        "resolve_error": fleet.resolve_error(),
+        "next": hosts.iter().find(|h| h.next).map(|h| h.address.to_string()),
+        "hosts": hosts.iter().map(|h| {
+            let (word, reason) = host_health(&h.health);
+            json!({
+                "address": h.address.to_string(),
+                "health": word,
+                "reason": reason,
+                "sessions": h.sessions,
+                "pending_dispatches": h.pending_dispatches,
+                "next": h.next,
+                "checked_ms_ago": ms(h.checked_ago),
+                "retry_in_ms": ms(h.retry_in),
+            })
+        }).collect::<Vec<_>>(),
     })
 }

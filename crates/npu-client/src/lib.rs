@@ -31,6 +31,8 @@
 //! - [`blocking::Client`]: the same without async.
 //! - [`Operator`]: device information, statistics and every stored program, without a session.
 //! - [`health::check`]: the daemon's `grpc.health.v1` status, for probes.
+//! - [`Fleet`]: sessions spread over several hosts (a list of addresses or a DNS name), each
+//!   on the healthy host with the least pending work, pinned there.
 //!
 //! # Sessions
 //!
@@ -50,6 +52,7 @@ pub mod connect;
 mod dispatch;
 mod error;
 pub mod health;
+pub mod fleet;
 pub mod json;
 pub mod local;
 mod pipeline;
@@ -61,6 +64,7 @@ pub use client::{Client, Operator};
 pub use connect::{Address, ConnectOptions};
 pub use dispatch::{ChainArg, ChainBuilder, ChainResult, DispatchResult, LinkFailure};
 pub use error::{ClientError, code_name};
+pub use fleet::{Fleet, FleetOptions, FleetSpec, HostHealth, HostStatus};
 pub use pipeline::{Completion, Pipeline};
 pub use program::{HsacoSource, Program, ProgramInfo};
 pub use tensor::{Element, Tensor, TensorArg};

@@ -18,6 +18,10 @@
 //!   programs or re-creates tensors behind the caller's back: their contents are gone.
 //! - An `UNAVAILABLE` the daemon itself sends (the device recovers, the daemon drains) is returned
 //!   as [`ClientError::Daemon`], not retried.
+//! - A session a [`crate::Fleet`] opened is also lost when the fleet finds its host down, and
+//!   when its own reconnect fails for the reconnect timeout (it then tells the fleet): the
+//!   daemon that held its tensors is gone.
+//!   [`ClientError::SessionLost`] names the host in every case.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -63,6 +67,17 @@ impl Interceptor for SessionAuth {
     }
 }
 
+/// The link from a session opened through a [`crate::Fleet`] to the fleet's record of its
+/// host: the fleet tells the session when the host went down, and the session tells the fleet
+/// when it could not reach the host.
+pub(crate) trait HostWatch: Send + Sync + std::fmt::Debug {
+    /// Why the session's host went down after the session was opened (the session is gone with
+    /// it), or `None`.
+    fn lost(&self) -> Option<String>;
+    /// The session could not reconnect to its host: `why`.
+    fn unreachable(&self, why: &str);
+}
+
 /// A session: its id and token.
 #[derive(Debug, Clone)]
 pub(crate) struct SessionKey {
@@ -85,6 +100,8 @@ pub(crate) struct Inner {
     pub programs: tokio::sync::Mutex<HashMap<u64, ProgramInfo>>,
     pub device: pb::DeviceInfo,
     reconnects: AtomicU64,
+    /// Set when a [`crate::Fleet`] opened the session.
+    pub(crate) host: std::sync::OnceLock<Arc<dyn HostWatch>>,
 }
 
 impl Inner {
@@ -129,6 +146,7 @@ impl Inner {
             programs: tokio::sync::Mutex::new(HashMap::new()),
             device,
             reconnects: AtomicU64::new(0),
+            host: std::sync::OnceLock::new(),
         }))
     }
 
@@ -173,9 +191,22 @@ impl Inner {
         self.lost.store(true, Ordering::SeqCst);
         ClientError::SessionLost {
             session: self.session_id(),
+            address: self.addr.to_string(),
             call,
             message,
         }
+    }
+
+    /// The error for a session call when the session is known to be gone: an earlier call found
+    /// it so, or the fleet that opened it saw its host go down.
+    fn check_lost(&self, call: &'static str) -> Option<ClientError> {
+        if self.lost.load(Ordering::SeqCst) {
+            return Some(
+                self.lost_error(call, "an earlier call found the session gone".to_owned()),
+            );
+        }
+        let why = self.host.get()?.lost()?;
+        Some(self.lost_error(call, why))
     }
 
     /// Runs a session call (see the module docs for retries and errors).
@@ -210,8 +241,8 @@ impl Inner {
         F: Fn(Rpc) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
-        if !anonymous && self.lost.load(Ordering::SeqCst) {
-            return Err(self.lost_error(name, "an earlier call found the session gone".to_owned()));
+        if !anonymous && let Some(e) = self.check_lost(name) {
+            return Err(e);
         }
         let mut retried = false;
         loop {
@@ -267,8 +298,8 @@ impl Inner {
         F: FnOnce(Rpc) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
-        if self.lost.load(Ordering::SeqCst) {
-            return Err(self.lost_error(name, "an earlier call found the session gone".to_owned()));
+        if let Some(e) = self.check_lost(name) {
+            return Err(e);
         }
         let (_, channel) = self.current();
         let status =
@@ -311,6 +342,19 @@ impl Inner {
                     Err(Resume::Retry(m)) => last = m,
                 },
                 Err(e) => last = e.to_string(),
+            }
+            if let Some(watch) = self.host.get() {
+                if let Some(why) = watch.lost() {
+                    return Err(self.lost_error(call, why));
+                }
+                if Instant::now() + backoff > deadline {
+                    let why = format!(
+                        "no connection to the host within {:?} ({last})",
+                        self.opts.reconnect_timeout
+                    );
+                    watch.unreachable(&why);
+                    return Err(self.lost_error(call, watch.lost().unwrap_or(why)));
+                }
             }
             if Instant::now() + backoff > deadline {
                 return Err(ClientError::Connect {
@@ -374,7 +418,7 @@ enum Resume {
     Retry(String),
 }
 
-fn plain_client(channel: Channel, opts: &ConnectOptions) -> Rpc {
+pub(crate) fn plain_client(channel: Channel, opts: &ConnectOptions) -> Rpc {
     NpudClient::with_interceptor(
         channel,
         SessionAuth {
@@ -403,7 +447,7 @@ async fn bounded<T>(
 
 /// Whether a status came from the transport (connection refused, reset, closed) rather than
 /// from the daemon. Statuses the daemon sends carry no source error; the transport's do.
-fn is_transport(status: &Status) -> bool {
+pub(crate) fn is_transport(status: &Status) -> bool {
     use std::error::Error as _;
     matches!(
         status.code(),

@@ -31,6 +31,7 @@ use crate::programs::{Programs, Runs};
 use crate::service::{NpudService, State};
 use crate::sessions::Sessions;
 use crate::state_dir::Persisted;
+use crate::stats::PendingWork;
 use crate::systemd::{self, Activated};
 
 /// How long shutdown waits for requests in flight.
@@ -170,6 +171,7 @@ pub async fn run(
         started: Instant::now(),
         io_threads: u32::try_from(cfg.io_threads()).unwrap_or(u32::MAX),
         executor_spin_us: cfg.executor.spin_us,
+        pending: PendingWork::default(),
     });
 
     let stop = CancellationToken::new();

@@ -3,9 +3,45 @@
 //! subtracting two snapshots.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use npu_proto::v1 as pb;
+
+/// Dispatches admitted to the executor and not yet answered, daemon-wide
+/// (`Statistics.pending_dispatches`).
+#[derive(Debug, Clone, Default)]
+pub struct PendingWork(Arc<AtomicU64>);
+
+impl PendingWork {
+    /// Counts `links` dispatches as pending until the returned guard drops.
+    pub fn admit(&self, links: u64) -> PendingGuard {
+        self.0.fetch_add(links, Ordering::Relaxed);
+        PendingGuard {
+            count: self.0.clone(),
+            links,
+        }
+    }
+
+    /// Dispatches pending now.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Admitted work, counted in [`PendingWork`] while it lives.
+#[derive(Debug)]
+pub struct PendingGuard {
+    count: Arc<AtomicU64>,
+    links: u64,
+}
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        self.count.fetch_sub(self.links, Ordering::Relaxed);
+    }
+}
 
 /// What one dispatch (or one chain link) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +113,18 @@ fn add(slot: &mut (u64, u64), count: u64, ns: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pending_work_counts_links_until_the_guard_drops() {
+        let p = PendingWork::default();
+        let chain = p.admit(3);
+        let one = p.clone().admit(1);
+        assert_eq!(p.get(), 4);
+        drop(chain);
+        assert_eq!(p.get(), 1);
+        drop(one);
+        assert_eq!(p.get(), 0);
+    }
 
     #[test]
     fn counts_links_and_errors_by_code() {

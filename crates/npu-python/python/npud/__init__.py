@@ -19,6 +19,8 @@ The package is the Rust client library (npu-client) with a Python face::
   zero-copy views of the memory the device uses, shared with the daemon by file descriptor;
   the array keeps that mapping alive. Over TCP (``http://``/``https://``) the array is a staging
   copy that every dispatch uploads before the work and downloads after it.
+- :class:`Fleet` — sessions spread over several npud hosts, each on the healthy host with the
+  least pending work, pinned there.
 - :class:`Program` — a design's ``main.pdi`` and ``insts.bin``, from a directory or bytes.
 - Errors are :class:`NpudError` subclasses carrying the daemon's gRPC code and message.
 - :mod:`npud.iron` — IRON's host-runtime interface backed by npud.
@@ -42,6 +44,7 @@ __version__ = _npud.__version__
 
 __all__ = [
     "Client",
+    "Fleet",
     "Program",
     "Pipeline",
     "Chain",
@@ -525,3 +528,54 @@ class Pipeline:
         out = [_completion(t) for t in await _future(self._p.drain_start)]
         self._returned += len(out)
         return out  # type: ignore[return-value]
+
+
+class Fleet:
+    """Several npud hosts that sessions are spread over (npu-client's ``Fleet``).
+
+    ``spec``: addresses separated by commas (any form :class:`Client` takes), or
+    ``dns:///NAME:PORT`` for every address NAME resolves to (a Kubernetes headless Service).
+    Each host is probed at once and then every two seconds (gRPC health and the daemon's
+    statistics) in the background.
+
+    :meth:`open` opens a session on the serving host with the fewest pending dispatches, then
+    the fewest sessions; equal hosts take turns. The session stays on its host. When the host
+    goes down, its sessions raise :class:`SessionLost` naming it.
+
+    Raises:
+        AddressError: the fleet does not parse, or its DNS name does not resolve.
+    """
+
+    __slots__ = ("_f", "__weakref__")
+
+    def __init__(self, spec: str) -> None:
+        self._f = _npud.Fleet(spec)
+
+    def __repr__(self) -> str:
+        return f"npud.Fleet({self.spec!r})"
+
+    @property
+    def spec(self) -> str:
+        return self._f.spec
+
+    def open(self) -> Client:
+        """A session on the least loaded healthy host.
+
+        Raises:
+            NoHealthyHost: no host takes sessions; the message lists each host and why.
+        """
+        return Client(_native=self._f.open())
+
+    async def open_async(self) -> Client:
+        """:meth:`open` without blocking the event loop."""
+        return Client(_native=await _future(self._f.open_start))
+
+    def refresh(self) -> None:
+        """Probes every host now (down ones too) and resolves a DNS name again."""
+        self._f.refresh()
+
+    def hosts(self) -> list[dict[str, Any]]:
+        """Each host: ``address``, ``health`` (``serving``, ``not_serving``, ``down``,
+        ``unknown``), ``reason``, ``sessions``, ``pending_dispatches``, ``next`` (the next
+        session goes there), ``checked_ms_ago``, ``retry_in_ms``."""
+        return json.loads(self._f.hosts_json())["hosts"]

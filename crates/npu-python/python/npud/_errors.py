@@ -31,6 +31,7 @@ __all__ = [
     "SessionLost",
     "ChainFailed",
     "ConnectError",
+    "NoHealthyHost",
     "AddressError",
     "TimeoutError",
     "FdError",
@@ -148,6 +149,11 @@ class ConnectError(NpudError):
     """The daemon could not be reached."""
 
 
+class NoHealthyHost(ConnectError):
+    """No host of a :class:`npud.Fleet` could take a session; the message lists each host and
+    why (down, not serving, refused)."""
+
+
 class AddressError(NpudError, ValueError):
     """The address could not be understood or is not allowed."""
 
@@ -178,6 +184,7 @@ class IoError(NpudError, OSError):
 
 _BY_KIND = {
     "connect": ConnectError,
+    "no_healthy_host": NoHealthyHost,
     "address": AddressError,
     "timeout": TimeoutError,
     "fd": FdError,

@@ -28,6 +28,7 @@ use crate::fdsock::Tickets;
 use crate::health::Condition;
 use crate::programs::Programs;
 use crate::sessions::Sessions;
+use crate::stats::PendingWork;
 
 /// What every handler shares.
 #[derive(Debug)]
@@ -46,6 +47,8 @@ pub struct State {
     pub io_threads: u32,
     /// `executor.spin_us`.
     pub executor_spin_us: u64,
+    /// Dispatches admitted and not yet answered.
+    pub pending: PendingWork,
 }
 
 /// The service tonic serves; cheap to clone.

@@ -28,6 +28,7 @@ impl NpudService {
             })
             .collect();
         let (sessions_opened, sessions_ended) = s.sessions.totals();
+        let open_sessions = u32::try_from(s.sessions.count()).unwrap_or(u32::MAX);
         pb::Statistics {
             sessions,
             programs: s.programs.statistics(),
@@ -35,6 +36,8 @@ impl NpudService {
             sessions_ended,
             device_faults: s.exec.faults(),
             uptime_ms: u64::try_from(s.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            pending_dispatches: s.pending.get(),
+            open_sessions,
         }
     }
 }

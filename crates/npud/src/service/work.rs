@@ -17,7 +17,7 @@ use tonic::{Request, Streaming};
 use super::{BoxStream, NpudService, deadline};
 use crate::error::NpudError;
 use crate::executor::{Command, Link, LinkPrefix, WorkDone, WorkItem};
-use crate::stats::Outcome;
+use crate::stats::{Outcome, PendingGuard};
 
 /// Most buffer arguments one dispatch may pass.
 const MAX_ARGS: usize = 64;
@@ -31,6 +31,8 @@ struct Admitted {
     /// The program of each link.
     programs: Vec<u64>,
     chain: bool,
+    /// Counts the item in `Statistics.pending_dispatches` until its reply has been counted.
+    _pending: PendingGuard,
 }
 
 /// Work as a request names it: Dispatch, Chain, or either on the Submit stream.
@@ -117,7 +119,8 @@ impl NpudService {
             .exec
             .fault_budget()
             .check(uid, "dispatch", Instant::now())?;
-        let programs = links.iter().map(|l| l.program.id).collect();
+        let programs: Vec<u64> = links.iter().map(|l| l.program.id).collect();
+        let pending = self.state.pending.admit(programs.len() as u64);
         let (tx, rx) = oneshot::channel();
         self.state
             .exec
@@ -135,6 +138,7 @@ impl NpudService {
             rx,
             programs,
             chain,
+            _pending: pending,
         })
     }
 
@@ -372,7 +376,13 @@ impl Pending {
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        let Some(Admitted { rx, programs, .. }) = self.admitted.take() else {
+        let Some(Admitted {
+            rx,
+            programs,
+            _pending: pending,
+            ..
+        }) = self.admitted.take()
+        else {
             return;
         };
         let (svc, session) = (self.svc.clone(), self.session);
@@ -381,6 +391,7 @@ impl Drop for Pending {
                 rt.spawn(async move {
                     let r = rx.await.unwrap_or_else(|_| Err(NpudError::executor_gone()));
                     svc.record(session, &programs, &r);
+                    drop(pending);
                 });
             }
             Err(_) => tracing::warn!(

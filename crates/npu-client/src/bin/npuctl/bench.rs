@@ -1,6 +1,7 @@
 //! `npuctl bench`: runs `npuctl-bench` (crate `npu-bench`), the instrument that measures npud
 //! against its floors, passing the arguments through. `--json` and `--addr` given to npuctl are
-//! passed on too.
+//! passed on too; with `--fleet`, the host the fleet's next session would go to is measured
+//! (the floors are one machine's, so a bench runs on one host: a Unix socket on this machine).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -20,7 +21,23 @@ pub struct Args {
     args: Vec<String>,
 }
 
-pub fn run(a: &Args, addr: Option<&str>, json: bool) -> CmdResult {
+pub async fn run(a: &Args, addr: Option<&str>, fleet: Option<&str>, json: bool) -> CmdResult {
+    let chosen = match fleet {
+        Some(spec) => {
+            let hosts = crate::fleet(spec).await?.hosts();
+            let next = hosts
+                .iter()
+                .find(|h| h.next)
+                .ok_or_else(|| format!("--fleet: no host of {spec} serves"))?;
+            eprintln!(
+                "npuctl bench: measuring {}, the fleet's next host",
+                next.address
+            );
+            Some(next.address.to_string())
+        }
+        None => None,
+    };
+    let addr = chosen.as_deref().or(addr);
     let bin = find_binary(&NPUCTL_BENCH, a.bench_bin.as_deref()).map_err(|e| e.to_string())?;
     let mut cmd = Command::new(&bin);
     cmd.args(&a.args);

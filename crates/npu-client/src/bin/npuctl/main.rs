@@ -8,6 +8,7 @@ mod bench;
 mod demo;
 mod emu_design;
 mod health;
+mod fleet;
 mod inspect;
 mod inspect_hsaco;
 mod output;
@@ -21,7 +22,7 @@ mod worker;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use npu_client::Operator;
+use npu_client::{Client, Fleet, FleetOptions, FleetSpec, Operator};
 
 /// Operate and use npud, the daemon that owns the NPU.
 #[derive(Debug, Parser)]
@@ -31,6 +32,11 @@ struct Cli {
     /// (default: the daemon's default socket).
     #[arg(long, global = true, env = "NPUD_ADDR")]
     addr: Option<String>,
+    /// Several daemons: ADDR,ADDR,... or dns:///NAME:PORT (every address NAME resolves to).
+    /// `run` opens its session on the least loaded healthy one (before --addr), `bench`
+    /// measures that one, `fleet` lists them; commands about one daemon still need --addr.
+    #[arg(long, global = true, env = "NPUD_FLEET")]
+    fleet: Option<String>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -46,6 +52,8 @@ enum Command {
     Sessions,
     /// Exit 0 when the daemon's gRPC health is SERVING, 1 otherwise (for exec probes).
     Health(health::Args),
+    /// The hosts of --fleet: health, sessions, pending work, and where the next session goes.
+    Fleet,
     /// Stored programs, their counters, and quarantined programs; or clear a quarantine.
     Programs(programs::Args),
     /// Summarize a design directory (main.pdi + insts.bin) and list its instruction stream, or
@@ -73,16 +81,31 @@ type CmdResult = Result<(), String>;
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let addr = cli.addr.as_deref();
+    let fleet = cli.fleet.as_deref();
+    let one = |command: &str| one_daemon(command, addr, fleet);
     let result = match cli.command {
-        Command::Status => status::run(addr, cli.json).await,
-        Command::Sessions => sessions::run(addr, cli.json).await,
-        Command::Health(a) => health::run(&a, addr, cli.json).await,
-        Command::Programs(a) => programs::run(&a, addr, cli.json).await,
+        Command::Status => match one("status") {
+            Ok(addr) => status::run(addr, cli.json).await,
+            Err(e) => Err(e),
+        },
+        Command::Sessions => match one("sessions") {
+            Ok(addr) => sessions::run(addr, cli.json).await,
+            Err(e) => Err(e),
+        },
+        Command::Health(a) => match one("health") {
+            Ok(addr) => health::run(&a, addr, cli.json).await,
+            Err(e) => Err(e),
+        },
+        Command::Fleet => fleet::run(fleet, cli.json).await,
+        Command::Programs(a) => match one("programs") {
+            Ok(addr) => programs::run(&a, addr, cli.json).await,
+            Err(e) => Err(e),
+        },
         Command::Inspect(a) => inspect::run(&a, cli.json),
         Command::Pack(a) => pack::run(&a, cli.json),
         Command::EmuDesign(a) => emu_design::run(&a, addr, cli.json).await,
-        Command::Run(a) => run::run(&a, addr, cli.json).await,
-        Command::Bench(a) => bench::run(&a, addr, cli.json),
+        Command::Run(a) => run::run(&a, addr, fleet, cli.json).await,
+        Command::Bench(a) => bench::run(&a, addr, fleet, cli.json).await,
         Command::Demo(a) => demo::run(&a).await,
         Command::DemoWorker(a) => worker::run(&a).await,
     };
@@ -95,7 +118,43 @@ async fn main() -> ExitCode {
     }
 }
 
+/// The daemon a command about one daemon talks to: with only `--fleet` (or `NPUD_FLEET`) given
+/// it would silently fall back to the default socket, so it refuses instead.
+fn one_daemon<'a>(
+    command: &str,
+    addr: Option<&'a str>,
+    fleet: Option<&str>,
+) -> Result<Option<&'a str>, String> {
+    match (addr, fleet) {
+        (None, Some(f)) => Err(format!(
+            "npuctl {command} shows one daemon: give --addr (or NPUD_ADDR); the fleet {f} is \
+             listed by `npuctl fleet`"
+        )),
+        _ => Ok(addr),
+    }
+}
+
 /// A session-less connection for the operator views.
 async fn operator(addr: Option<&str>) -> Result<Operator, String> {
     Operator::connect(addr).await.map_err(|e| e.to_string())
+}
+
+/// The fleet `--fleet` names, its hosts probed once.
+async fn fleet(spec: &str) -> Result<Fleet, String> {
+    let spec = FleetSpec::parse(spec).map_err(|e| format!("--fleet: {e}"))?;
+    Fleet::connect_with(spec, FleetOptions::default())
+        .await
+        .map_err(|e| format!("--fleet: {e}"))
+}
+
+/// A session: on the least loaded healthy host of `--fleet` when given, else on `--addr`.
+async fn session(addr: Option<&str>, fleet: Option<&str>) -> Result<Client, String> {
+    match fleet {
+        Some(spec) => self::fleet(spec)
+            .await?
+            .open()
+            .await
+            .map_err(|e| e.to_string()),
+        None => Client::connect(addr).await.map_err(|e| e.to_string()),
+    }
 }

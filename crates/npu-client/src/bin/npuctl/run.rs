@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use npu_client::{Client, Program, Tensor};
+use npu_client::{Program, Tensor};
 use serde_json::json;
 
 use crate::output;
@@ -36,7 +36,12 @@ pub struct Args {
     iterations: u32,
 }
 
-pub async fn run(a: &Args, addr: Option<&str>, json: bool) -> crate::CmdResult {
+pub async fn run(
+    a: &Args,
+    addr: Option<&str>,
+    fleet: Option<&str>,
+    json: bool,
+) -> crate::CmdResult {
     let program = if a.dir.is_file() {
         Program::from_hsaco(&a.dir, &a.kernel)
     } else if a.kernel.is_empty() {
@@ -49,7 +54,7 @@ pub async fn run(a: &Args, addr: Option<&str>, json: bool) -> crate::CmdResult {
         ));
     }
     .map_err(|e| e.to_string())?;
-    let client = Client::connect(addr).await.map_err(|e| e.to_string())?;
+    let client = crate::session(addr, fleet).await?;
     let need = program.min_arg_sizes();
     let mut tensors: Vec<Tensor<u8>> = Vec::new();
     for path in &a.inputs {
@@ -114,6 +119,7 @@ pub async fn run(a: &Args, addr: Option<&str>, json: bool) -> crate::CmdResult {
     if json {
         output::print_json(&json!({
             "program": program.name(),
+            "address": client.address().to_string(),
             "iterations": a.iterations,
             "shared": client.is_local(),
             "queue_ns_mean": u64::try_from((queue / n).as_nanos()).unwrap_or(u64::MAX),

@@ -83,6 +83,10 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
             ),
         ),
         (
+            "pending",
+            format!("{} dispatches", stats.pending_dispatches),
+        ),
+        (
             "programs",
             format!(
                 "{} stored, {} loaded",
