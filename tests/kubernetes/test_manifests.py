@@ -219,7 +219,7 @@ def test_the_example_pod_requests_the_plugins_resource_and_can_use_the_socket():
     assert all("hostPath" not in v for v in pod["spec"].get("volumes", []))
     assert not c["securityContext"].get("privileged", False)
     # The token the pod gets, and its environment, follow the contract.
-    assert plugin["token_mount_path"] == "/var/run/npud/token"
+    assert plugin["token_mount_path"] == "/var/run/secrets/npud/token"
     assert plugin["container_npud_addr"] == "unix:/run/npud/npud.sock"
 
 

@@ -386,7 +386,7 @@ async fn a_kubelet_registers_lists_allocates_and_follows_npud_and_its_own_restar
             ),
             (
                 "NPUD_TOKEN_FILE".to_owned(),
-                "/var/run/npud/token".to_owned()
+                "/var/run/secrets/npud/token".to_owned()
             ),
         ])
     );
@@ -398,10 +398,10 @@ async fn a_kubelet_registers_lists_allocates_and_follows_npud_and_its_own_restar
             api::Mount {
                 container_path: "/run/npud".into(),
                 host_path: npud.dir.path().display().to_string(),
-                read_only: false,
+                read_only: true,
             },
             api::Mount {
-                container_path: "/var/run/npud/token".into(),
+                container_path: "/var/run/secrets/npud/token".into(),
                 host_path: token_file.display().to_string(),
                 read_only: true,
             },
@@ -724,12 +724,13 @@ async fn a_container_given_the_allocation_reaches_npud_through_its_mounts() {
     let w = |name: &str| quoted(&work.join(name).display().to_string());
     let npuctl = quoted(&npud_e2e::npuctl_binary().display().to_string());
     let script = format!(
-        "{mounts}{npuctl} health\n\
+        "mount -t tmpfs tmpfs /run\n{mounts}{npuctl} health\n\
          {npuctl} emu-design vector_scalar_add --out {vsa}\n\
          head -c 4096 /dev/zero > {input}\n\
          {npuctl} --json run {vsa} --input {input} --output {output}\n\
          echo \"token=$(cat \"$NPUD_TOKEN_FILE\")\"\n\
-         echo \"token mount: $(grep ' /run/npud/token \\| /var/run/npud/token ' /proc/self/mountinfo | wc -l)\"\n",
+         echo \"socket mount: $(grep ' /run/npud ' /proc/self/mountinfo | cut -d' ' -f6)\"\n\
+         echo \"token mount: $(grep ' /run/secrets/npud/token \\| /var/run/secrets/npud/token ' /proc/self/mountinfo | wc -l)\"\n",
         mounts = mount_script(c),
         vsa = w("vsa"),
         input = w("in"),
@@ -764,13 +765,7 @@ async fn a_container_given_the_allocation_reaches_npud_through_its_mounts() {
     assert_eq!(ones, vec![1; 1024]);
     assert!(stdout.contains(&format!("token={token}\n")), "{stdout}");
     assert!(stdout.contains("token mount: 1\n"), "{stdout}");
-    // Where /var/run links to /run (as here and in most images), the token's mount point lies
-    // in the socket directory's mount, and is created in the host's directory (which is why
-    // that mount is writable by default; see deploy/kubernetes/README.md).
-    if std::fs::read_link("/var/run")
-        .is_ok_and(|t| t == Path::new("/run") || t == Path::new("../run"))
-    {
-        let point = std::fs::metadata(sockets.join("token")).expect("the mount point");
-        assert_eq!(point.len(), 0);
-    }
+    // The socket directory is mounted read-only, and nothing was created in it for the token.
+    assert!(stdout.contains("socket mount: ro,"), "{stdout}");
+    assert!(!sockets.join("token").exists());
 }

@@ -54,11 +54,12 @@ pub struct Args {
         default_value = "/run/npud"
     )]
     pub container_socket_dir: PathBuf,
-    /// Mount npud's socket directory read-only into containers. Off by default: with the
-    /// token at /var/run/npud/token, an image where /var/run links to /run needs a
-    /// writable mount for the runtime to create the token's mount point.
-    #[arg(long, env = "NPUD_PLUGIN_SOCKET_DIR_READ_ONLY")]
-    pub socket_dir_read_only: bool,
+    /// Mount npud's socket directory writable into containers (it is read-only by default:
+    /// connecting to a socket needs no write access to its file system). Only needed for a
+    /// `--token-mount-path` under `/var/run` that lands in `--container-socket-dir` through
+    /// the usual `/var/run` -> `/run` link, where the runtime must create its mount point.
+    #[arg(long, env = "NPUD_PLUGIN_SOCKET_DIR_WRITABLE")]
+    pub socket_dir_writable: bool,
     /// The directory of token files npud reads (its `auth.token_dir`), as the plugin sees it.
     #[arg(
         long,
@@ -70,11 +71,13 @@ pub struct Args {
     /// `--token-dir`, for a plugin that sees it at its host path).
     #[arg(long, env = "NPUD_PLUGIN_HOST_TOKEN_DIR")]
     pub host_token_dir: Option<PathBuf>,
-    /// Where a container finds its token file (`NPUD_TOKEN_FILE`).
+    /// Where a container finds its token file (`NPUD_TOKEN_FILE`). Outside the socket
+    /// directory, so that directory's mount can stay read-only (`/var/run` is a link to `/run`
+    /// in most images, so `/var/run/npud/...` would land inside it).
     #[arg(
         long,
         env = "NPUD_PLUGIN_TOKEN_MOUNT_PATH",
-        default_value = "/var/run/npud/token"
+        default_value = "/var/run/secrets/npud/token"
     )]
     pub token_mount_path: PathBuf,
     /// The service whose `grpc.health.v1` status is followed ("" is the server as a whole).
@@ -128,7 +131,7 @@ pub struct Config {
     pub npud_socket: PathBuf,
     pub host_socket_dir: PathBuf,
     pub container_socket_dir: PathBuf,
-    pub socket_dir_read_only: bool,
+    pub socket_dir_writable: bool,
     /// `NPUD_ADDR` as a container sees it.
     pub container_npud_addr: String,
     pub token_dir: PathBuf,
@@ -269,6 +272,26 @@ impl Args {
                 ),
             ));
         }
+        // Most images link /var/run to /run: a token there may still land in the socket
+        // directory's mount, whose mount point the runtime could not create read-only.
+        let through_run = self
+            .token_mount_path
+            .strip_prefix("/var/run")
+            .map(|rest| Path::new("/run").join(rest));
+        if !self.socket_dir_writable
+            && through_run.is_ok_and(|p| p.starts_with(&self.container_socket_dir))
+        {
+            return Err(bad(
+                "--token-mount-path",
+                format!(
+                    "{} is inside --container-socket-dir {} where /var/run links to /run, and \
+                     that directory is mounted read-only: choose a path outside it, or give \
+                     --socket-dir-writable",
+                    self.token_mount_path.display(),
+                    self.container_socket_dir.display()
+                ),
+            ));
+        }
         if self.watch_interval_ms == 0 || self.watch_interval_ms > 60_000 {
             return Err(bad(
                 "--watch-interval-ms",
@@ -290,7 +313,7 @@ impl Args {
             npud_socket: self.npud_socket.clone(),
             host_socket_dir,
             container_socket_dir: self.container_socket_dir.clone(),
-            socket_dir_read_only: self.socket_dir_read_only,
+            socket_dir_writable: self.socket_dir_writable,
             container_npud_addr,
             token_dir: self.token_dir.clone(),
             host_token_dir,
@@ -322,7 +345,8 @@ mod tests {
         assert_eq!(c.resource_name, "amd.com/npu");
         assert_eq!(c.host_socket_dir, Path::new("/run/npud"));
         assert_eq!(c.container_npud_addr, "unix:/run/npud/npud.sock");
-        assert_eq!(c.token_mount_path, Path::new("/var/run/npud/token"));
+        assert_eq!(c.token_mount_path, Path::new("/var/run/secrets/npud/token"));
+        assert!(!c.socket_dir_writable);
         assert_eq!(c.host_token_dir, c.token_dir);
     }
 
@@ -357,6 +381,11 @@ mod tests {
                 &["--token-mount-path", "/run/npud/token"],
                 "--token-mount-path",
                 "inside --container-socket-dir",
+            ),
+            (
+                &["--token-mount-path", "/var/run/npud/token"],
+                "--token-mount-path",
+                "where /var/run links to /run",
             ),
             (
                 &["--watch-interval-ms", "0"],

@@ -89,7 +89,7 @@ impl Plugin {
             api::Mount {
                 container_path: c.container_socket_dir.display().to_string(),
                 host_path: c.host_socket_dir.display().to_string(),
-                read_only: c.socket_dir_read_only,
+                read_only: !c.socket_dir_writable,
             },
             api::Mount {
                 container_path: c.token_mount_path.display().to_string(),

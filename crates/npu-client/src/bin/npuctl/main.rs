@@ -7,8 +7,8 @@
 mod bench;
 mod demo;
 mod emu_design;
-mod health;
 mod fleet;
+mod health;
 mod inspect;
 mod inspect_hsaco;
 mod output;
