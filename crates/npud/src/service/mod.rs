@@ -26,6 +26,7 @@ use crate::error::NpudError;
 use crate::executor::{Command, DeviceFacts, ExecutorHandle};
 use crate::fdsock::Tickets;
 use crate::health::Condition;
+use crate::metrics::Metrics;
 use crate::programs::Programs;
 use crate::sessions::Sessions;
 
@@ -46,6 +47,10 @@ pub struct State {
     pub io_threads: u32,
     /// `executor.spin_us`.
     pub executor_spin_us: u64,
+    /// What handlers count for Prometheus.
+    pub metrics: Arc<Metrics>,
+    /// The metrics listener's bound address; "" when metrics are off.
+    pub metrics_address: String,
 }
 
 /// The service tonic serves; cheap to clone.

@@ -17,6 +17,7 @@ use tonic::{Request, Streaming};
 use super::{BoxStream, NpudService, deadline};
 use crate::error::NpudError;
 use crate::executor::{Command, Link, LinkPrefix, WorkDone, WorkItem};
+use crate::metrics::{InFlight, Kind};
 use crate::stats::Outcome;
 
 /// Most buffer arguments one dispatch may pass.
@@ -31,6 +32,8 @@ struct Admitted {
     /// The program of each link.
     programs: Vec<u64>,
     chain: bool,
+    /// Counts it as its session's pending work until it is answered.
+    in_flight: InFlight,
 }
 
 /// Work as a request names it: Dispatch, Chain, or either on the Submit stream.
@@ -59,7 +62,7 @@ impl NpudService {
             Ok(links) => self.admit(session, links, chain, deadline).await,
             Err(e) => Err(e),
         };
-        admitted.inspect_err(|e| self.refused(session, asked, e))
+        admitted.inspect_err(|e| self.refused(session, asked, chain, e))
     }
 
     fn links(
@@ -135,6 +138,7 @@ impl NpudService {
             rx,
             programs,
             chain,
+            in_flight: self.state.metrics.admitted(session),
         })
     }
 
@@ -153,16 +157,20 @@ impl NpudService {
     }
 
     /// Counts work refused before admission against the session.
-    fn refused(&self, session: u64, links: u64, e: &NpudError) {
+    fn refused(&self, session: u64, links: u64, chain: bool, e: &NpudError) {
         self.state
             .sessions
             .record(session, links, Outcome::Fail(e.code_name()), 0, 0);
+        let kind = if chain { Kind::Chain } else { Kind::Dispatch };
+        self.state.metrics.refused(kind, links, e.code_name());
     }
 
-    /// Counts a finished item against the session and its programs.
-    fn record(&self, session: u64, programs: &[u64], r: &Result<WorkDone, NpudError>) {
+    /// Counts a finished item against the session and its programs, and in the metrics.
+    fn record(&self, session: u64, programs: &[u64], chain: bool, r: &Result<WorkDone, NpudError>) {
         let st = &self.state;
         let n = programs.len() as u64;
+        let kind = if chain { Kind::Chain } else { Kind::Dispatch };
+        self.record_metrics(kind, programs, r);
         match r {
             Ok(done) => {
                 let ok = done.completed.min(programs.len());
@@ -207,6 +215,33 @@ impl NpudService {
                 st.sessions.record(session, n, code, 0, 0);
                 for (p, c) in group(programs) {
                     st.programs.record(p, c, code, 0, 0);
+                }
+            }
+        }
+    }
+
+    /// Counts a finished item's links by program and outcome, and its times when the device
+    /// queue answered it (an item refused there, for its deadline or its session ending, has
+    /// none).
+    fn record_metrics(&self, kind: Kind, programs: &[u64], r: &Result<WorkDone, NpudError>) {
+        let st = &self.state;
+        let m = &st.metrics;
+        match r {
+            Ok(done) => {
+                m.timed(kind, done.queue_ns, done.device_ns);
+                let ok = done.completed.min(programs.len());
+                for (p, c) in group(&programs[..ok]) {
+                    m.links(&st.programs, kind, p, c, "OK");
+                }
+                if let Some(f) = &done.failure
+                    && let Some(p) = programs.get(f.index)
+                {
+                    m.links(&st.programs, kind, *p, 1, f.error.code_name());
+                }
+            }
+            Err(e) => {
+                for (p, c) in group(programs) {
+                    m.links(&st.programs, kind, p, c, e.code_name());
                 }
             }
         }
@@ -289,7 +324,7 @@ impl NpudService {
             Some(pb::submit_request::Work::Chain(c)) => Work::Chain(c.links),
             None => {
                 let e = NpudError::InvalidArgument("work: set dispatch or chain".into());
-                self.refused(session, 1, &e);
+                self.refused(session, 1, false, &e);
                 return Err(e);
             }
         };
@@ -364,7 +399,7 @@ impl Pending {
         };
         drop(waiting);
         if let Some(a) = self.admitted.take() {
-            self.svc.record(self.session, &a.programs, &r);
+            self.svc.record(self.session, &a.programs, a.chain, &r);
         }
         r
     }
@@ -372,7 +407,13 @@ impl Pending {
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        let Some(Admitted { rx, programs, .. }) = self.admitted.take() else {
+        let Some(Admitted {
+            rx,
+            programs,
+            chain,
+            in_flight,
+        }) = self.admitted.take()
+        else {
             return;
         };
         let (svc, session) = (self.svc.clone(), self.session);
@@ -380,7 +421,8 @@ impl Drop for Pending {
             Ok(rt) => {
                 rt.spawn(async move {
                     let r = rx.await.unwrap_or_else(|_| Err(NpudError::executor_gone()));
-                    svc.record(session, &programs, &r);
+                    svc.record(session, &programs, chain, &r);
+                    drop(in_flight);
                 });
             }
             Err(_) => tracing::warn!(

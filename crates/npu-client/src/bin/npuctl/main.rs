@@ -15,6 +15,7 @@ mod programs;
 mod run;
 mod sessions;
 mod status;
+mod top;
 mod worker;
 
 use std::process::ExitCode;
@@ -43,6 +44,8 @@ enum Command {
     Status,
     /// Open sessions and their counters.
     Sessions,
+    /// A live view of sessions, programs, throughput and queue time (q quits).
+    Top(top::Args),
     /// Stored programs, their counters, and quarantined programs; or clear a quarantine.
     Programs(programs::Args),
     /// Summarize a design directory (main.pdi + insts.bin) and list its instruction stream, or
@@ -74,6 +77,7 @@ async fn main() -> ExitCode {
         Command::Status => status::run(addr, cli.json).await,
         Command::Sessions => sessions::run(addr, cli.json).await,
         Command::Programs(a) => programs::run(&a, addr, cli.json).await,
+        Command::Top(a) => top::run(&a, addr).await,
         Command::Inspect(a) => inspect::run(&a, cli.json),
         Command::Pack(a) => pack::run(&a, cli.json),
         Command::EmuDesign(a) => emu_design::run(&a, addr, cli.json).await,
