@@ -68,6 +68,13 @@ async fn top_shows_a_dispatching_session_and_quits_on_q() {
             .map_err(|e| format!("the session never showed with dispatches: {e}"))?;
         p.send("q").map_err(|e| e.to_string())?;
         p.flush().map_err(|e| e.to_string())?;
+        // It leaves the alternate screen and shows the cursor again on its way out.
+        let rest = p
+            .exp_eof()
+            .map_err(|e| format!("npuctl top did not end on q: {e}"))?;
+        if !(rest.contains("\u{1b}[?1049l") && rest.contains("\u{1b}[?25h")) {
+            return Err(format!("the terminal was not restored: {rest:?}"));
+        }
         let until = Instant::now() + Duration::from_secs(5);
         loop {
             match p.process().status() {

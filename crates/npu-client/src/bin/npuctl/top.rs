@@ -292,7 +292,11 @@ impl Screen {
     }
 
     fn draw(&self, lines: &[String]) -> std::io::Result<()> {
-        let (cols, rows) = terminal::size().unwrap_or((120, 40));
+        // A terminal that reports no size (a bare pseudo-terminal) gets a wide default.
+        let (cols, rows) = match terminal::size() {
+            Ok((c, r)) if c > 0 && r > 0 => (c, r),
+            _ => (160, 50),
+        };
         let mut out = std::io::stdout().lock();
         queue!(out, cursor::MoveTo(0, 0))?;
         let body = usize::from(rows).saturating_sub(1);
