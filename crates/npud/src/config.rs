@@ -908,9 +908,14 @@ mod tests {
             };
             let c = Config::load(None, &flags).map_err(|e| e.to_string())?;
             assert_eq!(c.metrics.listen, Some("127.0.0.2:1".parse().unwrap()));
+            // The environment layer names the key in capitals.
             jail.set_env("NPUD_METRICS__LISTEN", "localhost");
             let e = Config::load(None, &Overrides::default()).unwrap_err();
-            assert!(e.to_string().contains("metrics.listen"), "{e}");
+            let text = e.to_string().to_lowercase();
+            assert!(
+                text.contains("metrics.listen") && text.contains("invalid socket address"),
+                "{e}"
+            );
             jail.set_env("NPUD_METRICS__LISTEN", "127.0.0.1:0");
             jail.set_env("NPUD_METRICS__MAX_PROGRAM_LABELS", "5000");
             let e = Config::load(None, &Overrides::default()).unwrap_err();

@@ -36,6 +36,10 @@ use crate::sessions::Sessions;
 use crate::state_dir::Persisted;
 use crate::systemd::{self, Activated};
 
+/// The tower layers around every gRPC service: [`RpcMetrics`] outside, so that it counts the
+/// codes [`DocumentedCodes`] gives clients.
+type Layers = Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>;
+
 /// How long shutdown waits for requests in flight.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -247,10 +251,7 @@ pub async fn run(
 
     let service = NpudService::new(state.clone());
     let max = usize::try_from(cfg.limits.max_message_bytes).unwrap_or(usize::MAX);
-    let router = |svc: NpudService| -> Result<
-        Router<Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>>,
-        ServeError,
-    > {
+    let router = |svc: NpudService| -> Result<Router<Layers>, ServeError> {
         let v1 = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(npu_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)

@@ -88,7 +88,7 @@ impl Outcome {
 
     /// Counts the status in `headers` (response headers of a trailers-only response, or
     /// trailers), if they carry one.
-    fn from_headers(&mut self, headers: &http::HeaderMap) -> bool {
+    fn count_status_in(&mut self, headers: &http::HeaderMap) -> bool {
         match tonic::Status::from_header_map(headers) {
             Some(s) => {
                 self.count(code_name(s.code()));
@@ -138,7 +138,7 @@ where
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(t) = frame.trailers_ref()
                     && let Some(o) = &mut this.outcome
-                    && o.from_headers(t)
+                    && o.count_status_in(t)
                 {
                     this.outcome = None;
                 }
@@ -204,7 +204,7 @@ where
                 .await
                 .inspect_err(|_| outcome.count("INTERNAL"))?;
             let (parts, body) = resp.into_parts();
-            let outcome = if outcome.from_headers(&parts.headers) {
+            let outcome = if outcome.count_status_in(&parts.headers) {
                 None
             } else {
                 Some(outcome)

@@ -2,8 +2,8 @@
 //! sessions and programs, throughput (dispatches per second, from the difference between two
 //! refreshes) and the mean queue and device time over the last interval.
 //!
-//! On a terminal it draws on the alternate screen and ends on `q`, `Esc` or Ctrl-C, restoring
-//! the terminal (also when it fails). With `--once`, or when standard output is not a
+//! On a terminal it draws on the alternate screen and ends on `q`, `Esc`, Ctrl-C, SIGTERM or
+//! SIGHUP, restoring the terminal (also when it fails). With `--once`, or when standard output is not a
 //! terminal, it samples twice an interval apart and prints one frame.
 //!
 //! Reading other sessions' details may be refused (`PERMISSION_DENIED` from a daemon whose
@@ -104,11 +104,10 @@ fn rates(
         "-".into()
     };
     let per = |ns_now: u64, ns_before: u64| {
-        if timed == 0 {
-            "-".into()
-        } else {
-            ns(ns_now.saturating_sub(ns_before) / timed)
-        }
+        ns_now
+            .saturating_sub(ns_before)
+            .checked_div(timed)
+            .map_or_else(|| "-".into(), ns)
     };
     (rate, per(now.3, b.3), per(now.4, b.4))
 }
@@ -393,6 +392,12 @@ pub async fn run(a: &Args, addr: Option<&str>) -> crate::CmdResult {
         return Ok(());
     }
 
+    // SIGTERM and SIGHUP (the terminal closed) end the view as q does, restoring the terminal.
+    let signal = |kind| {
+        tokio::signal::unix::signal(kind).map_err(|e| format!("installing a signal handler: {e}"))
+    };
+    let mut term = signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut hangup = signal(tokio::signal::unix::SignalKind::hangup())?;
     let screen = Screen::enter().map_err(|e| format!("setting up the terminal: {e}"))?;
     let mut keys = key_reader();
     let mut before: Option<Sample> = None;
@@ -406,6 +411,8 @@ pub async fn run(a: &Args, addr: Option<&str>) -> crate::CmdResult {
             () = tokio::time::sleep(interval) => {}
             k = keys.recv() => return k.unwrap_or(Ok(())),
             _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = term.recv() => return Ok(()),
+            _ = hangup.recv() => return Ok(()),
         }
     }
 }
