@@ -2,12 +2,25 @@
 //! as ignored, with the reason, rather than passed where it is not; and whether the build runs
 //! as root (the tests run as the same user), so the tests that run a client under another uid
 //! are reported as ignored elsewhere; and whether a Python 3.11 or newer is installed, so the
-//! Python package's suite is reported as ignored, not passed, on a machine without one.
+//! Python package's suite is reported as ignored, not passed, on a machine without one; and
+//! whether Prometheus' `promtool` is installed, so the checks of the metrics text and the alert
+//! rules are reported as ignored without it.
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(has_systemd_analyze)");
     println!("cargo::rustc-check-cfg=cfg(as_root)");
     println!("cargo::rustc-check-cfg=cfg(has_python)");
+    println!("cargo::rustc-check-cfg=cfg(has_promtool)");
+    println!("cargo::rerun-if-changed=/usr/bin/promtool");
+    let promtool = std::env::var("PROMTOOL").unwrap_or_else(|_| "promtool".into());
+    println!("cargo::rerun-if-env-changed=PROMTOOL");
+    if std::process::Command::new(&promtool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        println!("cargo::rustc-cfg=has_promtool");
+    }
     println!("cargo::rerun-if-env-changed=PYTHON");
     println!("cargo::rerun-if-env-changed=PATH");
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());

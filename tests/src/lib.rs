@@ -454,6 +454,15 @@ impl Daemon {
     }
 
     /// The daemon's process id, while it runs.
+    /// A `key=value` line of the daemon's ready file (`unix`, `metrics`, ...).
+    pub fn ready_value(&self, key: &str) -> Option<String> {
+        let text = std::fs::read_to_string(self.dir.path().join("ready")).ok()?;
+        text.lines()
+            .filter_map(|l| l.split_once('='))
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.to_owned())
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }

@@ -55,6 +55,7 @@ pub fn device_json(d: &pb::DeviceInfo) -> Value {
         "tensor_sharing": d.tensor_sharing,
         "tensor_sharing_reason": d.tensor_sharing_reason,
         "emulator_profile": d.emulator_profile,
+        "metrics_address": d.metrics_address,
     })
 }
 

@@ -136,6 +136,31 @@ impl Default for HealthConfig {
     }
 }
 
+/// `[metrics]`: the Prometheus listener.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Where `GET /metrics` is served, e.g. `127.0.0.1:9464` (port 0: any free port); unset:
+    /// no listener.
+    pub listen: Option<SocketAddr>,
+    /// Distinct `program` label values the dispatch counters keep; the programs past them are
+    /// counted as `program="other"`, so the number of series stays bounded however many
+    /// programs clients register.
+    pub max_program_labels: u32,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            max_program_labels: 64,
+        }
+    }
+}
+
+/// Most `metrics.max_program_labels`: each value is a set of series per outcome.
+const MAX_PROGRAM_LABELS: u32 = 1024;
+
 /// Longest `health.min_not_serving_ms`: past this, health hides a device that serves again.
 const MAX_MIN_NOT_SERVING_MS: u64 = 60_000;
 
@@ -223,6 +248,7 @@ pub struct Config {
     pub emulator: EmulatorConfig,
     pub executor: ExecutorConfig,
     pub health: HealthConfig,
+    pub metrics: MetricsConfig,
     pub limits: Limits,
     /// Where quarantine records and the in-flight record live across restarts (default: see
     /// `default_state_dir`); empty: nowhere (quarantine lasts until the daemon stops).
@@ -250,6 +276,7 @@ impl Default for Config {
             emulator: EmulatorConfig::default(),
             executor: ExecutorConfig::default(),
             health: HealthConfig::default(),
+            metrics: MetricsConfig::default(),
             limits: Limits::default(),
             state_dir: default_state_dir(),
             session_grace_ms: 10_000,
@@ -324,6 +351,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "emulator",
     "executor",
     "health",
+    "metrics",
     "limits",
     "state_dir",
     "session_grace_ms",
@@ -410,6 +438,12 @@ impl Config {
             return Err(invalid(
                 "tcp",
                 "expected an address and port such as 127.0.0.1:50051",
+            ));
+        }
+        if self.metrics.max_program_labels > MAX_PROGRAM_LABELS {
+            return Err(invalid(
+                "metrics.max_program_labels",
+                "must be at most 1024 (programs past it are counted as \"other\")",
             ));
         }
         if self.io_threads > MAX_IO_THREADS {
@@ -577,6 +611,21 @@ pub struct Overrides {
     pub emulator: OverrideEmulator,
     #[serde(skip_serializing_if = "OverrideExecutor::is_empty")]
     pub executor: OverrideExecutor,
+    #[serde(skip_serializing_if = "OverrideMetrics::is_empty")]
+    pub metrics: OverrideMetrics,
+}
+
+/// `[metrics]` overrides.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct OverrideMetrics {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+}
+
+impl OverrideMetrics {
+    fn is_empty(&self) -> bool {
+        self.listen.is_none()
+    }
 }
 
 /// `[executor]` overrides.
@@ -834,6 +883,43 @@ mod tests {
             jail.create_file("x.toml", "[limits]\nmax_sesions = 3\n")?;
             let e = Config::load(Some(Path::new("x.toml")), &Overrides::default()).unwrap_err();
             assert!(e.to_string().contains("max_sesions"), "{e}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_metrics_listener_is_off_by_default_and_set_by_file_env_or_flag() {
+        Jail::expect_with(|jail| {
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.metrics.listen, None);
+            assert_eq!(c.metrics.max_program_labels, 64);
+            jail.create_file("m.toml", "[metrics]\nlisten = \"127.0.0.1:9464\"\n")?;
+            let c = Config::load(Some(Path::new("m.toml")), &Overrides::default())
+                .map_err(|e| e.to_string())?;
+            assert_eq!(c.metrics.listen, Some("127.0.0.1:9464".parse().unwrap()));
+            jail.set_env("NPUD_METRICS__LISTEN", "[::1]:0");
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.metrics.listen, Some("[::1]:0".parse().unwrap()));
+            let flags = Overrides {
+                metrics: OverrideMetrics {
+                    listen: Some("127.0.0.2:1".parse().unwrap()),
+                },
+                ..Overrides::default()
+            };
+            let c = Config::load(None, &flags).map_err(|e| e.to_string())?;
+            assert_eq!(c.metrics.listen, Some("127.0.0.2:1".parse().unwrap()));
+            // The environment layer names the key in capitals.
+            jail.set_env("NPUD_METRICS__LISTEN", "localhost");
+            let e = Config::load(None, &Overrides::default()).unwrap_err();
+            let text = e.to_string().to_lowercase();
+            assert!(
+                text.contains("metrics.listen") && text.contains("invalid socket address"),
+                "{e}"
+            );
+            jail.set_env("NPUD_METRICS__LISTEN", "127.0.0.1:0");
+            jail.set_env("NPUD_METRICS__MAX_PROGRAM_LABELS", "5000");
+            let e = Config::load(None, &Overrides::default()).unwrap_err();
+            assert!(e.to_string().contains("metrics.max_program_labels"), "{e}");
             Ok(())
         });
     }

@@ -24,6 +24,7 @@ use crate::accept::{Accepted, Acceptor, Admission, REFUSED_LIFETIME};
 use crate::conn::Timeouts;
 use crate::error::NpudError;
 use crate::executor::{Command, ExecutorHandle};
+use crate::metrics::Metrics;
 
 /// How long a ticket may wait to be redeemed.
 pub const TICKET_TTL: Duration = Duration::from_secs(60);
@@ -182,6 +183,7 @@ pub async fn serve(
     tickets: Arc<Tickets>,
     exec: ExecutorHandle,
     timeouts: Timeouts,
+    metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
     loop {
@@ -200,6 +202,7 @@ pub async fn serve(
             tickets,
             exec,
             timeouts,
+            metrics.clone(),
             stop.clone(),
         ));
     }
@@ -213,13 +216,21 @@ async fn connection(
     tickets: Arc<Tickets>,
     exec: ExecutorHandle,
     timeouts: Timeouts,
+    metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
+    let respond = |r: &Response, op: Option<Op>| {
+        metrics.fd_exchange(
+            op.map_or("UNKNOWN", op_name),
+            r.status.name().unwrap_or("UNKNOWN"),
+        );
+    };
     if let Admission::Refused { why, .. } = &admission {
         // Read the request (its fd, if any, is closed with it) so the client reads the answer.
         let read = tokio::time::timeout(REFUSED_LIFETIME, server::read_request(&stream)).await;
-        if matches!(read, Ok(Ok(Some(_)))) {
+        if let Ok(Ok(Some((request, _)))) = read {
             let r = Response::error(Status::RESOURCE_EXHAUSTED, why.to_string());
+            respond(&r, Some(request.op));
             let _ = server::write_response(&stream, &r, None).await;
         }
         return;
@@ -247,13 +258,16 @@ async fn connection(
             Ok(Ok(None)) => return,
             Ok(Err(e)) => {
                 // Out of step with the frames: answer once and hang up.
-                let _ = server::write_response(&stream, &Response::from_error(&e), None).await;
+                let r = Response::from_error(&e);
+                respond(&r, None);
+                let _ = server::write_response(&stream, &r, None).await;
                 return;
             }
         };
         let issued = match tickets.take(&request.ticket, uid, request.op) {
             Ok(i) => i,
             Err(resp) => {
+                respond(&resp, Some(request.op));
                 if server::write_response(&stream, &resp, None).await.is_err() {
                     return;
                 }
@@ -272,16 +286,15 @@ async fn connection(
                 match r {
                     Ok((fd, offset, size)) => {
                         tracing::debug!(tensor = issued.tensor, uid, "exported a tensor's fd");
-                        server::write_response(
-                            &stream,
-                            &Response::exported(offset, size),
-                            Some(fd.as_fd()),
-                        )
-                        .await
+                        let r = Response::exported(offset, size);
+                        respond(&r, Some(request.op));
+                        server::write_response(&stream, &r, Some(fd.as_fd())).await
                     }
                     Err(e) => {
                         tickets.put_back(request.ticket, issued);
-                        server::write_response(&stream, &refusal(&e), None).await
+                        let r = refusal(&e);
+                        respond(&r, Some(request.op));
+                        server::write_response(&stream, &r, None).await
                     }
                 }
             }
@@ -290,7 +303,9 @@ async fn connection(
                     Err(e) => {
                         tracing::info!(tensor = issued.tensor, error = %e, "refused an imported fd");
                         tickets.put_back(request.ticket, issued);
-                        server::write_response(&stream, &Response::from_error(&e), None).await
+                        let r = Response::from_error(&e);
+                        respond(&r, Some(request.op));
+                        server::write_response(&stream, &r, None).await
                     }
                     Ok(_) => {
                         let r = exec
@@ -304,11 +319,15 @@ async fn connection(
                         match r {
                             Ok(()) => {
                                 tracing::debug!(tensor = issued.tensor, uid, "imported a memfd");
-                                server::write_response(&stream, &Response::ok(), None).await
+                                let r = Response::ok();
+                                respond(&r, Some(request.op));
+                                server::write_response(&stream, &r, None).await
                             }
                             Err(e) => {
                                 tickets.put_back(request.ticket, issued);
-                                server::write_response(&stream, &refusal(&e), None).await
+                                let r = refusal(&e);
+                                respond(&r, Some(request.op));
+                                server::write_response(&stream, &r, None).await
                             }
                         }
                     }
@@ -317,12 +336,21 @@ async fn connection(
             (Grant::Import { .. }, None) => {
                 // read_request guarantees an IMPORT frame carries an fd.
                 let r = Response::error(Status::MALFORMED, "IMPORT came without an fd");
+                respond(&r, Some(request.op));
                 server::write_response(&stream, &r, None).await
             }
         };
         if sent.is_err() {
             return;
         }
+    }
+}
+
+/// An op's name on the wire, as metrics label it.
+fn op_name(op: Op) -> &'static str {
+    match op {
+        Op::RedeemExport => "REDEEM_EXPORT",
+        Op::Import => "IMPORT",
     }
 }
 

@@ -9,7 +9,7 @@
 //! [`error`] (the one place errors become gRPC statuses), [`faults`] (the device-fault budget
 //! per uid), [`state_dir`] (quarantine records and
 //! the in-flight record, kept across restarts), [`systemd`] (socket activation, readiness, the
-//! watchdog).
+//! watchdog), [`metrics`] (Prometheus metrics and their listener).
 
 #![forbid(unsafe_code)]
 
@@ -22,6 +22,7 @@ pub mod faults;
 pub mod fdsock;
 pub mod health;
 pub mod logging;
+pub mod metrics;
 pub mod programs;
 pub mod server;
 pub mod service;

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use npud::config::{
-    Backend, Config, LogFormat, OverrideEmulator, OverrideExecutor, OverrideLog, Overrides,
+    Backend, Config, LogFormat, OverrideEmulator, OverrideExecutor, OverrideLog, OverrideMetrics,
+    Overrides,
 };
 
 /// Owns one AMD XDNA NPU and serves it over gRPC.
@@ -29,6 +30,9 @@ struct Cli {
     /// Also listen on TCP, e.g. 127.0.0.1:50051.
     #[arg(long)]
     tcp: Option<String>,
+    /// Serve Prometheus metrics (GET /metrics) on this address, e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// Path of libhsa-runtime64.so (hsa backend).
     #[arg(long)]
     library: Option<PathBuf>,
@@ -118,6 +122,9 @@ fn main() -> ExitCode {
         },
         executor: OverrideExecutor {
             spin_us: cli.executor_spin_us,
+        },
+        metrics: OverrideMetrics {
+            listen: cli.metrics_listen,
         },
     };
     let cfg = match Config::load(cli.config.as_deref(), &overrides) {

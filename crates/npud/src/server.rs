@@ -27,12 +27,19 @@ use crate::error::DocumentedCodes;
 use crate::executor::{Executor, Opened};
 use crate::fdsock::{self, Tickets};
 use crate::health::{self, Condition, DeviceHealth, HealthService};
+use crate::metrics::collect::StateCollector;
+use crate::metrics::rpc::RpcMetrics;
+use crate::metrics::{Exporter, Metrics};
 use crate::programs::{Programs, Runs};
 use crate::service::{NpudService, State};
 use crate::sessions::Sessions;
 use crate::state_dir::Persisted;
 use crate::stats::PendingWork;
 use crate::systemd::{self, Activated};
+
+/// The tower layers around every gRPC service: [`RpcMetrics`] outside, so that it counts the
+/// codes [`DocumentedCodes`] gives clients.
+type Layers = Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>;
 
 /// How long shutdown waits for requests in flight.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -44,6 +51,11 @@ pub enum ServeError {
     Socket {
         what: &'static str,
         path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("metrics.listen {addr}: {source}")]
+    Metrics {
+        addr: std::net::SocketAddr,
         source: std::io::Error,
     },
     #[error("listening on tcp {addr}: {source}")]
@@ -134,6 +146,20 @@ pub async fn run(
         }
         (None, None) => None,
     };
+    let metrics_listener = match cfg.metrics.listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServeError::Metrics { addr, source })?,
+        ),
+        None => None,
+    };
+    let metrics_address = metrics_listener
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let metrics = Arc::new(Metrics::new(cfg.metrics.max_program_labels));
 
     let generation = match opened.facts.info.generation {
         hsa_core::Generation::Npu1 => npu_artifacts::NpuGen::Npu1,
@@ -172,6 +198,8 @@ pub async fn run(
         io_threads: u32::try_from(cfg.io_threads()).unwrap_or(u32::MAX),
         executor_spin_us: cfg.executor.spin_us,
         pending: PendingWork::default(),
+        metrics: metrics.clone(),
+        metrics_address: metrics_address.clone(),
     });
 
     let stop = CancellationToken::new();
@@ -211,34 +239,46 @@ pub async fn run(
         tickets,
         state.exec.clone(),
         timeouts,
+        metrics.clone(),
         stop.clone(),
     ));
+    let metrics_task = metrics_listener.map(|l| {
+        let exporter = Arc::new(Exporter::new(
+            &metrics,
+            StateCollector::new(Arc::downgrade(&state)),
+        ));
+        tracing::info!("npud serving metrics on http://{metrics_address}/metrics");
+        tokio::spawn(crate::metrics::http::serve(l, exporter, stop.clone()))
+    });
 
     let service = NpudService::new(state.clone());
     let max = usize::try_from(cfg.limits.max_message_bytes).unwrap_or(usize::MAX);
-    let router =
-        |svc: NpudService| -> Result<Router<Stack<DocumentedCodes, Identity>>, ServeError> {
-            let v1 = tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(npu_proto::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-                .build_v1()?;
-            let v1alpha = tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(npu_proto::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-                .build_v1alpha()?;
-            Ok(Server::builder()
-                .layer(DocumentedCodes {
-                    max_message_bytes: cfg.limits.max_message_bytes,
-                })
-                .add_service(health.clone())
-                .add_service(v1)
-                .add_service(v1alpha)
-                .add_service(
-                    NpudServer::new(svc)
-                        .max_decoding_message_size(max.saturating_mul(2))
-                        .max_encoding_message_size(max.saturating_mul(2)),
-                ))
-        };
+    let router = |svc: NpudService| -> Result<Router<Layers>, ServeError> {
+        let v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(npu_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+        let v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(npu_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()?;
+        Ok(Server::builder()
+            // Outside DocumentedCodes: it counts the codes clients read.
+            .layer(RpcMetrics {
+                metrics: metrics.clone(),
+            })
+            .layer(DocumentedCodes {
+                max_message_bytes: cfg.limits.max_message_bytes,
+            })
+            .add_service(health.clone())
+            .add_service(v1)
+            .add_service(v1alpha)
+            .add_service(
+                NpudServer::new(svc)
+                    .max_decoding_message_size(max.saturating_mul(2))
+                    .max_encoding_message_size(max.saturating_mul(2)),
+            ))
+    };
 
     let incoming = accepted(
         Acceptor::new(Listener::Unix(uds), "gRPC socket", limiter.clone()),
@@ -271,10 +311,20 @@ pub async fn run(
         cfg.fd_socket.display()
     );
     if let Some(p) = &ready_file {
-        std::fs::write(p, "ready\n").map_err(|source| ServeError::ReadyFile {
-            path: p.clone(),
-            source,
-        })?;
+        // The first line is "ready"; key=value lines after it tell where the daemon listens.
+        let mut text = format!("ready\nunix={}\n", cfg.socket.display());
+        if !metrics_address.is_empty() {
+            text.push_str(&format!("metrics={metrics_address}\n"));
+        }
+        // Written beside it and renamed, so that whoever sees the file sees all of it.
+        let mut tmp = p.clone().into_os_string();
+        tmp.push(".tmp");
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, p))
+            .map_err(|source| ServeError::ReadyFile {
+                path: p.clone(),
+                source,
+            })?;
     }
     systemd::ready(&format!("serving on unix:{}", cfg.socket.display()));
 
@@ -293,6 +343,9 @@ pub async fn run(
         }
     }
     let _ = fd_task.await;
+    if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
     drop(service);
     executor.shutdown(Duration::from_secs(60)).await;
     for p in &owned_files {

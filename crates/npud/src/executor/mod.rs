@@ -219,6 +219,11 @@ impl ExecutorHandle {
         self.shared.snapshot()
     }
 
+    /// [`ExecutorHandle::snapshot`] for code that cannot await (a metrics scrape).
+    pub fn snapshot_now(&self) -> Snapshot {
+        self.shared.snapshot()
+    }
+
     /// Whether the executor thread runs and is waiting for work or started its current turn
     /// less than `within` ago (the watchdog's liveness check; turns are bounded, so a longer
     /// one means the device or the thread is wedged).

@@ -507,6 +507,7 @@ impl Worker {
                 ));
             };
             self.unload(v);
+            self.programs.evicted();
         }
         loop {
             let loaded = match &p.code {
@@ -524,6 +525,7 @@ impl Worker {
                     Some(v) => {
                         tracing::debug!(program = v, error = %e, "device heap full; evicting");
                         self.unload(v);
+                        self.programs.evicted();
                     }
                     None => {
                         return Err(NpudError::ResourceExhausted(format!(

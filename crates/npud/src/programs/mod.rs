@@ -52,6 +52,18 @@ struct Store {
     next_id: u64,
     /// Quarantine records by content hash, stored programs or not.
     quarantine: HashMap<String, QuarantineRecord>,
+    /// Loads into the device heap, and evictions from it, since start.
+    loads: u64,
+    evictions: u64,
+}
+
+/// Store-wide counts, as metrics report them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProgramCounts {
+    pub stored: u64,
+    pub quarantined: u64,
+    pub loads: u64,
+    pub evictions: u64,
 }
 
 /// Every stored program, and every quarantine record.
@@ -384,12 +396,44 @@ impl Programs {
 
     /// The executor loaded (`true`, counted as a load) or unloaded a program.
     pub fn set_loaded(&self, id: u64, loaded: bool) {
-        if let Some(e) = self.lock().entries.get_mut(&id) {
+        let mut g = self.lock();
+        if loaded {
+            g.loads += 1;
+        }
+        if let Some(e) = g.entries.get_mut(&id) {
             e.loaded = loaded;
             if loaded {
                 e.loads += 1;
             }
         }
+    }
+
+    /// The executor evicted a program to make room for another.
+    pub fn evicted(&self) {
+        self.lock().evictions += 1;
+    }
+
+    /// Programs stored, quarantine records, loads and evictions since start.
+    pub fn counts(&self) -> ProgramCounts {
+        let g = self.lock();
+        ProgramCounts {
+            stored: g.entries.len() as u64,
+            quarantined: g.quarantine.len() as u64,
+            loads: g.loads,
+            evictions: g.evictions,
+        }
+    }
+
+    /// What metrics call program `id`: its name, or when it has none the first 12 hex digits
+    /// of its content hash; `None` when it is not stored.
+    pub fn label_of(&self, id: u64) -> Option<String> {
+        let g = self.lock();
+        let p = &g.entries.get(&id)?.program;
+        Some(if p.name.is_empty() {
+            p.hash.chars().take(12).collect()
+        } else {
+            p.name.clone()
+        })
     }
 
     pub fn record(&self, id: u64, links: u64, outcome: Outcome, queue_ns: u64, device_ns: u64) {

@@ -26,6 +26,7 @@ use crate::error::NpudError;
 use crate::executor::{Command, DeviceFacts, ExecutorHandle};
 use crate::fdsock::Tickets;
 use crate::health::Condition;
+use crate::metrics::Metrics;
 use crate::programs::Programs;
 use crate::sessions::Sessions;
 use crate::stats::PendingWork;
@@ -49,6 +50,10 @@ pub struct State {
     pub executor_spin_us: u64,
     /// Dispatches admitted and not yet answered.
     pub pending: PendingWork,
+    /// What handlers count for Prometheus.
+    pub metrics: Arc<Metrics>,
+    /// The metrics listener's bound address; "" when metrics are off.
+    pub metrics_address: String,
 }
 
 /// The service tonic serves; cheap to clone.

@@ -51,6 +51,7 @@ impl NpudService {
             tensor_sharing_reason: info.tensor_sharing_reason.clone(),
             emulator_profile: s.facts.emulator_profile.clone().unwrap_or_default(),
             packet_abi_source: info.packet_abi_source.clone(),
+            metrics_address: s.metrics_address.clone(),
         }
     }
 

@@ -17,6 +17,7 @@ use tonic::{Request, Streaming};
 use super::{BoxStream, NpudService, deadline};
 use crate::error::NpudError;
 use crate::executor::{Command, Link, LinkPrefix, WorkDone, WorkItem};
+use crate::metrics::{InFlight, Kind};
 use crate::stats::{Outcome, PendingGuard};
 
 /// Most buffer arguments one dispatch may pass.
@@ -33,6 +34,8 @@ struct Admitted {
     chain: bool,
     /// Counts the item in `Statistics.pending_dispatches` until its reply has been counted.
     _pending: PendingGuard,
+    /// Counts it as its session's pending work until it is answered.
+    in_flight: InFlight,
 }
 
 /// Work as a request names it: Dispatch, Chain, or either on the Submit stream.
@@ -61,7 +64,7 @@ impl NpudService {
             Ok(links) => self.admit(session, links, chain, deadline).await,
             Err(e) => Err(e),
         };
-        admitted.inspect_err(|e| self.refused(session, asked, e))
+        admitted.inspect_err(|e| self.refused(session, asked, chain, e))
     }
 
     fn links(
@@ -139,6 +142,7 @@ impl NpudService {
             programs,
             chain,
             _pending: pending,
+            in_flight: self.state.metrics.admitted(session),
         })
     }
 
@@ -157,16 +161,20 @@ impl NpudService {
     }
 
     /// Counts work refused before admission against the session.
-    fn refused(&self, session: u64, links: u64, e: &NpudError) {
+    fn refused(&self, session: u64, links: u64, chain: bool, e: &NpudError) {
         self.state
             .sessions
             .record(session, links, Outcome::Fail(e.code_name()), 0, 0);
+        let kind = if chain { Kind::Chain } else { Kind::Dispatch };
+        self.state.metrics.refused(kind, links, e.code_name());
     }
 
-    /// Counts a finished item against the session and its programs.
-    fn record(&self, session: u64, programs: &[u64], r: &Result<WorkDone, NpudError>) {
+    /// Counts a finished item against the session and its programs, and in the metrics.
+    fn record(&self, session: u64, programs: &[u64], chain: bool, r: &Result<WorkDone, NpudError>) {
         let st = &self.state;
         let n = programs.len() as u64;
+        let kind = if chain { Kind::Chain } else { Kind::Dispatch };
+        self.record_metrics(kind, programs, r);
         match r {
             Ok(done) => {
                 let ok = done.completed.min(programs.len());
@@ -211,6 +219,33 @@ impl NpudService {
                 st.sessions.record(session, n, code, 0, 0);
                 for (p, c) in group(programs) {
                     st.programs.record(p, c, code, 0, 0);
+                }
+            }
+        }
+    }
+
+    /// Counts a finished item's links by program and outcome, and its times when the device
+    /// queue answered it (an item refused there, for its deadline or its session ending, has
+    /// none).
+    fn record_metrics(&self, kind: Kind, programs: &[u64], r: &Result<WorkDone, NpudError>) {
+        let st = &self.state;
+        let m = &st.metrics;
+        match r {
+            Ok(done) => {
+                m.timed(kind, done.queue_ns, done.device_ns);
+                let ok = done.completed.min(programs.len());
+                for (p, c) in group(&programs[..ok]) {
+                    m.links(&st.programs, kind, p, c, "OK");
+                }
+                if let Some(f) = &done.failure
+                    && let Some(p) = programs.get(f.index)
+                {
+                    m.links(&st.programs, kind, *p, 1, f.error.code_name());
+                }
+            }
+            Err(e) => {
+                for (p, c) in group(programs) {
+                    m.links(&st.programs, kind, p, c, e.code_name());
                 }
             }
         }
@@ -293,7 +328,7 @@ impl NpudService {
             Some(pb::submit_request::Work::Chain(c)) => Work::Chain(c.links),
             None => {
                 let e = NpudError::InvalidArgument("work: set dispatch or chain".into());
-                self.refused(session, 1, &e);
+                self.refused(session, 1, false, &e);
                 return Err(e);
             }
         };
@@ -368,7 +403,7 @@ impl Pending {
         };
         drop(waiting);
         if let Some(a) = self.admitted.take() {
-            self.svc.record(self.session, &a.programs, &r);
+            self.svc.record(self.session, &a.programs, a.chain, &r);
         }
         r
     }
@@ -379,6 +414,8 @@ impl Drop for Pending {
         let Some(Admitted {
             rx,
             programs,
+            chain,
+            in_flight,
             _pending: pending,
             ..
         }) = self.admitted.take()
@@ -390,7 +427,8 @@ impl Drop for Pending {
             Ok(rt) => {
                 rt.spawn(async move {
                     let r = rx.await.unwrap_or_else(|_| Err(NpudError::executor_gone()));
-                    svc.record(session, &programs, &r);
+                    svc.record(session, &programs, chain, &r);
+                    drop(in_flight);
                     drop(pending);
                 });
             }

@@ -17,6 +17,7 @@ mod programs;
 mod run;
 mod sessions;
 mod status;
+mod top;
 mod worker;
 
 use std::process::ExitCode;
@@ -54,6 +55,8 @@ enum Command {
     Health(health::Args),
     /// The hosts of --fleet: health, sessions, pending work, and where the next session goes.
     Fleet,
+    /// A live view of sessions, programs, throughput and queue time (q quits).
+    Top(top::Args),
     /// Stored programs, their counters, and quarantined programs; or clear a quarantine.
     Programs(programs::Args),
     /// Summarize a design directory (main.pdi + insts.bin) and list its instruction stream, or
@@ -99,6 +102,10 @@ async fn main() -> ExitCode {
         Command::Fleet => fleet::run(fleet, cli.json).await,
         Command::Programs(a) => match one("programs") {
             Ok(addr) => programs::run(&a, addr, cli.json).await,
+            Err(e) => Err(e),
+        },
+        Command::Top(a) => match one("top") {
+            Ok(addr) => top::run(&a, addr).await,
             Err(e) => Err(e),
         },
         Command::Inspect(a) => inspect::run(&a, cli.json),

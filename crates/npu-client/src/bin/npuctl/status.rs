@@ -124,6 +124,14 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
         ),
         ("device faults", stats.device_faults.to_string()),
         (
+            "metrics",
+            if info.metrics_address.is_empty() {
+                "off (metrics.listen)".to_owned()
+            } else {
+                format!("http://{}/metrics", info.metrics_address)
+            },
+        ),
+        (
             "threads",
             format!(
                 "{} I/O; executor {}",
