@@ -444,6 +444,9 @@ async fn faults_and_hangs_hit_only_the_culprit() {
 async fn sigterm_under_load_gives_clean_errors_and_a_prompt_clean_exit() {
     let mut d = Daemon::start(options());
     let mut workers = Vec::new();
+    // Workers that have finished a round: SIGTERM comes once all have, however loaded the
+    // machine is.
+    let running = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     for i in 0..8 {
         let mut s = Session::open(d.connect().await, &format!("load{i}"))
             .await
@@ -453,17 +456,27 @@ async fn sigterm_under_load_gives_clean_errors_and_a_prompt_clean_exit() {
             .await
             .unwrap()
             .program_id;
+        let running = running.clone();
         workers.push(tokio::spawn(async move {
             let mut ok = 0u64;
             loop {
                 match verify_rounds(&mut s, p, 1, 1, i + 5).await {
-                    Ok(_) => ok += 1,
+                    Ok(_) => {
+                        ok += 1;
+                        if ok == 1 {
+                            running.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                    }
                     Err(e) => return (ok, e),
                 }
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let until = Instant::now() + Duration::from_secs(20);
+    while running.load(std::sync::atomic::Ordering::SeqCst) < 8 {
+        assert!(Instant::now() < until, "every worker finishes a round within 20 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     d.send_signal(rustix::process::Signal::TERM);
     for w in workers {
         let (ok, e) = tokio::time::timeout(Duration::from_secs(20), w)
