@@ -47,11 +47,17 @@ const MAX_DECODE_BYTES: usize = 256 << 20;
 #[derive(Debug, Clone)]
 pub(crate) struct SessionAuth {
     session: Option<(AsciiMetadataValue, AsciiMetadataValue)>,
+    /// The identity token (`x-npud-token`).
+    identity: Option<AsciiMetadataValue>,
     timeout: Duration,
 }
 
 impl Interceptor for SessionAuth {
     fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(t) = &self.identity {
+            req.metadata_mut()
+                .insert(npu_proto::IDENTITY_TOKEN_HEADER, t.clone());
+        }
         if let Some((id, token)) = &self.session {
             req.metadata_mut()
                 .insert(npu_proto::SESSION_HEADER, id.clone());
@@ -85,6 +91,8 @@ pub(crate) struct Inner {
     pub programs: tokio::sync::Mutex<HashMap<u64, ProgramInfo>>,
     pub device: pb::DeviceInfo,
     reconnects: AtomicU64,
+    /// The identity token, read once at connect.
+    identity: Option<AsciiMetadataValue>,
 }
 
 impl Inner {
@@ -94,8 +102,14 @@ impl Inner {
         opts: ConnectOptions,
         open_session: bool,
     ) -> Result<Arc<Inner>, ClientError> {
+        let identity = match opts.identity_token()? {
+            Some(t) => Some(AsciiMetadataValue::try_from(t.as_str()).map_err(|_| {
+                ClientError::Invalid("the identity token is not ASCII text".into())
+            })?),
+            None => None,
+        };
         let channel = open_channel(&addr, &opts).await?;
-        let mut plain = plain_client(channel.clone(), &opts);
+        let mut plain = plain_client(channel.clone(), &opts, identity.clone());
         let device = bounded(&opts, "GetDeviceInfo", async {
             plain.get_device_info(pb::GetDeviceInfoRequest {}).await
         })
@@ -129,6 +143,7 @@ impl Inner {
             programs: tokio::sync::Mutex::new(HashMap::new()),
             device,
             reconnects: AtomicU64::new(0),
+            identity,
         }))
     }
 
@@ -162,6 +177,7 @@ impl Inner {
             channel,
             SessionAuth {
                 session,
+                identity: self.identity.clone(),
                 timeout: self.opts.call_timeout,
             },
         )
@@ -331,7 +347,7 @@ impl Inner {
         let Some(s) = &self.session else {
             return Ok(());
         };
-        let mut c = plain_client(channel, &self.opts);
+        let mut c = plain_client(channel, &self.opts, self.identity.clone());
         let req = pb::ResumeSessionRequest {
             session_id: s.id,
             token: s.token.clone(),
@@ -374,11 +390,16 @@ enum Resume {
     Retry(String),
 }
 
-fn plain_client(channel: Channel, opts: &ConnectOptions) -> Rpc {
+fn plain_client(
+    channel: Channel,
+    opts: &ConnectOptions,
+    identity: Option<AsciiMetadataValue>,
+) -> Rpc {
     NpudClient::with_interceptor(
         channel,
         SessionAuth {
             session: None,
+            identity,
             timeout: opts.call_timeout,
         },
     )

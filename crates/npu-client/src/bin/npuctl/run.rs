@@ -49,7 +49,9 @@ pub async fn run(a: &Args, addr: Option<&str>, json: bool) -> crate::CmdResult {
         ));
     }
     .map_err(|e| e.to_string())?;
-    let client = Client::connect(addr).await.map_err(|e| e.to_string())?;
+    let client = Client::connect_with(addr, crate::connect_options())
+        .await
+        .map_err(|e| e.to_string())?;
     let need = program.min_arg_sizes();
     let mut tensors: Vec<Tensor<u8>> = Vec::new();
     for path in &a.inputs {
