@@ -432,7 +432,10 @@ impl Config {
             return Err(ConfigError::Invalid {
                 key: "tcp",
                 reason: format!(
-                    "{addr} is not a loopback address, and without TLS session tokens and tensor                      bytes would cross the network in the clear: set [tls] cert and key (see                      \"Exposing npud on a network\" in the README), listen on 127.0.0.1, or                      pass --allow-insecure-tcp (allow_insecure_tcp = true) on a network you trust"
+                    "{addr} is not a loopback address, and without TLS session tokens and tensor \
+                     bytes would cross the network in the clear: set [tls] cert and key (see \
+                     \"Exposing npud on a network\" in the README), listen on 127.0.0.1, or \
+                     pass --allow-insecure-tcp (allow_insecure_tcp = true) on a network you trust"
                 ),
             });
         }

@@ -321,10 +321,15 @@ pub async fn run(
         if !tcp_address.is_empty() {
             text.push_str(&format!("tcp={tcp_address}\n"));
         }
-        std::fs::write(p, text).map_err(|source| ServeError::ReadyFile {
-            path: p.clone(),
-            source,
-        })?;
+        // Written whole, then renamed: a reader that sees the file sees every line.
+        let mut tmp = p.clone().into_os_string();
+        tmp.push(".tmp");
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, p))
+            .map_err(|source| ServeError::ReadyFile {
+                path: p.clone(),
+                source,
+            })?;
     }
     systemd::ready(&format!("serving on unix:{}", cfg.socket.display()));
 

@@ -253,7 +253,7 @@ impl Policy {
     /// The policy `auth` and `limits` configure, running as `daemon_uid`; `user:` admins are
     /// looked up in `passwd` (the text of /etc/passwd).
     pub fn new(auth: &AuthConfig, limits: &Limits, daemon_uid: u32, passwd: &str) -> Self {
-        let admins = auth
+        let mut admins: Vec<String> = auth
             .admins
             .iter()
             .filter_map(|a| {
@@ -275,6 +275,8 @@ impl Policy {
                 }
             })
             .collect();
+        let mut seen = std::collections::HashSet::new();
+        admins.retain(|a| seen.insert(a.clone()));
         Self {
             rules: auth
                 .rules
