@@ -167,8 +167,7 @@ fn the_python_package_passes_its_suite() {
 /// (client.crt, client.key).
 fn make_pki(dir: &Path) {
     use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair,
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     };
     let ca_key = KeyPair::generate().expect("a CA key");
     let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");

@@ -106,12 +106,14 @@ fn tls_section(cert: &Path, key: &Path) -> String {
 }
 
 fn start(cfg: &Path) -> Daemon {
-    Daemon::start(Options {
-        tcp: true,
-        ..Options::default()
-    }
-    .arg("--config")
-    .arg(&cfg.display().to_string()))
+    Daemon::start(
+        Options {
+            tcp: true,
+            ..Options::default()
+        }
+        .arg("--config")
+        .arg(&cfg.display().to_string()),
+    )
 }
 
 /// A TLS channel to the daemon's TCP port, trusting `ca`, presenting `identity` (cert, key).
@@ -390,9 +392,7 @@ async fn mtls_identities_rules_quotas_admins_and_sessions_bound_to_their_identit
         );
         let r = so
             .client
-            .clear_quarantine(pb::ClearQuarantineRequest {
-                content_hash: hash,
-            })
+            .clear_quarantine(pb::ClearQuarantineRequest { content_hash: hash })
             .await;
         assert!(
             r.as_ref()
@@ -409,7 +409,14 @@ async fn mtls_identities_rules_quotas_admins_and_sessions_bound_to_their_identit
 
         // npuctl with --ca/--cert/--key shows who owns each session.
         let out = std::process::Command::new(npud_e2e::npuctl_binary())
-            .args(["sessions", "--json", "--addr", &https(&d), "--tls-server-name", "localhost"])
+            .args([
+                "sessions",
+                "--json",
+                "--addr",
+                &https(&d),
+                "--tls-server-name",
+                "localhost",
+            ])
             .arg("--ca")
             .arg(ca.path())
             .arg("--cert")
@@ -425,7 +432,10 @@ async fn mtls_identities_rules_quotas_admins_and_sessions_bound_to_their_identit
             "{text}{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(text.contains("\"identity\": \"cert:client-a.example\""), "{text}");
+        assert!(
+            text.contains("\"identity\": \"cert:client-a.example\""),
+            "{text}"
+        );
         let out = std::process::Command::new(npud_e2e::npuctl_binary())
             .args(["status", "--addr", &https(&d)])
             .env("NPUD_CA", ca.path())
@@ -566,12 +576,9 @@ async fn token_files_are_identities_until_removed_with_their_rules_quotas() {
         .await
         .unwrap();
         let design = EmuDesign::hang(4);
-        let hang = npu_client::Program::from_bytes(
-            "hang",
-            design.to_pdi(),
-            design.insts(cb.generation()),
-        )
-        .unwrap();
+        let hang =
+            npu_client::Program::from_bytes("hang", design.to_pdi(), design.insts(cb.generation()))
+                .unwrap();
         cb.register(&hang).await.unwrap();
         let (i1, i2) = (
             cb.alloc::<u8>(4).await.unwrap(),
@@ -607,7 +614,10 @@ async fn token_files_are_identities_until_removed_with_their_rules_quotas() {
         )
         .await
         .unwrap();
-        assert_eq!(c.device_info().await.unwrap().caller_identity, "token:pod-a");
+        assert_eq!(
+            c.device_info().await.unwrap().caller_identity,
+            "token:pod-a"
+        );
         let stats = c.statistics().await.unwrap();
         assert_eq!(stats.sessions.len(), 1);
         assert_eq!(stats.sessions[0].identity, "token:pod-a");
@@ -656,8 +666,10 @@ async fn token_files_are_identities_until_removed_with_their_rules_quotas() {
             .unwrap_err();
         assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
         assert!(
-            e.message()
-                .starts_with(&format!("session {} belongs to token:pod-a; this caller is uid:", r.session_id)),
+            e.message().starts_with(&format!(
+                "session {} belongs to token:pod-a; this caller is uid:",
+                r.session_id
+            )),
             "{e:?}"
         );
         // The daemon's own uid is an admin (auth.admins' default "self"): it sees every session.
@@ -667,8 +679,18 @@ async fn token_files_are_identities_until_removed_with_their_rules_quotas() {
             .statistics()
             .await
             .unwrap();
-        assert!(uid_stats.sessions.iter().any(|s| s.identity.starts_with("uid:")));
-        assert!(uid_stats.sessions.iter().any(|s| s.identity == "token:pod-a"));
+        assert!(
+            uid_stats
+                .sessions
+                .iter()
+                .any(|s| s.identity.starts_with("uid:"))
+        );
+        assert!(
+            uid_stats
+                .sessions
+                .iter()
+                .any(|s| s.identity == "token:pod-a")
+        );
         // A token identity is no admin.
         let e = raw
             .clear_quarantine(with_token(

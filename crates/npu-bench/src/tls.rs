@@ -64,7 +64,9 @@ pub async fn connect_tls(addr: &str, ca_pem: &str) -> Result<Channel> {
 /// # Errors
 /// When the TLS daemon cannot start or a dispatch fails.
 pub async fn rows(report: &mut Report, plain: &str, it: Iters, n_rounds: usize) -> Result<()> {
-    let dir = tempfile::Builder::new().prefix("npub-tls").tempdir_in("/tmp")?;
+    let dir = tempfile::Builder::new()
+        .prefix("npub-tls")
+        .tempdir_in("/tmp")?;
     let ca = make_pki(dir.path())?;
     let cfg = dir.path().join("npud.toml");
     std::fs::write(

@@ -140,7 +140,10 @@ impl Conn {
                     .peer_certificates()
                     .and_then(|c| c.first())
                     .and_then(|c| crate::tls::certificate_subject(c))
-                    .map_or_else(|| Identity::anonymous(addr.map(|a| a.ip())), |n| Identity::cert(&n));
+                    .map_or_else(
+                        || Identity::anonymous(addr.map(|a| a.ip())),
+                        |n| Identity::cert(&n),
+                    );
                 let info = ConnInfo {
                     id,
                     uid: None,
@@ -314,8 +317,11 @@ fn supplementary_groups(pid: i32) -> Vec<u32> {
         .ok()
         .and_then(|s| {
             s.lines().find_map(|l| {
-                l.strip_prefix("Groups:")
-                    .map(|g| g.split_whitespace().filter_map(|n| n.parse().ok()).collect())
+                l.strip_prefix("Groups:").map(|g| {
+                    g.split_whitespace()
+                        .filter_map(|n| n.parse().ok())
+                        .collect()
+                })
             })
         })
         .unwrap_or_default()

@@ -171,7 +171,9 @@ mod tests {
         assert!(!b.charge(2, &k("uid:1000"), t + 10 * MS));
         b.check(&k("uid:1000"), "dispatch", t + 20 * MS).unwrap();
         assert!(b.charge(1, &k("uid:1000"), t + 20 * MS));
-        let e = b.check(&k("uid:1000"), "dispatch", t + 1020 * MS).unwrap_err();
+        let e = b
+            .check(&k("uid:1000"), "dispatch", t + 1020 * MS)
+            .unwrap_err();
         assert_eq!(e.code_name(), "RESOURCE_EXHAUSTED");
         assert_eq!(
             e.to_string(),

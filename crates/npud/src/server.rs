@@ -395,7 +395,8 @@ fn accepted(
             tokio::spawn(async move {
                 match tokio::time::timeout(timeouts.handshake, acceptor.accept(tcp)).await {
                     Ok(Ok(s)) => {
-                        let conn = Conn::new(Accepted::Tls(Box::new(s)), admission, sessions, timeouts);
+                        let conn =
+                            Conn::new(Accepted::Tls(Box::new(s)), admission, sessions, timeouts);
                         let _ = tx.send(Ok(conn)).await;
                     }
                     Ok(Err(e)) => tracing::info!(?peer, "TLS handshake failed: {e}"),

@@ -364,7 +364,12 @@ mod tests {
     }
 
     /// Opens a session as the connection's identity.
-    fn open(s: &Sessions, name: &str, c: Option<&ConnInfo>, max: u32) -> Result<(u64, String), NpudError> {
+    fn open(
+        s: &Sessions,
+        name: &str,
+        c: Option<&ConnInfo>,
+        max: u32,
+    ) -> Result<(u64, String), NpudError> {
         let who = c.map_or_else(|| Identity::anonymous(None), |c| c.identity.clone());
         s.open(name, c, &who, &grant(max))
     }
@@ -393,10 +398,7 @@ mod tests {
         let (id, token) = open(&s, "t", Some(&conn(1, 1000)), 4).unwrap();
         assert_eq!(token.len(), 32);
         assert!(token.bytes().all(|b| b.is_ascii_hexdigit()));
-        assert_eq!(
-            auth(&s, &md(id, &token), Some(&conn(1, 1000))),
-            Ok(id)
-        );
+        assert_eq!(auth(&s, &md(id, &token), Some(&conn(1, 1000))), Ok(id));
         let e = auth(&s, &md(id, "00000000000000000000000000000000"), None).unwrap_err();
         assert!(matches!(e, NpudError::Unauthenticated(_)));
         let e = auth(&s, &MetadataMap::new(), None).unwrap_err();
@@ -426,7 +428,8 @@ mod tests {
     fn grace_starts_when_the_last_connection_closes() {
         let s = Sessions::new(Duration::from_millis(100), 4);
         let (id, token) = open(&s, "t", Some(&conn(1, 5)), 4).unwrap();
-        s.attach(id, &token, Some(&conn(2, 5)), &Identity::uid(5, [5])).unwrap();
+        s.attach(id, &token, Some(&conn(2, 5)), &Identity::uid(5, [5]))
+            .unwrap();
         s.connection_closed(1);
         let later = Instant::now() + Duration::from_secs(10);
         assert!(s.take_expired(later).is_empty(), "conn 2 is still open");

@@ -74,7 +74,10 @@ impl TlsConfig {
         match (&self.cert, &self.key) {
             (Some(_), None) => return Err(invalid("tls.key", "tls.cert is set; set its key too")),
             (None, Some(_)) => {
-                return Err(invalid("tls.cert", "tls.key is set; set its certificate too"));
+                return Err(invalid(
+                    "tls.cert",
+                    "tls.key is set; set its certificate too",
+                ));
             }
             _ => {}
         }
@@ -190,8 +193,8 @@ fn server_config(cfg: &TlsConfig) -> Result<ServerConfig, TlsError> {
     let chain = certs("tls.cert", cert)?;
     let private = PrivateKeyDer::from_pem_file(key).map_err(|e| file_error("tls.key", key, e))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder =
-        ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions()?;
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
     let builder = match (cfg.client_auth, &cfg.client_ca) {
         (ClientAuth::Off, _) | (_, None) => builder.with_no_client_auth(),
         (auth, Some(ca)) => {

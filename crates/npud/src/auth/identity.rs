@@ -122,8 +122,7 @@ pub fn glob(pattern: &str, text: &str) -> bool {
         return pattern == text;
     }
     let (first, last) = (parts[0], parts[parts.len() - 1]);
-    if !text.starts_with(first) || text.len() < first.len() + last.len() || !text.ends_with(last)
-    {
+    if !text.starts_with(first) || text.len() < first.len() + last.len() || !text.ends_with(last) {
         return false;
     }
     let mut rest = &text[first.len()..text.len() - last.len()];
@@ -149,8 +148,14 @@ mod tests {
         );
         assert_eq!(Identity::cert("a.example").name(), "cert:a.example");
         assert_eq!(Identity::token("pod-a").groups(), ["token"]);
-        assert_eq!(Identity::anonymous("127.0.0.1".parse().ok()).name(), "anonymous");
-        assert_eq!(Identity::anonymous("::ffff:127.0.0.1".parse().ok()).name(), "anonymous");
+        assert_eq!(
+            Identity::anonymous("127.0.0.1".parse().ok()).name(),
+            "anonymous"
+        );
+        assert_eq!(
+            Identity::anonymous("::ffff:127.0.0.1".parse().ok()).name(),
+            "anonymous"
+        );
         assert_eq!(
             Identity::anonymous("10.0.0.7".parse().ok()).name(),
             "anonymous@10.0.0.7"

@@ -135,8 +135,14 @@ impl AuthConfig {
             }
             for (k, v) in [
                 ("max_sessions", r.max_sessions.map(u64::from)),
-                ("max_tensor_bytes_per_session", r.max_tensor_bytes_per_session),
-                ("max_pending_per_session", r.max_pending_per_session.map(u64::from)),
+                (
+                    "max_tensor_bytes_per_session",
+                    r.max_tensor_bytes_per_session,
+                ),
+                (
+                    "max_pending_per_session",
+                    r.max_pending_per_session.map(u64::from),
+                ),
                 (
                     "max_program_bytes_per_session",
                     r.max_program_bytes_per_session,
@@ -295,9 +301,9 @@ impl Policy {
     }
 
     fn matches(patterns: &[String], who: &Identity) -> bool {
-        patterns.iter().any(|p| {
-            glob(p, who.name()) || who.groups().iter().any(|g| glob(p, g))
-        })
+        patterns
+            .iter()
+            .any(|p| glob(p, who.name()) || who.groups().iter().any(|g| glob(p, g)))
     }
 
     /// The identity a call has: its connection's, or the token's when it carries
@@ -327,7 +333,11 @@ impl Policy {
     /// PERMISSION_DENIED (UNAUTHENTICATED for an anonymous caller) naming the rule that
     /// refused, or saying that none allows the caller.
     pub fn decide(&self, who: &Identity) -> Result<Arc<Grant>, NpudError> {
-        let refusal = match self.rules.iter().find(|(r, _)| Self::matches(&r.patterns, who)) {
+        let refusal = match self
+            .rules
+            .iter()
+            .find(|(r, _)| Self::matches(&r.patterns, who))
+        {
             Some((r, g)) if r.allow => return Ok(g.clone()),
             Some((r, _)) => format!("{who} is refused by rule {:?} (auth.rules)", r.name),
             None => format!("no rule in auth.rules allows {who}"),
@@ -369,12 +379,19 @@ mod tests {
 
     fn policy(toml: &str) -> Policy {
         let auth: AuthConfig = figment::Figment::new()
-            .merge(figment::providers::Serialized::defaults(AuthConfig::default()))
+            .merge(figment::providers::Serialized::defaults(
+                AuthConfig::default(),
+            ))
             .merge(<figment::providers::Toml as figment::providers::Format>::string(toml))
             .extract()
             .unwrap();
         auth.check().unwrap();
-        Policy::new(&auth, &Limits::default(), 990, "root:x:0:0::/root:/bin/sh\nnpud:x:991:991::/:/bin/false\n")
+        Policy::new(
+            &auth,
+            &Limits::default(),
+            990,
+            "root:x:0:0::/root:/bin/sh\nnpud:x:991:991::/:/bin/false\n",
+        )
     }
 
     #[test]

@@ -196,10 +196,7 @@ fn ok<T>(r: Result<T, NpudError>) -> Res<T> {
 
 #[tonic::async_trait]
 impl Npud for NpudService {
-    async fn get_device_info(
-        &self,
-        req: Request<pb::GetDeviceInfoRequest>,
-    ) -> Res<pb::DeviceInfo> {
+    async fn get_device_info(&self, req: Request<pb::GetDeviceInfoRequest>) -> Res<pb::DeviceInfo> {
         ok(self.device_info(req).await)
     }
 
