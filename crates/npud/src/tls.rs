@@ -241,3 +241,65 @@ pub fn certificate_subject(der: &[u8]) -> Option<String> {
         .and_then(|cn| cn.as_str().ok())
         .map(str::to_owned)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(cert: bool, key: bool, ca: bool, auth: ClientAuth) -> TlsConfig {
+        TlsConfig {
+            cert: cert.then(|| "c.pem".into()),
+            key: key.then(|| "k.pem".into()),
+            client_ca: ca.then(|| "ca.pem".into()),
+            client_auth: auth,
+        }
+    }
+
+    #[test]
+    fn combinations_that_cannot_work_name_the_key() {
+        let key = |c: TlsConfig| match c.check() {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(key(cfg(true, false, false, ClientAuth::Off)), "tls.key");
+        assert_eq!(key(cfg(false, true, false, ClientAuth::Off)), "tls.cert");
+        assert_eq!(
+            key(cfg(true, true, false, ClientAuth::Required)),
+            "tls.client_ca"
+        );
+        assert_eq!(
+            key(cfg(true, true, true, ClientAuth::Off)),
+            "tls.client_auth"
+        );
+        assert_eq!(
+            key(cfg(false, false, true, ClientAuth::Optional)),
+            "tls.cert"
+        );
+        cfg(true, true, true, ClientAuth::Optional).check().unwrap();
+        assert_eq!(
+            cfg(true, true, true, ClientAuth::Required).mode(),
+            "mtls-required"
+        );
+        assert_eq!(TlsConfig::default().mode(), "plaintext");
+    }
+
+    #[test]
+    fn unreadable_files_name_the_key_and_the_file() {
+        let d = tempfile::tempdir().unwrap();
+        let c = TlsConfig {
+            cert: Some(d.path().join("missing.pem")),
+            key: Some(d.path().join("k.pem")),
+            ..TlsConfig::default()
+        };
+        let e = Tls::load(&c).unwrap_err().to_string();
+        assert!(e.starts_with("tls.cert "), "{e}");
+        assert!(e.contains("missing.pem"), "{e}");
+        std::fs::write(d.path().join("empty.pem"), "").unwrap();
+        let c = TlsConfig {
+            cert: Some(d.path().join("empty.pem")),
+            ..c
+        };
+        let e = Tls::load(&c).unwrap_err().to_string();
+        assert!(e.ends_with("no PEM certificate in the file"), "{e}");
+    }
+}
