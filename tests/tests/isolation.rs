@@ -345,7 +345,10 @@ async fn a_unix_session_and_its_tickets_are_bound_to_the_peers_uid() {
     assert_eq!(v["code"], "PermissionDenied", "{v}");
     assert_eq!(
         v["message"],
-        format!("session {} belongs to uid 0; this peer is uid 65534", s.id)
+        format!(
+            "session {} belongs to uid:0; this caller is uid:65534",
+            s.id
+        )
     );
     let redeem = v["redeem"].as_str().unwrap();
     assert!(

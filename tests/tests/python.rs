@@ -137,12 +137,15 @@ fn the_python_package_passes_its_suite() {
             .arg(&wheel),
         Duration::from_secs(120),
     );
+    let pki = tempfile::tempdir().expect("a directory for the TLS test's certificates");
+    make_pki(pki.path());
     let out = run(
         "pytest",
         Command::new(&vpy)
             .args(["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"])
             .arg(repo().join("crates/npu-python/tests"))
             .env("NPUD_BIN", binary("npud"))
+            .env("NPUD_TEST_PKI", pki.path())
             .env_remove("NPUD_ADDR")
             .current_dir(repo()),
         Duration::from_secs(300),
@@ -157,4 +160,40 @@ fn the_python_package_passes_its_suite() {
         !summary.contains("skipped") && !summary.contains("failed"),
         "every Python test must run and pass: {summary}"
     );
+}
+
+/// The certificates test_tls.py uses: a CA (ca.pem), a server certificate for localhost and
+/// 127.0.0.1 (server.crt, server.key), a client certificate for python-client.example
+/// (client.crt, client.key).
+fn make_pki(dir: &Path) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+    let ca_key = KeyPair::generate().expect("a CA key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "npud python test CA");
+    let ca_cert = ca.self_signed(&ca_key).expect("the CA certificate");
+    std::fs::write(dir.join("ca.pem"), ca_cert.pem()).expect("ca.pem written");
+    let issuer = Issuer::new(ca, ca_key);
+    for (name, sans, usage) in [
+        (
+            "server",
+            vec!["localhost".to_owned(), "127.0.0.1".to_owned()],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        ),
+        (
+            "client",
+            vec!["python-client.example".to_owned()],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ),
+    ] {
+        let key = KeyPair::generate().expect("a key");
+        let mut p = CertificateParams::new(sans).expect("leaf parameters");
+        p.extended_key_usages = vec![usage];
+        let cert = p.signed_by(&key, &issuer).expect("a leaf certificate");
+        std::fs::write(dir.join(format!("{name}.crt")), cert.pem()).expect("cert written");
+        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).expect("key written");
+    }
 }

@@ -474,7 +474,10 @@ async fn sigterm_under_load_gives_clean_errors_and_a_prompt_clean_exit() {
     }
     let until = Instant::now() + Duration::from_secs(20);
     while running.load(std::sync::atomic::Ordering::SeqCst) < 8 {
-        assert!(Instant::now() < until, "every worker finishes a round within 20 s");
+        assert!(
+            Instant::now() < until,
+            "every worker finishes a round within 20 s"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     d.send_signal(rustix::process::Signal::TERM);

@@ -11,6 +11,7 @@
 //! | 3, 4, 5, 6, 9 | [`rows`] | npud over Unix and TCP, chains, tensor sizes, pipelined Submit |
 //! | 7, 8 | [`load`] | concurrent clients; the daemon's resident memory |
 //! | 10 | [`stall`] | another client's dispatches while one allocates 1 GiB, or runs 1,024-link chains |
+//! | 13 | [`tls`] | unary dispatch over TLS beside plaintext TCP |
 //!
 //! [`daemon`] starts npud on the emulator (or takes a running one); [`run::run`] runs every row
 //! and returns a [`report::Report`].
@@ -28,6 +29,7 @@ pub mod rows;
 pub mod run;
 pub mod stall;
 pub mod stats;
+pub mod tls;
 
 /// The bare echo service (`proto/bench/v1/echo.proto`).
 pub mod echo_pb {

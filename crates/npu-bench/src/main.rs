@@ -32,7 +32,8 @@ struct Cli {
     #[arg(long)]
     iterations: Option<usize>,
     /// Only these sections (comma-separated): floors, inproc, tcp, chains, pipelined, sizes,
-    /// clients, memory, cpu, profiles. Row 3 always runs. Ratios need the rows they name.
+    /// clients, stalls, memory, cpu, profiles, tls (row 13). Row 3 always runs. Ratios need
+    /// the rows they name.
     #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(npu_bench::run::SECTIONS))]
     only: Vec<String>,
     /// Emulator profiles to compare side by side in rows 11 (comma-separated; default

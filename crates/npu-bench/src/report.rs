@@ -23,6 +23,8 @@ pub mod keys {
     pub const CPU_NPUD_SLEEPING: &str = "cpu_npud_sleeping";
     pub const STALL_ALLOC: &str = "stall_alloc_1GiB";
     pub const STALL_CHAIN: &str = "stall_chain1024";
+    pub const TCP_PLAIN: &str = "tcp_plain";
+    pub const TCP_TLS: &str = "tcp_tls";
 }
 
 /// One timed row.
@@ -257,6 +259,13 @@ impl Report {
             div(p99(keys::STALL_CHAIN), p99(keys::NPUD_UNIX)),
             "<=",
             4.0,
+        );
+        push(
+            "TLS unary dispatch over plaintext TCP",
+            "p50(tcp_tls) / p50(tcp_plain)",
+            div(p50(keys::TCP_TLS), p50(keys::TCP_PLAIN)),
+            "<=",
+            1.25,
         );
         let idle = self
             .memory

@@ -146,7 +146,7 @@ pub fn run(opts: &Options) -> Result<Report> {
 }
 
 /// Sections of the run, for `--only`.
-pub const SECTIONS: [&str; 11] = [
+pub const SECTIONS: [&str; 12] = [
     "floors",
     "inproc",
     "tcp",
@@ -158,6 +158,7 @@ pub const SECTIONS: [&str; 11] = [
     "memory",
     "cpu",
     "profiles",
+    "tls",
 ];
 
 /// Rounds the side-by-side rows (1, 1b, 3), and the fd sizes of row 6, alternate over. Short
@@ -269,6 +270,16 @@ async fn all_rows(
     }
     if want("sizes") {
         sizes(report, &unix, it).await?;
+    }
+    if want("tls") {
+        match &target.tcp {
+            Some(plain) => {
+                crate::tls::rows(report, plain, it, rounds(it, ROUNDS)).await?;
+            }
+            None => report
+                .skipped
+                .push("row 13: no TCP address for the given daemon (--tcp)".into()),
+        }
     }
     if want("profiles") {
         let profiles: Vec<String> = if opts.profiles.is_empty() {

@@ -49,6 +49,8 @@ fn quick_json_has_every_row_with_sane_fields() {
         "pipelined_latency",
         "stall_alloc_1GiB",
         "stall_chain1024",
+        "tcp_plain",
+        "tcp_tls",
     ];
     let sized: Vec<String> = ["fd", "inline"]
         .iter()
@@ -81,7 +83,9 @@ fn quick_json_has_every_row_with_sane_fields() {
         .iter()
         .map(|r| field(r, "row").as_str().expect("row is text"))
         .collect();
-    for n in ["1", "1b", "2", "3", "4", "5", "6", "7", "9", "11", "12"] {
+    for n in [
+        "1", "1b", "2", "3", "4", "5", "6", "7", "9", "11", "12", "13",
+    ] {
         assert!(rows_of_issue.contains(&n), "no row numbered {n}");
     }
     for r in rows {
@@ -151,8 +155,14 @@ fn quick_json_has_every_row_with_sane_fields() {
     let ratios = field(&report, "ratios")
         .as_array()
         .expect("ratios is a list");
-    // Nine goals, and each kernel-object row's dispatch and chain link over G2's.
-    assert_eq!(ratios.len(), 13, "ratios: {ratios:?}");
+    // Ten goals, and each kernel-object row's dispatch and chain link over G2's.
+    assert_eq!(ratios.len(), 14, "ratios: {ratios:?}");
+    assert!(
+        ratios
+            .iter()
+            .any(|r| field(r, "formula").as_str() == Some("p50(tcp_tls) / p50(tcp_plain)")),
+        "{ratios:?}"
+    );
     assert!(
         ratios.iter().any(|r| field(r, "formula").as_str()
             == Some("p50(profile_kernel-object_hsaco_dispatch) / p50(profile_rocr-newest_pdi_insts_dispatch)")),

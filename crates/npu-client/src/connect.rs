@@ -12,6 +12,12 @@
 //! `/run/npud/npud.sock` for root, `$XDG_RUNTIME_DIR/npud/npud.sock` otherwise, and
 //! `/tmp/npud-<uid>/npud.sock` when `XDG_RUNTIME_DIR` is unset or empty (npud's own default).
 //!
+//! TLS options ([`ConnectOptions`]): a CA bundle (`tls_ca` / `tls_ca_pem`; default: the system
+//! roots), a client certificate and key for mTLS (`tls_cert`, `tls_key`), and the name to check
+//! the server's certificate against when it is not the host (`tls_domain`). An identity token
+//! (`token`, `token_file`, else the file `NPUD_TOKEN_FILE` names) is sent with every call as
+//! `x-npud-token`; the daemon then treats the caller as `token:<name>`.
+//!
 //! Plaintext `http://` to a host that is not loopback is refused unless
 //! [`ConnectOptions::allow_plaintext_remote`] is set: session tokens and tensor bytes would cross
 //! the network in the clear.
@@ -20,12 +26,14 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::ClientError;
 
 /// The environment variable naming the daemon's address.
 pub const ADDR_ENV: &str = "NPUD_ADDR";
+/// The environment variable naming a file that holds an identity token's secret.
+pub const TOKEN_FILE_ENV: &str = "NPUD_TOKEN_FILE";
 
 /// A parsed daemon address.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,8 +172,19 @@ pub struct ConnectOptions {
     pub allow_plaintext_remote: bool,
     /// PEM of a CA to trust for `https://`, instead of the system's roots.
     pub tls_ca_pem: Option<Vec<u8>>,
+    /// A PEM CA bundle file to trust for `https://` (read at connect; `tls_ca_pem` wins).
+    pub tls_ca: Option<PathBuf>,
+    /// A PEM client certificate (chain) presented for mTLS; needs `tls_key`.
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
     /// The server name to check the certificate against, when it differs from the host.
     pub tls_domain: Option<String>,
+    /// An identity token's secret, sent as `x-npud-token` with every call.
+    pub token: Option<String>,
+    /// A file holding the secret (read at connect); without `token` and `token_file`, the file
+    /// `NPUD_TOKEN_FILE` names, when set.
+    pub token_file: Option<PathBuf>,
 }
 
 impl Default for ConnectOptions {
@@ -177,9 +196,53 @@ impl Default for ConnectOptions {
             reconnect_timeout: Duration::from_secs(5),
             allow_plaintext_remote: false,
             tls_ca_pem: None,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
             tls_domain: None,
+            token: None,
+            token_file: None,
         }
     }
+}
+
+impl ConnectOptions {
+    /// The identity token to send: `token`, else `token_file`'s, else `NPUD_TOKEN_FILE`'s.
+    ///
+    /// # Errors
+    /// [`ClientError::Io`] when the file cannot be read; [`ClientError::Invalid`] when it does
+    /// not hold one line of a secret.
+    pub fn identity_token(&self) -> Result<Option<String>, ClientError> {
+        if let Some(t) = &self.token {
+            return Ok(Some(t.trim().to_owned()));
+        }
+        let file = match &self.token_file {
+            Some(f) => f.clone(),
+            None => match std::env::var_os(TOKEN_FILE_ENV) {
+                Some(f) if !f.is_empty() => PathBuf::from(f),
+                _ => return Ok(None),
+            },
+        };
+        let text = std::fs::read_to_string(&file).map_err(|source| ClientError::Io {
+            path: file.clone(),
+            source,
+        })?;
+        let secret = text.trim();
+        if secret.is_empty() || secret.contains(char::is_whitespace) {
+            return Err(ClientError::Invalid(format!(
+                "{}: expected one line holding the token's secret",
+                file.display()
+            )));
+        }
+        Ok(Some(secret.to_owned()))
+    }
+}
+
+fn read(path: &PathBuf) -> Result<Vec<u8>, ClientError> {
+    std::fs::read(path).map_err(|source| ClientError::Io {
+        path: path.clone(),
+        source,
+    })
 }
 
 fn default_client_name() -> String {
@@ -218,10 +281,24 @@ pub(crate) fn endpoint(addr: &Address, opts: &ConnectOptions) -> Result<Endpoint
         .keep_alive_while_idle(true);
     if let Address::Https(_) = addr {
         let mut tls = ClientTlsConfig::new();
-        tls = match &opts.tls_ca_pem {
-            Some(pem) => tls.ca_certificate(Certificate::from_pem(pem)),
-            None => tls.with_native_roots(),
+        tls = match (&opts.tls_ca_pem, &opts.tls_ca) {
+            (Some(pem), _) => tls.ca_certificate(Certificate::from_pem(pem)),
+            (None, Some(path)) => tls.ca_certificate(Certificate::from_pem(read(path)?)),
+            (None, None) => tls.with_native_roots(),
         };
+        match (&opts.tls_cert, &opts.tls_key) {
+            (Some(cert), Some(key)) => {
+                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            (None, None) => {}
+            _ => {
+                return Err(bad(
+                    "a client certificate needs its key, and a key its certificate (tls_cert and \
+                     tls_key)"
+                        .into(),
+                ));
+            }
+        }
         if let Some(d) = &opts.tls_domain {
             tls = tls.domain_name(d.clone());
         }

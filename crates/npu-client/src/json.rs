@@ -55,6 +55,10 @@ pub fn device_json(d: &pb::DeviceInfo) -> Value {
         "tensor_sharing": d.tensor_sharing,
         "tensor_sharing_reason": d.tensor_sharing_reason,
         "emulator_profile": d.emulator_profile,
+        "tcp_address": d.tcp_address,
+        "tcp_security": d.tcp_security,
+        "caller_identity": d.caller_identity,
+        "caller_admin": d.caller_admin,
         "metrics_address": d.metrics_address,
     })
 }
@@ -80,6 +84,7 @@ pub fn session_json(s: &pb::SessionStatistics) -> Value {
         "session_id": s.session_id,
         "client_name": s.client_name,
         "uid": s.uid,
+        "identity": s.identity,
         "connected": s.connected,
         "tensors": s.tensors,
         "tensor_bytes": s.tensor_bytes,

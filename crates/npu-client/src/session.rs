@@ -51,11 +51,17 @@ const MAX_DECODE_BYTES: usize = 256 << 20;
 #[derive(Debug, Clone)]
 pub(crate) struct SessionAuth {
     session: Option<(AsciiMetadataValue, AsciiMetadataValue)>,
+    /// The identity token (`x-npud-token`).
+    identity: Option<AsciiMetadataValue>,
     timeout: Duration,
 }
 
 impl Interceptor for SessionAuth {
     fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(t) = &self.identity {
+            req.metadata_mut()
+                .insert(npu_proto::IDENTITY_TOKEN_HEADER, t.clone());
+        }
         if let Some((id, token)) = &self.session {
             req.metadata_mut()
                 .insert(npu_proto::SESSION_HEADER, id.clone());
@@ -102,6 +108,8 @@ pub(crate) struct Inner {
     reconnects: AtomicU64,
     /// Set when a [`crate::Fleet`] opened the session.
     pub(crate) host: std::sync::OnceLock<Arc<dyn HostWatch>>,
+    /// The identity token, read once at connect.
+    identity: Option<AsciiMetadataValue>,
 }
 
 impl Inner {
@@ -111,8 +119,9 @@ impl Inner {
         opts: ConnectOptions,
         open_session: bool,
     ) -> Result<Arc<Inner>, ClientError> {
+        let identity = identity_header(&opts)?;
         let channel = open_channel(&addr, &opts).await?;
-        let mut plain = plain_client(channel.clone(), &opts);
+        let mut plain = plain_client(channel.clone(), &opts, identity.clone());
         let device = bounded(&opts, "GetDeviceInfo", async {
             plain.get_device_info(pb::GetDeviceInfoRequest {}).await
         })
@@ -147,6 +156,7 @@ impl Inner {
             device,
             reconnects: AtomicU64::new(0),
             host: std::sync::OnceLock::new(),
+            identity,
         }))
     }
 
@@ -180,6 +190,7 @@ impl Inner {
             channel,
             SessionAuth {
                 session,
+                identity: self.identity.clone(),
                 timeout: self.opts.call_timeout,
             },
         )
@@ -375,7 +386,7 @@ impl Inner {
         let Some(s) = &self.session else {
             return Ok(());
         };
-        let mut c = plain_client(channel, &self.opts);
+        let mut c = plain_client(channel, &self.opts, self.identity.clone());
         let req = pb::ResumeSessionRequest {
             session_id: s.id,
             token: s.token.clone(),
@@ -418,15 +429,32 @@ enum Resume {
     Retry(String),
 }
 
-pub(crate) fn plain_client(channel: Channel, opts: &ConnectOptions) -> Rpc {
+pub(crate) fn plain_client(
+    channel: Channel,
+    opts: &ConnectOptions,
+    identity: Option<AsciiMetadataValue>,
+) -> Rpc {
     NpudClient::with_interceptor(
         channel,
         SessionAuth {
             session: None,
+            identity,
             timeout: opts.call_timeout,
         },
     )
     .max_decoding_message_size(MAX_DECODE_BYTES)
+}
+
+/// The `x-npud-token` value from the options' token or token file, if any.
+pub(crate) fn identity_header(
+    opts: &ConnectOptions,
+) -> Result<Option<AsciiMetadataValue>, ClientError> {
+    match opts.identity_token()? {
+        Some(t) => Ok(Some(AsciiMetadataValue::try_from(t.as_str()).map_err(
+            |_| ClientError::Invalid("the identity token is not ASCII text".into()),
+        )?)),
+        None => Ok(None),
+    }
 }
 
 /// A call before the session exists: bounded, errors kept.

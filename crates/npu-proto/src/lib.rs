@@ -18,3 +18,6 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 pub const SESSION_HEADER: &str = "npud-session";
 /// Metadata key carrying the session's secret token.
 pub const TOKEN_HEADER: &str = "npud-token";
+/// Metadata key carrying an identity token's secret (a file in the daemon's `auth.token_dir`);
+/// the call's identity is then `token:<file name>`.
+pub const IDENTITY_TOKEN_HEADER: &str = "x-npud-token";

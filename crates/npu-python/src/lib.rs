@@ -13,6 +13,7 @@
 use std::collections::VecDeque;
 use std::ffi::c_int;
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -371,23 +372,66 @@ fn links(l: &Links<'_>) -> Vec<(NativeProgram, Vec<Arc<Shared>>)> {
         .collect()
 }
 
+/// Connect options from the keyword arguments: TLS files, the server name, an identity token.
+fn connect_options(
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    tls_server_name: Option<String>,
+    token_file: Option<PathBuf>,
+    token: Option<String>,
+) -> npu_client::ConnectOptions {
+    npu_client::ConnectOptions {
+        tls_ca: ca,
+        tls_cert: cert,
+        tls_key: key,
+        tls_domain: tls_server_name,
+        token_file,
+        token,
+        ..npu_client::ConnectOptions::default()
+    }
+}
+
 #[pymethods]
 impl Client {
     /// Connects to npud and opens a session (the GIL is released while it connects).
     #[new]
-    #[pyo3(signature = (addr=None))]
-    fn new(py: Python<'_>, addr: Option<String>) -> PyResult<Self> {
+    #[pyo3(signature = (addr=None, *, ca=None, cert=None, key=None, tls_server_name=None, token_file=None, token=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        addr: Option<String>,
+        ca: Option<PathBuf>,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        tls_server_name: Option<String>,
+        token_file: Option<PathBuf>,
+        token: Option<String>,
+    ) -> PyResult<Self> {
+        let opts = connect_options(ca, cert, key, tls_server_name, token_file, token);
         let client = wait(py, async move {
-            npu_client::Client::connect(addr.as_deref()).await
+            npu_client::Client::connect_with(addr.as_deref(), opts).await
         })?;
         Ok(Self { client, pid: pid() })
     }
 
     #[staticmethod]
-    fn connect_start(addr: Option<String>, callback: Py<PyAny>) -> PyResult<()> {
+    #[pyo3(signature = (addr, callback, *, ca=None, cert=None, key=None, tls_server_name=None, token_file=None, token=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn connect_start(
+        addr: Option<String>,
+        callback: Py<PyAny>,
+        ca: Option<PathBuf>,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        tls_server_name: Option<String>,
+        token_file: Option<PathBuf>,
+        token: Option<String>,
+    ) -> PyResult<()> {
+        let opts = connect_options(ca, cert, key, tls_server_name, token_file, token);
         start(
             async move {
-                let client = npu_client::Client::connect(addr.as_deref()).await?;
+                let client = npu_client::Client::connect_with(addr.as_deref(), opts).await?;
                 Ok(Client { client, pid: pid() })
             },
             callback,

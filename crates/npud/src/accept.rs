@@ -189,6 +189,8 @@ pub enum Listener {
 pub enum Accepted {
     Unix(UnixStream),
     Tcp(TcpStream),
+    /// A TCP stream after its TLS handshake.
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
 impl Accepted {
@@ -196,6 +198,10 @@ impl Accepted {
         match self {
             // A Unix peer whose credentials cannot be read gets u32::MAX, no real user's uid.
             Accepted::Unix(s) => Peer::Uid(s.peer_cred().map_or(u32::MAX, |c| c.uid())),
+            Accepted::Tls(s) => s.get_ref().0.peer_addr().map_or(
+                Peer::Addr(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
+                |a| Peer::Addr(a.ip()),
+            ),
             Accepted::Tcp(s) => s.peer_addr().map_or(
                 Peer::Addr(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
                 |a| Peer::Addr(a.ip()),

@@ -235,6 +235,11 @@ pub struct Config {
     pub fd_socket: PathBuf,
     /// An optional TCP listener for remote clients, e.g. "127.0.0.1:50051".
     pub tcp: Option<String>,
+    /// Listen on a TCP address that is not loopback without `[tls]` (session tokens and tensor
+    /// bytes then cross the network in the clear).
+    pub allow_insecure_tcp: bool,
+    pub tls: crate::tls::TlsConfig,
+    pub auth: crate::auth::AuthConfig,
     pub backend: Backend,
     /// Path of libhsa-runtime64.so for the `hsa` backend (otherwise discovered).
     pub library: Option<PathBuf>,
@@ -268,6 +273,9 @@ impl Default for Config {
             socket: dir.join("npud.sock"),
             fd_socket: dir.join("npud.fd.sock"),
             tcp: None,
+            allow_insecure_tcp: false,
+            tls: crate::tls::TlsConfig::default(),
+            auth: crate::auth::AuthConfig::default(),
             backend: Backend::Emulator,
             library: None,
             packet_abi: None,
@@ -343,6 +351,9 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "socket",
     "fd_socket",
     "tcp",
+    "allow_insecure_tcp",
+    "tls",
+    "auth",
     "backend",
     "library",
     "packet_abi",
@@ -446,6 +457,24 @@ impl Config {
                 "must be at most 1024 (programs past it are counted as \"other\")",
             ));
         }
+        if let Some(t) = &self.tcp
+            && let Ok(addr) = t.parse::<SocketAddr>()
+            && !addr.ip().is_loopback()
+            && !self.tls.enabled()
+            && !self.allow_insecure_tcp
+        {
+            return Err(ConfigError::Invalid {
+                key: "tcp",
+                reason: format!(
+                    "{addr} is not a loopback address, and without TLS session tokens and tensor \
+                     bytes would cross the network in the clear: set [tls] cert and key (see \
+                     \"Exposing npud on a network\" in the README), listen on 127.0.0.1, or \
+                     pass --allow-insecure-tcp (allow_insecure_tcp = true) on a network you trust"
+                ),
+            });
+        }
+        self.tls.check()?;
+        self.auth.check()?;
         if self.io_threads > MAX_IO_THREADS {
             return Err(invalid("io_threads", "must be at most 64 (0 chooses)"));
         }
@@ -589,6 +618,8 @@ pub struct Overrides {
     pub fd_socket: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tcp: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_insecure_tcp: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backend: Option<Backend>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -2,8 +2,13 @@
 //! registry when it closes, so a session whose client is gone can be ended after the grace
 //! period.
 //!
-//! [`Conn`] is the IO type tonic serves; its [`ConnInfo`] (an id, and the peer's uid and pid on
-//! a Unix socket or its address over TCP) is in every request's extensions. It holds the
+//! [`Conn`] is the IO type tonic serves; its [`ConnInfo`] (an id, the peer's uid and pid on a
+//! Unix socket or its address over TCP, and the identity its transport proves) is in every
+//! request's extensions. On the Unix socket the identity is `uid:<n>` with the groups of
+//! `SO_PEERCRED`'s gid and the supplementary groups the peer process had when it connected
+//! (read from `/proc/<pid>/status`: neither rustix nor nix offers `SO_PEERGROUPS`, and this
+//! crate has no unsafe code); over mTLS it is the client certificate's subject; otherwise
+//! anonymous. It holds the
 //! connection's [`Slot`] in the connection limits, and closes the connection (a read fails
 //! with `TimedOut`, which ends hyper's connection task) when the peer sends no bytes for
 //! `limits.idle_timeout_ms`, or has not sent the 24-byte HTTP/2 client preface within
@@ -27,6 +32,7 @@ use tokio::time::{Instant, Sleep};
 use tonic::transport::server::Connected;
 
 use crate::accept::{Accepted, Admission, REFUSED_LIFETIME, Slot};
+use crate::auth::Identity;
 use crate::sessions::Sessions;
 
 /// Length of the HTTP/2 client connection preface (`PRI * HTTP/2.0...`).
@@ -50,6 +56,8 @@ pub struct ConnInfo {
     pub pid: Option<i32>,
     /// The peer's address, over TCP.
     pub addr: Option<SocketAddr>,
+    /// Who the transport says the peer is (a call's `x-npud-token` may replace it).
+    pub identity: Identity,
     /// Set when the connection was accepted only to be refused: why (naming the limit or the
     /// cause). Every request on it is answered RESOURCE_EXHAUSTED with this message.
     pub refused: Option<Arc<str>>,
@@ -59,6 +67,7 @@ pub struct ConnInfo {
 enum Stream {
     Unix(UnixStream),
     Tcp(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
 /// An accepted connection that reports its close to the session registry.
@@ -94,25 +103,56 @@ impl Conn {
                 let cred = s.peer_cred().ok();
                 // A Unix peer whose credentials cannot be read is still local; it gets
                 // u32::MAX, which is no real user's uid, so it can use no other user's session.
+                let uid = cred.map_or(u32::MAX, |c| c.uid());
+                let pid = cred.and_then(|c| c.pid());
+                let gids = cred
+                    .map(|c| c.gid())
+                    .into_iter()
+                    .chain(pid.map(supplementary_groups).unwrap_or_default());
                 let info = ConnInfo {
                     id,
-                    uid: Some(cred.map_or(u32::MAX, |c| c.uid())),
-                    pid: cred.and_then(|c| c.pid()),
+                    uid: Some(uid),
+                    pid,
                     addr: None,
+                    identity: Identity::uid(uid, gids),
                     refused: None,
                 };
                 (Stream::Unix(s), info)
             }
             Accepted::Tcp(s) => {
                 let _ = s.set_nodelay(true);
+                let addr = s.peer_addr().ok();
                 let info = ConnInfo {
                     id,
                     uid: None,
                     pid: None,
-                    addr: s.peer_addr().ok(),
+                    addr,
+                    identity: Identity::anonymous(addr.map(|a| a.ip())),
                     refused: None,
                 };
                 (Stream::Tcp(s), info)
+            }
+            Accepted::Tls(s) => {
+                let (tcp, session) = s.get_ref();
+                let _ = tcp.set_nodelay(true);
+                let addr = tcp.peer_addr().ok();
+                let identity = session
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .and_then(|c| crate::tls::certificate_subject(c))
+                    .map_or_else(
+                        || Identity::anonymous(addr.map(|a| a.ip())),
+                        |n| Identity::cert(&n),
+                    );
+                let info = ConnInfo {
+                    id,
+                    uid: None,
+                    pid: None,
+                    addr,
+                    identity,
+                    refused: None,
+                };
+                (Stream::Tls(s), info)
             }
         };
         let now = Instant::now();
@@ -187,6 +227,7 @@ impl AsyncRead for Conn {
         let r = match &mut this.stream {
             Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s).poll_read(cx, buf),
         };
         match r {
             Poll::Ready(Ok(())) => {
@@ -228,6 +269,7 @@ impl AsyncWrite for Conn {
         match &mut self.get_mut().stream {
             Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
             Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
 
@@ -235,6 +277,7 @@ impl AsyncWrite for Conn {
         match &mut self.get_mut().stream {
             Stream::Unix(s) => Pin::new(s).poll_flush(cx),
             Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s).poll_flush(cx),
         }
     }
 
@@ -242,6 +285,7 @@ impl AsyncWrite for Conn {
         match &mut self.get_mut().stream {
             Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
             Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
 
@@ -253,6 +297,7 @@ impl AsyncWrite for Conn {
         match &mut self.get_mut().stream {
             Stream::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Stream::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
         }
     }
 
@@ -260,6 +305,24 @@ impl AsyncWrite for Conn {
         match &self.stream {
             Stream::Unix(s) => s.is_write_vectored(),
             Stream::Tcp(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
         }
     }
+}
+
+/// The supplementary groups of process `pid` (the `Groups:` line of `/proc/<pid>/status`);
+/// empty when it cannot be read.
+fn supplementary_groups(pid: i32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("Groups:").map(|g| {
+                    g.split_whitespace()
+                        .filter_map(|n| n.parse().ok())
+                        .collect()
+                })
+            })
+        })
+        .unwrap_or_default()
 }

@@ -3,8 +3,8 @@
 //! Quarantine is keyed by a program's bytes, so a client that changes one word of a hanging
 //! design gets a fresh program that stalls every client again for the runtime's whole timeout.
 //! The budget bounds that by identity instead: every device fault (a failure or a hang) charges
-//! the session whose work faulted and that session's uid (TCP clients, which have no uid, are one
-//! identity, as for `limits.max_sessions_per_uid`). When an identity's faults within the last
+//! the session whose work faulted and the identity that opened it (`uid:1000`, `cert:...`,
+//! `token:...`, `anonymous`; see `auth`). When an identity's faults within the last
 //! `window` reach `budget`, it is cooled down: it may not register programs or dispatch until
 //! the cool-down ends, which is `cooldown` after the fault that spent the budget, and never
 //! before the oldest of those `budget` faults leaves the window.
@@ -14,14 +14,14 @@
 //! therefore fault the device at most `budget` times in any interval of length `window`.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::config::Limits;
 use crate::error::NpudError;
 
-/// Who is charged: a local uid, or every TCP client together (`None`).
-pub type Identity = Option<u32>;
+/// Who is charged: the name of the identity that opened the session (`auth::Identity::key`).
+pub type Charged = Arc<str>;
 
 #[derive(Debug, Default)]
 struct Record {
@@ -35,7 +35,7 @@ struct Record {
 
 #[derive(Debug, Default)]
 struct Inner {
-    identities: HashMap<Identity, Record>,
+    identities: HashMap<Charged, Record>,
     /// Faults per session since it opened.
     sessions: HashMap<u64, u64>,
 }
@@ -77,10 +77,10 @@ impl FaultBudget {
 
     /// Charges one fault at `now` to `session` and `who`; returns whether this fault started a
     /// cool-down.
-    pub fn charge(&self, session: u64, who: Identity, now: Instant) -> bool {
+    pub fn charge(&self, session: u64, who: &Charged, now: Instant) -> bool {
         let mut g = self.lock();
         *g.sessions.entry(session).or_default() += 1;
-        let r = g.identities.entry(who).or_default();
+        let r = g.identities.entry(who.clone()).or_default();
         r.total += 1;
         prune(&mut r.faults, self.window, now);
         r.faults.push_back(now);
@@ -100,17 +100,16 @@ impl FaultBudget {
     ///
     /// # Errors
     /// RESOURCE_EXHAUSTED during a cool-down, saying why and for how long.
-    pub fn check(&self, who: Identity, doing: &str, now: Instant) -> Result<(), NpudError> {
+    pub fn check(&self, who: &Charged, doing: &str, now: Instant) -> Result<(), NpudError> {
         let g = self.lock();
-        let Some(r) = g.identities.get(&who) else {
+        let Some(r) = g.identities.get(who) else {
             return Ok(());
         };
         match r.until {
             Some(until) if now < until => {
                 let left = until - now;
-                let whom = who.map_or_else(|| "TCP clients".to_owned(), |u| format!("uid {u}"));
                 Err(NpudError::ResourceExhausted(format!(
-                    "{whom} faulted the device {} within {} (limits.fault_budget, \
+                    "{who} faulted the device {} within {} (limits.fault_budget, \
                      limits.fault_window_ms); it may not {doing} for another {:.1} s \
                      (limits.fault_cooldown_ms)",
                     if self.budget == 1 {
@@ -160,46 +159,52 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
+    fn k(name: &str) -> Charged {
+        Arc::from(name)
+    }
+
     #[test]
     fn the_fault_that_spends_the_budget_starts_a_cool_down_with_the_time_left() {
         let b = FaultBudget::new(3, 1000 * MS, 5000 * MS);
         let t = Instant::now();
-        assert!(!b.charge(1, Some(1000), t));
-        assert!(!b.charge(2, Some(1000), t + 10 * MS));
-        b.check(Some(1000), "dispatch", t + 20 * MS).unwrap();
-        assert!(b.charge(1, Some(1000), t + 20 * MS));
-        let e = b.check(Some(1000), "dispatch", t + 1020 * MS).unwrap_err();
+        assert!(!b.charge(1, &k("uid:1000"), t));
+        assert!(!b.charge(2, &k("uid:1000"), t + 10 * MS));
+        b.check(&k("uid:1000"), "dispatch", t + 20 * MS).unwrap();
+        assert!(b.charge(1, &k("uid:1000"), t + 20 * MS));
+        let e = b
+            .check(&k("uid:1000"), "dispatch", t + 1020 * MS)
+            .unwrap_err();
         assert_eq!(e.code_name(), "RESOURCE_EXHAUSTED");
         assert_eq!(
             e.to_string(),
-            "uid 1000 faulted the device 3 times within 1 s (limits.fault_budget, \
+            "uid:1000 faulted the device 3 times within 1 s (limits.fault_budget, \
              limits.fault_window_ms); it may not dispatch for another 4.0 s \
              (limits.fault_cooldown_ms)"
         );
-        // Another uid, and TCP clients, are not affected; sessions are counted apart.
-        b.check(Some(1001), "dispatch", t + 30 * MS).unwrap();
-        b.check(None, "dispatch", t + 30 * MS).unwrap();
+        // Another uid, and anonymous callers, are not affected; sessions are counted apart.
+        b.check(&k("uid:1001"), "dispatch", t + 30 * MS).unwrap();
+        b.check(&k("anonymous"), "dispatch", t + 30 * MS).unwrap();
         assert_eq!(b.session_faults(1), 2);
         assert_eq!(b.session_faults(2), 1);
         // After the cool-down the uid works again.
-        b.check(Some(1000), "dispatch", t + 5020 * MS).unwrap();
+        b.check(&k("uid:1000"), "dispatch", t + 5020 * MS).unwrap();
     }
 
     #[test]
     fn faults_older_than_the_window_do_not_count() {
         let b = FaultBudget::new(2, 100 * MS, 1000 * MS);
         let t = Instant::now();
-        assert!(!b.charge(1, None, t));
-        assert!(!b.charge(1, None, t + 100 * MS));
-        assert!(!b.charge(1, None, t + 200 * MS));
-        b.check(None, "dispatch", t + 201 * MS).unwrap();
-        assert!(b.charge(1, None, t + 250 * MS));
+        assert!(!b.charge(1, &k("anonymous"), t));
+        assert!(!b.charge(1, &k("anonymous"), t + 100 * MS));
+        assert!(!b.charge(1, &k("anonymous"), t + 200 * MS));
+        b.check(&k("anonymous"), "dispatch", t + 201 * MS).unwrap();
+        assert!(b.charge(1, &k("anonymous"), t + 250 * MS));
         let e = b
-            .check(None, "register programs", t + 251 * MS)
+            .check(&k("anonymous"), "register programs", t + 251 * MS)
             .unwrap_err();
         assert!(
             e.to_string()
-                .starts_with("TCP clients faulted the device 2 times within 100 ms")
+                .starts_with("anonymous faulted the device 2 times within 100 ms")
         );
     }
 
@@ -209,10 +214,10 @@ mod tests {
         // faults leaves the window.
         let b = FaultBudget::new(2, 1000 * MS, 10 * MS);
         let t = Instant::now();
-        b.charge(1, Some(7), t);
-        assert!(b.charge(1, Some(7), t + 100 * MS));
-        assert!(b.check(Some(7), "dispatch", t + 500 * MS).is_err());
-        assert!(b.check(Some(7), "dispatch", t + 999 * MS).is_err());
-        b.check(Some(7), "dispatch", t + 1000 * MS).unwrap();
+        b.charge(1, &k("uid:7"), t);
+        assert!(b.charge(1, &k("uid:7"), t + 100 * MS));
+        assert!(b.check(&k("uid:7"), "dispatch", t + 500 * MS).is_err());
+        assert!(b.check(&k("uid:7"), "dispatch", t + 999 * MS).is_err());
+        b.check(&k("uid:7"), "dispatch", t + 1000 * MS).unwrap();
     }
 }

@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accept;
+pub mod auth;
 pub mod config;
 pub mod conn;
 pub mod error;
@@ -30,3 +31,4 @@ pub mod sessions;
 pub mod state_dir;
 pub mod stats;
 pub mod systemd;
+pub mod tls;

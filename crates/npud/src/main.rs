@@ -27,12 +27,16 @@ struct Cli {
     /// The fd socket.
     #[arg(long)]
     fd_socket: Option<PathBuf>,
-    /// Also listen on TCP, e.g. 127.0.0.1:50051.
+    /// Also listen on TCP, e.g. 127.0.0.1:50051 (TLS with [tls] in the configuration).
     #[arg(long)]
     tcp: Option<String>,
     /// Serve Prometheus metrics (GET /metrics) on this address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Listen on a TCP address that is not loopback without TLS (tokens and tensor bytes
+    /// then cross the network in the clear).
+    #[arg(long)]
+    allow_insecure_tcp: bool,
     /// Path of libhsa-runtime64.so (hsa backend).
     #[arg(long)]
     library: Option<PathBuf>,
@@ -103,6 +107,7 @@ fn main() -> ExitCode {
         socket: cli.socket,
         fd_socket: cli.fd_socket,
         tcp: cli.tcp,
+        allow_insecure_tcp: cli.allow_insecure_tcp.then_some(true),
         backend: cli.backend,
         library: cli.library,
         packet_abi: cli.packet_abi,

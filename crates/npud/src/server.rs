@@ -2,7 +2,9 @@
 //!
 //! The daemon serves `npud.v1.Npud`, `grpc.health.v1.Health` and server reflection (v1 and
 //! v1alpha) on its Unix socket and, when configured, on TCP; the fd socket runs beside them.
-//! SIGTERM or SIGINT turns health to `NOT_SERVING` and ends its `Watch` streams, stops the
+//! With `[tls]` the TCP listener speaks TLS (each handshake bounded by
+//! `limits.handshake_timeout_ms`), and SIGHUP reloads its certificate, key and client CA for
+//! new connections. SIGTERM or SIGINT turns health to `NOT_SERVING` and ends its `Watch` streams, stops the
 //! listeners, lets requests in flight finish (for at most [`DRAIN_TIMEOUT`]), lets the executor finish its queued work and release the device, and
 //! removes the socket files.
 
@@ -20,7 +22,8 @@ use tonic::transport::Server;
 use tonic::transport::server::Router;
 use tower_layer::{Identity, Stack};
 
-use crate::accept::{Acceptor, Limiter, Listener};
+use crate::accept::{Accepted, Acceptor, Limiter, Listener};
+use crate::auth::Policy;
 use crate::config::Config;
 use crate::conn::{Conn, Timeouts};
 use crate::error::DocumentedCodes;
@@ -36,6 +39,7 @@ use crate::sessions::Sessions;
 use crate::state_dir::Persisted;
 use crate::stats::PendingWork;
 use crate::systemd::{self, Activated};
+use crate::tls::Tls;
 
 /// The tower layers around every gRPC service: [`RpcMetrics`] outside, so that it counts the
 /// codes [`DocumentedCodes`] gives clients.
@@ -76,6 +80,8 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error(transparent)]
     Activation(#[from] systemd::ActivationError),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// Serves until SIGTERM or SIGINT, then shuts down cleanly.
@@ -125,6 +131,7 @@ pub async fn run(
             bind_unix(&cfg.fd_socket, "fd socket")?
         }
     };
+    let tls = Tls::load(&cfg.tls)?;
     let tcp = match (activated.tcp, &cfg.tcp) {
         (Some(l), _) => Some(
             l.set_nonblocking(true)
@@ -181,8 +188,18 @@ pub async fn run(
     let sessions = Arc::new(Sessions::new(
         Duration::from_millis(cfg.session_grace_ms),
         cfg.limits.max_sessions,
-        cfg.limits.max_sessions_per_uid,
     ));
+    let policy = Arc::new(Policy::new(
+        &cfg.auth,
+        &cfg.limits,
+        rustix::process::geteuid().as_raw(),
+        &std::fs::read_to_string("/etc/passwd").unwrap_or_default(),
+    ));
+    let tcp_address = tcp
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     let tickets = Arc::new(Tickets::default());
     let state = Arc::new(State {
         exec: executor.handle(),
@@ -200,6 +217,9 @@ pub async fn run(
         pending: PendingWork::default(),
         metrics: metrics.clone(),
         metrics_address: metrics_address.clone(),
+        policy,
+        tcp_address: tcp_address.clone(),
+        tcp_security: if tcp.is_some() { cfg.tls.mode() } else { "" },
     });
 
     let stop = CancellationToken::new();
@@ -216,6 +236,28 @@ pub async fn run(
             }
             systemd::stopping();
             stop.cancel();
+        });
+    }
+    let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(ServeError::Signal)?;
+    {
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            while sighup.recv().await.is_some() {
+                match &tls {
+                    None => tracing::info!("SIGHUP: no [tls] to reload"),
+                    Some(t) => match t.reload() {
+                        Ok(()) => tracing::info!(
+                            "SIGHUP: reloaded tls.cert, tls.key and tls.client_ca; new \
+                             connections use them, established ones keep theirs"
+                        ),
+                        Err(e) => tracing::error!(
+                            "SIGHUP: reloading TLS failed, still serving the previous \
+                             certificate: {e}"
+                        ),
+                    },
+                }
+            }
         });
     }
 
@@ -282,6 +324,7 @@ pub async fn run(
 
     let incoming = accepted(
         Acceptor::new(Listener::Unix(uds), "gRPC socket", limiter.clone()),
+        None,
         sessions.clone(),
         timeouts,
         stop.clone(),
@@ -293,6 +336,7 @@ pub async fn run(
         let local = tcp.local_addr().ok();
         let incoming = accepted(
             Acceptor::new(Listener::Tcp(tcp), "tcp", limiter.clone()),
+            tls.clone(),
             sessions.clone(),
             timeouts,
             stop.clone(),
@@ -302,7 +346,11 @@ pub async fn run(
                 .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned()),
         ));
         if let Some(a) = local {
-            tracing::info!("npud listening on tcp {a}");
+            tracing::info!(
+                security = cfg.tls.mode(),
+                client_auth = ?cfg.tls.client_auth,
+                "npud listening on tcp {a}"
+            );
         }
     }
     tracing::info!(
@@ -313,6 +361,9 @@ pub async fn run(
     if let Some(p) = &ready_file {
         // The first line is "ready"; key=value lines after it tell where the daemon listens.
         let mut text = format!("ready\nunix={}\n", cfg.socket.display());
+        if !tcp_address.is_empty() {
+            text.push_str(&format!("tcp={tcp_address}\n"));
+        }
         if !metrics_address.is_empty() {
             text.push_str(&format!("metrics={metrics_address}\n"));
         }
@@ -362,9 +413,12 @@ pub async fn run(
 
 /// The connections an acceptor admits (or accepts only to refuse), as tonic's incoming
 /// stream. The acceptor runs in its own task, one connection ahead of tonic, and drops its
-/// listener at shutdown.
+/// listener at shutdown. With `tls`, each TCP connection's handshake runs in a task of its own
+/// (bounded by the handshake timeout, holding the connection's slot), so a slow client delays
+/// no other.
 fn accepted(
     mut acceptor: Acceptor,
+    tls: Option<Arc<Tls>>,
     sessions: Arc<Sessions>,
     timeouts: Timeouts,
     stop: CancellationToken,
@@ -376,10 +430,31 @@ fn accepted(
                 () = stop.cancelled() => break,
                 a = acceptor.next() => a,
             };
-            let conn = Conn::new(s, admission, sessions.clone(), timeouts);
-            if tx.send(Ok(conn)).await.is_err() {
-                break;
-            }
+            let (Some(tls), Accepted::Tcp(tcp)) = (&tls, &s) else {
+                let conn = Conn::new(s, admission, sessions.clone(), timeouts);
+                if tx.send(Ok(conn)).await.is_err() {
+                    break;
+                }
+                continue;
+            };
+            let peer = tcp.peer_addr().ok();
+            let Accepted::Tcp(tcp) = s else { continue };
+            let acceptor = tls.acceptor();
+            let (tx, sessions) = (tx.clone(), sessions.clone());
+            tokio::spawn(async move {
+                match tokio::time::timeout(timeouts.handshake, acceptor.accept(tcp)).await {
+                    Ok(Ok(s)) => {
+                        let conn =
+                            Conn::new(Accepted::Tls(Box::new(s)), admission, sessions, timeouts);
+                        let _ = tx.send(Ok(conn)).await;
+                    }
+                    Ok(Err(e)) => tracing::info!(?peer, "TLS handshake failed: {e}"),
+                    Err(_) => tracing::info!(
+                        ?peer,
+                        "no TLS handshake within limits.handshake_timeout_ms; closed"
+                    ),
+                }
+            });
         }
     });
     ReceiverStream::new(rx)

@@ -1,4 +1,5 @@
-//! The session registry: ids, secret tokens, uid binding, the connections that used each
+//! The session registry: ids, secret tokens, the identity each session is bound to and the
+//! quotas its rule grants, the connections that used each
 //! session, and when the last of them closed.
 //!
 //! A session ends when it is closed, or when it has had no open connection for the grace
@@ -7,11 +8,13 @@
 //! the device is released by the caller of [`Sessions::close`] / [`Sessions::take_expired`].
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use tonic::metadata::MetadataMap;
 
+use crate::auth::{Grant, Identity};
 use crate::conn::ConnInfo;
 use crate::error::NpudError;
 use crate::stats::{DispatchStats, Outcome};
@@ -24,6 +27,11 @@ struct Session {
     token: String,
     client_name: String,
     uid: Option<u32>,
+    owner: Identity,
+    grant: Arc<Grant>,
+    /// Dispatches and chains of this session waiting or running (for a rule's
+    /// `max_pending_per_session`).
+    pending: Arc<AtomicU32>,
     conns: HashSet<u64>,
     disconnected_at: Option<Instant>,
     stats: DispatchStats,
@@ -43,6 +51,7 @@ pub struct SessionSnapshot {
     pub id: u64,
     pub client_name: String,
     pub uid: Option<u32>,
+    pub owner: Identity,
     pub connected: bool,
     pub stats: DispatchStats,
 }
@@ -53,13 +62,11 @@ pub struct Sessions {
     inner: Mutex<Inner>,
     grace: Duration,
     max: u32,
-    max_per_uid: u32,
 }
 
 impl Sessions {
-    /// A registry of at most `max` sessions, `max_per_uid` of them for any one uid (sessions
-    /// opened over TCP, which has no uid, count as one uid).
-    pub fn new(grace: Duration, max: u32, max_per_uid: u32) -> Self {
+    /// A registry of at most `max` sessions (each identity's own limit is its rule's).
+    pub fn new(grace: Duration, max: u32) -> Self {
         Self {
             inner: Mutex::new(Inner {
                 next_id: 1,
@@ -67,7 +74,6 @@ impl Sessions {
             }),
             grace,
             max,
-            max_per_uid,
         }
     }
 
@@ -81,15 +87,18 @@ impl Sessions {
         self.grace
     }
 
-    /// Opens a session bound to the connection's uid (on a Unix socket).
+    /// Opens a session bound to `owner`, with the quotas of `grant`.
     ///
     /// # Errors
     /// INVALID_ARGUMENT for a name over 128 bytes; RESOURCE_EXHAUSTED at `max_sessions`, or
-    /// at `max_sessions_per_uid` sessions of the caller's uid.
+    /// when `owner` holds its rule's number of sessions (`limits.max_sessions_per_uid` unless
+    /// the rule lowers it).
     pub fn open(
         &self,
         client_name: &str,
         conn: Option<&ConnInfo>,
+        owner: &Identity,
+        grant: &Arc<Grant>,
     ) -> Result<(u64, String), NpudError> {
         if client_name.len() > MAX_NAME_BYTES {
             return Err(NpudError::InvalidArgument(format!(
@@ -106,12 +115,13 @@ impl Sessions {
             )));
         }
         let uid = conn.and_then(|c| c.uid);
-        let mine = g.sessions.values().filter(|s| s.uid == uid).count();
-        if mine >= self.max_per_uid as usize {
-            let who = uid.map_or_else(|| "TCP clients".to_owned(), |u| format!("uid {u}"));
+        let mine = g.sessions.values().filter(|s| s.owner == *owner).count();
+        let quota = &grant.quotas.sessions;
+        if mine >= quota.max as usize {
             return Err(NpudError::ResourceExhausted(format!(
-                "{who} already has {mine} sessions (limits.max_sessions_per_uid); close one, \
-                 or let an abandoned one end after its grace period"
+                "{owner} already has {mine} sessions ({}); close one, or let an abandoned one \
+                 end after its grace period",
+                quota.key
             )));
         }
         let id = g.next_id;
@@ -127,6 +137,9 @@ impl Sessions {
                 token: token.clone(),
                 client_name: client_name.to_owned(),
                 uid,
+                owner: owner.clone(),
+                grant: grant.clone(),
+                pending: Arc::new(AtomicU32::new(0)),
                 conns,
                 disconnected_at,
                 stats: DispatchStats::default(),
@@ -135,15 +148,16 @@ impl Sessions {
         Ok((id, token))
     }
 
-    /// The session a request's metadata names, after checking its token and the peer's uid;
-    /// the request's connection is attached to it.
+    /// The session a request's metadata names, after checking its token and that `who`
+    /// opened it; the request's connection is attached to it.
     ///
     /// # Errors
-    /// UNAUTHENTICATED for missing or wrong metadata; PERMISSION_DENIED for another uid.
+    /// UNAUTHENTICATED for missing or wrong metadata; PERMISSION_DENIED for another identity.
     pub fn authenticate(
         &self,
         md: &MetadataMap,
         conn: Option<&ConnInfo>,
+        who: &Identity,
     ) -> Result<u64, NpudError> {
         let text = |key: &str| md.get(key).and_then(|v| v.to_str().ok());
         let id = text(npu_proto::SESSION_HEADER).ok_or_else(|| {
@@ -164,14 +178,20 @@ impl Sessions {
                 npu_proto::TOKEN_HEADER
             ))
         })?;
-        self.attach(id, token, conn)
+        self.attach(id, token, conn, who)
     }
 
-    /// Checks a session's token and the peer's uid, and attaches the connection.
+    /// Checks a session's token and that `who` opened it, and attaches the connection.
     ///
     /// # Errors
     /// As [`Sessions::authenticate`].
-    pub fn attach(&self, id: u64, token: &str, conn: Option<&ConnInfo>) -> Result<u64, NpudError> {
+    pub fn attach(
+        &self,
+        id: u64,
+        token: &str,
+        conn: Option<&ConnInfo>,
+        who: &Identity,
+    ) -> Result<u64, NpudError> {
         let mut g = self.lock();
         let bad = || {
             NpudError::Unauthenticated(format!(
@@ -183,18 +203,11 @@ impl Sessions {
         if !same_token(&s.token, token) {
             return Err(bad());
         }
-        match (s.uid, conn.map(|c| c.uid)) {
-            (Some(bound), Some(Some(peer))) if bound != peer => {
-                return Err(NpudError::PermissionDenied(format!(
-                    "session {id} belongs to uid {bound}; this peer is uid {peer}"
-                )));
-            }
-            (Some(bound), Some(None)) => {
-                return Err(NpudError::PermissionDenied(format!(
-                    "session {id} belongs to local uid {bound}: use it on the Unix socket"
-                )));
-            }
-            _ => {}
+        if s.owner != *who {
+            return Err(NpudError::PermissionDenied(format!(
+                "session {id} belongs to {}; this caller is {who}",
+                s.owner
+            )));
         }
         if let Some(c) = conn
             && s.conns.insert(c.id)
@@ -252,9 +265,21 @@ impl Sessions {
         }
     }
 
-    /// The uid a session is bound to; `None` over TCP (and for a session that has ended).
-    pub fn uid(&self, id: u64) -> Option<u32> {
-        self.lock().sessions.get(&id).and_then(|s| s.uid)
+    /// The identity a session is bound to, as the fault budget's key ("" for a session that
+    /// has ended).
+    pub fn owner_key(&self, id: u64) -> Arc<str> {
+        self.lock()
+            .sessions
+            .get(&id)
+            .map_or_else(|| Arc::from(""), |s| s.owner.key())
+    }
+
+    /// The grant a session was opened with, and its count of pending work.
+    pub fn grant(&self, id: u64) -> Option<(Arc<Grant>, Arc<AtomicU32>)> {
+        self.lock()
+            .sessions
+            .get(&id)
+            .map(|s| (s.grant.clone(), s.pending.clone()))
     }
 
     pub fn count(&self) -> usize {
@@ -276,6 +301,7 @@ impl Sessions {
                 id: *id,
                 client_name: s.client_name.clone(),
                 uid: s.uid,
+                owner: s.owner.clone(),
                 connected: !s.conns.is_empty(),
                 stats: s.stats.clone(),
             })
@@ -323,8 +349,34 @@ mod tests {
             uid: Some(uid),
             pid: None,
             addr: None,
+            identity: Identity::uid(uid, [uid]),
             refused: None,
         }
+    }
+
+    fn grant(max_sessions: u32) -> Arc<Grant> {
+        let mut quotas = crate::auth::Quotas::of_limits(&crate::config::Limits::default());
+        quotas.sessions.max = max_sessions;
+        Arc::new(Grant {
+            rule: "local".into(),
+            quotas,
+        })
+    }
+
+    /// Opens a session as the connection's identity.
+    fn open(
+        s: &Sessions,
+        name: &str,
+        c: Option<&ConnInfo>,
+        max: u32,
+    ) -> Result<(u64, String), NpudError> {
+        let who = c.map_or_else(|| Identity::anonymous(None), |c| c.identity.clone());
+        s.open(name, c, &who, &grant(max))
+    }
+
+    fn auth(s: &Sessions, m: &MetadataMap, c: Option<&ConnInfo>) -> Result<u64, NpudError> {
+        let who = c.map_or_else(|| Identity::anonymous(None), |c| c.identity.clone());
+        s.authenticate(m, c, &who)
     }
 
     fn md(id: u64, token: &str) -> MetadataMap {
@@ -342,43 +394,42 @@ mod tests {
 
     #[test]
     fn tokens_are_32_hex_and_checked() {
-        let s = Sessions::new(Duration::from_secs(1), 4, 4);
-        let (id, token) = s.open("t", Some(&conn(1, 1000))).unwrap();
+        let s = Sessions::new(Duration::from_secs(1), 4);
+        let (id, token) = open(&s, "t", Some(&conn(1, 1000)), 4).unwrap();
         assert_eq!(token.len(), 32);
         assert!(token.bytes().all(|b| b.is_ascii_hexdigit()));
-        assert_eq!(
-            s.authenticate(&md(id, &token), Some(&conn(1, 1000))),
-            Ok(id)
-        );
-        let e = s
-            .authenticate(&md(id, "00000000000000000000000000000000"), None)
-            .unwrap_err();
+        assert_eq!(auth(&s, &md(id, &token), Some(&conn(1, 1000))), Ok(id));
+        let e = auth(&s, &md(id, "00000000000000000000000000000000"), None).unwrap_err();
         assert!(matches!(e, NpudError::Unauthenticated(_)));
-        let e = s.authenticate(&MetadataMap::new(), None).unwrap_err();
+        let e = auth(&s, &MetadataMap::new(), None).unwrap_err();
         assert_eq!(
             e.message(),
             "missing npud-session metadata: call OpenSession first"
         );
-        let e = s
-            .authenticate(&md(id, &token), Some(&conn(2, 1001)))
-            .unwrap_err();
+        let e = auth(&s, &md(id, &token), Some(&conn(2, 1001))).unwrap_err();
         assert!(matches!(e, NpudError::PermissionDenied(_)), "{e}");
+        assert_eq!(
+            e.message(),
+            format!("session {id} belongs to uid:1000; this caller is uid:1001")
+        );
         let tcp = ConnInfo {
             id: 3,
             uid: None,
             pid: None,
             addr: None,
+            identity: Identity::anonymous(None),
             refused: None,
         };
-        let e = s.authenticate(&md(id, &token), Some(&tcp)).unwrap_err();
+        let e = auth(&s, &md(id, &token), Some(&tcp)).unwrap_err();
         assert!(matches!(e, NpudError::PermissionDenied(_)), "{e}");
     }
 
     #[test]
     fn grace_starts_when_the_last_connection_closes() {
-        let s = Sessions::new(Duration::from_millis(100), 4, 4);
-        let (id, token) = s.open("t", Some(&conn(1, 5))).unwrap();
-        s.attach(id, &token, Some(&conn(2, 5))).unwrap();
+        let s = Sessions::new(Duration::from_millis(100), 4);
+        let (id, token) = open(&s, "t", Some(&conn(1, 5)), 4).unwrap();
+        s.attach(id, &token, Some(&conn(2, 5)), &Identity::uid(5, [5]))
+            .unwrap();
         s.connection_closed(1);
         let later = Instant::now() + Duration::from_secs(10);
         assert!(s.take_expired(later).is_empty(), "conn 2 is still open");
@@ -390,26 +441,26 @@ mod tests {
 
     #[test]
     fn max_sessions_is_resource_exhausted() {
-        let s = Sessions::new(Duration::from_secs(1), 1, 1);
-        s.open("a", None).unwrap();
-        let e = s.open("b", None).unwrap_err();
+        let s = Sessions::new(Duration::from_secs(1), 1);
+        open(&s, "a", None, 4).unwrap();
+        let e = open(&s, "b", None, 4).unwrap_err();
         assert!(matches!(e, NpudError::ResourceExhausted(_)));
         assert!(e.message().contains("limits.max_sessions"));
     }
 
     #[test]
     fn one_uid_cannot_take_every_session() {
-        let s = Sessions::new(Duration::from_secs(1), 8, 2);
-        s.open("a", Some(&conn(1, 1000))).unwrap();
-        s.open("b", Some(&conn(1, 1000))).unwrap();
-        let e = s.open("c", Some(&conn(1, 1000))).unwrap_err();
+        let s = Sessions::new(Duration::from_secs(1), 8);
+        open(&s, "a", Some(&conn(1, 1000)), 2).unwrap();
+        open(&s, "b", Some(&conn(1, 1000)), 2).unwrap();
+        let e = open(&s, "c", Some(&conn(1, 1000)), 2).unwrap_err();
         assert!(matches!(e, NpudError::ResourceExhausted(_)));
         assert!(
             e.message()
-                .starts_with("uid 1000 already has 2 sessions (limits.max_sessions_per_uid)"),
+                .starts_with("uid:1000 already has 2 sessions (limits.max_sessions_per_uid)"),
             "{e}"
         );
         // Another user still gets one.
-        s.open("d", Some(&conn(2, 1001))).unwrap();
+        open(&s, "d", Some(&conn(2, 1001)), 4).unwrap();
     }
 }

@@ -12,7 +12,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::connect::{Address, ConnectOptions, error_chain, open_channel};
-use crate::session::{HostWatch, is_transport, plain_client};
+use crate::session::{HostWatch, identity_header, is_transport, plain_client};
 use crate::{ClientError, code_name};
 
 /// The service whose health decides whether a host takes sessions.
@@ -276,7 +276,8 @@ impl Host {
             let name = ServingStatus::try_from(status).map_or("UNKNOWN", |s| s.as_str_name());
             return self.mark_not_serving(format!("health {name}"));
         }
-        let mut rpc = plain_client(channel, opts);
+        // A token that cannot be read fails the sessions themselves, with the reason.
+        let mut rpc = plain_client(channel, opts, identity_header(opts).ok().flatten());
         match tokio::time::timeout(limit, rpc.get_statistics(pb::GetStatisticsRequest {})).await {
             Ok(Ok(r)) => self.sampled(&r.into_inner(), opened_before),
             Ok(Err(st)) if is_transport(&st) => {

@@ -29,6 +29,7 @@ The package is the Rust client library (npu-client) with a Python face::
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import weakref
@@ -304,6 +305,12 @@ class Client:
     ``addr``: ``None`` (``NPUD_ADDR``, else npud's default socket), a socket path,
     ``unix:PATH``, ``http://HOST:PORT`` (loopback only) or ``https://HOST:PORT``.
 
+    For ``https://``: ``ca`` is a PEM CA bundle that signs the daemon's certificate (default:
+    the system roots); ``cert`` and ``key`` a PEM client certificate and its key (mTLS);
+    ``tls_server_name`` the name the daemon's certificate must carry when it is not the
+    address's host. ``token_file`` (default: ``NPUD_TOKEN_FILE``) or ``token`` is an identity
+    token's secret from npud's ``auth.token_dir``, sent as ``x-npud-token`` with every call.
+
     Raises:
         ConnectError: the daemon cannot be reached.
         AddressError: the address is malformed or not allowed.
@@ -312,13 +319,27 @@ class Client:
 
     __slots__ = ("_c", "__weakref__")
 
-    def __init__(self, addr: str | None = None, *, _native: Any = None) -> None:
-        self._c = _native if _native is not None else _npud.Client(addr)
+    def __init__(self, addr: str | None = None, *, ca: str | os.PathLike[str] | None = None,
+                 cert: str | os.PathLike[str] | None = None,
+                 key: str | os.PathLike[str] | None = None, tls_server_name: str | None = None,
+                 token_file: str | os.PathLike[str] | None = None, token: str | None = None,
+                 _native: Any = None) -> None:
+        self._c = _native if _native is not None else _npud.Client(
+            addr, ca=ca, cert=cert, key=key, tls_server_name=tls_server_name,
+            token_file=token_file, token=token)
 
     @classmethod
-    async def connect(cls, addr: str | None = None) -> Client:
-        """Connects without blocking the event loop."""
-        native = await _future(_npud.Client.connect_start, addr)
+    async def connect(cls, addr: str | None = None, *, ca: str | os.PathLike[str] | None = None,
+                      cert: str | os.PathLike[str] | None = None,
+                      key: str | os.PathLike[str] | None = None,
+                      tls_server_name: str | None = None,
+                      token_file: str | os.PathLike[str] | None = None,
+                      token: str | None = None) -> Client:
+        """Connects without blocking the event loop (the keywords as for ``Client``)."""
+        start = functools.partial(
+            _npud.Client.connect_start, ca=ca, cert=cert, key=key,
+            tls_server_name=tls_server_name, token_file=token_file, token=token)
+        native = await _future(start, addr)
         return cls(_native=native)
 
     def __enter__(self) -> Client:

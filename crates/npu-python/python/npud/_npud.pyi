@@ -67,9 +67,20 @@ class Pipeline:
     def drain_start(self, callback: _Callback) -> None: ...
 
 class Client:
-    def __init__(self, addr: str | None = None) -> None: ...
+    def __init__(self, addr: str | None = None, *, ca: str | PathLike[str] | None = None,
+                 cert: str | PathLike[str] | None = None,
+                 key: str | PathLike[str] | None = None,
+                 tls_server_name: str | None = None,
+                 token_file: str | PathLike[str] | None = None,
+                 token: str | None = None) -> None: ...
     @staticmethod
-    def connect_start(addr: str | None, callback: _Callback) -> None: ...
+    def connect_start(addr: str | None, callback: _Callback, *,
+                      ca: str | PathLike[str] | None = None,
+                      cert: str | PathLike[str] | None = None,
+                      key: str | PathLike[str] | None = None,
+                      tls_server_name: str | None = None,
+                      token_file: str | PathLike[str] | None = None,
+                      token: str | None = None) -> None: ...
     @property
     def session_id(self) -> int: ...
     @property

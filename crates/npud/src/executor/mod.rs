@@ -71,8 +71,8 @@ pub struct Link {
 #[derive(Debug)]
 pub struct WorkItem {
     pub session: u64,
-    /// The session's uid (`None` over TCP), charged for device faults.
-    pub uid: Option<u32>,
+    /// The identity that opened the session, charged for device faults.
+    pub who: crate::faults::Charged,
     pub links: Vec<Link>,
     /// Chains name links in messages (`links[3].args[0]`); a single dispatch does not.
     pub chain: bool,
@@ -98,6 +98,8 @@ pub enum Command {
         session: u64,
         size: u64,
         name: String,
+        /// The session's rule's tensor-byte quota, when it is below the limit's.
+        cap: Option<crate::auth::Quota<u64>>,
         /// The caller is on the Unix socket and will redeem an fd for the tensor.
         local: bool,
         reply: Reply<u64>,
@@ -106,6 +108,7 @@ pub enum Command {
         session: u64,
         size: u64,
         name: String,
+        cap: Option<crate::auth::Quota<u64>>,
         reply: Reply<u64>,
     },
     AttachImport {

@@ -24,6 +24,7 @@ use hsa_core::{Arg, Device, TensorId};
 use npu_fd::Mapping;
 use npu_proto::v1 as pb;
 
+use crate::auth::Quota;
 use crate::error::NpudError;
 use crate::sessions::MAX_NAME_BYTES;
 
@@ -81,7 +82,13 @@ impl Tensors {
         }
     }
 
-    fn admit(&self, session: u64, size: u64, name: &str) -> Result<(), NpudError> {
+    fn admit(
+        &self,
+        session: u64,
+        size: u64,
+        name: &str,
+        cap: Option<Quota<u64>>,
+    ) -> Result<(), NpudError> {
         if size == 0 {
             return Err(NpudError::InvalidArgument(
                 "size_bytes: must be at least 1".into(),
@@ -99,12 +106,15 @@ impl Tensors {
                 "the session already has {count} tensors (limits.max_tensors_per_session)"
             )));
         }
-        if bytes.saturating_add(size) > self.max_bytes {
+        let (max, key) = match &cap {
+            Some(q) if q.max < self.max_bytes => (q.max, q.key.as_str()),
+            _ => (self.max_bytes, "limits.max_tensor_bytes_per_session"),
+        };
+        if bytes.saturating_add(size) > max {
             return Err(NpudError::ResourceExhausted(format!(
-                "size_bytes: {size} more bytes would bring the session to {} bytes; at most {} \
-                 (limits.max_tensor_bytes_per_session)",
+                "size_bytes: {size} more bytes would bring the session to {} bytes; at most \
+                 {max} ({key})",
                 bytes.saturating_add(size),
-                self.max_bytes
             )));
         }
         Ok(())
@@ -141,9 +151,10 @@ impl Tensors {
         session: u64,
         size: u64,
         name: String,
+        cap: Option<Quota<u64>>,
         local: bool,
     ) -> Result<u64, NpudError> {
-        self.admit(session, size, &name)?;
+        self.admit(session, size, &name, cap)?;
         let len = to_usize(size, "size_bytes")?;
         let storage = if local && !dev.info().fd_export {
             // Sealed against shrinking and growing, then against any further seal, before the
@@ -184,8 +195,9 @@ impl Tensors {
         session: u64,
         size: u64,
         name: String,
+        cap: Option<Quota<u64>>,
     ) -> Result<u64, NpudError> {
-        self.admit(session, size, &name)?;
+        self.admit(session, size, &name, cap)?;
         to_usize(size, "size_bytes")?;
         Ok(self.insert(Tensor {
             session,

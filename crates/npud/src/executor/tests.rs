@@ -73,6 +73,7 @@ impl Fixture {
             session,
             size,
             name: String::new(),
+            cap: None,
             local: false,
             reply,
         });
@@ -124,7 +125,7 @@ impl Fixture {
             .collect();
         self.queue(Command::Work(WorkItem {
             session,
-            uid: Some(uid),
+            who: format!("uid:{uid}").into(),
             links,
             chain,
             admitted: Instant::now(),
@@ -254,7 +255,7 @@ fn a_chain_stops_at_its_next_batch_when_its_uid_spent_the_fault_budget_between_t
         failure
             .error
             .to_string()
-            .starts_with("uid 1000 faulted the device once within"),
+            .starts_with("uid:1000 faulted the device once within"),
         "{failure:?}"
     );
     let done = unaffected.blocking_recv().unwrap().unwrap();

@@ -6,7 +6,7 @@
 //!
 //! Between two turns of one item, other sessions run. So each batch after the first checks
 //! again that its programs may run (one may have been quarantined or unregistered meanwhile)
-//! and are loaded (another session's work may have evicted them), and that the uid has not
+//! and are loaded (another session's work may have evicted them), and that the identity has not
 //! spent its fault budget meanwhile; a link refused then ends the chain as a link failure, with
 //! the links before it completed. The session's own later work waits behind the item (its queue
 //! is FIFO), so nothing of the session changes its staged tensors in between.
@@ -174,7 +174,7 @@ impl Worker {
                 now.duration_since(item.admitted)
             )));
         }
-        self.budget.check(item.uid, "dispatch", now)?;
+        self.budget.check(&item.who, "dispatch", now)?;
         // Check every link before anything runs; field names are formatted only on failure.
         let mut staged: Vec<(u64, u64)> = Vec::new();
         let mut resolved = Vec::with_capacity(item.links.len());
@@ -383,7 +383,7 @@ impl Worker {
         }
     }
 
-    /// Before a later batch: the uid may still use the device, and the batch's programs may
+    /// Before a later batch: the identity may still use the device, and the batch's programs may
     /// still run and are loaded (refreshing their device ids).
     fn recheck(
         &mut self,
@@ -392,7 +392,7 @@ impl Worker {
         links: std::ops::Range<usize>,
     ) -> Result<(), (usize, NpudError)> {
         self.budget
-            .check(item.uid, "dispatch", Instant::now())
+            .check(&item.who, "dispatch", Instant::now())
             .map_err(|e| (links.start, e))?;
         let protect: HashSet<u64> = item.links[links.clone()]
             .iter()
@@ -442,7 +442,7 @@ impl Worker {
 
     /// A program faulted the device: quarantine it (durably, before the in-flight record that
     /// would otherwise quarantine every program of the batch at the next start is cleared),
-    /// count the fault, charge it to the session and its uid, and report the service
+    /// count the fault, charge it to the session and its identity, and report the service
     /// NOT_SERVING while the queue is recreated.
     fn device_fault(
         &mut self,
@@ -451,10 +451,8 @@ impl Worker {
         error: &HsaError,
     ) -> NpudError {
         self.faults.fetch_add(1, Ordering::Relaxed);
-        if self.budget.charge(item.session, item.uid, Instant::now()) {
-            let who = item
-                .uid
-                .map_or_else(|| "TCP clients".to_owned(), |u| format!("uid {u}"));
+        if self.budget.charge(item.session, &item.who, Instant::now()) {
+            let who = &item.who;
             tracing::warn!(
                 session = item.session,
                 "{who} spent its device-fault budget (limits.fault_budget); cooling it down"

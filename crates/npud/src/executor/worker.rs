@@ -153,18 +153,20 @@ impl Worker {
                 session,
                 size,
                 name,
+                cap,
                 local,
                 reply,
             } => {
-                let _ = reply.send(t.allocate(dev, session, size, name, local));
+                let _ = reply.send(t.allocate(dev, session, size, name, cap, local));
             }
             Command::DeclareImport {
                 session,
                 size,
                 name,
+                cap,
                 reply,
             } => {
-                let _ = reply.send(t.declare_import(session, size, name));
+                let _ = reply.send(t.declare_import(session, size, name, cap));
             }
             Command::AttachImport {
                 session,

@@ -481,6 +481,16 @@ impl Programs {
     }
 
     /// How many programs `session` references.
+    /// Bytes of the distinct programs `session` references.
+    pub fn bytes_for(&self, session: u64) -> u64 {
+        self.lock()
+            .entries
+            .values()
+            .filter(|e| e.refs.contains(&session))
+            .map(|e| e.program.byte_len())
+            .sum()
+    }
+
     pub fn count_for(&self, session: u64) -> u32 {
         let n = self
             .lock()

@@ -2,6 +2,11 @@
 //! programs, tensors, work, statistics); this file holds the shared state, the session check
 //! every call but five starts with, and the trait impl that routes to them. Handlers return
 //! [`NpudError`]; it becomes a `tonic::Status` only through its `From` impl.
+//!
+//! Every call has an identity (its connection's, or an `x-npud-token`'s; see `auth`). Calls in
+//! a session must come from the identity that opened it; OpenSession, GetStatistics and
+//! ListPrograms without a session must be allowed by the `[auth]` policy; GetDeviceInfo
+//! answers every caller.
 
 mod programs;
 mod sessions;
@@ -20,6 +25,7 @@ use tokio::sync::watch;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::{Grant, Identity, Policy};
 use crate::config::Limits;
 use crate::conn::ConnInfo;
 use crate::error::NpudError;
@@ -54,6 +60,12 @@ pub struct State {
     pub metrics: Arc<Metrics>,
     /// The metrics listener's bound address; "" when metrics are off.
     pub metrics_address: String,
+    /// Who may call, and with which quotas.
+    pub policy: Arc<Policy>,
+    /// The bound TCP address ("" without a TCP listener) and its transport
+    /// (`TlsConfig::mode`).
+    pub tcp_address: String,
+    pub tcp_security: &'static str,
 }
 
 /// The service tonic serves; cheap to clone.
@@ -74,18 +86,51 @@ impl NpudService {
         Self { state }
     }
 
+    /// Who made a request: its connection's identity, or its `x-npud-token`'s.
+    fn identity<T>(&self, req: &Request<T>) -> Result<Identity, NpudError> {
+        let transport = req
+            .extensions()
+            .get::<ConnInfo>()
+            .map_or_else(|| Identity::anonymous(None), |c| c.identity.clone());
+        let token = match req.metadata().get(npu_proto::IDENTITY_TOKEN_HEADER) {
+            None => None,
+            Some(v) => Some(v.to_str().map_err(|_| {
+                NpudError::Unauthenticated(format!(
+                    "{}: not a token secret",
+                    npu_proto::IDENTITY_TOKEN_HEADER
+                ))
+            })?),
+        };
+        self.state.policy.identify(&transport, token)
+    }
+
+    /// Who made a request, and what the policy grants it.
+    ///
+    /// # Errors
+    /// As [`Policy::identify`] and [`Policy::decide`].
+    fn allowed<T>(&self, req: &Request<T>) -> Result<(Identity, Arc<Grant>), NpudError> {
+        let who = self.identity(req)?;
+        let grant = self.state.policy.decide(&who)?;
+        Ok((who, grant))
+    }
+
+    /// The session a request names, which must be the caller's. (The policy allowed the
+    /// caller when it opened the session.)
     fn caller<T>(&self, req: &Request<T>) -> Result<Caller, NpudError> {
         let conn = req.extensions().get::<ConnInfo>().cloned();
+        let who = self.identity(req)?;
         let session = self
             .state
             .sessions
-            .authenticate(req.metadata(), conn.as_ref())?;
+            .authenticate(req.metadata(), conn.as_ref(), &who)?;
         Ok(Caller { session, conn })
     }
 
-    /// Like [`NpudService::caller`], but a request without session metadata is anonymous.
+    /// Like [`NpudService::caller`], but a request without session metadata runs in none (and
+    /// must be allowed by the policy).
     fn maybe_caller<T>(&self, req: &Request<T>) -> Result<Option<Caller>, NpudError> {
         if req.metadata().get(npu_proto::SESSION_HEADER).is_none() {
+            self.allowed(req)?;
             return Ok(None);
         }
         self.caller(req).map(Some)
@@ -159,8 +204,8 @@ fn ok<T>(r: Result<T, NpudError>) -> Res<T> {
 
 #[tonic::async_trait]
 impl Npud for NpudService {
-    async fn get_device_info(&self, _: Request<pb::GetDeviceInfoRequest>) -> Res<pb::DeviceInfo> {
-        ok(Ok(self.device_info().await))
+    async fn get_device_info(&self, req: Request<pb::GetDeviceInfoRequest>) -> Res<pb::DeviceInfo> {
+        ok(self.device_info(req).await)
     }
 
     async fn open_session(
@@ -260,8 +305,8 @@ impl Npud for NpudService {
         ok(self.submit(req))
     }
 
-    async fn get_statistics(&self, _: Request<pb::GetStatisticsRequest>) -> Res<pb::Statistics> {
-        ok(Ok(self.statistics().await))
+    async fn get_statistics(&self, req: Request<pb::GetStatisticsRequest>) -> Res<pb::Statistics> {
+        ok(self.statistics(req).await)
     }
 
     async fn clear_quarantine(

@@ -16,12 +16,31 @@ impl NpudService {
     ) -> Result<pb::RegisterProgramResponse, NpudError> {
         let caller = self.caller(&req)?;
         self.state.exec.fault_budget().check(
-            self.state.sessions.uid(caller.session),
+            &self.state.sessions.owner_key(caller.session),
             "register programs",
             std::time::Instant::now(),
         )?;
         let r = req.into_inner();
         let programs = &self.state.programs;
+        // A rule's lower program-byte quota; `limits.max_program_bytes_per_session` is the
+        // store's own check.
+        if let Some((grant, _)) = self.state.sessions.grant(caller.session) {
+            let q = &grant.quotas.program_bytes;
+            let bytes = [r.pdi.len(), r.insts.len(), r.hsaco.len()]
+                .iter()
+                .map(|n| *n as u64)
+                .sum::<u64>();
+            let held = programs.bytes_for(caller.session);
+            if q.max < self.state.limits.max_program_bytes_per_session
+                && held.saturating_add(bytes) > q.max
+            {
+                return Err(NpudError::ResourceExhausted(format!(
+                    "this session's programs hold {held} bytes; {bytes} more would pass {} \
+                     ({}): unregister programs it no longer uses",
+                    q.max, q.key
+                )));
+            }
+        }
         let reg = match (r.hsaco.is_empty(), r.pdi.is_empty() && r.insts.is_empty()) {
             (true, _) => programs.register(caller.session, r.pdi, r.insts, r.name)?,
             (false, true) => programs.register_hsaco(caller.session, r.hsaco, r.kernel, r.name)?,
@@ -70,14 +89,17 @@ impl NpudService {
         req: Request<pb::ClearQuarantineRequest>,
     ) -> Result<pb::ClearQuarantineResponse, NpudError> {
         let conn = req.extensions().get::<ConnInfo>();
-        may_clear_quarantine(conn, rustix::process::geteuid().as_raw())?;
+        // A quarantined program may abort the daemon when it runs again: only an admin may let
+        // it back in.
+        let who = self.identity(&req)?;
+        self.state.policy.require_admin(&who, "ClearQuarantine")?;
         let hash = &req.get_ref().content_hash;
         let removed = self.state.programs.clear_quarantine(hash)?;
         if let Some(r) = &removed {
             tracing::warn!(
                 hash = %r.content_hash,
                 name = %r.name,
-                uid = ?conn.and_then(|c| c.uid),
+                identity = %who,
                 pid = ?conn.and_then(|c| c.pid),
                 "quarantine cleared: these bytes may be registered and run again"
             );
@@ -86,66 +108,5 @@ impl NpudService {
             removed: removed.is_some(),
             record: removed.as_ref().map(|r| record_proto(r, 0)),
         })
-    }
-}
-
-/// Who may clear a quarantine, until the configuration has an admin policy: a peer on the Unix
-/// socket whose uid is root's or the daemon's own (an operator, or the service account). A
-/// quarantined program may abort the daemon when it runs again, so no other user may let it
-/// back in, and no TCP peer (whose uid the daemon cannot know).
-///
-/// # Errors
-/// PERMISSION_DENIED naming the rule.
-fn may_clear_quarantine(conn: Option<&ConnInfo>, daemon_uid: u32) -> Result<(), NpudError> {
-    let rule = format!(
-        "ClearQuarantine is allowed only over the Unix socket, to root and to the daemon's own \
-         uid ({daemon_uid})"
-    );
-    match conn.and_then(|c| c.uid) {
-        Some(uid) if uid == 0 || uid == daemon_uid => Ok(()),
-        Some(uid) => Err(NpudError::PermissionDenied(format!(
-            "{rule}; this peer is uid {uid}"
-        ))),
-        None => Err(NpudError::PermissionDenied(format!(
-            "{rule}; this peer came over TCP"
-        ))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn unix(uid: u32) -> ConnInfo {
-        ConnInfo {
-            id: 1,
-            uid: Some(uid),
-            pid: Some(7),
-            addr: None,
-            refused: None,
-        }
-    }
-
-    #[test]
-    fn root_and_the_daemons_uid_may_clear_a_quarantine_nobody_else() {
-        may_clear_quarantine(Some(&unix(0)), 990).unwrap();
-        may_clear_quarantine(Some(&unix(990)), 990).unwrap();
-        let e = may_clear_quarantine(Some(&unix(1000)), 990).unwrap_err();
-        assert!(matches!(e, NpudError::PermissionDenied(_)));
-        assert_eq!(
-            e.message(),
-            "ClearQuarantine is allowed only over the Unix socket, to root and to the daemon's \
-             own uid (990); this peer is uid 1000"
-        );
-        let tcp = ConnInfo {
-            id: 2,
-            uid: None,
-            pid: None,
-            addr: "127.0.0.1:5".parse().ok(),
-            refused: None,
-        };
-        let e = may_clear_quarantine(Some(&tcp), 0).unwrap_err();
-        assert!(e.message().ends_with("this peer came over TCP"), "{e}");
-        assert!(may_clear_quarantine(None, 0).is_err());
     }
 }

@@ -8,13 +8,17 @@ use crate::conn::ConnInfo;
 use crate::error::NpudError;
 
 impl NpudService {
-    pub(super) async fn device_info(&self) -> pb::DeviceInfo {
+    pub(super) async fn device_info(
+        &self,
+        req: Request<pb::GetDeviceInfoRequest>,
+    ) -> Result<pb::DeviceInfo, NpudError> {
+        let who = self.identity(&req)?;
         let s = &self.state;
         let snap = s.exec.snapshot().await;
         let device = *s.device.borrow();
         let info = &s.facts.info;
         let l = &s.limits;
-        pb::DeviceInfo {
+        Ok(pb::DeviceInfo {
             generation: info.generation.as_str().to_owned(),
             agent_name: info.agent_name.clone(),
             product_name: info.product_name.clone().unwrap_or_default(),
@@ -52,7 +56,11 @@ impl NpudService {
             emulator_profile: s.facts.emulator_profile.clone().unwrap_or_default(),
             packet_abi_source: info.packet_abi_source.clone(),
             metrics_address: s.metrics_address.clone(),
-        }
+            tcp_address: s.tcp_address.clone(),
+            tcp_security: s.tcp_security.to_owned(),
+            caller_admin: s.policy.is_admin(&who),
+            caller_identity: who.to_string(),
+        })
     }
 
     pub(super) fn open_session(
@@ -60,11 +68,17 @@ impl NpudService {
         req: Request<pb::OpenSessionRequest>,
     ) -> Result<pb::OpenSessionResponse, NpudError> {
         let conn = req.extensions().get::<ConnInfo>().cloned();
+        let (who, grant) = self.allowed(&req)?;
         let name = &req.get_ref().client_name;
-        let (session_id, token) = self.state.sessions.open(name, conn.as_ref())?;
+        let (session_id, token) = self
+            .state
+            .sessions
+            .open(name, conn.as_ref(), &who, &grant)?;
         tracing::info!(
             session = session_id,
             client = %name,
+            identity = %who,
+            rule = %grant.rule,
             uid = ?conn.as_ref().and_then(|c| c.uid),
             pid = ?conn.as_ref().and_then(|c| c.pid),
             peer = ?conn.as_ref().and_then(|c| c.addr),
@@ -82,11 +96,12 @@ impl NpudService {
         req: Request<pb::ResumeSessionRequest>,
     ) -> Result<pb::ResumeSessionResponse, NpudError> {
         let conn = req.extensions().get::<ConnInfo>().cloned();
+        let who = self.identity(&req)?;
         let r = req.get_ref();
         let id = self
             .state
             .sessions
-            .attach(r.session_id, &r.token, conn.as_ref())?;
+            .attach(r.session_id, &r.token, conn.as_ref(), &who)?;
         let snap = self.state.exec.snapshot().await;
         let (tensors, _) = snap.usage.get(&id).copied().unwrap_or_default();
         Ok(pb::ResumeSessionResponse {

@@ -2,16 +2,27 @@
 
 use npu_proto::v1 as pb;
 
+use tonic::Request;
+
 use super::NpudService;
+use crate::error::NpudError;
 
 impl NpudService {
-    pub(super) async fn statistics(&self) -> pb::Statistics {
+    /// Device-wide counters for any caller the policy allows; per-session details of the
+    /// caller's own sessions, or of all of them for an admin.
+    pub(super) async fn statistics(
+        &self,
+        req: Request<pb::GetStatisticsRequest>,
+    ) -> Result<pb::Statistics, NpudError> {
+        let (who, _) = self.allowed(&req)?;
+        let admin = self.state.policy.is_admin(&who);
         let s = &self.state;
         let snap = s.exec.snapshot().await;
         let sessions = s
             .sessions
             .snapshot()
             .into_iter()
+            .filter(|x| admin || x.owner == who)
             .map(|x| {
                 let (tensors, tensor_bytes) = snap.usage.get(&x.id).copied().unwrap_or_default();
                 pb::SessionStatistics {
@@ -24,12 +35,13 @@ impl NpudService {
                     programs: s.programs.count_for(x.id),
                     dispatches: Some(x.stats.to_proto()),
                     device_faults: s.exec.fault_budget().session_faults(x.id),
+                    identity: x.owner.to_string(),
                 }
             })
             .collect();
         let (sessions_opened, sessions_ended) = s.sessions.totals();
         let open_sessions = u32::try_from(s.sessions.count()).unwrap_or(u32::MAX);
-        pb::Statistics {
+        Ok(pb::Statistics {
             sessions,
             programs: s.programs.statistics(),
             sessions_opened,
@@ -38,6 +50,6 @@ impl NpudService {
             uptime_ms: u64::try_from(s.started.elapsed().as_millis()).unwrap_or(u64::MAX),
             pending_dispatches: s.pending.get(),
             open_sessions,
-        }
+        })
     }
 }

@@ -26,6 +26,7 @@ impl NpudService {
         // A local caller always gets an fd: the device memory's own where the runtime exports
         // it, otherwise a staged memfd of the daemon's (see DeviceInfo.tensor_sharing).
         let uid = caller.conn.as_ref().and_then(|c| c.uid);
+        let cap = self.tensor_cap(session);
         let tensor_id = self
             .state
             .exec
@@ -33,6 +34,7 @@ impl NpudService {
                 session,
                 size,
                 name: r.name,
+                cap,
                 local: uid.is_some(),
                 reply,
             })
@@ -77,6 +79,7 @@ impl NpudService {
                 session,
                 size,
                 name: r.name,
+                cap: self.tensor_cap(session),
                 reply,
             })
             .await?;
@@ -89,6 +92,14 @@ impl NpudService {
             fd_ticket: t.as_bytes().to_vec(),
             fd_socket: self.fd_socket(),
         })
+    }
+
+    /// The session's rule's tensor-byte quota, for the executor to check.
+    fn tensor_cap(&self, session: u64) -> Option<crate::auth::Quota<u64>> {
+        self.state
+            .sessions
+            .grant(session)
+            .map(|(g, _)| g.quotas.tensor_bytes.clone())
     }
 
     fn fd_socket(&self) -> String {

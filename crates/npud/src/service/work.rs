@@ -6,7 +6,8 @@
 //! arrives.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use npu_proto::v1 as pb;
@@ -29,6 +30,9 @@ type WorkReply = oneshot::Receiver<Result<WorkDone, NpudError>>;
 #[derive(Debug)]
 struct Admitted {
     rx: WorkReply,
+    /// The session's place under its rule's `max_pending_per_session`, given back when the
+    /// item is done.
+    _slot: Option<PendingSlot>,
     /// The program of each link.
     programs: Vec<u64>,
     chain: bool,
@@ -117,11 +121,12 @@ impl NpudService {
         deadline: Option<Instant>,
     ) -> Result<Admitted, NpudError> {
         self.check_serving()?;
-        let uid = self.state.sessions.uid(session);
+        let slot = self.pending_slot(session)?;
+        let who = self.state.sessions.owner_key(session);
         self.state
             .exec
             .fault_budget()
-            .check(uid, "dispatch", Instant::now())?;
+            .check(&who, "dispatch", Instant::now())?;
         let programs: Vec<u64> = links.iter().map(|l| l.program.id).collect();
         let pending = self.state.pending.admit(programs.len() as u64);
         let (tx, rx) = oneshot::channel();
@@ -129,7 +134,7 @@ impl NpudService {
             .exec
             .send(Command::Work(WorkItem {
                 session,
-                uid,
+                who,
                 links,
                 chain,
                 admitted: Instant::now(),
@@ -139,11 +144,35 @@ impl NpudService {
             .await?;
         Ok(Admitted {
             rx,
+            _slot: slot,
             programs,
             chain,
             _pending: pending,
             in_flight: self.state.metrics.admitted(session),
         })
+    }
+
+    /// A place for one more item of `session` when its rule lowers
+    /// `limits.max_pending_per_session` (the executor enforces the limit itself).
+    fn pending_slot(&self, session: u64) -> Result<Option<PendingSlot>, NpudError> {
+        let Some((grant, count)) = self.state.sessions.grant(session) else {
+            return Ok(None);
+        };
+        let q = &grant.quotas.pending;
+        if q.max >= self.state.limits.max_pending_per_session {
+            return Ok(None);
+        }
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < q.max).then_some(n + 1)
+            })
+            .map_err(|n| {
+                NpudError::ResourceExhausted(format!(
+                    "the session already has {n} dispatches queued ({})",
+                    q.key
+                ))
+            })?;
+        Ok(Some(PendingSlot(count)))
     }
 
     /// Waits for an admitted item and counts it in statistics. The wait runs in the caller's
@@ -417,7 +446,7 @@ impl Drop for Pending {
             chain,
             in_flight,
             _pending: pending,
-            ..
+            _slot: slot,
         }) = self.admitted.take()
         else {
             return;
@@ -428,8 +457,9 @@ impl Drop for Pending {
                 rt.spawn(async move {
                     let r = rx.await.unwrap_or_else(|_| Err(NpudError::executor_gone()));
                     svc.record(session, &programs, chain, &r);
-                    drop(in_flight);
-                    drop(pending);
+                    // The item counts as pending (and holds its place under the session's
+                    // rule) until the executor has answered, even after its caller left.
+                    drop((in_flight, pending, slot));
                 });
             }
             Err(_) => tracing::warn!(
@@ -511,6 +541,16 @@ fn submit_error(request_id: u64, e: &NpudError) -> pb::SubmitResponse {
         code: e.code() as i32,
         message: e.message().to_owned(),
         result: None,
+    }
+}
+
+/// One item counted in its session's pending work.
+#[derive(Debug)]
+struct PendingSlot(Arc<AtomicU32>);
+
+impl Drop for PendingSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

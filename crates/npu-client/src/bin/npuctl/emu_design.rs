@@ -169,7 +169,7 @@ async fn generation(
     let opts = ConnectOptions {
         connect_timeout: Duration::from_secs(1),
         call_timeout: Duration::from_secs(2),
-        ..ConnectOptions::default()
+        ..crate::connect_options()
     };
     match Operator::connect_with(addr, opts).await {
         Ok(op) => match op.device_info().await {

@@ -20,10 +20,12 @@ mod status;
 mod top;
 mod worker;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::OnceLock;
 
 use clap::{Parser, Subcommand};
-use npu_client::{Client, Fleet, FleetOptions, FleetSpec, Operator};
+use npu_client::{Client, ConnectOptions, Fleet, FleetOptions, FleetSpec, Operator};
 
 /// Operate and use npud, the daemon that owns the NPU.
 #[derive(Debug, Parser)]
@@ -41,6 +43,22 @@ struct Cli {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// PEM CA bundle that signs the daemon's certificate, for https:// (default: the system
+    /// roots).
+    #[arg(long, global = true, env = "NPUD_CA")]
+    ca: Option<PathBuf>,
+    /// PEM client certificate for mTLS (with --key).
+    #[arg(long, global = true, env = "NPUD_CERT")]
+    cert: Option<PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long, global = true, env = "NPUD_KEY")]
+    key: Option<PathBuf>,
+    /// The name the daemon's certificate must carry, when it is not the address's host.
+    #[arg(long, global = true, env = "NPUD_TLS_SERVER_NAME")]
+    tls_server_name: Option<String>,
+    /// A file holding an identity token's secret (sent as x-npud-token).
+    #[arg(long, global = true, env = "NPUD_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -83,6 +101,14 @@ type CmdResult = Result<(), String>;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    let _ = OPTIONS.set(ConnectOptions {
+        tls_ca: cli.ca.clone(),
+        tls_cert: cli.cert.clone(),
+        tls_key: cli.key.clone(),
+        tls_domain: cli.tls_server_name.clone(),
+        token_file: cli.token_file.clone(),
+        ..ConnectOptions::default()
+    });
     let addr = cli.addr.as_deref();
     let fleet = cli.fleet.as_deref();
     let one = |command: &str| one_daemon(command, addr, fleet);
@@ -141,15 +167,29 @@ fn one_daemon<'a>(
     }
 }
 
+/// The connect options the global flags (TLS, token) give.
+static OPTIONS: OnceLock<ConnectOptions> = OnceLock::new();
+
+/// The connect options from the global flags, for every subcommand that connects.
+fn connect_options() -> ConnectOptions {
+    OPTIONS.get().cloned().unwrap_or_default()
+}
+
 /// A session-less connection for the operator views.
 async fn operator(addr: Option<&str>) -> Result<Operator, String> {
-    Operator::connect(addr).await.map_err(|e| e.to_string())
+    Operator::connect_with(addr, connect_options())
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// The fleet `--fleet` names, its hosts probed once.
 async fn fleet(spec: &str) -> Result<Fleet, String> {
     let spec = FleetSpec::parse(spec).map_err(|e| format!("--fleet: {e}"))?;
-    Fleet::connect_with(spec, FleetOptions::default())
+    let options = FleetOptions {
+        connect: connect_options(),
+        ..FleetOptions::default()
+    };
+    Fleet::connect_with(spec, options)
         .await
         .map_err(|e| format!("--fleet: {e}"))
 }
@@ -162,6 +202,8 @@ async fn session(addr: Option<&str>, fleet: Option<&str>) -> Result<Client, Stri
             .open()
             .await
             .map_err(|e| e.to_string()),
-        None => Client::connect(addr).await.map_err(|e| e.to_string()),
+        None => Client::connect_with(addr, connect_options())
+            .await
+            .map_err(|e| e.to_string()),
     }
 }

@@ -20,7 +20,7 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
     let mut t = table(&[
         "id",
         "client",
-        "uid",
+        "identity",
         "connected",
         "tensors",
         "bytes",
@@ -36,7 +36,7 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
         t.add_row(vec![
             s.session_id.to_string(),
             s.client_name.clone(),
-            s.uid.map_or_else(|| "tcp".into(), |u| u.to_string()),
+            s.identity.clone(),
             if s.connected { "yes" } else { "no" }.into(),
             s.tensors.to_string(),
             bytes(s.tensor_bytes),

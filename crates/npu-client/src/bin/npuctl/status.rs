@@ -150,6 +150,22 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
             "uptime",
             format!("{:?}", std::time::Duration::from_millis(stats.uptime_ms)),
         ),
+        (
+            "tcp",
+            if info.tcp_address.is_empty() {
+                "off".to_owned()
+            } else {
+                format!("{} ({})", info.tcp_address, info.tcp_security)
+            },
+        ),
+        (
+            "you are",
+            format!(
+                "{}{}",
+                info.caller_identity,
+                if info.caller_admin { " (admin)" } else { "" }
+            ),
+        ),
     ];
     println!("{}", kv_table(rows));
     Ok(())

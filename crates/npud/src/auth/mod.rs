@@ -1,0 +1,468 @@
+//! Who may call, and how much they may hold: identities, the `[auth]` policy, admins, and
+//! token identities.
+//!
+//! Every call has an identity (see [`Identity`]): `uid:<n>` (with groups `gid:<n>`) on the Unix
+//! socket, `cert:<subject>` over mTLS, `anonymous` over plaintext loopback TCP (and
+//! `anonymous@<address>` from any other address without credentials), or `token:<name>` when
+//! the call carries an `x-npud-token` secret from `auth.token_dir`, which replaces the
+//! transport's identity.
+//!
+//! `auth.rules` is an ordered list; the first rule one of whose `match` patterns matches the
+//! identity's name or one of its groups decides: `allow = false` refuses, otherwise the caller
+//! may open sessions, with the rule's quotas (each unset one is the `limits.*` key's value; a
+//! rule can lower a limit, never raise it). An identity no rule matches is refused. Refusals
+//! name the rule: PERMISSION_DENIED for a known identity, UNAUTHENTICATED for an anonymous one.
+//!
+//! The default rules allow `uid:*` (any local user), `anonymous` (loopback only), `cert:*`
+//! (any client certificate `tls.client_ca` signed) and `token:*` (any file in
+//! `auth.token_dir`): what a remote caller may do without credentials is nothing but
+//! `GetDeviceInfo` and health checks.
+//!
+//! Admins (`auth.admins`; default `uid:0`, `user:npud` and `self`, the uid the daemon runs as)
+//! may see every session's statistics and clear quarantines.
+
+mod identity;
+mod tokens;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+pub use identity::{Identity, Kind, glob};
+pub use tokens::Tokens;
+
+use crate::config::{ConfigError, Limits};
+use crate::error::NpudError;
+
+/// One rule of `auth.rules`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Rule {
+    /// Named in refusals and quota messages.
+    pub name: String,
+    /// Identity or group patterns (`uid:1000`, `gid:27`, `cert:*.example`, `token:*`,
+    /// `token`, `anonymous`, `anonymous@*`); `*` matches any run of characters.
+    #[serde(rename = "match")]
+    pub patterns: Vec<String>,
+    /// Whether a matching caller may open sessions.
+    pub allow: bool,
+    /// Open sessions one identity may hold (default `limits.max_sessions_per_uid`).
+    pub max_sessions: Option<u32>,
+    /// Tensor bytes one of its sessions may hold (default `limits.max_tensor_bytes_per_session`).
+    pub max_tensor_bytes_per_session: Option<u64>,
+    /// Dispatches and chains one of its sessions may have waiting or running (default
+    /// `limits.max_pending_per_session`).
+    pub max_pending_per_session: Option<u32>,
+    /// Program bytes one of its sessions may reference (default
+    /// `limits.max_program_bytes_per_session`).
+    pub max_program_bytes_per_session: Option<u64>,
+}
+
+impl Default for Rule {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            patterns: Vec::new(),
+            allow: true,
+            max_sessions: None,
+            max_tensor_bytes_per_session: None,
+            max_pending_per_session: None,
+            max_program_bytes_per_session: None,
+        }
+    }
+}
+
+fn allow(name: &str, pattern: &str) -> Rule {
+    Rule {
+        name: name.to_owned(),
+        patterns: vec![pattern.to_owned()],
+        ..Rule::default()
+    }
+}
+
+/// `[auth]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Where token identities live (unset: no token identities).
+    pub token_dir: Option<PathBuf>,
+    /// Identities that may see every session's statistics and clear quarantines: patterns
+    /// as in rules, `user:<name>` (looked up in /etc/passwd at start; absent is fine), and
+    /// `self` (the uid the daemon runs as).
+    pub admins: Vec<String>,
+    pub rules: Vec<Rule>,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            token_dir: None,
+            admins: vec!["uid:0".into(), "user:npud".into(), "self".into()],
+            rules: vec![
+                allow("local", "uid:*"),
+                allow("loopback", "anonymous"),
+                allow("certificates", "cert:*"),
+                allow("tokens", "token:*"),
+            ],
+        }
+    }
+}
+
+impl AuthConfig {
+    /// Checks the rules' shape.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming `auth.rules` and the rule.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let invalid = |reason: String| ConfigError::Invalid {
+            key: "auth.rules",
+            reason,
+        };
+        let mut names = std::collections::HashSet::new();
+        for (i, r) in self.rules.iter().enumerate() {
+            if r.name.is_empty() {
+                return Err(invalid(format!("rule {i} has no name")));
+            }
+            if !names.insert(&r.name) {
+                return Err(invalid(format!("two rules are named {:?}", r.name)));
+            }
+            if r.patterns.is_empty() {
+                return Err(invalid(format!(
+                    "rule {:?} matches nothing: give it match = [...]",
+                    r.name
+                )));
+            }
+            for (k, v) in [
+                ("max_sessions", r.max_sessions.map(u64::from)),
+                (
+                    "max_tensor_bytes_per_session",
+                    r.max_tensor_bytes_per_session,
+                ),
+                (
+                    "max_pending_per_session",
+                    r.max_pending_per_session.map(u64::from),
+                ),
+                (
+                    "max_program_bytes_per_session",
+                    r.max_program_bytes_per_session,
+                ),
+            ] {
+                if v == Some(0) {
+                    return Err(invalid(format!(
+                        "rule {:?}: {k} must be at least 1 (allow = false refuses)",
+                        r.name
+                    )));
+                }
+            }
+        }
+        if let Some(bad) = self.admins.iter().find(|a| a.is_empty()) {
+            return Err(ConfigError::Invalid {
+                key: "auth.admins",
+                reason: format!("{bad:?} is not a pattern"),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One quota and the key that set it, for messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quota<T> {
+    pub max: T,
+    pub key: String,
+}
+
+/// What a rule lets each of an identity's sessions hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quotas {
+    pub sessions: Quota<u32>,
+    pub tensor_bytes: Quota<u64>,
+    pub pending: Quota<u32>,
+    pub program_bytes: Quota<u64>,
+}
+
+impl Quotas {
+    /// The `limits.*` values alone.
+    pub fn of_limits(l: &Limits) -> Self {
+        fn q<T>(max: T, key: &str) -> Quota<T> {
+            Quota {
+                max,
+                key: key.to_owned(),
+            }
+        }
+        Self {
+            sessions: q(l.max_sessions_per_uid, "limits.max_sessions_per_uid"),
+            tensor_bytes: q(
+                l.max_tensor_bytes_per_session,
+                "limits.max_tensor_bytes_per_session",
+            ),
+            pending: q(l.max_pending_per_session, "limits.max_pending_per_session"),
+            program_bytes: q(
+                l.max_program_bytes_per_session,
+                "limits.max_program_bytes_per_session",
+            ),
+        }
+    }
+
+    fn of_rule(r: &Rule, l: &Limits) -> Self {
+        fn lower<T: Ord + Copy>(q: &mut Quota<T>, v: Option<T>, rule: &str, field: &str) {
+            if let Some(v) = v
+                && v < q.max
+            {
+                *q = Quota {
+                    max: v,
+                    key: format!("auth.rules[{rule:?}].{field}"),
+                };
+            }
+        }
+        let mut q = Self::of_limits(l);
+        lower(&mut q.sessions, r.max_sessions, &r.name, "max_sessions");
+        lower(
+            &mut q.tensor_bytes,
+            r.max_tensor_bytes_per_session,
+            &r.name,
+            "max_tensor_bytes_per_session",
+        );
+        lower(
+            &mut q.pending,
+            r.max_pending_per_session,
+            &r.name,
+            "max_pending_per_session",
+        );
+        lower(
+            &mut q.program_bytes,
+            r.max_program_bytes_per_session,
+            &r.name,
+            "max_program_bytes_per_session",
+        );
+        q
+    }
+}
+
+/// What the policy granted a caller: the rule that allowed it and its quotas.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub rule: String,
+    pub quotas: Quotas,
+}
+
+/// `[auth]`, resolved: rules with their quotas, admins, the token directory.
+#[derive(Debug)]
+pub struct Policy {
+    rules: Vec<(Rule, Arc<Grant>)>,
+    admins: Vec<String>,
+    tokens: Option<Tokens>,
+}
+
+impl Policy {
+    /// The policy `auth` and `limits` configure, running as `daemon_uid`; `user:` admins are
+    /// looked up in `passwd` (the text of /etc/passwd).
+    pub fn new(auth: &AuthConfig, limits: &Limits, daemon_uid: u32, passwd: &str) -> Self {
+        let mut admins: Vec<String> = auth
+            .admins
+            .iter()
+            .filter_map(|a| {
+                if a == "self" {
+                    return Some(format!("uid:{daemon_uid}"));
+                }
+                match a.strip_prefix("user:") {
+                    Some(user) => {
+                        let uid = passwd.lines().find_map(|l| {
+                            let mut f = l.split(':');
+                            (f.next() == Some(user)).then(|| f.nth(1)).flatten()
+                        });
+                        if uid.is_none() {
+                            tracing::debug!(user, "auth.admins: no such user; skipped");
+                        }
+                        uid.map(|u| format!("uid:{u}"))
+                    }
+                    None => Some(a.clone()),
+                }
+            })
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        admins.retain(|a| seen.insert(a.clone()));
+        Self {
+            rules: auth
+                .rules
+                .iter()
+                .map(|r| {
+                    let g = Arc::new(Grant {
+                        rule: r.name.clone(),
+                        quotas: Quotas::of_rule(r, limits),
+                    });
+                    (r.clone(), g)
+                })
+                .collect(),
+            admins,
+            tokens: auth.token_dir.clone().map(Tokens::new),
+        }
+    }
+
+    fn matches(patterns: &[String], who: &Identity) -> bool {
+        patterns
+            .iter()
+            .any(|p| glob(p, who.name()) || who.groups().iter().any(|g| glob(p, g)))
+    }
+
+    /// The identity a call has: its connection's, or the token's when it carries
+    /// `x-npud-token`.
+    ///
+    /// # Errors
+    /// UNAUTHENTICATED for a token secret no file holds, or any token when `auth.token_dir` is
+    /// unset.
+    pub fn identify(
+        &self,
+        transport: &Identity,
+        token: Option<&str>,
+    ) -> Result<Identity, NpudError> {
+        match (token, &self.tokens) {
+            (None, _) => Ok(transport.clone()),
+            (Some(secret), Some(t)) => t.resolve(secret.trim()),
+            (Some(_), None) => Err(NpudError::Unauthenticated(format!(
+                "{}: this daemon has no token identities (auth.token_dir is not set)",
+                npu_proto::IDENTITY_TOKEN_HEADER
+            ))),
+        }
+    }
+
+    /// Whether `who` may use the daemon, and with which quotas.
+    ///
+    /// # Errors
+    /// PERMISSION_DENIED (UNAUTHENTICATED for an anonymous caller) naming the rule that
+    /// refused, or saying that none allows the caller.
+    pub fn decide(&self, who: &Identity) -> Result<Arc<Grant>, NpudError> {
+        let refusal = match self
+            .rules
+            .iter()
+            .find(|(r, _)| Self::matches(&r.patterns, who))
+        {
+            Some((r, g)) if r.allow => return Ok(g.clone()),
+            Some((r, _)) => format!("{who} is refused by rule {:?} (auth.rules)", r.name),
+            None => format!("no rule in auth.rules allows {who}"),
+        };
+        Err(if who.kind() == Kind::Anonymous {
+            NpudError::Unauthenticated(format!(
+                "{refusal}: this caller presented no credentials (a client certificate, see \
+                 tls.client_auth, or an {} secret from auth.token_dir)",
+                npu_proto::IDENTITY_TOKEN_HEADER
+            ))
+        } else {
+            NpudError::PermissionDenied(refusal)
+        })
+    }
+
+    /// Whether `who` is an admin.
+    pub fn is_admin(&self, who: &Identity) -> bool {
+        Self::matches(&self.admins, who)
+    }
+
+    /// Refuses a caller that is not an admin.
+    ///
+    /// # Errors
+    /// PERMISSION_DENIED naming `auth.admins` and what they are.
+    pub fn require_admin(&self, who: &Identity, what: &str) -> Result<(), NpudError> {
+        if self.is_admin(who) {
+            return Ok(());
+        }
+        Err(NpudError::PermissionDenied(format!(
+            "{what} is allowed only to admins (auth.admins: {}); this caller is {who}",
+            self.admins.join(", ")
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(toml: &str) -> Policy {
+        let auth: AuthConfig = figment::Figment::new()
+            .merge(figment::providers::Serialized::defaults(
+                AuthConfig::default(),
+            ))
+            .merge(<figment::providers::Toml as figment::providers::Format>::string(toml))
+            .extract()
+            .unwrap();
+        auth.check().unwrap();
+        Policy::new(
+            &auth,
+            &Limits::default(),
+            990,
+            "root:x:0:0::/root:/bin/sh\nnpud:x:991:991::/:/bin/false\n",
+        )
+    }
+
+    #[test]
+    fn the_defaults_allow_local_users_loopback_certificates_and_tokens_only() {
+        let p = policy("");
+        for who in [
+            Identity::uid(1000, [1000]),
+            Identity::anonymous("127.0.0.1".parse().ok()),
+            Identity::cert("a.example"),
+            Identity::token("pod-a"),
+        ] {
+            let g = p.decide(&who).unwrap();
+            assert_eq!(g.quotas, Quotas::of_limits(&Limits::default()), "{who}");
+        }
+        let e = p
+            .decide(&Identity::anonymous("10.0.0.7".parse().ok()))
+            .unwrap_err();
+        assert_eq!(e.code_name(), "UNAUTHENTICATED");
+        assert!(
+            e.message()
+                .starts_with("no rule in auth.rules allows anonymous@10.0.0.7: this caller"),
+            "{e}"
+        );
+        assert!(p.is_admin(&Identity::uid(0, [])));
+        assert!(p.is_admin(&Identity::uid(990, [])), "self");
+        assert!(p.is_admin(&Identity::uid(991, [])), "user:npud");
+        assert!(!p.is_admin(&Identity::uid(1000, [])));
+        let e = p
+            .require_admin(&Identity::cert("a.example"), "ClearQuarantine")
+            .unwrap_err();
+        assert_eq!(
+            e.message(),
+            "ClearQuarantine is allowed only to admins (auth.admins: uid:0, uid:991, uid:990); \
+             this caller is cert:a.example"
+        );
+    }
+
+    #[test]
+    fn the_first_matching_rule_decides_and_lowers_quotas() {
+        let p = policy(
+            r#"
+            admins = ["cert:ops.example"]
+            [[rules]]
+            name = "no-b"
+            match = ["cert:b.*"]
+            allow = false
+            [[rules]]
+            name = "video"
+            match = ["gid:44", "cert:*"]
+            max_sessions = 2
+            max_tensor_bytes_per_session = 999999999999999
+            "#,
+        );
+        let e = p.decide(&Identity::cert("b.example")).unwrap_err();
+        assert_eq!(e.code_name(), "PERMISSION_DENIED");
+        assert_eq!(
+            e.message(),
+            "cert:b.example is refused by rule \"no-b\" (auth.rules)"
+        );
+        let g = p.decide(&Identity::uid(1000, [1000, 44])).unwrap();
+        assert_eq!(g.rule, "video");
+        assert_eq!(g.quotas.sessions.max, 2);
+        assert_eq!(g.quotas.sessions.key, "auth.rules[\"video\"].max_sessions");
+        // A rule cannot raise a limit.
+        assert_eq!(
+            g.quotas.tensor_bytes.key,
+            "limits.max_tensor_bytes_per_session"
+        );
+        let e = p.decide(&Identity::uid(1000, [1000])).unwrap_err();
+        assert_eq!(e.message(), "no rule in auth.rules allows uid:1000");
+        assert!(p.is_admin(&Identity::cert("ops.example")));
+        assert!(!p.is_admin(&Identity::uid(0, [])));
+    }
+}

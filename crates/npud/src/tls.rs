@@ -1,0 +1,305 @@
+//! TLS on the TCP listener: rustls (ring provider) with the certificate and key of `[tls]`,
+//! and, with `client_auth` `optional` or `required`, client certificates checked against the
+//! `client_ca` bundle (mTLS).
+//!
+//! [`Tls`] holds the current `rustls::ServerConfig`; each accepted connection takes the one
+//! current at its handshake. [`Tls::reload`] (on SIGHUP) reads the files again and swaps the
+//! config only when all of them load: connections already established keep the session they
+//! negotiated, new connections get the new certificate, and a reload that fails keeps the old
+//! config and says why.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, PoisonError, RwLock};
+
+use rustls::RootCertStore;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ServerConfig, WebPkiClientVerifier};
+use serde::{Deserialize, Serialize};
+
+use crate::config::ConfigError;
+
+/// Whether and how clients present certificates (`tls.client_auth`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuth {
+    /// No client certificates: TCP callers are anonymous unless they present a token.
+    #[default]
+    Off,
+    /// A client may present a certificate signed by `client_ca`; one without is anonymous.
+    Optional,
+    /// Every client must present a certificate signed by `client_ca`; the handshake fails
+    /// otherwise.
+    Required,
+}
+
+/// `[tls]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate chain the TCP listener presents (leaf first).
+    pub cert: Option<PathBuf>,
+    /// PEM private key of `cert` (PKCS#8, PKCS#1 or SEC1).
+    pub key: Option<PathBuf>,
+    /// PEM bundle of the CAs client certificates must chain to.
+    pub client_ca: Option<PathBuf>,
+    pub client_auth: ClientAuth,
+}
+
+impl TlsConfig {
+    /// Whether the TCP listener speaks TLS.
+    pub fn enabled(&self) -> bool {
+        self.cert.is_some() || self.key.is_some()
+    }
+
+    /// The TCP listener's transport as `DeviceInfo.tcp_security` reports it.
+    pub fn mode(&self) -> &'static str {
+        match (self.enabled(), self.client_auth) {
+            (false, _) => "plaintext",
+            (true, ClientAuth::Off) => "tls",
+            (true, ClientAuth::Optional) => "mtls-optional",
+            (true, ClientAuth::Required) => "mtls-required",
+        }
+    }
+
+    /// Checks the keys' combinations (the files are read by [`Tls::load`]).
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the key.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let invalid = |key, reason: &str| ConfigError::Invalid {
+            key,
+            reason: reason.into(),
+        };
+        match (&self.cert, &self.key) {
+            (Some(_), None) => return Err(invalid("tls.key", "tls.cert is set; set its key too")),
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "tls.cert",
+                    "tls.key is set; set its certificate too",
+                ));
+            }
+            _ => {}
+        }
+        if self.client_auth != ClientAuth::Off && self.client_ca.is_none() {
+            return Err(invalid(
+                "tls.client_ca",
+                "tls.client_auth asks for client certificates; name the CA bundle that signs \
+                 them",
+            ));
+        }
+        if self.client_ca.is_some() && self.client_auth == ClientAuth::Off {
+            return Err(invalid(
+                "tls.client_auth",
+                "tls.client_ca is set but client_auth is \"off\"; set it to \"optional\" or \
+                 \"required\"",
+            ));
+        }
+        if self.client_ca.is_some() && !self.enabled() {
+            return Err(invalid(
+                "tls.cert",
+                "tls.client_ca is set; client certificates need TLS: set tls.cert and tls.key",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A TLS file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{key} {}: {reason}", path.display())]
+    File {
+        key: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("tls: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("tls.client_ca: {0}")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+}
+
+/// The TCP listener's TLS configuration, swapped whole on reload.
+#[derive(Debug)]
+pub struct Tls {
+    cfg: TlsConfig,
+    current: RwLock<Arc<ServerConfig>>,
+}
+
+impl Tls {
+    /// Reads the files `[tls]` names; `None` when TLS is off.
+    ///
+    /// # Errors
+    /// [`TlsError`] naming the key and file that failed.
+    pub fn load(cfg: &TlsConfig) -> Result<Option<Arc<Self>>, TlsError> {
+        if !cfg.enabled() {
+            return Ok(None);
+        }
+        let sc = server_config(cfg)?;
+        Ok(Some(Arc::new(Self {
+            cfg: cfg.clone(),
+            current: RwLock::new(Arc::new(sc)),
+        })))
+    }
+
+    /// Reads the files again; on success new connections get them, on failure the config in
+    /// use stays.
+    ///
+    /// # Errors
+    /// As [`Tls::load`].
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let sc = Arc::new(server_config(&self.cfg)?);
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = sc;
+        Ok(())
+    }
+
+    /// An acceptor for one connection, with the config current now.
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(
+            self.current
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
+        )
+    }
+}
+
+fn file_error(key: &'static str, path: &Path, reason: impl ToString) -> TlsError {
+    TlsError::File {
+        key,
+        path: path.to_path_buf(),
+        reason: reason.to_string(),
+    }
+}
+
+fn certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| file_error(key, path, e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file_error(key, path, e))?;
+    if certs.is_empty() {
+        return Err(file_error(key, path, "no PEM certificate in the file"));
+    }
+    Ok(certs)
+}
+
+fn server_config(cfg: &TlsConfig) -> Result<ServerConfig, TlsError> {
+    let (Some(cert), Some(key)) = (&cfg.cert, &cfg.key) else {
+        return Err(TlsError::Rustls(rustls::Error::General(
+            "tls.cert and tls.key must both be set".into(),
+        )));
+    };
+    let chain = certs("tls.cert", cert)?;
+    let private = PrivateKeyDer::from_pem_file(key).map_err(|e| file_error("tls.key", key, e))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
+    let builder = match (cfg.client_auth, &cfg.client_ca) {
+        (ClientAuth::Off, _) | (_, None) => builder.with_no_client_auth(),
+        (auth, Some(ca)) => {
+            let mut roots = RootCertStore::empty();
+            for c in certs("tls.client_ca", ca)? {
+                roots
+                    .add(c)
+                    .map_err(|e| file_error("tls.client_ca", ca, e))?;
+            }
+            let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let v = if auth == ClientAuth::Optional {
+                v.allow_unauthenticated()
+            } else {
+                v
+            };
+            builder.with_client_cert_verifier(v.build()?)
+        }
+    };
+    let mut sc = builder
+        .with_single_cert(chain, private)
+        .map_err(|e| file_error("tls.key", key, format!("does not fit tls.cert: {e}")))?;
+    sc.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(sc)
+}
+
+/// The name a client certificate stands for: its first DNS, URI or e-mail subject alternative
+/// name, else its subject's common name.
+pub fn certificate_subject(der: &[u8]) -> Option<String> {
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+    let (_, cert) = X509Certificate::from_der(der).ok()?;
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for n in &san.value.general_names {
+            match n {
+                GeneralName::DNSName(s) | GeneralName::URI(s) | GeneralName::RFC822Name(s) => {
+                    return Some((*s).to_owned());
+                }
+                _ => {}
+            }
+        }
+    }
+    cert.subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(cert: bool, key: bool, ca: bool, auth: ClientAuth) -> TlsConfig {
+        TlsConfig {
+            cert: cert.then(|| "c.pem".into()),
+            key: key.then(|| "k.pem".into()),
+            client_ca: ca.then(|| "ca.pem".into()),
+            client_auth: auth,
+        }
+    }
+
+    #[test]
+    fn combinations_that_cannot_work_name_the_key() {
+        let key = |c: TlsConfig| match c.check() {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(key(cfg(true, false, false, ClientAuth::Off)), "tls.key");
+        assert_eq!(key(cfg(false, true, false, ClientAuth::Off)), "tls.cert");
+        assert_eq!(
+            key(cfg(true, true, false, ClientAuth::Required)),
+            "tls.client_ca"
+        );
+        assert_eq!(
+            key(cfg(true, true, true, ClientAuth::Off)),
+            "tls.client_auth"
+        );
+        assert_eq!(
+            key(cfg(false, false, true, ClientAuth::Optional)),
+            "tls.cert"
+        );
+        cfg(true, true, true, ClientAuth::Optional).check().unwrap();
+        assert_eq!(
+            cfg(true, true, true, ClientAuth::Required).mode(),
+            "mtls-required"
+        );
+        assert_eq!(TlsConfig::default().mode(), "plaintext");
+    }
+
+    #[test]
+    fn unreadable_files_name_the_key_and_the_file() {
+        let d = tempfile::tempdir().unwrap();
+        let c = TlsConfig {
+            cert: Some(d.path().join("missing.pem")),
+            key: Some(d.path().join("k.pem")),
+            ..TlsConfig::default()
+        };
+        let e = Tls::load(&c).unwrap_err().to_string();
+        assert!(e.starts_with("tls.cert "), "{e}");
+        assert!(e.contains("missing.pem"), "{e}");
+        std::fs::write(d.path().join("empty.pem"), "").unwrap();
+        let c = TlsConfig {
+            cert: Some(d.path().join("empty.pem")),
+            ..c
+        };
+        let e = Tls::load(&c).unwrap_err().to_string();
+        assert!(e.ends_with("no PEM certificate in the file"), "{e}");
+    }
+}
