@@ -739,3 +739,97 @@ async fn token_files_are_identities_until_removed_with_their_rules_quotas() {
     })
     .await;
 }
+
+/// deploy/kubernetes/configmap.yaml's npud.toml, with its paths moved into a temporary
+/// directory and its ports made free, starts a daemon: TLS with optional client certificates
+/// on a non-loopback listener, metrics, and the device plugin's token files as identities.
+/// (The manifests' own test checks the file against the DaemonSet; this checks it against
+/// the daemon that reads it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubernetes_configmaps_npud_toml_starts_a_daemon() {
+    bounded(async {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/kubernetes/configmap.yaml"
+        ))
+        .unwrap();
+        let shipped: String = yaml
+            .lines()
+            .skip_while(|l| l.trim() != "npud.toml: |")
+            .skip(1)
+            .take_while(|l| l.is_empty() || l.starts_with("    "))
+            .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
+            .collect();
+        assert!(
+            shipped.contains("[tls]") && shipped.contains("[auth]"),
+            "{shipped}"
+        );
+        let ca = Ca::new(dir.path(), "ca");
+        let (cert, key) = ca.server("server");
+        let tokens = dir.path().join("tokens");
+        std::fs::create_dir(&tokens).unwrap();
+        let secret = "k".repeat(48);
+        std::fs::write(tokens.join("npu0-share-3"), format!("{secret}\n")).unwrap();
+        let p = |s: &Path| s.display().to_string();
+        let body = shipped
+            .replace("/run/npud/", &format!("{}/", p(dir.path())))
+            .replace("/etc/npud/tls/tls.crt", &p(&cert))
+            .replace("/etc/npud/tls/tls.key", &p(&key))
+            .replace("/etc/npud/tls/ca.crt", &p(&ca.path()))
+            .replace("/var/lib/npud/tokens", &p(&tokens))
+            .replace("/var/lib/npud/state", &p(&dir.path().join("state")))
+            .replace("backend = \"hsa\"", "backend = \"emulator\"")
+            .replace("0.0.0.0:50051", "0.0.0.0:0")
+            .replace("0.0.0.0:9464", "127.0.0.1:0");
+        let values: String = body
+            .lines()
+            .map(|l| l.split('#').next().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n");
+        for host_path in ["/run/npud", "/etc/npud", "/var/lib/npud", ":50051", ":9464"] {
+            assert!(!values.contains(host_path), "{host_path} left in:\n{body}");
+        }
+        let d = Daemon::start(
+            Options::default()
+                .arg("--config")
+                .arg(&p(&config(dir.path(), &body))),
+        );
+        let ready = std::fs::read_to_string(d.dir.path().join("ready")).unwrap();
+        let port: u16 = ready
+            .lines()
+            .find_map(|l| l.strip_prefix("tcp=0.0.0.0:"))
+            .expect("a tcp= line on every address")
+            .parse()
+            .unwrap();
+        assert!(
+            ready.lines().any(|l| l.starts_with("metrics=127.0.0.1:")),
+            "{ready}"
+        );
+
+        // A remote caller with the CA but no client certificate (client_auth = "optional").
+        let op = Operator::connect_with(
+            Some(&format!("https://127.0.0.1:{port}")),
+            opts(&ca.path(), None),
+        )
+        .await
+        .unwrap();
+        let info = op.device_info().await.unwrap();
+        assert_eq!(info.tcp_security, "mtls-optional");
+        assert!(info.metrics_address.starts_with("127.0.0.1:"), "{info:?}");
+
+        // A pod's token, over the socket the device plugin mounts, is the pod's identity.
+        let pod = Client::connect_with(
+            Some(&p(&d.socket)),
+            ConnectOptions {
+                token: Some(secret),
+                ..ConnectOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let info = pod.device_info().await.unwrap();
+        assert_eq!(info.caller_identity, "token:npu0-share-3");
+    })
+    .await;
+}

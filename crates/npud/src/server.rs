@@ -67,6 +67,16 @@ pub enum ServeError {
         addr: String,
         source: std::io::Error,
     },
+    #[error(
+        "tcp {addr} is bound to {bound}, which is not a loopback address, and without TLS session \
+         tokens and tensor bytes would cross the network in the clear: set [tls] cert and key, \
+         listen on 127.0.0.1, or pass --allow-insecure-tcp (allow_insecure_tcp = true) on a \
+         network you trust"
+    )]
+    InsecureTcp {
+        addr: String,
+        bound: std::net::SocketAddr,
+    },
     #[error("writing the ready file {}: {source}", path.display())]
     ReadyFile {
         path: PathBuf,
@@ -153,6 +163,19 @@ pub async fn run(
         }
         (None, None) => None,
     };
+    // The configuration refuses a literal address that is not loopback; a host name, or a
+    // socket systemd passed, is known only once bound.
+    if let Some(l) = &tcp
+        && let Ok(bound) = l.local_addr()
+        && !bound.ip().is_loopback()
+        && !cfg.tls.enabled()
+        && !cfg.allow_insecure_tcp
+    {
+        return Err(ServeError::InsecureTcp {
+            addr: cfg.tcp.clone().unwrap_or_else(|| "(from systemd)".into()),
+            bound,
+        });
+    }
     let metrics_listener = match cfg.metrics.listen {
         Some(addr) => Some(
             TcpListener::bind(addr)
