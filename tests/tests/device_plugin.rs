@@ -616,7 +616,8 @@ struct NamespacedNpud {
 }
 
 impl NamespacedNpud {
-    fn start(sockets: &Path, work: &Path) -> NamespacedNpud {
+    /// npud reads its token identities from `tokens` (`auth.token_dir`), as in the DaemonSet.
+    fn start(sockets: &Path, tokens: &Path, work: &Path) -> NamespacedNpud {
         let ready = work.join("npud-ready");
         let script = format!(
             "mount --bind {} /run/npud\nexec {} --backend emulator --socket /run/npud/npud.sock \
@@ -630,6 +631,7 @@ impl NamespacedNpud {
         let child = Command::new("unshare")
             .args(["--mount", "--propagation", "private", "sh", "-ec", &script])
             .env_remove("RUST_LOG")
+            .env("NPUD_AUTH__TOKEN_DIR", tokens)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -698,7 +700,9 @@ async fn a_container_given_the_allocation_reaches_npud_through_its_mounts() {
         }
     }
     let _cleanup = RemoveDir(made_run_npud);
-    let _npud = NamespacedNpud::start(&sockets, root.path());
+    std::fs::create_dir(&tokens).unwrap();
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let _npud = NamespacedNpud::start(&sockets, &tokens, root.path());
 
     let kubelet_socket = plugins_dir.join("kubelet.sock");
     let mut kubelet = Kubelet::start(&kubelet_socket, None);
@@ -729,6 +733,7 @@ async fn a_container_given_the_allocation_reaches_npud_through_its_mounts() {
          head -c 4096 /dev/zero > {input}\n\
          {npuctl} --json run {vsa} --input {input} --output {output}\n\
          echo \"token=$(cat \"$NPUD_TOKEN_FILE\")\"\n\
+         {npuctl} --json status\n\
          echo \"socket mount: $(grep ' /run/npud ' /proc/self/mountinfo | cut -d' ' -f6)\"\n\
          echo \"token mount: $(grep ' /run/secrets/npud/token \\| /var/run/secrets/npud/token ' /proc/self/mountinfo | wc -l)\"\n",
         mounts = mount_script(c),
@@ -765,6 +770,11 @@ async fn a_container_given_the_allocation_reaches_npud_through_its_mounts() {
     assert_eq!(ones, vec![1; 1024]);
     assert!(stdout.contains(&format!("token={token}\n")), "{stdout}");
     assert!(stdout.contains("token mount: 1\n"), "{stdout}");
+    // npud knows the pod by its share: the token is the caller's identity.
+    assert!(
+        stdout.contains("\"caller_identity\": \"token:npu0-share-0\""),
+        "{stdout}"
+    );
     // The socket directory is mounted read-only, and nothing was created in it for the token.
     assert!(stdout.contains("socket mount: ro,"), "{stdout}");
     assert!(!sockets.join("token").exists());
