@@ -54,6 +54,8 @@ pub struct SessionSnapshot {
     pub owner: Identity,
     pub connected: bool,
     pub stats: DispatchStats,
+    /// Work items admitted and not answered yet.
+    pub pending: u32,
 }
 
 /// Every open session.
@@ -304,6 +306,7 @@ impl Sessions {
                 owner: s.owner.clone(),
                 connected: !s.conns.is_empty(),
                 stats: s.stats.clone(),
+                pending: s.pending.load(std::sync::atomic::Ordering::Acquire),
             })
             .collect();
         v.sort_by_key(|s| s.id);

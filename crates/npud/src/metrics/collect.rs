@@ -2,7 +2,6 @@
 //! `GetDeviceInfo` report, so that nothing is counted twice. Reading never waits for the
 //! executor (it publishes what the device holds after each turn).
 
-use std::collections::HashSet;
 use std::sync::Weak;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -124,8 +123,6 @@ impl Collector for StateCollector {
             ended,
         )?;
         {
-            let live: HashSet<u64> = sessions.iter().map(|x| x.id).collect();
-            let pending = s.metrics.pending(&live);
             let mut m = e.encode_descriptor(
                 "session_pending_work",
                 "Dispatches and chains a session has admitted that are not answered yet (queued \
@@ -134,13 +131,12 @@ impl Collector for StateCollector {
                 MetricType::Gauge,
             )?;
             for x in &sessions {
-                let n = pending.get(&x.id).copied().unwrap_or(0);
+                let n = x.pending;
                 let labels = [
                     ("session", x.id.to_string()),
                     ("client", x.client_name.clone()),
                 ];
-                ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX))
-                    .encode(m.encode_family(&labels)?)?;
+                ConstGauge::new(i64::from(n)).encode(m.encode_family(&labels)?)?;
             }
         }
         let (tensors, bytes) = snap

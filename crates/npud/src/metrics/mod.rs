@@ -140,8 +140,6 @@ pub struct Metrics {
     fd_exchanges: Family<OpStatus, Counter>,
     program_labels: CappedLabels,
     program_ids: Mutex<HashMap<u64, Arc<str>>>,
-    /// Work items admitted and not yet answered, per session.
-    pending: Mutex<HashMap<u64, u64>>,
     methods: HashSet<Arc<str>>,
 }
 
@@ -163,7 +161,6 @@ impl Metrics {
             fd_exchanges: Family::default(),
             program_labels: CappedLabels::new(max_program_labels as usize),
             program_ids: Mutex::new(HashMap::new()),
-            pending: Mutex::new(HashMap::new()),
             methods: rpc::api_methods(),
         };
         // Both kinds from the start, so that quantile panels have series before any work.
@@ -285,34 +282,6 @@ impl Metrics {
             .inc_by(links);
     }
 
-    /// A work item of `session` was admitted; it counts as pending until the guard drops.
-    pub fn admitted(self: &Arc<Self>, session: u64) -> InFlight {
-        *lock(&self.pending).entry(session).or_default() += 1;
-        InFlight {
-            metrics: self.clone(),
-            session,
-        }
-    }
-
-    /// A work item of `session` was answered.
-    fn answered(&self, session: u64) {
-        let mut p = lock(&self.pending);
-        if let Some(n) = p.get_mut(&session) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                p.remove(&session);
-            }
-        }
-    }
-
-    /// Work in flight per session, for the sessions in `live` (the others' entries are
-    /// dropped).
-    fn pending(&self, live: &HashSet<u64>) -> HashMap<u64, u64> {
-        let mut p = lock(&self.pending);
-        p.retain(|s, _| live.contains(s));
-        p.clone()
-    }
-
     /// The method label of a request path: the path of an API method, else [`OTHER`].
     pub fn method_label(&self, path: &str) -> Arc<str> {
         self.methods
@@ -343,19 +312,6 @@ impl Metrics {
         self.fd_exchanges
             .get_or_create(&OpStatus { op, status })
             .inc();
-    }
-}
-
-/// A work item counted as pending work of its session while this lives.
-#[derive(Debug)]
-pub struct InFlight {
-    metrics: Arc<Metrics>,
-    session: u64,
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.metrics.answered(self.session);
     }
 }
 
@@ -398,22 +354,6 @@ mod tests {
         assert_eq!(&*c.admit("c"), OTHER);
         assert_eq!(&*c.admit("a"), "a");
         assert_eq!(&*c.admit(OTHER), OTHER);
-    }
-
-    #[test]
-    fn pending_work_counts_down_and_leaves_with_its_session() {
-        let m = Arc::new(Metrics::new(4));
-        let a = m.admitted(1);
-        let _b = m.admitted(1);
-        let c = m.admitted(2);
-        drop(a);
-        let live: HashSet<u64> = [1, 2].into();
-        assert_eq!(m.pending(&live), HashMap::from([(1, 1), (2, 1)]));
-        drop(c);
-        // An answer for a session already gone changes nothing.
-        m.answered(7);
-        assert_eq!(m.pending(&live), HashMap::from([(1, 1)]));
-        assert!(m.pending(&HashSet::new()).is_empty());
     }
 
     #[test]

@@ -18,7 +18,7 @@ use tonic::{Request, Streaming};
 use super::{BoxStream, NpudService, deadline};
 use crate::error::NpudError;
 use crate::executor::{Command, Link, LinkPrefix, WorkDone, WorkItem};
-use crate::metrics::{InFlight, Kind};
+use crate::metrics::Kind;
 use crate::stats::{Outcome, PendingGuard};
 
 /// Most buffer arguments one dispatch may pass.
@@ -30,16 +30,14 @@ type WorkReply = oneshot::Receiver<Result<WorkDone, NpudError>>;
 #[derive(Debug)]
 struct Admitted {
     rx: WorkReply,
-    /// The session's place under its rule's `max_pending_per_session`, given back when the
-    /// item is done.
+    /// The item in its session's pending count (checked against its rule's
+    /// `max_pending_per_session`; read by statistics and metrics), given back when answered.
     _slot: Option<PendingSlot>,
     /// The program of each link.
     programs: Vec<u64>,
     chain: bool,
     /// Counts the item in `Statistics.pending_dispatches` until its reply has been counted.
     _pending: PendingGuard,
-    /// Counts it as its session's pending work until it is answered.
-    in_flight: InFlight,
 }
 
 /// Work as a request names it: Dispatch, Chain, or either on the Submit stream.
@@ -148,19 +146,20 @@ impl NpudService {
             programs,
             chain,
             _pending: pending,
-            in_flight: self.state.metrics.admitted(session),
         })
     }
 
-    /// A place for one more item of `session` when its rule lowers
-    /// `limits.max_pending_per_session` (the executor enforces the limit itself).
+    /// A place for one more item in `session`'s pending count, refused when its rule lowers
+    /// `limits.max_pending_per_session` and the session is at it (the executor enforces
+    /// the limit itself otherwise).
     fn pending_slot(&self, session: u64) -> Result<Option<PendingSlot>, NpudError> {
         let Some((grant, count)) = self.state.sessions.grant(session) else {
             return Ok(None);
         };
         let q = &grant.quotas.pending;
         if q.max >= self.state.limits.max_pending_per_session {
-            return Ok(None);
+            count.fetch_add(1, Ordering::AcqRel);
+            return Ok(Some(PendingSlot(count)));
         }
         count
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -444,7 +443,6 @@ impl Drop for Pending {
             rx,
             programs,
             chain,
-            in_flight,
             _pending: pending,
             _slot: slot,
         }) = self.admitted.take()
@@ -459,7 +457,7 @@ impl Drop for Pending {
                     svc.record(session, &programs, chain, &r);
                     // The item counts as pending (and holds its place under the session's
                     // rule) until the executor has answered, even after its caller left.
-                    drop((in_flight, pending, slot));
+                    drop((pending, slot));
                 });
             }
             Err(_) => tracing::warn!(
