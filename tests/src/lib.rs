@@ -6,6 +6,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod python;
+
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream as StdUnixStream;

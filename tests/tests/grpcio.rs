@@ -1,8 +1,8 @@
 //! A gRPC C-core client (Python's grpcio) against the real daemon on its Unix socket:
-//! `tests/grpcio/client.py`, with `pip install grpcio protobuf` (`.ci/run` installs them).
+//! `tests/grpcio/client.py`, with grpcio and protobuf from the tests' own Python environment
+//! (`npud_e2e::python`).
 //!
-//! Without python3 the test is reported as ignored (tests/build.rs looks for it); with python3
-//! but without grpcio it fails, naming the packages.
+//! Without a Python 3.11 or newer the test is reported as ignored (tests/build.rs looks for it).
 
 #![forbid(unsafe_code)]
 
@@ -20,25 +20,7 @@ const N: u32 = 1024;
     ignore = "no Python 3.11 or newer (python3): the grpcio client is not run"
 )]
 async fn grpcio_calls_npud_on_the_unix_socket_with_default_authority_set_and_gets_a_hint_without() {
-    let probe = Command::new("python3")
-        .arg("--version")
-        .output()
-        .expect("python3 runs (tests/build.rs found it)");
-    assert!(
-        probe.status.success(),
-        "python3 --version failed: {probe:?}"
-    );
-    let has_grpcio = Command::new("python3")
-        .args(["-c", "import grpc, google.protobuf"])
-        .output()
-        .expect("python3 runs");
-    assert!(
-        has_grpcio.status.success(),
-        "python3 lacks grpcio or protobuf (`python3 -m pip install grpcio protobuf`, as .ci/run \
-         does): {}",
-        String::from_utf8_lossy(&has_grpcio.stderr)
-    );
-
+    let python = npud_e2e::python::venv_python();
     let d = Daemon::start(Options::default());
     let dir = tempfile::tempdir().unwrap();
     let descriptors = dir.path().join("npud.desc");
@@ -58,7 +40,7 @@ async fn grpcio_calls_npud_on_the_unix_socket_with_default_authority_set_and_get
             pdi.display().to_string(),
             insts.display().to_string(),
         ];
-        move || Command::new("python3").args(args).output().unwrap()
+        move || Command::new(python).args(args).output().unwrap()
     })
     .await
     .unwrap();

@@ -3,8 +3,9 @@
 //! the API's JSON schemas, so nothing is fetched), with `npud-device-plugin --print-config`
 //! resolving the plugin's side of the cross-references.
 //!
-//! Without python3 the test is reported as ignored (tests/build.rs looks for it); with python3
-//! but without the packages it fails, naming them (`.ci/run` installs them).
+//! kubernetes-validate, pytest and PyYAML come from the tests' own Python environment
+//! (`npud_e2e::python`); without a Python 3.11 or newer the test is reported as ignored
+//! (tests/build.rs looks for it).
 
 #![forbid(unsafe_code)]
 
@@ -19,19 +20,10 @@ use npud_e2e::package_binary;
     ignore = "no Python 3.11 or newer (python3): the manifests are not checked"
 )]
 fn the_kubernetes_manifests_match_the_api_schemas_and_each_other() {
-    let has = Command::new("python3")
-        .args(["-c", "import kubernetes_validate, pytest, yaml"])
-        .output()
-        .expect("python3 runs (tests/build.rs found it)");
-    assert!(
-        has.status.success(),
-        "python3 lacks kubernetes-validate, pytest or PyYAML (`python3 -m pip install \
-         kubernetes-validate pytest`, as .ci/run does): {}",
-        String::from_utf8_lossy(&has.stderr)
-    );
+    let python = npud_e2e::python::venv_python();
     let plugin = package_binary("npud-device-plugin", "npud-device-plugin");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/kubernetes/test_manifests.py");
-    let mut child = Command::new("python3")
+    let mut child = Command::new(&python)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", script])
         .env("NPUD_DEVICE_PLUGIN_BIN", &plugin)
         .env("PYTHONDONTWRITEBYTECODE", "1")

@@ -2,15 +2,17 @@
 //! environment beside the build, installs it, and runs its pytest suite against this build's
 //! npud (and the pure-Python example client's tests with it).
 //!
-//! Needs Python 3.11 or newer with maturin, numpy, pytest and grpcio importable (`.ci/run`
-//! installs them); without a Python the test is reported as ignored. Every pytest test must
+//! Needs a Python 3.11 or newer with its venv module: the packages come from the tests' own
+//! environment (`npud_e2e::python`, pinned in tests/python/requirements.txt); without a Python
+//! the test is reported as ignored. Every pytest test must
 //! run: a skipped one fails this test.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use npud_e2e::binary;
+use npud_e2e::python::{profile_dir, run_or_explain, venv_python};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -19,47 +21,10 @@ fn repo() -> PathBuf {
         .to_path_buf()
 }
 
-/// `target/<profile>` of this build, and whether it is a release build.
-fn profile_dir() -> (PathBuf, bool) {
-    let exe = std::env::current_exe().expect("the test executable has a path");
-    let deps = exe.parent().expect("the test executable is in a directory");
-    let dir = if deps.file_name().is_some_and(|n| n == "deps") {
-        deps.parent().expect("deps has a parent")
-    } else {
-        deps
-    };
-    let release = dir.file_name().is_some_and(|n| n == "release");
-    (dir.to_path_buf(), release)
-}
-
 /// Runs `cmd` to completion within `limit`, returning its combined output; panics naming
 /// `what` on failure or timeout.
 fn run(what: &str, cmd: &mut Command, limit: Duration) -> String {
-    let out_file = tempfile::NamedTempFile::new().unwrap();
-    let err = out_file.reopen().unwrap();
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(out_file.reopen().unwrap())
-        .stderr(err)
-        .spawn()
-        .unwrap_or_else(|e| panic!("{what}: cannot start {cmd:?}: {e}"));
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            let out = std::fs::read_to_string(out_file.path()).unwrap_or_default();
-            panic!("{what} did not finish within {limit:?}:\n{out}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let out = std::fs::read_to_string(out_file.path()).unwrap_or_default();
-    assert!(status.success(), "{what} failed ({status}):\n{out}");
-    eprintln!("{what}: {:.1} s", t0.elapsed().as_secs_f64());
-    out
+    run_or_explain(what, cmd, limit, "")
 }
 
 #[test]
@@ -68,45 +33,18 @@ fn run(what: &str, cmd: &mut Command, limit: Duration) -> String {
     ignore = "no Python 3.11 or newer (python3, or $PYTHON): the npud package is not tested"
 )]
 fn the_python_package_passes_its_suite() {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let (profile, release) = profile_dir();
     let target = profile
         .parent()
         .expect("the profile directory is in target/");
-    let venv = target.join("npud-python-venv");
-    let vpy = venv.join("bin/python");
-    if !vpy.is_file() {
-        // The system site packages bring maturin, numpy, pytest and grpcio as .ci/run installs
-        // them; the package itself goes into the environment.
-        run(
-            "creating the virtual environment",
-            Command::new(&python)
-                .args(["-m", "venv", "--system-site-packages"])
-                .arg(&venv),
-            Duration::from_secs(120),
-        );
-    }
-    let missing = run(
-        "looking for the suite's modules",
-        Command::new(&vpy).args([
-            "-c",
-            "import importlib.util as u; print(' '.join(m for m in \
-             ('maturin', 'numpy', 'pytest', 'grpc') if u.find_spec(m) is None))",
-        ]),
-        Duration::from_secs(60),
-    );
-    assert!(
-        missing.trim().is_empty(),
-        "{python} lacks {}: `{python} -m pip install maturin numpy pytest grpcio` (.ci/run does)",
-        missing.trim()
-    );
+    let vpy = venv_python();
     let wheels = target.join("npud-python-wheels");
     let _ = std::fs::remove_dir_all(&wheels);
     // The same target directory and profile as this build: only pyo3 and the package itself
     // are compiled again (with maturin's interpreter configuration).
     run(
         "maturin build",
-        Command::new(&python)
+        Command::new(&vpy)
             .args(["-m", "maturin", "build", "--quiet", "--profile"])
             .arg(if release { "release" } else { "dev" })
             .arg("--interpreter")

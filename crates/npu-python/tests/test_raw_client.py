@@ -13,7 +13,7 @@ import pytest
 import npud
 from conftest import REPO
 
-grpc = pytest.importorskip("grpc", reason="pip install grpcio")  # .ci/run installs it
+grpc = pytest.importorskip("grpc", reason="pip install grpcio")  # in tests/python/requirements.txt
 
 spec = importlib.util.spec_from_file_location("raw_client",
                                               REPO / "examples" / "python" / "raw_client.py")
