@@ -313,3 +313,102 @@ async fn out_of_file_descriptors_the_daemon_says_so_does_not_spin_and_recovers()
     assert!(d.stderr().contains("out of file descriptors"));
     d.terminate();
 }
+
+/// A raw TCP connection to `to` from the loopback address `from`, that has sent the HTTP/2
+/// client preface and an empty SETTINGS frame (so it is past the pre-authentication pool) and
+/// then stays idle.
+async fn idle_http2_from(
+    from: std::net::Ipv4Addr,
+    to: std::net::SocketAddr,
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind((from, 0).into()).unwrap();
+    let mut s = sock.connect(to).await.unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    s
+}
+
+/// Issue 20, finding 1: idle TCP connections from many loopback addresses used up the one
+/// connection count every listener shared, and Unix-socket users and the fd socket were refused.
+/// Now TCP peers have a pool of their own, counted per network prefix (all of loopback is one),
+/// and local users keep theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_peers_from_many_addresses_cannot_lock_out_local_users() {
+    let d = Daemon::start(Options {
+        tcp: true,
+        ..Options::default()
+            .env("NPUD_LIMITS__MAX_CONNECTIONS", "16")
+            .env("NPUD_LIMITS__MAX_CONNECTIONS_PER_PEER", "16")
+            .env("NPUD_LIMITS__MAX_TCP_CONNECTIONS_PER_PREFIX", "8")
+            .env("NPUD_LIMITS__MAX_PREAUTH_CONNECTIONS_PER_PREFIX", "4")
+    });
+    let to = d.tcp.expect("the daemon listens on TCP");
+    // 8 addresses × 16 connections that finished their preface, then 8 × 16 that never start
+    // (which the pre-authentication pool closes past 4): far more than the local pool's 16.
+    let mut held = Vec::new();
+    for host in 1..=8_u8 {
+        for _ in 0..16 {
+            held.push(idle_http2_from(std::net::Ipv4Addr::new(127, 0, 0, host), to).await);
+        }
+    }
+    // A TCP caller from the full network is told which limit it met (once a place to be told
+    // in is free: at most 16 refused connections are held at once, each for 2 s).
+    let until = Instant::now() + Duration::from_secs(10);
+    let e = loop {
+        let attempt = async {
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{to}"))
+                .unwrap()
+                .connect()
+                .await
+                .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+            NpudClient::new(channel)
+                .get_device_info(pb::GetDeviceInfoRequest {})
+                .await
+        };
+        match tokio::time::timeout(Duration::from_secs(5), attempt).await {
+            Ok(Err(e)) if e.code() == Code::ResourceExhausted => break e,
+            other => {
+                assert!(Instant::now() < until, "never told why: {other:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert!(
+        e.message().contains("network loopback")
+            && e.message()
+                .contains("(limits.max_tcp_connections_per_prefix)"),
+        "{}",
+        e.message()
+    );
+    for host in 1..=8_u8 {
+        for _ in 0..16 {
+            let sock = tokio::net::TcpSocket::new_v4().unwrap();
+            sock.bind((std::net::Ipv4Addr::new(127, 0, 0, host), 0).into())
+                .unwrap();
+            held.push(sock.connect(to).await.unwrap());
+        }
+    }
+    // Local users: a gRPC call, a session, and the fd socket.
+    let mut s = Session::open(d.connect().await, "local")
+        .await
+        .expect("a Unix-socket user is served while TCP peers hold connections");
+    let t = s
+        .client
+        .allocate_tensor(s.req(pb::AllocateTensorRequest {
+            size_bytes: 4096,
+            name: String::new(),
+        }))
+        .await
+        .expect("an allocation on the Unix socket");
+    let sock = StdUnixStream::connect(&d.fd_socket).unwrap();
+    client::redeem_export(
+        &sock,
+        &Ticket::from_slice(&t.into_inner().fd_ticket).unwrap(),
+    )
+    .expect("the fd socket serves local users");
+
+    drop(held);
+}

@@ -1,15 +1,28 @@
-//! Accepting connections: limits per peer and in total, and an accept loop that backs off when
-//! the process is out of file descriptors instead of spinning.
+//! Accepting connections: connection pools per listener, a pre-authentication pool for TCP,
+//! limits per peer, and an accept loop that backs off when the process is out of file
+//! descriptors instead of spinning.
 //!
-//! Every listener (the gRPC Unix socket, the optional TCP listener, the fd socket) accepts
-//! through an [`Acceptor`], and every connection it admits holds a [`Slot`] of one shared
-//! [`Limiter`] until it closes: at most `limits.max_connections` in all, and
-//! `limits.max_connections_per_peer` from one peer (a uid on the Unix sockets, an IP address
-//! over TCP). A connection over a limit is still accepted, but only to be told why
-//! ([`Admission::Refused`]: the gRPC listeners answer its first request with
-//! `RESOURCE_EXHAUSTED` naming the key, the fd socket with its `RESOURCE_EXHAUSTED` status),
-//! and is closed within [`REFUSED_LIFETIME`]. At most [`MAX_REFUSING`] refused connections are
-//! held at once; past that they are closed unanswered.
+//! Local and remote callers draw on separate pools, so that no remote peer, authenticated or
+//! not, can use up the connections local users need:
+//!
+//! - the **local pool** serves the gRPC Unix socket and the fd socket: at most
+//!   `limits.max_connections` in all, `limits.max_connections_per_peer` from one uid;
+//! - the **TCP pool** serves the TCP listener: at most `limits.max_tcp_connections`, and
+//!   `limits.max_tcp_connections_per_prefix` from one network prefix ([`Prefix`]: an IPv4
+//!   address's /24, an IPv6 address's /64, all of loopback as one), since one host can hold a
+//!   whole /24 or /64 (and every local user all of 127.0.0.0/8);
+//! - the **pre-authentication pool**: a TCP connection also holds a place here from accept
+//!   until it has finished its TLS handshake and sent the HTTP/2 preface, at most
+//!   `limits.max_preauth_connections` in all and `limits.max_preauth_connections_per_prefix`
+//!   from one prefix, each bounded by `limits.handshake_timeout_ms`. A connection with no place
+//!   here is closed at once, unanswered: it has not said anything yet.
+//!
+//! Every connection a pool admits holds a [`Slot`] until it closes. A connection over a pool's
+//! limit is still accepted, but only to be told why ([`Admission::Refused`]: the gRPC listeners
+//! answer its first request with `RESOURCE_EXHAUSTED` naming the key, the fd socket with its
+//! `RESOURCE_EXHAUSTED` status), and is closed within [`REFUSED_LIFETIME`]. At most
+//! [`MAX_REFUSING`] refused connections are held at once per pool; past that they are closed
+//! unanswered.
 //!
 //! When `accept` fails with `EMFILE` or `ENFILE` the connection stays in the kernel's backlog
 //! and the listener stays readable, so retrying at once would spin a core. The acceptor logs the
@@ -21,7 +34,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -48,37 +61,143 @@ pub enum Peer {
     Addr(IpAddr),
 }
 
+impl Peer {
+    /// What the per-peer limit counts: a uid, or a TCP peer's network prefix.
+    fn key(self) -> Key {
+        match self {
+            Peer::Uid(u) => Key::Uid(u),
+            Peer::Addr(a) => Key::Prefix(Prefix::of(a)),
+        }
+    }
+}
+
 impl std::fmt::Display for Peer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Peer::Uid(u) => write!(f, "uid {u}"),
-            Peer::Addr(a) => write!(f, "address {a}"),
+            Peer::Addr(a) => write!(f, "address {a} (network {})", Prefix::of(*a)),
         }
     }
+}
+
+/// The network a TCP peer is counted in: one host can hold every address of its /24 (IPv4) or
+/// /64 (IPv6), and every local user every address of loopback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Prefix {
+    /// 127.0.0.0/8 and ::1.
+    Loopback,
+    /// The first three octets of an IPv4 address (an IPv4-mapped IPv6 one included).
+    V4([u8; 3]),
+    /// The first four groups of an IPv6 address.
+    V6([u16; 4]),
+}
+
+impl Prefix {
+    /// The prefix `addr` is counted in.
+    pub fn of(addr: IpAddr) -> Self {
+        let v4 = |a: Ipv4Addr| {
+            if a.is_loopback() {
+                Prefix::Loopback
+            } else {
+                let [x, y, z, _] = a.octets();
+                Prefix::V4([x, y, z])
+            }
+        };
+        match addr {
+            IpAddr::V4(a) => v4(a),
+            IpAddr::V6(a) => match a.to_ipv4_mapped() {
+                Some(m) => v4(m),
+                None if a == Ipv6Addr::LOCALHOST => Prefix::Loopback,
+                None => {
+                    let g = a.segments();
+                    Prefix::V6([g[0], g[1], g[2], g[3]])
+                }
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Prefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Prefix::Loopback => f.write_str("loopback"),
+            Prefix::V4([a, b, c]) => write!(f, "{a}.{b}.{c}.0/24"),
+            Prefix::V6([a, b, c, d]) => write!(f, "{a:x}:{b:x}:{c:x}:{d:x}::/64"),
+        }
+    }
+}
+
+/// What a pool's per-peer limit counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Key {
+    Uid(u32),
+    Prefix(Prefix),
 }
 
 #[derive(Debug, Default)]
 struct Counts {
     total: u32,
-    per_peer: HashMap<Peer, u32>,
+    per_peer: HashMap<Key, u32>,
 }
 
-/// Connection counts shared by every listener.
+/// A pool's limits and the configuration keys that set them, for messages.
+#[derive(Debug, Clone, Copy)]
+struct PoolLimits {
+    what: &'static str,
+    max_total: u32,
+    total_key: &'static str,
+    max_per_peer: u32,
+    per_peer_key: &'static str,
+}
+
+/// One pool's connection counts.
 #[derive(Debug)]
 pub struct Limiter {
-    max_total: u32,
-    max_per_peer: u32,
+    limits: PoolLimits,
     counts: Mutex<Counts>,
     refusing: AtomicU32,
 }
 
 impl Limiter {
-    pub fn new(limits: &Limits) -> Arc<Self> {
+    fn with(limits: PoolLimits) -> Arc<Self> {
         Arc::new(Self {
-            max_total: limits.max_connections,
-            max_per_peer: limits.max_connections_per_peer,
+            limits,
             counts: Mutex::new(Counts::default()),
             refusing: AtomicU32::new(0),
+        })
+    }
+
+    /// The local pool: the gRPC Unix socket and the fd socket.
+    pub fn local(limits: &Limits) -> Arc<Self> {
+        Self::with(PoolLimits {
+            what: "local",
+            max_total: limits.max_connections,
+            total_key: "limits.max_connections",
+            max_per_peer: limits.max_connections_per_peer,
+            per_peer_key: "limits.max_connections_per_peer",
+        })
+    }
+
+    /// The TCP listener's pool.
+    pub fn tcp(limits: &Limits) -> Arc<Self> {
+        Self::with(PoolLimits {
+            what: "TCP",
+            max_total: limits.max_tcp_connections,
+            total_key: "limits.max_tcp_connections",
+            max_per_peer: limits.max_tcp_connections_per_prefix,
+            per_peer_key: "limits.max_tcp_connections_per_prefix",
+        })
+    }
+
+    /// The pre-authentication pool: TCP connections that have not finished their TLS
+    /// handshake and HTTP/2 preface.
+    pub fn preauth(limits: &Limits) -> Arc<Self> {
+        Self::with(PoolLimits {
+            what: "pre-authentication",
+            max_total: limits.max_preauth_connections,
+            total_key: "limits.max_preauth_connections",
+            max_per_peer: limits.max_preauth_connections_per_prefix,
+            per_peer_key: "limits.max_preauth_connections_per_prefix",
         })
     }
 
@@ -92,33 +211,44 @@ impl Limiter {
     /// # Errors
     /// The refusal message when either limit is reached.
     pub fn admit(self: &Arc<Self>, peer: Peer) -> Result<Slot, String> {
+        let l = self.limits;
+        let key = peer.key();
         let mut g = self.lock();
-        if g.total >= self.max_total {
+        if g.total >= l.max_total {
             return Err(format!(
-                "the daemon has {} open connections, its limit (limits.max_connections); try \
-                 again later",
-                g.total
+                "the daemon has {} open {} connections, its limit ({}); try again later",
+                g.total, l.what, l.total_key
             ));
         }
-        let mine = g.per_peer.get(&peer).copied().unwrap_or(0);
-        if mine >= self.max_per_peer {
+        let mine = g.per_peer.get(&key).copied().unwrap_or(0);
+        if mine >= l.max_per_peer {
+            let whose = match key {
+                Key::Uid(_) => format!("{peer} has"),
+                Key::Prefix(p) => format!("network {p} (of {peer}) has"),
+            };
             return Err(format!(
-                "{peer} has {mine} open connections, the limit per peer \
-                 (limits.max_connections_per_peer); close some (one channel serves many calls)"
+                "{whose} {mine} open {} connections, the limit per {} ({}); close some (one \
+                 channel serves many calls)",
+                l.what,
+                match key {
+                    Key::Uid(_) => "peer",
+                    Key::Prefix(_) => "network prefix",
+                },
+                l.per_peer_key
             ));
         }
         g.total += 1;
-        *g.per_peer.entry(peer).or_insert(0) += 1;
+        *g.per_peer.entry(key).or_insert(0) += 1;
         Ok(Slot {
             limiter: self.clone(),
-            peer,
+            key,
         })
     }
 
-    /// Open admitted connections (all, and from `peer`).
+    /// Open admitted connections (all, and from `peer`'s uid or network prefix).
     pub fn open(&self, peer: Peer) -> (u32, u32) {
         let g = self.lock();
-        (g.total, g.per_peer.get(&peer).copied().unwrap_or(0))
+        (g.total, g.per_peer.get(&peer.key()).copied().unwrap_or(0))
     }
 
     fn refusing(self: &Arc<Self>) -> Option<RefusingGuard> {
@@ -133,21 +263,21 @@ impl Limiter {
     }
 }
 
-/// An admitted connection's place in the counts, given back on drop.
+/// An admitted connection's place in a pool's counts, given back on drop.
 #[derive(Debug)]
 pub struct Slot {
     limiter: Arc<Limiter>,
-    peer: Peer,
+    key: Key,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut g = self.limiter.lock();
         g.total = g.total.saturating_sub(1);
-        if let Some(n) = g.per_peer.get_mut(&self.peer) {
+        if let Some(n) = g.per_peer.get_mut(&self.key) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                g.per_peer.remove(&self.peer);
+                g.per_peer.remove(&self.key);
             }
         }
     }
@@ -168,8 +298,10 @@ impl Drop for RefusingGuard {
 /// What the acceptor decided for a connection.
 #[derive(Debug)]
 pub enum Admission {
-    /// Serve it; the slot is given back when the connection closes.
-    Admitted(Slot),
+    /// Serve it; the slot is given back when the connection closes. A TCP connection also
+    /// holds a place in the pre-authentication pool, given back once it has finished its TLS
+    /// handshake and HTTP/2 preface.
+    Admitted { slot: Slot, preauth: Option<Slot> },
     /// Tell it why not (the message names the limit or the cause), then close it.
     Refused {
         why: Arc<str>,
@@ -268,6 +400,8 @@ pub struct Acceptor {
     listener: Listener,
     what: &'static str,
     limiter: Arc<Limiter>,
+    /// The pre-authentication pool, for the TCP listener.
+    preauth: Option<Arc<Limiter>>,
     spare: Option<File>,
     backoff: Duration,
     /// When the current run of failures began, and how many attempts failed since.
@@ -280,10 +414,18 @@ impl Acceptor {
             listener,
             what,
             limiter,
+            preauth: None,
             spare: File::open("/dev/null").ok(),
             backoff: FIRST_BACKOFF,
             episode: None,
         }
+    }
+
+    /// Holds each connection in `preauth` until it has authenticated itself (the TCP listener).
+    #[must_use]
+    pub fn with_preauth(mut self, preauth: Arc<Limiter>) -> Self {
+        self.preauth = Some(preauth);
+        self
     }
 
     /// The next connection and what to do with it. Never returns an error: failures are
@@ -305,8 +447,17 @@ impl Acceptor {
                     }
                     self.backoff = FIRST_BACKOFF;
                     let peer = s.peer();
+                    let preauth = match self.preauth.as_ref().map(|p| p.admit(peer)) {
+                        None => None,
+                        Some(Ok(slot)) => Some(slot),
+                        Some(Err(why)) => {
+                            // Not a word from it yet: closed unanswered, costing nothing more.
+                            tracing::debug!(listener = self.what, %peer, "{why}; closed");
+                            continue;
+                        }
+                    };
                     match self.limiter.admit(peer) {
-                        Ok(slot) => return (s, Admission::Admitted(slot)),
+                        Ok(slot) => return (s, Admission::Admitted { slot, preauth }),
                         Err(why) => {
                             tracing::info!(listener = self.what, %peer, "{why}");
                             if let Some(g) = self.limiter.refusing() {
@@ -373,7 +524,7 @@ mod tests {
 
     #[test]
     fn limits_in_total_and_per_peer_name_their_keys_and_free_on_drop() {
-        let l = Limiter::new(&Limits {
+        let l = Limiter::local(&Limits {
             max_connections: 3,
             max_connections_per_peer: 2,
             ..Limits::default()
@@ -383,13 +534,66 @@ mod tests {
         let s1 = l.admit(a).unwrap();
         let _s2 = l.admit(a).unwrap();
         let e = l.admit(a).unwrap_err();
-        assert!(e.contains("limits.max_connections_per_peer"), "{e}");
-        assert!(e.starts_with("uid 1000 has 2 open connections"), "{e}");
+        assert!(e.contains("(limits.max_connections_per_peer)"), "{e}");
+        assert!(
+            e.starts_with("uid 1000 has 2 open local connections"),
+            "{e}"
+        );
         let _s3 = l.admit(b).unwrap();
         let e = l.admit(b).unwrap_err();
         assert!(e.contains("(limits.max_connections)"), "{e}");
         drop(s1);
         assert_eq!(l.open(a), (2, 1));
         l.admit(b).unwrap();
+    }
+
+    #[test]
+    fn tcp_peers_count_by_network_prefix_and_loopback_is_one_network() {
+        let l = Limiter::tcp(&Limits {
+            max_tcp_connections: 100,
+            max_tcp_connections_per_prefix: 2,
+            ..Limits::default()
+        });
+        let ip = |s: &str| Peer::Addr(s.parse().unwrap());
+        let _a = l.admit(ip("127.0.0.1")).unwrap();
+        let _b = l.admit(ip("127.0.0.2")).unwrap();
+        // Another loopback address is the same host.
+        let e = l.admit(ip("127.1.2.3")).unwrap_err();
+        assert!(
+            e.starts_with("network loopback (of address 127.1.2.3 (network loopback)) has 2"),
+            "{e}"
+        );
+        assert!(e.contains("(limits.max_tcp_connections_per_prefix)"), "{e}");
+        let e = l.admit(ip("::1")).unwrap_err();
+        assert!(e.contains("network loopback"), "{e}");
+        let _c = l.admit(ip("192.0.2.1")).unwrap();
+        let _d = l.admit(ip("::ffff:192.0.2.200")).unwrap();
+        let e = l.admit(ip("192.0.2.77")).unwrap_err();
+        assert!(e.contains("network 192.0.2.0/24"), "{e}");
+        l.admit(ip("192.0.3.1")).unwrap();
+        let _e = l.admit(ip("2001:db8:1:2::1")).unwrap();
+        let _f = l.admit(ip("2001:db8:1:2:ffff::9")).unwrap();
+        let e = l.admit(ip("2001:db8:1:2::3")).unwrap_err();
+        assert!(e.contains("network 2001:db8:1:2::/64"), "{e}");
+        l.admit(ip("2001:db8:1:3::1")).unwrap();
+    }
+
+    #[test]
+    fn the_pools_are_separate() {
+        let limits = Limits {
+            max_connections: 1,
+            max_tcp_connections: 1,
+            ..Limits::default()
+        };
+        let (local, tcp) = (Limiter::local(&limits), Limiter::tcp(&limits));
+        let _t = tcp.admit(Peer::Addr("127.0.0.1".parse().unwrap())).unwrap();
+        let e = tcp
+            .admit(Peer::Addr("198.51.100.1".parse().unwrap()))
+            .unwrap_err();
+        assert!(
+            e.contains("open TCP connections, its limit (limits.max_tcp_connections)"),
+            "{e}"
+        );
+        local.admit(Peer::Uid(1000)).unwrap();
     }
 }

@@ -183,10 +183,21 @@ pub struct Limits {
     pub max_sessions_per_uid: u32,
     /// Bytes of the programs one session references, each distinct content counted once.
     pub max_program_bytes_per_session: u64,
-    /// Open connections on the gRPC listeners and the fd socket together.
+    /// Open connections on the gRPC Unix socket and the fd socket together (the local pool;
+    /// TCP connections never draw on it).
     pub max_connections: u32,
-    /// Open connections from one peer (a uid on the Unix sockets, an IP address over TCP).
+    /// Open connections on the Unix sockets from one uid.
     pub max_connections_per_peer: u32,
+    /// Open connections on the TCP listener (its own pool).
+    pub max_tcp_connections: u32,
+    /// Open TCP connections from one network prefix: an IPv4 address's /24, an IPv6 address's
+    /// /64, all of loopback as one.
+    pub max_tcp_connections_per_prefix: u32,
+    /// TCP connections that have not yet finished their TLS handshake and HTTP/2 preface;
+    /// more are closed unanswered.
+    pub max_preauth_connections: u32,
+    /// Of those, from one network prefix.
+    pub max_preauth_connections_per_prefix: u32,
     /// How long a new connection may take to send its first request bytes (the HTTP/2
     /// preface, or an fd-socket frame), in ms.
     pub handshake_timeout_ms: u64,
@@ -216,6 +227,10 @@ impl Default for Limits {
             max_program_bytes_per_session: 64 << 20,
             max_connections: 1024,
             max_connections_per_peer: 128,
+            max_tcp_connections: 256,
+            max_tcp_connections_per_prefix: 64,
+            max_preauth_connections: 64,
+            max_preauth_connections_per_prefix: 8,
             handshake_timeout_ms: 10_000,
             idle_timeout_ms: 300_000,
             fault_budget: 3,
@@ -531,6 +546,22 @@ impl Config {
             (
                 "limits.max_connections_per_peer",
                 u64::from(l.max_connections_per_peer),
+            ),
+            (
+                "limits.max_tcp_connections",
+                u64::from(l.max_tcp_connections),
+            ),
+            (
+                "limits.max_tcp_connections_per_prefix",
+                u64::from(l.max_tcp_connections_per_prefix),
+            ),
+            (
+                "limits.max_preauth_connections",
+                u64::from(l.max_preauth_connections),
+            ),
+            (
+                "limits.max_preauth_connections_per_prefix",
+                u64::from(l.max_preauth_connections_per_prefix),
             ),
             ("limits.handshake_timeout_ms", l.handshake_timeout_ms),
             ("limits.idle_timeout_ms", l.idle_timeout_ms),

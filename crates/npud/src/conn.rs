@@ -77,6 +77,9 @@ pub struct Conn {
     info: ConnInfo,
     sessions: Arc<Sessions>,
     _slot: Option<Slot>,
+    /// The connection's place in the pre-authentication pool (TCP), given back when the
+    /// HTTP/2 preface is complete.
+    preauth: Option<Slot>,
     _refusing: Option<crate::accept::RefusingGuard>,
     /// Fires at the handshake deadline, then (re-armed lazily) at the idle deadline.
     deadline: Pin<Box<Sleep>>,
@@ -156,11 +159,14 @@ impl Conn {
             }
         };
         let now = Instant::now();
-        let (slot, refusing, first, fixed) = match admission {
-            Admission::Admitted(slot) => (Some(slot), None, t.handshake, false),
+        let (slot, preauth, refusing, first, fixed) = match admission {
+            Admission::Admitted { slot, preauth } => {
+                (Some(slot), preauth, None, t.handshake, false)
+            }
             Admission::Refused { why, _guard } => {
                 info.refused = Some(why);
                 (
+                    None,
                     None,
                     Some(_guard),
                     REFUSED_LIFETIME.min(t.handshake.max(Duration::from_millis(1))),
@@ -173,6 +179,7 @@ impl Conn {
             info,
             sessions,
             _slot: slot,
+            preauth,
             _refusing: refusing,
             deadline: Box::pin(tokio::time::sleep_until(now + first)),
             last_read: now,
@@ -237,7 +244,9 @@ impl AsyncRead for Conn {
                     if this.preface_left > 0 {
                         this.preface_left = this.preface_left.saturating_sub(n);
                         if this.preface_left == 0 && !this.fixed {
-                            // The handshake deadline no longer applies.
+                            // Past the preface: out of the pre-authentication pool, and the
+                            // handshake deadline no longer applies.
+                            this.preauth = None;
                             this.deadline.as_mut().reset(this.last_read + this.idle);
                         }
                     }

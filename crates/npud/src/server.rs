@@ -294,7 +294,8 @@ pub async fn run(
 
     tokio::spawn(reaper(state.clone(), stop.clone()));
     tokio::spawn(systemd::watchdog(state.exec.clone(), stop.clone()));
-    let limiter = Limiter::new(&cfg.limits);
+    // Local callers and TCP peers draw on separate pools (see `accept`).
+    let limiter = Limiter::local(&cfg.limits);
     let timeouts = Timeouts {
         handshake: Duration::from_millis(cfg.limits.handshake_timeout_ms),
         idle: Duration::from_millis(cfg.limits.idle_timeout_ms),
@@ -358,7 +359,8 @@ pub async fn run(
     if let Some(tcp) = tcp {
         let local = tcp.local_addr().ok();
         let incoming = accepted(
-            Acceptor::new(Listener::Tcp(tcp), "tcp", limiter.clone()),
+            Acceptor::new(Listener::Tcp(tcp), "tcp", Limiter::tcp(&cfg.limits))
+                .with_preauth(Limiter::preauth(&cfg.limits)),
             tls.clone(),
             sessions.clone(),
             timeouts,
