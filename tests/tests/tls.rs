@@ -85,6 +85,25 @@ impl Ca {
         (c, k)
     }
 
+    /// A client certificate with exactly these subject alternative names and common name
+    /// `file`.
+    fn leaf_with(&self, file: &str, sans: Vec<rcgen::SanType>) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::default();
+        p.subject_alt_names = sans;
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        p.distinguished_name.push(DnType::CommonName, file);
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = p.signed_by(&key, &self.issuer).unwrap();
+        let (c, k) = (
+            self.dir.join(format!("{file}.crt")),
+            self.dir.join(format!("{file}.key")),
+        );
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c, k)
+    }
+
     fn server(&self, file: &str) -> (PathBuf, PathBuf) {
         self.leaf(file, &["localhost", "127.0.0.1"], "npud", true)
     }
@@ -243,8 +262,8 @@ async fn mtls_identities_rules_quotas_admins_and_sessions_bound_to_their_identit
         let ops = ca.leaf("ops", &["ops.example"], "ops", false);
         let body = format!(
             "{}client_ca = {:?}\nclient_auth = \"required\"\n\n[auth]\n\
-             admins = [\"cert:ops.example\"]\n\
-             [[auth.rules]]\nname = \"no-b\"\nmatch = [\"cert:client-b\"]\nallow = false\n\
+             admins = [\"cert:dns:ops.example\"]\n\
+             [[auth.rules]]\nname = \"no-b\"\nmatch = [\"cert:cn:client-b\"]\nallow = false\n\
              [[auth.rules]]\nname = \"clients\"\nmatch = [\"cert:*\"]\nmax_sessions = 1\n\
              max_tensor_bytes_per_session = 8192\n",
             tls_section(&cert, &key),
@@ -275,7 +294,7 @@ async fn mtls_identities_rules_quotas_admins_and_sessions_bound_to_their_identit
             .unwrap()
             .into_inner();
         assert_eq!(info.tcp_security, "mtls-required");
-        assert_eq!(info.caller_identity, "cert:client-a.example");
+        assert_eq!(info.caller_identity, "cert:dns:client-a.example");
         assert!(!info.caller_admin);
 
         // The rule's quotas: one session, 8 KiB of tensors per session.
@@ -285,7 +304,7 @@ async fn mtls_identities_rules_quotas_admins_and_sessions_bound_to_their_identit
         assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
         assert_eq!(
             e.message(),
-            "cert:client-a.example already has 1 sessions (auth.rules[\"clients\"].max_sessions); \
+            "cert:dns:client-a.example already has 1 sessions (auth.rules[\"clients\"].max_sessions); \
              close one, or let an abandoned one end after its grace period"
         );
         for _ in 0..2 {
@@ -322,7 +341,7 @@ async fn mtls_identities_rules_quotas_admins_and_sessions_bound_to_their_identit
         assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
         assert_eq!(
             e.message(),
-            "cert:client-b is refused by rule \"no-b\" (auth.rules)"
+            "cert:cn:client-b is refused by rule \"no-b\" (auth.rules)"
         );
         let e = NpudClient::new(cb)
             .get_statistics(pb::GetStatisticsRequest {})
@@ -348,7 +367,7 @@ async fn mtls_identities_rules_quotas_admins_and_sessions_bound_to_their_identit
         assert_eq!(
             e.message(),
             format!(
-                "session {} belongs to cert:client-a.example; this caller is cert:ops.example",
+                "session {} belongs to cert:dns:client-a.example; this caller is cert:dns:ops.example",
                 sa.id
             )
         );
@@ -370,12 +389,12 @@ async fn mtls_identities_rules_quotas_admins_and_sessions_bound_to_their_identit
                 .iter()
                 .map(|s| s.identity.as_str())
                 .collect::<Vec<_>>(),
-            ["cert:client-a.example"]
+            ["cert:dns:client-a.example"]
         );
         let all = so.statistics().await.unwrap();
         let mut who: Vec<_> = all.sessions.iter().map(|s| s.identity.clone()).collect();
         who.sort();
-        assert_eq!(who, ["cert:client-a.example", "cert:ops.example"]);
+        assert_eq!(who, ["cert:dns:client-a.example", "cert:dns:ops.example"]);
         let hash = "0".repeat(64);
         let e = sa
             .client
@@ -387,8 +406,8 @@ async fn mtls_identities_rules_quotas_admins_and_sessions_bound_to_their_identit
         assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
         assert_eq!(
             e.message(),
-            "ClearQuarantine is allowed only to admins (auth.admins: cert:ops.example); this \
-             caller is cert:client-a.example"
+            "ClearQuarantine is allowed only to admins (auth.admins: cert:dns:ops.example); this \
+             caller is cert:dns:client-a.example"
         );
         let r = so
             .client
@@ -406,6 +425,59 @@ async fn mtls_identities_rules_quotas_admins_and_sessions_bound_to_their_identit
             .unwrap()
             .into_inner();
         assert!(info.caller_admin);
+
+        // Issue 20, finding 6: certificates whose e-mail SAN, URI SAN or bare common name is
+        // the admin's DNS name are other callers, not the admin: each kind of name is its own
+        // namespace, and a bare common name is matched only where a rule names it.
+        let email = ca.leaf_with("imp-email", vec![rcgen::SanType::Rfc822Name(
+            "ops.example".try_into().unwrap(),
+        )]);
+        let uri = ca.leaf_with("imp-uri", vec![rcgen::SanType::URI(
+            "ops.example".try_into().unwrap(),
+        )]);
+        let cn = ca.leaf("imp-cn", &[], "ops.example", false);
+        for (imp, name) in [
+            (&email, "cert:email:ops.example"),
+            (&uri, "cert:uri:ops.example"),
+            (&cn, "cert:cn:ops.example"),
+        ] {
+            let mut c = NpudClient::new(tls_channel(&d, &ca.pem, Some(imp)).await.unwrap());
+            let info = c
+                .get_device_info(pb::GetDeviceInfoRequest {})
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(info.caller_identity, name);
+            assert!(!info.caller_admin, "{name} is not the admin");
+            let e = c
+                .clear_quarantine(pb::ClearQuarantineRequest {
+                    content_hash: "0".repeat(64),
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+            let e = c
+                .allocate_tensor(with_session(
+                    pb::AllocateTensorRequest {
+                        size_bytes: 16,
+                        name: String::new(),
+                    },
+                    so.id,
+                    &so.token,
+                ))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::PermissionDenied, "{name} may not use the admin's session");
+        }
+        // `cert:*` does not reach a bare common name: no rule allows it.
+        let e = Session::open(
+            NpudClient::new(tls_channel(&d, &ca.pem, Some(&cn)).await.unwrap()),
+            "cn",
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        assert_eq!(e.message(), "no rule in auth.rules allows cert:cn:ops.example");
 
         // npuctl with --ca/--cert/--key shows who owns each session.
         let out = std::process::Command::new(npud_e2e::npuctl_binary())
@@ -433,7 +505,7 @@ async fn mtls_identities_rules_quotas_admins_and_sessions_bound_to_their_identit
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(
-            text.contains("\"identity\": \"cert:client-a.example\""),
+            text.contains("\"identity\": \"cert:dns:client-a.example\""),
             "{text}"
         );
         let out = std::process::Command::new(npud_e2e::npuctl_binary())
@@ -446,7 +518,7 @@ async fn mtls_identities_rules_quotas_admins_and_sessions_bound_to_their_identit
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{text}");
-        assert!(text.contains("cert:client-a.example"), "{text}");
+        assert!(text.contains("cert:dns:client-a.example"), "{text}");
         assert!(text.contains("mtls-required"), "{text}");
     })
     .await;

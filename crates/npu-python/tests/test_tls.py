@@ -52,7 +52,7 @@ def test_tls_with_ca_cert_and_key(tls_daemon, pki):
     with npud.Client(https(daemon), ca=pki / "ca.pem", cert=pki / "client.crt",
                      key=pki / "client.key", tls_server_name="localhost") as c:
         info = c.device_info()
-        assert info["caller_identity"] == "cert:python-client.example"
+        assert info["caller_identity"] == "cert:dns:python-client.example"
         assert info["tcp_security"] == "mtls-optional"
         p = npud.Program.emulated("vector_scalar_add", N, generation=c.generation,
                                   dtype=np.int32, scalar=2)
@@ -61,7 +61,7 @@ def test_tls_with_ca_cert_and_key(tls_daemon, pki):
         c.dispatch(p, a, b)
         np.testing.assert_array_equal(b, np.arange(N) + 2)
         s = c.statistics()["sessions"]
-        assert [x["identity"] for x in s] == ["cert:python-client.example"]
+        assert [x["identity"] for x in s] == ["cert:dns:python-client.example"]
 
 
 def test_tls_asyncio_and_a_token(tls_daemon, pki):

@@ -145,7 +145,7 @@ impl Conn {
                     .and_then(|c| crate::tls::certificate_subject(c))
                     .map_or_else(
                         || Identity::anonymous(addr.map(|a| a.ip())),
-                        |n| Identity::cert(&n),
+                        |(kind, name)| Identity::cert(kind, &name),
                     );
                 let info = ConnInfo {
                     id,

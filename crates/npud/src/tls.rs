@@ -17,6 +17,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ServerConfig, WebPkiClientVerifier};
 use serde::{Deserialize, Serialize};
 
+use crate::auth::CertName;
 use crate::config::ConfigError;
 
 /// Whether and how clients present certificates (`tls.client_auth`).
@@ -220,17 +221,17 @@ fn server_config(cfg: &TlsConfig) -> Result<ServerConfig, TlsError> {
     Ok(sc)
 }
 
-/// The name a client certificate stands for: its first DNS, URI or e-mail subject alternative
-/// name, else its subject's common name.
-pub fn certificate_subject(der: &[u8]) -> Option<String> {
+/// The name a client certificate stands for, and its kind: its first DNS, URI or e-mail subject
+/// alternative name, else its subject's common name.
+pub fn certificate_subject(der: &[u8]) -> Option<(CertName, String)> {
     use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
     let (_, cert) = X509Certificate::from_der(der).ok()?;
     if let Ok(Some(san)) = cert.subject_alternative_name() {
         for n in &san.value.general_names {
             match n {
-                GeneralName::DNSName(s) | GeneralName::URI(s) | GeneralName::RFC822Name(s) => {
-                    return Some((*s).to_owned());
-                }
+                GeneralName::DNSName(s) => return Some((CertName::Dns, (*s).to_owned())),
+                GeneralName::URI(s) => return Some((CertName::Uri, (*s).to_owned())),
+                GeneralName::RFC822Name(s) => return Some((CertName::Email, (*s).to_owned())),
                 _ => {}
             }
         }
@@ -239,7 +240,7 @@ pub fn certificate_subject(der: &[u8]) -> Option<String> {
         .iter_common_name()
         .next()
         .and_then(|cn| cn.as_str().ok())
-        .map(str::to_owned)
+        .map(|cn| (CertName::Cn, cn.to_owned()))
 }
 
 #[cfg(test)]

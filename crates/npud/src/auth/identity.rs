@@ -17,7 +17,52 @@ pub enum Kind {
     Anonymous,
 }
 
-/// A caller's identity: its name (`uid:1000`, `cert:client-a.example`, `token:pod-a`,
+/// Which name of a client certificate an identity rests on. Each kind is its own namespace
+/// (`cert:dns:ops.example` and `cert:email:ops.example` are different callers), so a
+/// certificate cannot pass for another by carrying the same text in another kind of name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertName {
+    /// A DNS subject alternative name.
+    Dns,
+    /// A URI subject alternative name (e.g. a SPIFFE ID).
+    Uri,
+    /// An e-mail (RFC 822) subject alternative name.
+    Email,
+    /// The subject's common name, for a certificate without those; matched only by patterns
+    /// that name it (`cert:cn:...`), never by `cert:*`.
+    Cn,
+}
+
+impl CertName {
+    /// The kind's word in identity names.
+    pub fn word(self) -> &'static str {
+        match self {
+            CertName::Dns => "dns",
+            CertName::Uri => "uri",
+            CertName::Email => "email",
+            CertName::Cn => "cn",
+        }
+    }
+}
+
+/// `text` with every control character (a newline, an escape sequence) written as an escape,
+/// so that a name a client chose cannot forge or hide lines in a log.
+pub fn escape_controls(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// A caller's identity: its name (`uid:1000`, `cert:dns:client-a.example`, `token:pod-a`,
 /// `anonymous`, `anonymous@10.0.0.7`) and the groups it is a member of (`gid:27`, `token`).
 /// Two identities are the same when their names are.
 #[derive(Debug, Clone)]
@@ -48,10 +93,10 @@ impl Identity {
         }
     }
 
-    /// The subject of a client certificate.
-    pub fn cert(subject: &str) -> Self {
+    /// A client certificate's name of kind `kind` (control characters escaped).
+    pub fn cert(kind: CertName, value: &str) -> Self {
         Self {
-            name: format!("cert:{subject}").into(),
+            name: format!("cert:{}:{}", kind.word(), escape_controls(value)).into(),
             groups: Arc::new([]),
             kind: Kind::Cert,
         }
@@ -115,6 +160,38 @@ impl fmt::Display for Identity {
     }
 }
 
+/// Whether the policy pattern `pattern` matches the identity or group name `name`: [`glob`],
+/// except that a certificate's common name (`cert:cn:...`) is matched only by a pattern that
+/// names it.
+pub fn matches(pattern: &str, name: &str) -> bool {
+    if name.starts_with("cert:cn:") && !pattern.starts_with("cert:cn:") {
+        return false;
+    }
+    glob(pattern, name)
+}
+
+/// Why `pattern` cannot be a policy pattern, if it cannot: a certificate pattern must say
+/// which kind of name it matches (`cert:*` for any but the common name).
+pub fn check_pattern(pattern: &str) -> Result<(), String> {
+    if pattern.is_empty() {
+        return Err("an empty pattern matches nothing".into());
+    }
+    if let Some(rest) = pattern.strip_prefix("cert:")
+        && rest != "*"
+        && !["dns:", "uri:", "email:", "cn:"]
+            .iter()
+            .any(|k| rest.starts_with(k))
+    {
+        return Err(format!(
+            "{pattern:?} does not say which name of a certificate it matches: write \
+             cert:dns:{rest} (a DNS name), cert:uri:{rest}, cert:email:{rest}, or cert:cn:{rest} \
+             (the common name, matched only where a pattern names it); cert:* matches any but \
+             the common name"
+        ));
+    }
+    Ok(())
+}
+
 /// Whether `pattern` matches `text`; `*` in a pattern matches any run of characters.
 pub fn glob(pattern: &str, text: &str) -> bool {
     let parts: Vec<&str> = pattern.split('*').collect();
@@ -146,7 +223,14 @@ mod tests {
             Identity::uid(1000, [1000, 27]).groups(),
             ["gid:1000", "gid:27"]
         );
-        assert_eq!(Identity::cert("a.example").name(), "cert:a.example");
+        assert_eq!(
+            Identity::cert(CertName::Dns, "a.example").name(),
+            "cert:dns:a.example"
+        );
+        assert_eq!(
+            Identity::cert(CertName::Cn, "x\nFORGED line").name(),
+            "cert:cn:x\\nFORGED line"
+        );
         assert_eq!(Identity::token("pod-a").groups(), ["token"]);
         assert_eq!(
             Identity::anonymous("127.0.0.1".parse().ok()).name(),
@@ -161,8 +245,21 @@ mod tests {
             "anonymous@10.0.0.7"
         );
         assert!(glob("uid:*", "uid:0"));
-        assert!(glob("cert:*.example", "cert:a.example"));
-        assert!(!glob("cert:*.example", "cert:a.example.org"));
+        assert!(glob("cert:dns:*.example", "cert:dns:a.example"));
+        assert!(!glob("cert:dns:*.example", "cert:dns:a.example.org"));
+        assert!(matches("cert:*", "cert:dns:a.example"));
+        assert!(
+            !matches("cert:*", "cert:cn:a.example"),
+            "CN only where named"
+        );
+        assert!(!matches("*", "cert:cn:a.example"));
+        assert!(matches("cert:cn:a.*", "cert:cn:a.example"));
+        assert!(!matches("cert:dns:ops.example", "cert:email:ops.example"));
+        assert!(check_pattern("cert:*").is_ok());
+        assert!(check_pattern("cert:uri:spiffe://x/*").is_ok());
+        let e = check_pattern("cert:ops.example").unwrap_err();
+        assert!(e.contains("cert:dns:ops.example"), "{e}");
+        assert!(check_pattern("cert:*.example").is_err());
         assert!(glob("*", "anything"));
         assert!(glob("a*b*c", "axxbyyc"));
         assert!(!glob("a*b*c", "ac"));

@@ -2,7 +2,7 @@
 //! token identities.
 //!
 //! Every call has an identity (see [`Identity`]): `uid:<n>` (with groups `gid:<n>`) on the Unix
-//! socket, `cert:<subject>` over mTLS, `anonymous` over plaintext loopback TCP (and
+//! socket, `cert:dns:<name>` (or `cert:uri:`, `cert:email:`, `cert:cn:`) over mTLS, `anonymous` over plaintext loopback TCP (and
 //! `anonymous@<address>` from any other address without credentials), or `token:<name>` when
 //! the call carries an `x-npud-token` secret from `auth.token_dir`, which replaces the
 //! transport's identity.
@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-pub use identity::{Identity, Kind, glob};
+pub use identity::{CertName, Identity, Kind, check_pattern, escape_controls, glob};
 pub use tokens::Tokens;
 
 use crate::config::{ConfigError, Limits};
@@ -41,7 +41,7 @@ use crate::error::NpudError;
 pub struct Rule {
     /// Named in refusals and quota messages.
     pub name: String,
-    /// Identity or group patterns (`uid:1000`, `gid:27`, `cert:*.example`, `token:*`,
+    /// Identity or group patterns (`uid:1000`, `gid:27`, `cert:dns:*.example`, `token:*`,
     /// `token`, `anonymous`, `anonymous@*`); `*` matches any run of characters.
     #[serde(rename = "match")]
     pub patterns: Vec<String>,
@@ -133,6 +133,9 @@ impl AuthConfig {
                     r.name
                 )));
             }
+            for p in &r.patterns {
+                check_pattern(p).map_err(|why| invalid(format!("rule {:?}: {why}", r.name)))?;
+            }
             for (k, v) in [
                 ("max_sessions", r.max_sessions.map(u64::from)),
                 (
@@ -156,11 +159,11 @@ impl AuthConfig {
                 }
             }
         }
-        if let Some(bad) = self.admins.iter().find(|a| a.is_empty()) {
-            return Err(ConfigError::Invalid {
+        for a in &self.admins {
+            check_pattern(a).map_err(|reason| ConfigError::Invalid {
                 key: "auth.admins",
-                reason: format!("{bad:?} is not a pattern"),
-            });
+                reason,
+            })?;
         }
         Ok(())
     }
@@ -301,9 +304,9 @@ impl Policy {
     }
 
     fn matches(patterns: &[String], who: &Identity) -> bool {
-        patterns
-            .iter()
-            .any(|p| glob(p, who.name()) || who.groups().iter().any(|g| glob(p, g)))
+        patterns.iter().any(|p| {
+            identity::matches(p, who.name()) || who.groups().iter().any(|g| identity::matches(p, g))
+        })
     }
 
     /// The identity a call has: its connection's, or the token's when it carries
@@ -400,7 +403,7 @@ mod tests {
         for who in [
             Identity::uid(1000, [1000]),
             Identity::anonymous("127.0.0.1".parse().ok()),
-            Identity::cert("a.example"),
+            Identity::cert(CertName::Dns, "a.example"),
             Identity::token("pod-a"),
         ] {
             let g = p.decide(&who).unwrap();
@@ -420,12 +423,15 @@ mod tests {
         assert!(p.is_admin(&Identity::uid(991, [])), "user:npud");
         assert!(!p.is_admin(&Identity::uid(1000, [])));
         let e = p
-            .require_admin(&Identity::cert("a.example"), "ClearQuarantine")
+            .require_admin(
+                &Identity::cert(CertName::Dns, "a.example"),
+                "ClearQuarantine",
+            )
             .unwrap_err();
         assert_eq!(
             e.message(),
             "ClearQuarantine is allowed only to admins (auth.admins: uid:0, uid:991, uid:990); \
-             this caller is cert:a.example"
+             this caller is cert:dns:a.example"
         );
     }
 
@@ -433,10 +439,10 @@ mod tests {
     fn the_first_matching_rule_decides_and_lowers_quotas() {
         let p = policy(
             r#"
-            admins = ["cert:ops.example"]
+            admins = ["cert:dns:ops.example"]
             [[rules]]
             name = "no-b"
-            match = ["cert:b.*"]
+            match = ["cert:dns:b.*"]
             allow = false
             [[rules]]
             name = "video"
@@ -445,11 +451,13 @@ mod tests {
             max_tensor_bytes_per_session = 999999999999999
             "#,
         );
-        let e = p.decide(&Identity::cert("b.example")).unwrap_err();
+        let e = p
+            .decide(&Identity::cert(CertName::Dns, "b.example"))
+            .unwrap_err();
         assert_eq!(e.code_name(), "PERMISSION_DENIED");
         assert_eq!(
             e.message(),
-            "cert:b.example is refused by rule \"no-b\" (auth.rules)"
+            "cert:dns:b.example is refused by rule \"no-b\" (auth.rules)"
         );
         let g = p.decide(&Identity::uid(1000, [1000, 44])).unwrap();
         assert_eq!(g.rule, "video");
@@ -462,7 +470,7 @@ mod tests {
         );
         let e = p.decide(&Identity::uid(1000, [1000])).unwrap_err();
         assert_eq!(e.message(), "no rule in auth.rules allows uid:1000");
-        assert!(p.is_admin(&Identity::cert("ops.example")));
+        assert!(p.is_admin(&Identity::cert(CertName::Dns, "ops.example")));
         assert!(!p.is_admin(&Identity::uid(0, [])));
     }
 }
