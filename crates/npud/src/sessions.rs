@@ -137,7 +137,8 @@ impl Sessions {
             id,
             Session {
                 token: token.clone(),
-                client_name: client_name.to_owned(),
+                // Shown in statistics, metrics and logs: control characters escaped.
+                client_name: crate::auth::escape_controls(client_name),
                 uid,
                 owner: owner.clone(),
                 grant: grant.clone(),

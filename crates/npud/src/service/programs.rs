@@ -98,7 +98,7 @@ impl NpudService {
         if let Some(r) = &removed {
             tracing::warn!(
                 hash = %r.content_hash,
-                name = %r.name,
+                name = %crate::auth::escape_controls(&r.name),
                 identity = %who,
                 pid = ?conn.and_then(|c| c.pid),
                 "quarantine cleared: these bytes may be registered and run again"

@@ -76,7 +76,8 @@ impl NpudService {
             .open(name, conn.as_ref(), &who, &grant)?;
         tracing::info!(
             session = session_id,
-            client = %name,
+            // A newline in a client's name must not forge a log line.
+            client = %crate::auth::escape_controls(name),
             identity = %who,
             rule = %grant.rule,
             uid = ?conn.as_ref().and_then(|c| c.uid),
