@@ -16,7 +16,9 @@
 //! roots), a client certificate and key for mTLS (`tls_cert`, `tls_key`), and the name to check
 //! the server's certificate against when it is not the host (`tls_domain`). An identity token
 //! (`token`, `token_file`, else the file `NPUD_TOKEN_FILE` names) is sent with every call as
-//! `x-npud-token`; the daemon then treats the caller as `token:<name>`.
+//! `x-npud-token`; the daemon then treats the caller as `token:<name>`. A token is never sent in
+//! plaintext off loopback, and one from `NPUD_TOKEN_FILE` only to the daemon it was issued for
+//! (see [`ConnectOptions::identity_token_for`]).
 //!
 //! Plaintext `http://` to a host that is not loopback is refused unless
 //! [`ConnectOptions::allow_plaintext_remote`] is set: session tokens and tensor bytes would cross
@@ -213,13 +215,48 @@ impl ConnectOptions {
     /// [`ClientError::Io`] when the file cannot be read; [`ClientError::Invalid`] when it does
     /// not hold one line of a secret.
     pub fn identity_token(&self) -> Result<Option<String>, ClientError> {
-        if let Some(t) = &self.token {
-            return Ok(Some(t.trim().to_owned()));
+        Ok(self.identity_token_source()?.map(|(secret, _)| secret))
+    }
+
+    /// The identity token to send to the daemon at `addr`, if it may go there. A token's secret
+    /// never crosses a network in the clear: to a plaintext `http://` address off loopback, an
+    /// explicit `token` or `token_file` is refused and `NPUD_TOKEN_FILE`'s is not sent. A token
+    /// from `NPUD_TOKEN_FILE` (which a device plugin hands out together with `NPUD_ADDR`) goes
+    /// only to the daemon it was issued for: the address `NPUD_ADDR` names, or, without
+    /// `NPUD_ADDR`, a Unix socket.
+    ///
+    /// # Errors
+    /// As [`Self::identity_token`]; [`ClientError::Invalid`] for an explicit token to a plaintext
+    /// address off loopback.
+    pub fn identity_token_for(&self, addr: &Address) -> Result<Option<String>, ClientError> {
+        let Some((secret, explicit)) = self.identity_token_source()? else {
+            return Ok(None);
+        };
+        let clear_off_loopback = matches!(addr, Address::Http(_)) && !addr.is_loopback();
+        if explicit {
+            if clear_off_loopback {
+                return Err(ClientError::Invalid(format!(
+                    "the identity token is not sent to {addr} in plaintext: use https://"
+                )));
+            }
+            return Ok(Some(secret));
         }
-        let file = match &self.token_file {
-            Some(f) => f.clone(),
+        let issued_for = match std::env::var(ADDR_ENV) {
+            Ok(a) if !a.trim().is_empty() => Address::parse(&a).ok().is_some_and(|a| &a == addr),
+            _ => matches!(addr, Address::Unix(_)),
+        };
+        Ok((issued_for && !clear_off_loopback).then_some(secret))
+    }
+
+    /// The token's secret and whether the options name it (rather than `NPUD_TOKEN_FILE`).
+    fn identity_token_source(&self) -> Result<Option<(String, bool)>, ClientError> {
+        if let Some(t) = &self.token {
+            return Ok(Some((t.trim().to_owned(), true)));
+        }
+        let (file, explicit) = match &self.token_file {
+            Some(f) => (f.clone(), true),
             None => match std::env::var_os(TOKEN_FILE_ENV) {
-                Some(f) if !f.is_empty() => PathBuf::from(f),
+                Some(f) if !f.is_empty() => (PathBuf::from(f), false),
                 _ => return Ok(None),
             },
         };
@@ -234,7 +271,7 @@ impl ConnectOptions {
                 file.display()
             )));
         }
-        Ok(Some(secret.to_owned()))
+        Ok(Some((secret.to_owned(), explicit)))
     }
 }
 
@@ -385,6 +422,35 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("loopback only"), "{e}");
+    }
+
+    #[test]
+    fn a_token_goes_only_where_it_was_issued_for_and_never_in_the_clear_off_loopback() {
+        let explicit = ConnectOptions {
+            token: Some("s3cret".into()),
+            ..ConnectOptions::default()
+        };
+        let at = |a: &str| Address::parse(a).unwrap();
+        assert_eq!(
+            explicit
+                .identity_token_for(&at("https://npu.example:443"))
+                .unwrap(),
+            Some("s3cret".into())
+        );
+        assert_eq!(
+            explicit
+                .identity_token_for(&at("http://127.0.0.1:5"))
+                .unwrap(),
+            Some("s3cret".into())
+        );
+        let e = explicit
+            .identity_token_for(&at("http://10.0.0.1:5"))
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("not sent to http://10.0.0.1:5 in plaintext"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -119,7 +119,7 @@ impl Inner {
         opts: ConnectOptions,
         open_session: bool,
     ) -> Result<Arc<Inner>, ClientError> {
-        let identity = identity_header(&opts)?;
+        let identity = identity_header(&addr, &opts)?;
         let channel = open_channel(&addr, &opts).await?;
         let mut plain = plain_client(channel.clone(), &opts, identity.clone());
         let device = bounded(&opts, "GetDeviceInfo", async {
@@ -445,11 +445,13 @@ pub(crate) fn plain_client(
     .max_decoding_message_size(MAX_DECODE_BYTES)
 }
 
-/// The `x-npud-token` value from the options' token or token file, if any.
+/// The `x-npud-token` value from the options' token or token file, if it may be sent to `addr`
+/// (see [`ConnectOptions::identity_token_for`]).
 pub(crate) fn identity_header(
+    addr: &Address,
     opts: &ConnectOptions,
 ) -> Result<Option<AsciiMetadataValue>, ClientError> {
-    match opts.identity_token()? {
+    match opts.identity_token_for(addr)? {
         Some(t) => Ok(Some(AsciiMetadataValue::try_from(t.as_str()).map_err(
             |_| ClientError::Invalid("the identity token is not ASCII text".into()),
         )?)),

@@ -277,7 +277,11 @@ impl Host {
             return self.mark_not_serving(format!("health {name}"));
         }
         // A token that cannot be read fails the sessions themselves, with the reason.
-        let mut rpc = plain_client(channel, opts, identity_header(opts).ok().flatten());
+        let mut rpc = plain_client(
+            channel,
+            opts,
+            identity_header(&self.addr, opts).ok().flatten(),
+        );
         match tokio::time::timeout(limit, rpc.get_statistics(pb::GetStatisticsRequest {})).await {
             Ok(Ok(r)) => self.sampled(&r.into_inner(), opened_before),
             Ok(Err(st)) if is_transport(&st) => {
