@@ -15,7 +15,7 @@
 
 use npu_artifacts::emu::{DType, EmuDesign};
 use npu_proto::v1 as pb;
-use npud_e2e::{Daemon, I32Copies, Options, Runtime, Session, dispatch_request};
+use npud_e2e::{Daemon, I32Copies, Options, Runtime, Session, dispatch_request, npuctl_binary};
 
 const N: u32 = 1024;
 const BYTES: u64 = N as u64 * 4;
@@ -142,6 +142,21 @@ async fn a_thousand_dispatches(runtime: Runtime) {
             .unwrap();
     }
     assert_eq!(done, SESSIONS * PER_SESSION);
+    // `npuctl status` says what this runtime costs and what to install instead.
+    let out = std::process::Command::new(npuctl_binary())
+        .args(["--addr"])
+        .arg(format!("unix:{}", d.socket.display()))
+        .arg("status")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for says in [
+        "a new hardware context for every dispatch",
+        "Install a newer ROCR",
+    ] {
+        assert!(text.contains(says), "{says}:\n{text}");
+    }
     assert!(
         reloads >= 100,
         "programs were evicted and reloaded ({reloads} reloads)"
