@@ -9,11 +9,13 @@
 //! 1. **Kernel objects**: the runtime loads a tiny built-in AIE code object
 //!    ([`super::code_object::probe`]); the releases without the AIE loader fail the load.
 //!    (From the reference: `rocr-aie-hsaco.md` §1.)
-//! 2. **G2**: the runtime maps a vmem handle of the AIE data pool (`hsa_amd_vmem_map`). The
-//!    2025 runtimes (ROCm 7.0's G1a and develop's late-2025 G1b) map only KFD memory and
-//!    answer `INVALID_AGENT` (reference: `rocr-aie.md` §4.2). That every runtime mapping AIE
-//!    handles reads G2 packets is *inferred*: the AIE vmem support read in the sources is of
-//!    2026, after G2 (PR #5595) landed.
+//! 2. **G2**: the runtime maps a vmem handle of the AIE data pool (`hsa_amd_vmem_map`). ROCm
+//!    7.0 and develop of August 2025 map only KFD memory and answer `INVALID_AGENT`
+//!    (reference, read in the source: `rocr-aie.md` §4.2); the newest G2 ROCR maps it (IRON
+//!    runs it); the first G2 release probably does (unconfirmed there). That late 2025's G1b
+//!    still answers `INVALID_AGENT` is *inferred* (its vmem code is not in the reference; the
+//!    AIE vmem support read is of 2026, after G2, PR #5595, landed): were it wrong, `auto`
+//!    would take a G1b runtime for G2.
 //! 3. **G1a (ROCm 7.0)**: a 2025 runtime (step 2 failed) whose AIE agent reports the product
 //!    name `AIE-ML`, which is what ROCm 7.0 and develop of August 2025 report (reference:
 //!    `rocr-aie.md` §3; observed on ROCm 7.0 in `rocm70-observed.md`). Later releases read
@@ -25,8 +27,9 @@
 //!    build between PR #1459 and G1b that still reads G1a) cannot be told apart:
 //!    [`HsaError::PacketAbiUnknown`] names the settings to choose from.
 //!
-//! The exported-symbol set does not help: ROCm 7.0 already exports every entry point this
-//! binding uses, the vmem family and `hsa_amd_portable_export_dmabuf` included. The build
+//! The exported-symbol set does not help: every entry point this binding uses, the vmem family
+//! and `hsa_amd_portable_export_dmabuf` included, is public ROCR API older than ROCm 7.0
+//! (inferred from the headers; `rocr-aie.md` §4 reads the 7.0 implementations of both). The build
 //! version string (`HSA_AMD_SYSTEM_INFO_BUILD_VERSION`) is recorded but not used: which ROCR
 //! build strings map to which generation is unconfirmed (`rocr-aie.md` §8).
 
