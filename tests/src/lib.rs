@@ -62,6 +62,9 @@ pub const PROFILES: [(&str, &str); 5] = [
     ("kernel-object", "kernel-object"),
 ];
 
+/// The profile whose packet form `packet_abi = "auto"` cannot prove.
+pub const AUTO_CANNOT_TELL: &str = "rocr-late-2025";
+
 /// How the daemon reaches the emulator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Runtime {
@@ -197,7 +200,9 @@ fn newest_file(dir: &Path) -> Option<std::time::SystemTime> {
 pub struct Options {
     /// The emulator profile (`rocm-7.0`, ...); the daemon's default when `None`. On
     /// `rocm-7.0`, whose agent name does not tell the generation, `--generation npu2` is
-    /// passed unless `args` names a generation or a sysfs root.
+    /// passed unless `args` names a generation or a sysfs root; on `rocr-late-2025`, whose
+    /// packet form `auto` cannot prove, `--packet-abi g1b` unless `args` names one. Otherwise
+    /// the packet ABI is `auto` on both backends.
     pub profile: Option<String>,
     pub runtime: Runtime,
     pub grace_ms: u64,
@@ -263,17 +268,18 @@ impl Options {
             }
             Runtime::Loaded => {
                 let p = self.profile.as_deref().unwrap_or("rocr-newest");
-                let abi = PROFILES
-                    .iter()
-                    .find(|(name, _)| *name == p)
-                    .map_or("g2", |(_, abi)| abi);
                 args.extend(["--backend".into(), "hsa".into(), "--library".into()]);
                 args.push(hsa_sim_library().display().to_string());
-                if !self.args.iter().any(|a| a == "--packet-abi") {
-                    args.extend(["--packet-abi".into(), abi.into()]);
-                }
                 env.push(("HSA_SIM_PROFILE".into(), p.into()));
             }
+        }
+        // `packet_abi = "auto"` proves every profile's packet form on both backends, except
+        // late 2025's, which nothing a runtime shows tells apart from a G1a build: its users
+        // must name it, and so do the tests (`rocm_7_0.rs` checks the refusal).
+        if self.profile.as_deref() == Some(AUTO_CANNOT_TELL)
+            && !self.args.iter().any(|a| a == "--packet-abi")
+        {
+            args.extend(["--packet-abi".into(), "g1b".into()]);
         }
         if self.profile.as_deref() == Some("rocm-7.0")
             && !self

@@ -74,6 +74,15 @@ pub enum HsaError {
         sysfs: String,
     },
 
+    /// `packet_abi = "auto"` found nothing that proves which packet form the runtime reads.
+    #[error(
+        "cannot tell which AIE packet form this runtime reads ({evidence}); set packet_abi = \
+         \"g1b\" for a rocm-systems develop build of late 2025 to early 2026 (completion signal \
+         at offset 48, AmdFormat 200), or packet_abi = \"g1a\" for ROCm 7.0 and the develop \
+         builds of 2025 before it (AmdFormat 3), in npud.toml or with --packet-abi"
+    )]
+    PacketAbiUnknown { evidence: String },
+
     /// The runtime lacks an optional entry point this operation needs.
     #[error("{operation} needs {symbol}, which this runtime does not export")]
     Unsupported {

@@ -41,23 +41,54 @@ fn the_probe_finds_kernel_objects_only_where_code_objects_load_and_leaves_nothin
     let _g = hsa_sim::serial_test_guard();
     for profile in Profile::ALL {
         let before = hsa_sim::counters();
-        let dev = open(profile, DeviceOptions::default());
-        let info = dev.info().clone();
+        hsa_sim::set_config(SimConfig {
+            profile,
+            ..SimConfig::default()
+        });
+        // ROCm 7.0 names every NPU aie2: its generation comes from configuration here.
+        let opts = DeviceOptions {
+            generation: Some(hsa_core::Generation::Npu1),
+            ..DeviceOptions::default()
+        };
+        let opened = Device::open(hsa_sim::api("hsa-sim"), opts);
         let probed = hsa_sim::counters().since(&before);
-        drop(dev);
-        if profile == Profile::KernelObject {
-            assert_eq!(info.packet_abi, PacketAbi::KernelObject);
-            assert_eq!(
-                info.packet_abi_source,
-                "auto: the runtime loaded a built-in AIE code object"
-            );
-        } else {
-            assert_eq!(info.packet_abi, PacketAbi::G2, "{profile}");
-            assert!(
-                info.packet_abi_source.contains("did not load"),
-                "{profile}: {}",
-                info.packet_abi_source
-            );
+        match profile {
+            Profile::KernelObject => {
+                let info = opened.expect("the device opens").info().clone();
+                assert_eq!(info.packet_abi, PacketAbi::KernelObject);
+                assert_eq!(
+                    info.packet_abi_source,
+                    "auto: the runtime loaded a built-in AIE code object"
+                );
+            }
+            Profile::RocrNewest | Profile::RocrG2May2026 => {
+                let info = opened.expect("the device opens").info().clone();
+                assert_eq!(info.packet_abi, PacketAbi::G2, "{profile}");
+                assert!(
+                    info.packet_abi_source.contains("maps a vmem handle"),
+                    "{profile}: {}",
+                    info.packet_abi_source
+                );
+            }
+            Profile::Rocm70 => {
+                let info = opened.expect("the device opens").info().clone();
+                assert_eq!(info.packet_abi, PacketAbi::G1a, "{profile}");
+                assert!(
+                    info.packet_abi_source.contains("ROCm 7.0 (G1a)")
+                        && info.packet_abi_source.contains("AIE-ML"),
+                    "{}",
+                    info.packet_abi_source
+                );
+            }
+            Profile::RocrLate2025 => {
+                let e = opened.expect_err("auto cannot tell G1b from G1a");
+                assert!(matches!(e, HsaError::PacketAbiUnknown { .. }), "{e:?}");
+                let e = e.to_string();
+                assert!(
+                    e.contains("packet_abi = \"g1b\"") && e.contains("packet_abi = \"g1a\""),
+                    "{e}"
+                );
+            }
         }
         // The probe's executable and reader are gone before the device is used.
         assert_eq!(probed.executables_created, probed.executables_destroyed);
@@ -68,6 +99,31 @@ fn the_probe_finds_kernel_objects_only_where_code_objects_load_and_leaves_nothin
         let all = hsa_sim::counters().since(&before);
         assert!(all.balanced(), "{profile}: {:?}", all.unbalanced());
     }
+}
+
+#[test]
+fn auto_on_rocm_7_0_never_takes_the_generation_from_the_name_aie2() {
+    let _g = hsa_sim::serial_test_guard();
+    let empty = tempfile::tempdir().unwrap();
+    hsa_sim::set_config(SimConfig {
+        profile: Profile::Rocm70,
+        ..SimConfig::default()
+    });
+    let e = Device::open(
+        hsa_sim::api("hsa-sim"),
+        DeviceOptions {
+            sysfs_root: empty.path().to_owned(),
+            ..DeviceOptions::default()
+        },
+    )
+    .expect_err("aie2 does not tell the generation on ROCm 7.0");
+    assert!(matches!(e, HsaError::UnknownGeneration { .. }), "{e:?}");
+    assert!(e.to_string().contains("--generation npu1"), "{e}");
+}
+
+#[test]
+fn a_configured_abi_is_not_probed() {
+    let _g = hsa_sim::serial_test_guard();
     // A configured ABI is not probed.
     let before = hsa_sim::counters();
     let dev = open(

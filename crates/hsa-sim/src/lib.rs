@@ -66,8 +66,15 @@
 //! | G2 header type not READY (0), opcode not KMQ (0) | ROCR | §2.1, §5.4 | — | — | runs (no check) | `INVALID_PACKET_FORMAT` | opcode only: `INVALID_PACKET_FORMAT` (the header is not read) |
 //! | G2 `pdi_patch_offset` non-zero (full ELF) | emulator limit | §0 | — | — | `NOT_SUPPORTED` | `NOT_SUPPORTED` | — (word 56 reserved, not read) |
 //! | G1 header not 0 | ROCR | §2.2 | runs (`assert` compiled out) | `INVALID_PACKET_FORMAT` | — | — | — |
-//! | G1 AmdFormat not 3 (G1a) / 200 (G1b), state not NEW, count not 5+3N, payload NULL or unreadable, data[0..2] not [3, 0] | ROCR / firmware | §2.2 | `INVALID_PACKET_FORMAT` (*inferred*) | `INVALID_PACKET_FORMAT` | — | — | — |
-//! | G1 ERT opcode not START_CU (real ROCR loops forever in the doorbell) | ROCR | §2.2 | `INVALID_PACKET_FORMAT` | `INVALID_PACKET_FORMAT` | — | — | — |
+//! | G1 AmdFormat not 3 (G1a) / 200 (G1b), state not NEW | ROCR | §2.2 | runs (`assert` compiled out; a G2 packet is read as G1a, observed) | `INVALID_PACKET_FORMAT` | — | — | — |
+//! | G1 payload NULL or unreadable | ROCR | §2.2; rocm70-observed | the process aborts (ROCR dereferences it: SIGSEGV, observed) | `INVALID_PACKET_FORMAT` | — | — | — |
+//! | G1 count not 5+3N, data[0..2] not [3, 0] | ROCR / firmware | §2.2 | `INVALID_PACKET_FORMAT` (*inferred*) | `INVALID_PACKET_FORMAT` | — | — | — |
+//! | G1 ERT opcode not START_CU | ROCR | §2.2; rocm70-observed item 6 | the ringing thread hangs forever (observed) | `INVALID_PACKET_FORMAT` | — | — | — |
+//! | a queue's first doorbell names only PDIs an earlier queue's first doorbell named | ROCR's agent-wide PDI cache | rocm70-observed item 4 | dropped silently, no context (observed; `dispatch/rocm70.rs`) | — | — | — | — |
+//! | every doorbell | ROCR | rocm70-observed item 4 | a new hardware context (`hw_context_builds`) | — | — | — | — |
+//! | instruction buffer at heap offset in [16, 32) or [48, 64) MiB | ROCR's address mask | rocm70-observed item 1 | the device runs the bytes 16 MiB below | — | — | — | — |
+//! | a G1a payload submitted again | ROCR translates it in place | rocm70-observed item 2 | `INVALID_ALLOCATION`, silent | — | — | — | — |
+//! | `hsa_shut_down` | ROCR | rocm70-observed item 9 | leaves the accel fd open (a memfd named `hsa-sim-accel0-…`) | closes | closes | closes | closes |
 //! | G1a packet index ≥ 64 (ROCm 7.0 reads past the ring) | ROCR | §5.2 | `INVALID_PACKET_FORMAT` | — (wraps) | — (wraps) | — (wraps) | — (wraps) |
 //! | write index more than 64 ahead of the read index | (ring overflow) | §5.2 | `INVALID_ARGUMENT` | same | same | same | same |
 //! | one batch's chain exceeds the 4 KiB chain buffer | amdxdna, unsplit by ROCR | §5.2, §7; hsaco §4 | `ERROR` past 4096 bytes at 52 + 4·(6+3N) per START_CU command (40 of N=2 fit) | same | `ERROR` past 4096 bytes at 52 + 4·(8+2N) per packet (40 of N=2, 31 of N=6 fit) | never: split into chains of 52 + 4·(6+2N) (44 of N=2 each) | never: split into chains of 52 + 4·(6+2N) per `PdiInsts` command (44 of N=2), 60 bytes per `FullElf` (68) |
@@ -170,14 +177,17 @@
 //!
 //! # Where the emulator differs from ROCR
 //!
-//! - A G1 packet whose ERT opcode is not START_CU fails instead of hanging the doorbell.
+//! - A G1 packet whose ERT opcode is not START_CU fails instead of hanging the doorbell
+//!   (except under `rocm-7.0`, which hangs as observed).
+//! - Under `rocm-7.0` a NULL or unreadable payload aborts the process (`SIGABRT`) where ROCR
+//!   faults (`SIGSEGV`); the PDI cache is keyed by PDI address where ROCR keys BO handles.
 //! - The write index running more than 64 packets ahead of the read index fails the batch
 //!   (ROCR would run overwritten slots).
 //! - On ROCm 7.0 a command that outlives the 50 ms wait is abandoned but may still finish on
 //!   the device and write its output later; the emulator's hung command never writes.
-//! - ROCm 7.0 `assert`s its G1a header check (compiled out), and may do the same for other
-//!   G1a field checks (unconfirmed); the emulator lets a bad header run and enforces the
-//!   rest (silently, as ROCm 7.0 reports everything).
+//! - ROCm 7.0 `assert`s its G1a header, AmdFormat and state checks (compiled out); the
+//!   emulator lets them run and enforces the count and the transaction opcode (silently, as
+//!   ROCm 7.0 reports everything; inferred).
 //! - The newest driver (hsaco §4) answers a NULL kernarg buffer with arguments, more
 //!   arguments than the kernarg buffer holds and an argument size past its allocation with
 //!   `INVALID_PACKET_FORMAT`; the emulator gives `INVALID_ARGUMENT` and `INVALID_ALLOCATION`.

@@ -13,11 +13,21 @@
 //! | chain per doorbell | one, ≤ 4096 bytes at 52 + 4·(6+3N) per START_CU command | same | one, ≤ 4096 bytes at 52 + 4·(8+2N) per packet | split into as many as needed | split; 52 + 4·(6+2N) per `PdiInsts` command, 60 per `FullElf` |
 //! | a failed batch | silent | abort | abort | suspend + error callback (abort without one) | suspend + error callback; a batch refused before submission retires nothing |
 //! | command wait limit | 50 ms (`WAIT_CMD`) | the watchdog | the watchdog | the watchdog | the watchdog |
-//! | `hsa_amd_portable_export_dmabuf` of AIE memory | `ERROR` | `ERROR` | `ERROR` | `ERROR` | `ERROR` |
+//! | `hsa_amd_portable_export_dmabuf` of AIE memory | `INVALID_AGENT` (observed) | `ERROR` | `ERROR` | `ERROR` | `ERROR` |
 //! | `hsa_amd_vmem_map` of an AIE-pool handle | `INVALID_AGENT` | `INVALID_AGENT` | works | works | works |
 //! | `hsa_amd_vmem_import_shareable_handle` | `INVALID_ALLOCATION` | `INVALID_ALLOCATION` | works | works | works |
 //! | `hsa_amd_vmem_export_shareable_handle` of an AIE-pool handle | `ERROR` | `ERROR` | `ERROR` | a sealed memfd | a sealed memfd |
 //! | AIE hsaco loads (`hsa_executable_load_agent_code_object`) | `INVALID_CODE_OBJECT` | same | same | same | yes |
+//! | hardware contexts | one per doorbell; a stale agent-wide PDI cache entry drops a later queue's first doorbell (`dispatch/rocm70.rs`) | per queue | per queue | per queue | per mode |
+//! | G2 packet / NULL G1 payload / ERT opcode not START_CU | read as G1a / abort / hang forever | refused | — | — | — |
+//!
+//! What `packet_abi = "auto"` in hsa-core sees of each profile is only what the real release
+//! shows through the function table: whether an AIE code object loads, whether an AIE vmem
+//! handle maps, the product name (`AIE-ML` on ROCm 7.0). The build-version string names the
+//! profile, which no ROCR string does; hsa-core does not read it to choose a packet form, and
+//! the exported-symbol set is the same for every profile (every entry point the binding uses
+//! is public ROCR API older than ROCm 7.0, so the symbol set tells no release from another;
+//! inferred from the headers, not checked against each release's exports).
 //!
 //! Where each row comes from, and which rows are inferred rather than read, is in the crate
 //! documentation's table of rules.

@@ -49,6 +49,8 @@ pub(crate) struct QueueState {
     pub parsed: crate::rules::ParsedPrograms,
     /// The kernel-object runtime's hardware context and PDI cache.
     pub ko: crate::dispatch::kernel_object::KoQueueState,
+    /// ROCm 7.0: the handle of the hardware context the last doorbell built (0: none yet).
+    pub rocm70_context: u64,
 }
 
 /// One live queue.

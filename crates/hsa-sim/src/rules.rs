@@ -236,6 +236,35 @@ pub(crate) fn execute(
             describe(insts.owner)
         )));
     }
+    if q.config.profile == crate::Profile::Rocm70 {
+        // ROCm 7.0 translates the instruction address with a mask one bit short of the 64 MiB
+        // heap (rocm70-observed.md item 1): the device fetches from heap offset `offset &
+        // 0x02FFFFFF`, so a stream at 16 MiB + x runs whatever lies at x.
+        let base = mem.heap_base();
+        let seen = base + ((cmd.insts - base) & DEV_ADDR_OFFSET_MASK);
+        if seen != cmd.insts {
+            let aliased = Command {
+                pdi: cmd.pdi,
+                insts: seen,
+                insts_size: cmd.insts_size,
+                args: cmd.args.clone(),
+                completion: None,
+            };
+            return match mem.resolve(seen) {
+                Some(r) if r.remaining(seen) >= cmd.insts_size => {
+                    run_pdi_insts(q, state, mem, &aliased, &pdi, &avail)
+                }
+                _ => Err(device_error(format!(
+                    "device error: the instruction stream at {:#x} (heap offset {:#x}) was fetched \
+                     from device address {:#x}, which no buffer of {} bytes holds",
+                    cmd.insts,
+                    cmd.insts - base,
+                    DEVICE_HEAP_DEVICE_BASE | (seen - base),
+                    cmd.insts_size
+                ))),
+            };
+        }
+    }
     run_pdi_insts(q, state, mem, cmd, &pdi, &avail)
 }
 

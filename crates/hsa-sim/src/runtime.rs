@@ -43,6 +43,8 @@ pub(crate) struct Runtime {
     /// Code object readers, executables and kernel descriptors. Lock it before `memory`
     /// when both are needed.
     pub code: Mutex<CodeObjects>,
+    /// ROCm 7.0's agent-wide PDI cache: it lives as long as the runtime, across queues.
+    pub rocm70: Mutex<crate::dispatch::rocm70::AgentContexts>,
 }
 
 impl Runtime {
@@ -55,6 +57,13 @@ impl Runtime {
         };
         let pools = crate::agents::make_pools(cpu_agent, aie_agent);
         let memory = Memory::new(aie_agent, config.profile)?;
+        if config.profile == crate::Profile::Rocm70 {
+            // ROCm 7.0 opens `/dev/accel/accel0` in `hsa_init` and never closes it: neither
+            // `hsa_shut_down` nor a second `hsa_init` does (rocm70-observed.md item 9). The
+            // emulator leaks a named memfd in its place, one per initialisation.
+            let fd = crate::memory::new_memfd("hsa-sim-accel0-left-open-by-rocm-7.0", 0)?;
+            let _ = std::os::fd::IntoRawFd::into_raw_fd(fd);
+        }
         Ok(Self {
             config,
             cpu_agent,
@@ -64,6 +73,7 @@ impl Runtime {
             signals: Mutex::new(HashMap::new()),
             queues: Mutex::new(HashMap::new()),
             code: Mutex::new(CodeObjects::default()),
+            rocm70: Mutex::new(Default::default()),
         })
     }
 
@@ -90,6 +100,10 @@ impl Runtime {
 
     pub fn code(&self) -> MutexGuard<'_, CodeObjects> {
         self.code.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn rocm70(&self) -> MutexGuard<'_, crate::dispatch::rocm70::AgentContexts> {
+        self.rocm70.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub fn queues(&self) -> MutexGuard<'_, HashMap<usize, Arc<QueueObj>>> {

@@ -19,7 +19,9 @@ fn batch(sim: &Sim, n_args: u8, packets: usize) -> Vec<[u8; 64]> {
     let loaded = sim.load(&EmuDesign::noop(n_args, 4096));
     let args: Vec<(u64, u64)> = (0..n_args).map(|_| (sim.alloc(DATA, 4096), 4096)).collect();
     let d = Dispatch::new(loaded, &args, sim.signal(packets as i64));
-    vec![sim.packet(&d); packets]
+    // A payload each: ROCm 7.0 rewrites a payload it has run, so one payload repeated runs
+    // only once.
+    (0..packets).map(|_| sim.packet(&d)).collect()
 }
 
 /// Rings `packets` on a fresh queue and returns what the counters saw.

@@ -66,10 +66,18 @@ fn discovery_finds_the_cdylib_under_rocm_path_and_vector_scalar_add_passes() {
                 // The emulated agent is aie2 (npu1); G1a runtimes name every NPU aie2, so the
                 // name does not tell the generation there.
                 generation: Some(hsa_core::Generation::Npu1),
+                // `auto` everywhere but late 2025, which nothing tells apart from a G1a build.
+                probe_code_objects: profile != Profile::RocrLate2025,
                 ..Default::default()
             },
         )
         .unwrap();
+        assert_eq!(
+            dev.info().packet_abi,
+            abi,
+            "{profile}: {}",
+            dev.info().packet_abi_source
+        );
         assert_eq!(dev.info().agent_name, "aie2");
         assert_eq!(dev.info().generation, hsa_core::Generation::Npu1);
         vector_scalar_add_passes(&mut dev);
@@ -97,10 +105,18 @@ fn the_cdylib_opened_by_path_passes_vector_scalar_add_for_each_packet_abi() {
                 // The emulated agent is aie2 (npu1); G1a runtimes name every NPU aie2, so the
                 // name does not tell the generation there.
                 generation: Some(hsa_core::Generation::Npu1),
+                // `auto` everywhere but late 2025, which nothing tells apart from a G1a build.
+                probe_code_objects: profile != Profile::RocrLate2025,
                 ..Default::default()
             },
         )
         .unwrap();
+        assert_eq!(
+            dev.info().packet_abi,
+            abi,
+            "{profile}: {}",
+            dev.info().packet_abi_source
+        );
         assert!(
             dev.info().library.contains("libhsa_sim.so"),
             "{}",

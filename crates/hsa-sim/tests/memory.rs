@@ -203,7 +203,14 @@ fn portable_dmabuf_export_of_aie_memory_fails_on_every_profile() {
             let st = unsafe {
                 hsa_amd_portable_export_dmabuf((p + 8) as *const c_void, 64, &mut fd, &mut off)
             };
-            assert_eq!(st, Status::ERROR, "{profile}, pool {pool}");
+            // ROCm 7.0 answers INVALID_AGENT, as observed (rocm70-observed.md); the later
+            // releases ERROR.
+            let want = if profile == Profile::Rocm70 {
+                Status::ERROR_INVALID_AGENT
+            } else {
+                Status::ERROR
+            };
+            assert_eq!(st, want, "{profile}, pool {pool}");
             assert_eq!(fd, -1, "{profile}: the fd stays invalid");
             let detail = last_error().unwrap();
             assert!(detail.contains(profile.as_str()), "{detail}");

@@ -70,3 +70,285 @@ fn a_hang_gives_up_at_the_50_ms_command_wait_silently() {
         "{detail}"
     );
 }
+
+// What ROCm 7.0 does with packets npud could send, each as observed over a model of the
+// amdxdna driver (`reference/rocm70-observed.md`). "Silently": the doorbell returns, the read
+// index advances, nothing reports an error.
+
+/// Set in a child process to the name of the test whose body it runs.
+const CHILD: &str = "HSA_SIM_ROCM70_CHILD";
+
+/// Runs `body` in a child (this test binary again, only `test`), and returns the child's
+/// status and stderr. In the child, runs `body` and exits 0.
+fn in_child(test: &str, body: impl FnOnce()) -> Option<(std::process::ExitStatus, String)> {
+    if std::env::var(CHILD).as_deref() == Ok(test) {
+        body();
+        std::process::exit(0);
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, test)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("the test binary runs again");
+    Some((
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+#[test]
+fn a_g2_packet_is_read_as_g1a_and_its_null_payload_kills_the_process() {
+    let name = "a_g2_packet_is_read_as_g1a_and_its_null_payload_kills_the_process";
+    let Some((status, stderr)) = in_child(name, || {
+        let sim = Sim::new(Profile::Rocm70);
+        let q = sim.queue();
+        // What npud sent under `auto` before it could tell ROCm 7.0 apart: a G2 packet.
+        let d = valid(&sim, sim.signal(1));
+        q.submit(&[g2_bytes(&g2_packet(&sim, &d))]);
+        eprintln!("child: the G2 packet did not kill the process");
+        std::process::exit(3);
+    }) else {
+        return;
+    };
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGABRT), "{status:?}: {stderr}");
+    assert!(
+        stderr.contains("payload_data is NULL") && stderr.contains("rocm-7.0"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_opcode_other_than_start_cu_hangs_the_ringing_thread() {
+    let name = "an_opcode_other_than_start_cu_hangs_the_ringing_thread";
+    let Some((status, stderr)) = in_child(name, || {
+        let sim = Sim::new(Profile::Rocm70);
+        let q = sim.queue();
+        let mut p = g1_packet(&sim, &valid(&sim, Signal::default()));
+        let mut bits = p.bits();
+        bits.opcode = hsa_core::sys::ert_opcode::START_CU + 1;
+        p.ert = bits.pack();
+        q.enqueue(&[g1_bytes(&p)]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        // SAFETY: a live queue's descriptor.
+        let doorbell = unsafe { (*q.q).doorbell_signal };
+        let wr = q.write_index();
+        std::thread::spawn(move || {
+            // SAFETY: the queue's doorbell signal; the queue outlives the child.
+            unsafe { hsa_signal_store_screlease(doorbell, wr as i64 - 1) };
+            let _ = tx.send(());
+        });
+        // The doorbell never returns; a generous bound only ends the child.
+        let returned = rx.recv_timeout(std::time::Duration::from_secs(2)).is_ok();
+        eprintln!("child: returned={returned} read_index={}", q.read_index());
+        std::process::exit(if returned { 3 } else { 0 });
+    }) else {
+        return;
+    };
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert!(
+        stderr.contains("returned=false read_index=0"),
+        "the ringing thread never returns and the packet never retires: {stderr}"
+    );
+}
+
+#[test]
+fn every_doorbell_builds_a_hardware_context_even_for_the_same_pdi() {
+    let sim = Sim::new(Profile::Rocm70);
+    let q = sim.queue();
+    let d = valid(&sim, Signal::default());
+    let before = counters();
+    for _ in 0..5 {
+        // A fresh payload each time (ROCm 7.0 rewrites a payload it has run).
+        q.submit(&[sim.packet(&d)]);
+    }
+    let seen = counters().since(&before);
+    assert_eq!(seen.packets_completed, 5);
+    assert_eq!(seen.hw_context_builds, 5, "one context per doorbell");
+    assert_eq!(bytes_i32(&read(d.args[1].0, 1024)), vec![6; 256]);
+}
+
+#[test]
+fn a_later_queues_first_doorbell_with_the_same_pdi_buffer_is_silently_dropped() {
+    let sim = Sim::new(Profile::Rocm70);
+    let d = valid(&sim, Signal::default());
+    let out = d.args[1].0;
+    let first = sim.queue();
+    first.submit(&[sim.packet(&d)]);
+    assert_eq!(bytes_i32(&read(out, 1024)), vec![6; 256]);
+    drop(first);
+
+    // The cache entry the first queue left under key 0 outlives it.
+    write(out, &[0; 1024]);
+    let q = sim.queue();
+    let before = counters();
+    q.submit(&[sim.packet(&d)]);
+    assert_eq!((q.errors(), q.read_index()), (vec![], 1), "silently");
+    assert_eq!(read(out, 1024), vec![0; 1024], "nothing ran");
+    assert_eq!(counters().since(&before).hw_context_builds, 0);
+    assert!(
+        last_error().unwrap().contains("under key 0"),
+        "{:?}",
+        last_error()
+    );
+    // The queue still has no context: the same PDI keeps hitting the stale entry.
+    q.submit(&[sim.packet(&d)]);
+    assert_eq!((q.read_index(), read(out, 1024)), (2, vec![0; 1024]));
+
+    // A fresh copy of the same PDI, allocated while the old buffer lives, misses: the queue
+    // gets a context, and from then on the old buffer runs too.
+    let fresh = sim.put(HEAP, &add_one().to_pdi());
+    let copy = Dispatch {
+        pdi: fresh,
+        ..d.clone()
+    };
+    q.submit(&[sim.packet(&copy)]);
+    assert_eq!(bytes_i32(&read(out, 1024)), vec![6; 256]);
+    write(out, &[0; 1024]);
+    q.submit(&[sim.packet(&d)]);
+    assert_eq!(bytes_i32(&read(out, 1024)), vec![6; 256]);
+    assert_eq!(counters().since(&before).hw_context_builds, 2);
+}
+
+#[test]
+fn re_initialising_the_runtime_clears_the_pdi_cache() {
+    let design = add_one();
+    let sim = Sim::new(Profile::Rocm70);
+    let d = valid(&sim, Signal::default());
+    sim.queue().submit(&[sim.packet(&d)]);
+    drop(sim);
+    // The same design placed at the same heap offset in a new runtime runs on its first queue.
+    let sim = Sim::new(Profile::Rocm70);
+    let (a, b) = io_i32(&sim, &[5; 256]);
+    let d = Dispatch::new(
+        sim.load(&design),
+        &[(a, 1024), (b, 1024)],
+        Signal::default(),
+    );
+    let q = sim.queue();
+    q.submit(&[sim.packet(&d)]);
+    assert_eq!(bytes_i32(&read(d.args[1].0, 1024)), vec![6; 256]);
+}
+
+#[test]
+fn re_submitting_the_same_payload_is_silently_dropped() {
+    let sim = Sim::new(Profile::Rocm70);
+    let q = sim.queue();
+    let d = valid(&sim, Signal::default());
+    let out = d.args[1].0;
+    let packet = sim.packet(&d);
+    q.submit(&[packet]);
+    assert_eq!(bytes_i32(&read(out, 1024)), vec![6; 256]);
+    // The runtime wrote the instruction address's translation into the payload.
+    let payload = g1_payload(&packet);
+    let low = u32::from_le_bytes(read(payload + 16, 4).try_into().unwrap());
+    assert_eq!(low & 0xFC00_0000, 0x0400_0000, "{low:#x}");
+    write(out, &[0; 1024]);
+    q.submit(&[packet]);
+    assert_eq!((q.errors(), q.read_index()), (vec![], 2));
+    assert_eq!(
+        read(out, 1024),
+        vec![0; 1024],
+        "the second submission never ran"
+    );
+    assert_eq!(last_error_status(), Some(Status::ERROR_INVALID_ALLOCATION));
+}
+
+fn g1_payload(packet: &[u8; 64]) -> u64 {
+    u64::from_le_bytes(packet[56..64].try_into().unwrap())
+}
+
+#[test]
+fn operands_that_are_not_driver_buffers_drop_the_packet_before_any_context() {
+    let sim = Sim::new(Profile::Rocm70);
+    let q = sim.queue();
+    let (input, out) = io_i32(&sim, &[5; 256]);
+    let host = vec![0u8; 1024];
+    let d = Dispatch::new(
+        sim.load(&add_one()),
+        &[(input, 1024), (host.as_ptr() as u64, 1024)],
+        Signal::default(),
+    );
+    let before = counters();
+    q.submit(&[sim.packet(&d)]);
+    assert_eq!((q.errors(), q.read_index()), (vec![], 1), "silently");
+    assert_eq!(host, vec![0; 1024]);
+    assert_eq!(counters().since(&before).hw_context_builds, 0);
+    assert!(
+        last_error().unwrap().contains("argument 1"),
+        "{:?}",
+        last_error()
+    );
+    let _ = out;
+}
+
+#[test]
+fn an_instruction_buffer_at_16_mib_plus_x_runs_the_buffer_at_x() {
+    const MIB: u64 = 1 << 20;
+    let sim = Sim::new(Profile::Rocm70);
+    let design = add_one();
+    let insts = design.insts(sim.generation());
+    // Heap offset 0 first: the heap is 64 MiB aligned and empty.
+    let low = sim.put(HEAP, &vec![0u8; insts.len()]);
+    let base = low & !(64 * MIB - 1);
+    assert_eq!(low, base, "the first heap allocation is at offset 0");
+    let filler = sim.alloc(HEAP, (16 * MIB - (1 << 15)) as usize);
+    let high = sim.put(HEAP, &insts);
+    assert_eq!(high - base, 16 * MIB, "the stream sits at 16 MiB");
+    let pdi = sim.put(HEAP, &design.to_pdi());
+    let (a, b) = io_i32(&sim, &[5; 256]);
+    let d = Dispatch::new(
+        (pdi, high, insts.len() as u64),
+        &[(a, 1024), (b, 1024)],
+        Signal::default(),
+    );
+    let q = sim.queue();
+    // The device fetches offset 0, which holds zeros: a device error, reported as nothing.
+    q.submit(&[sim.packet(&d)]);
+    assert_eq!((q.errors(), q.read_index()), (vec![], 1));
+    assert_eq!(read(b, 1024), vec![0; 1024]);
+    assert!(
+        last_error()
+            .unwrap()
+            .contains("instruction sequence is malformed"),
+        "{:?}",
+        last_error()
+    );
+    // Put the stream at offset 0 and the same packet runs: the device read offset 0.
+    write(low, &insts);
+    q.submit(&[sim.packet(&d)]);
+    assert_eq!(bytes_i32(&read(b, 1024)), vec![6; 256]);
+    let _ = filler;
+}
+
+#[test]
+fn hsa_shut_down_leaves_the_accel_device_open() {
+    let open = || {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|t| t.to_string_lossy().contains("hsa-sim-accel0"))
+            .count()
+    };
+    let before = open();
+    drop(Sim::new(Profile::Rocm70));
+    assert_eq!(open(), before + 1, "hsa_shut_down closed nothing");
+    drop(Sim::new(Profile::Rocm70));
+    assert_eq!(open(), before + 2, "a second hsa_init opens it again");
+    drop(Sim::new(Profile::RocrNewest));
+    assert_eq!(open(), before + 2, "the later releases close it");
+}
+
+#[test]
+fn dmabuf_export_of_aie_memory_is_invalid_agent() {
+    let sim = Sim::new(Profile::Rocm70);
+    let p = sim.alloc(DATA, 4096);
+    let (mut fd, mut off) = (7, 0u64);
+    // SAFETY: out-pointers are live locals; the range lies in the allocation.
+    let st = unsafe {
+        hsa_amd_portable_export_dmabuf(p as *const std::ffi::c_void, 64, &mut fd, &mut off)
+    };
+    assert_eq!(st, Status::ERROR_INVALID_AGENT);
+    assert_eq!(st.0, 0x1004);
+}

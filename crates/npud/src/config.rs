@@ -606,15 +606,12 @@ impl Config {
     }
 
     /// How the packet ABI is chosen, as (ABI, probe): `packet_abi` when it names one; else
-    /// (`auto`, the default) by loading a code object when the device opens, falling back to
-    /// the emulator profile's ABI on the emulator and to G2 on `hsa`.
+    /// (`auto`, the default) proven by hsa-core from what the runtime shows when the device
+    /// opens, the same way on both backends (the ABI returned is then unused).
     pub fn packet_abi(&self) -> (hsa_core::PacketAbi, bool) {
         match self.packet_abi.as_deref().filter(|a| *a != "auto") {
             Some(abi) => (abi.parse().unwrap_or_default(), false),
-            None => match self.backend {
-                Backend::Emulator => (spoken_by(self.emulator_profile()), true),
-                Backend::Hsa => (hsa_core::PacketAbi::G2, true),
-            },
+            None => (hsa_core::PacketAbi::G2, true),
         }
     }
 
@@ -819,9 +816,11 @@ mod tests {
         Jail::expect_with(|jail| {
             let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
             assert_eq!(c.packet_abi(), (PacketAbi::G2, true));
+            // `auto` never takes the emulator profile's ABI: hsa-core proves it on both
+            // backends from what the runtime shows.
             jail.set_env("NPUD_EMULATOR__PROFILE", "kernel-object");
             let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
-            assert_eq!(c.packet_abi(), (PacketAbi::KernelObject, true));
+            assert_eq!(c.packet_abi(), (PacketAbi::G2, true));
             jail.set_env("NPUD_PACKET_ABI", "kernel-object");
             let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
             assert_eq!(c.packet_abi(), (PacketAbi::KernelObject, false));
@@ -835,7 +834,7 @@ mod tests {
             jail.set_env("NPUD_EMULATOR__PROFILE", "rocm-7.0");
             jail.set_env("NPUD_PACKET_ABI", "auto");
             let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
-            assert_eq!(c.packet_abi(), (PacketAbi::G1a, true));
+            assert_eq!(c.packet_abi(), (PacketAbi::G2, true));
             jail.set_env("NPUD_BACKEND", "hsa");
             let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
             assert_eq!(c.packet_abi(), (PacketAbi::G2, true));

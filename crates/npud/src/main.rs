@@ -40,9 +40,8 @@ struct Cli {
     /// Path of libhsa-runtime64.so (hsa backend).
     #[arg(long)]
     library: Option<PathBuf>,
-    /// AIE packet ABI: auto (the default: kernel-object when the runtime loads a built-in AIE
-    /// code object, else g2 on hsa and the profile's on the emulator), kernel-object, g2, g1b
-    /// or g1a.
+    /// AIE packet ABI: auto (the default: proven from what the runtime shows, refusing to
+    /// start where nothing proves one), kernel-object, g2, g1b or g1a.
     #[arg(long)]
     packet_abi: Option<String>,
     /// npu1 or npu2, overriding the agent name and the PCI id in sysfs.

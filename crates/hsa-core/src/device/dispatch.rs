@@ -138,7 +138,27 @@ impl Device {
                     report,
                 });
             }
-            if let Err((k, error)) = self.run_batch(batch) {
+            let fresh = match self.fresh_first_pdi(batch) {
+                Ok(f) => f,
+                Err(error) => {
+                    report.device_time = start.elapsed();
+                    return Err(ChainError {
+                        index: first,
+                        error,
+                        report,
+                    });
+                }
+            };
+            let result = match &fresh {
+                Some((_, copied)) => self.run_batch(copied),
+                None => self.run_batch(batch),
+            };
+            if let Some((copy, _)) = fresh {
+                // The copy stays allocated, so no later buffer takes its address, until the
+                // next queue's first doorbell has named a newer one.
+                self.first_batch_pdi = Some(copy);
+            }
+            if let Err((k, error)) = result {
                 report.doorbells += 1;
                 self.mark_queue_failed();
                 report.device_time = start.elapsed();
@@ -213,10 +233,12 @@ impl Device {
         Ok(match &p.code {
             Code::Heap {
                 pdi,
+                pdi_len,
                 insts,
                 insts_len,
             } => PacketDesc {
                 pdi: pdi.addr(),
+                pdi_len: *pdi_len,
                 insts: insts.addr(),
                 insts_size: *insts_len as u64,
                 args,
@@ -235,6 +257,42 @@ impl Device {
                 }
             }
         })
+    }
+
+    /// ROCm 7.0 (G1a) keeps an agent-wide PDI cache keyed by the previous hardware context's
+    /// handle, which outlives the queue: a queue's first doorbell is looked up under "no
+    /// context", and when every PDI it names is in the entry an earlier queue's first doorbell
+    /// left there, no context is created and the batch is dropped while the read index
+    /// advances (`rocm70-observed.md` item 4). So the first doorbell of every queue names a
+    /// fresh copy of its first PDI, allocated while the copy the previous queue's first doorbell
+    /// named is still allocated (so the two never share an address or a BO handle): the lookup
+    /// misses and a context is built. Returns the copy and the batch naming it; `None` where
+    /// nothing needs copying. Costs one PDI's bytes of device heap and one copy per queue.
+    fn fresh_first_pdi(
+        &self,
+        batch: &[PacketDesc],
+    ) -> Result<Option<(PoolAlloc, Vec<PacketDesc>)>, HsaError> {
+        let first_doorbell = self.queue.as_ref().is_some_and(|q| q.taken == 0);
+        let Some(head) = batch.first() else {
+            return Ok(None);
+        };
+        if self.info.packet_abi != PacketAbi::G1a
+            || !first_doorbell
+            || head.pdi == 0
+            || head.pdi_len == 0
+        {
+            return Ok(None);
+        }
+        let copy = PoolAlloc::new(&self.rt.api, self.pools.heap.pool, head.pdi_len)?;
+        // SAFETY: `head.pdi` is the start of a live device-heap allocation of `pdi_len` bytes
+        // this binding wrote (the program's PDI), and `copy` is a fresh allocation of as many
+        // bytes; the device does not write PDIs.
+        unsafe {
+            std::ptr::copy_nonoverlapping(head.pdi as *const u8, copy.ptr(), head.pdi_len);
+        }
+        let mut copied = batch.to_vec();
+        copied[0].pdi = copy.addr();
+        Ok(Some((copy, copied)))
     }
 
     /// Recreates the queue after a device failure (the runtime suspends a failed queue), so
@@ -379,9 +437,11 @@ impl Device {
             }
         }
         q.taken += n as u64;
+        let rang = Instant::now();
         // SAFETY: the doorbell signal belongs to this queue; the store submits every pending
         // packet and returns when they have finished.
         unsafe { (f.signal_store_screlease)(doorbell, last_index as i64) };
+        let doorbell_time = rang.elapsed();
         if let Some(status) = self.errors.take() {
             let completed = if abi.has_completion_signal() {
                 // SAFETY: the signal is live.
@@ -434,7 +494,28 @@ impl Device {
                 }
             }
         } else {
-            // G1a has no completion signal: the doorbell's return means done.
+            // G1a has no completion signal: the doorbell's return means done, except that
+            // ROCm 7.0 waits for a chain only 50 ms (one WAIT_CMD, no retry) and then
+            // advances the read index as if it had run (`rocm70-observed.md` item 8). A
+            // doorbell that took that long may have been given up on: its results are unknown,
+            // so it is an error, never a success. (A chain that finished just under the limit
+            // on a busy machine is reported too; the caller may run it again.)
+            if doorbell_time >= G1A_COMMAND_WAIT {
+                return Err((
+                    0,
+                    HsaError::Device {
+                        index: 0,
+                        status: crate::sys::Status::ERROR,
+                        message: format!(
+                            "the doorbell took {} ms; ROCm 7.0 stops waiting for a command \
+                             after {} ms and reports nothing, so whether this batch ran is \
+                             unknown",
+                            doorbell_time.as_millis(),
+                            G1A_COMMAND_WAIT.as_millis()
+                        ),
+                    },
+                ));
+            }
             // SAFETY: `raw` is live.
             let rd = unsafe { (f.queue_load_read_index_scacquire)(raw) };
             if rd <= last_index {
@@ -457,6 +538,10 @@ impl Device {
         Ok(())
     }
 }
+
+/// How long ROCm 7.0 (G1a) waits for a command chain before it gives up without a word
+/// (`WAIT_CMD`'s `DEFAULT_TIMEOUT_VAL`, `rocr-aie.md` §5.2).
+pub(crate) const G1A_COMMAND_WAIT: Duration = Duration::from_millis(50);
 
 /// `timeout` in ticks of the runtime's timestamp frequency (`freq` per second), exactly and
 /// never 0: a zero hint would make every wait return at once and the loop spin.

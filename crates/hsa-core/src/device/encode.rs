@@ -121,6 +121,8 @@ pub(crate) struct PacketDesc {
     /// The PDI's address (G1, G2), or on kernel objects the key of the PDI the runtime caches
     /// for this program (its kernel object; 0 for a FullElf kernel, whose PDIs are not cached).
     pub pdi: u64,
+    /// The PDI's length in bytes where this binding placed it (0 otherwise).
+    pub pdi_len: usize,
     pub insts: u64,
     pub insts_size: u64,
     /// The symbol's `KERNEL_OBJECT` (kernel objects only).

@@ -4,6 +4,7 @@
 //! queue is not safe to enqueue into or ring from several threads, and the doorbell is
 //! synchronous, so a dispatch returns when the device has finished it.
 
+pub mod abi;
 mod code_object;
 mod discover;
 mod dispatch;
@@ -72,11 +73,11 @@ impl TensorSharing {
 /// Choices made when opening a device.
 #[derive(Debug, Clone)]
 pub struct DeviceOptions {
-    /// The packet ABI to speak; with `probe_code_objects`, the one to speak when the runtime
-    /// does not load code objects.
+    /// The packet ABI to speak when `probe_code_objects` is off.
     pub packet_abi: PacketAbi,
-    /// Load a tiny built-in code object when the device opens (`packet_abi = "auto"`): a
-    /// runtime that takes it speaks [`PacketAbi::KernelObject`], whatever `packet_abi` says.
+    /// `packet_abi = "auto"`: prove the packet ABI from what the runtime shows when the device
+    /// opens ([`abi`]), and refuse to open where nothing proves one; `packet_abi` is then
+    /// ignored.
     pub probe_code_objects: bool,
     /// Overrides the generation read from the agent name or sysfs.
     pub generation: Option<Generation>,
@@ -163,6 +164,9 @@ struct QueueState {
 pub struct Device {
     queue: Option<QueueState>,
     programs: HashMap<ProgramId, Program>,
+    /// G1a (ROCm 7.0): the copy of a PDI the current queue's first doorbell named, kept until
+    /// a later queue's first doorbell has named a newer copy ([`Device::run_chain`]).
+    first_batch_pdi: Option<PoolAlloc>,
     tensors: HashMap<TensorId, Tensor>,
     signal: SignalOwner,
     /// One side-buffer slot per ring slot (kernargs or G1 payloads).
@@ -194,7 +198,7 @@ impl Device {
     /// The failing runtime call with its status string; [`HsaError::NoAgent`] when there is no
     /// AIE or CPU agent; [`HsaError::UnknownGeneration`] when the agent name maps to no
     /// generation and none was given; [`HsaError::NoPool`] when the AIE pools are not as ROCR
-    /// lays them out.
+    /// lays them out; [`HsaError::PacketAbiUnknown`] when `auto` cannot prove the packet ABI.
     pub fn open(api: HsaApi, opts: DeviceOptions) -> Result<Self, HsaError> {
         let api = Arc::new(api);
         let rt = Runtime::init(api.clone())?;
@@ -219,10 +223,10 @@ impl Device {
                 found: describe(),
             })?
             .agent;
-        let (abi, packet_abi_source) = resolve_abi(&api, aie.agent, &opts);
+        let pools = discover::choose_pools(&discover::pools(&api, aie.agent)?)?;
+        let (abi, packet_abi_source) = resolve_abi(&api, &pools, cpu, aie.agent, &opts)?;
         tracing::info!(abi = %abi, how = %packet_abi_source, "chose the packet ABI");
         let (generation, generation_source) = resolve_generation(&aie.name, abi, &opts)?;
-        let pools = discover::choose_pools(&discover::pools(&api, aie.agent)?)?;
         let fns = api.fns();
         let probe = tensor::probe_sharing(&api, &pools, cpu, aie.agent, opts.tensor_backing);
         tracing::info!(
@@ -263,6 +267,7 @@ impl Device {
         Ok(Self {
             tensors: HashMap::new(),
             programs: HashMap::new(),
+            first_batch_pdi: None,
             queue: Some(QueueState {
                 owner: queue,
                 taken: 0,
@@ -332,26 +337,19 @@ fn resolve_generation(
     }
 }
 
-/// The packet ABI for `setting`, and how it was chosen. `Auto` loads a tiny built-in code
-/// object on the agent before any queue exists: a runtime that takes it speaks kernel objects
-/// (a runtime without the AIE loader fails the load, or lacks the executable API).
-fn resolve_abi(api: &Arc<HsaApi>, aie: Agent, opts: &DeviceOptions) -> (PacketAbi, String) {
-    let fallback = opts.packet_abi;
+/// The packet ABI and how it was chosen: as configured, or (`auto`, `probe_code_objects`)
+/// proven from what the runtime shows ([`abi::prove`]).
+fn resolve_abi(
+    api: &Arc<HsaApi>,
+    pools: &PoolChoice,
+    cpu: Agent,
+    aie: Agent,
+    opts: &DeviceOptions,
+) -> Result<(PacketAbi, String), HsaError> {
     if !opts.probe_code_objects {
-        return (fallback, "configured".into());
+        return Ok((opts.packet_abi, "configured".into()));
     }
-    match code_object::probe(api, aie) {
-        Ok(()) => (
-            PacketAbi::KernelObject,
-            "auto: the runtime loaded a built-in AIE code object".into(),
-        ),
-        Err(e) => (
-            fallback,
-            format!(
-                "auto: the runtime did not load a built-in AIE code object ({e}); using {fallback}"
-            ),
-        ),
-    }
+    abi::prove(api, pools, cpu, aie)
 }
 
 fn system_u64(api: &HsaApi, attr: SystemInfo) -> Result<u64, HsaError> {

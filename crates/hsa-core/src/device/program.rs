@@ -34,6 +34,7 @@ pub(super) enum Code {
     /// A PDI and an instruction stream this binding placed in the device heap.
     Heap {
         pdi: PoolAlloc,
+        pdi_len: usize,
         insts: PoolAlloc,
         insts_len: usize,
     },
@@ -200,6 +201,7 @@ impl Device {
             Program {
                 code: Code::Heap {
                     pdi: pdi_mem,
+                    pdi_len: pdi.len(),
                     insts: insts_mem,
                     insts_len: insts.len(),
                 },

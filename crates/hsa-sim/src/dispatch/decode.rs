@@ -8,11 +8,13 @@ use std::sync::Arc;
 
 use hsa_core::sys::{
     AIE_PACKET_OPCODE_KMQ, AIE_PACKET_TYPE_READY, AIE_QUEUE_SIZE, AMD_PACKET_TYPE_AIE_ERT,
-    AMD_PACKET_TYPE_RESERVED200, AieDispatchPacket, AieKernelObjectPacket, ERT_PAYLOAD_DATA_OFFSET,
-    ERT_TXN_OPCODE, ErtPacket, Signal, Status, ert_opcode, ert_state,
+    AMD_PACKET_TYPE_RESERVED200, AieDispatchPacket, AieKernelObjectPacket, DEV_ADDR_OFFSET_MASK,
+    DEVICE_HEAP_DEVICE_BASE, ERT_PAYLOAD_DATA_OFFSET, ERT_TXN_OPCODE, ErtPacket, Signal, Status,
+    ert_opcode, ert_state,
 };
 
 use crate::config::PacketAbi;
+use crate::profile::Profile;
 use crate::queue::{PACKET_SIZE, QueueObj};
 use crate::rules;
 use crate::runtime::Runtime;
@@ -175,13 +177,16 @@ fn decode_g1(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError
         PacketAbi::G1a => (AMD_PACKET_TYPE_AIE_ERT, "G1a"),
         _ => (AMD_PACKET_TYPE_RESERVED200, "G1b"),
     };
+    // ROCm 7.0 only `assert`s the header, the AmdFormat and the ERT state, and release builds
+    // compile that out: a G2 packet is read as G1a (rocm70-observed.md, "npud itself").
+    let rocm70 = q.config.profile == Profile::Rocm70;
     if q.config.profile.checks_packet_header() && p.header != 0 {
         return Err(bad_format(format!(
             "{abi} header is {:#06x}; the vendor-specific header must be exactly 0",
             p.header
         )));
     }
-    if p.amd_format != format {
+    if !rocm70 && p.amd_format != format {
         return Err(bad_format(format!(
             "{abi} AmdFormat is {}; expected {format}",
             p.amd_format
@@ -189,30 +194,51 @@ fn decode_g1(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError
     }
     let bits = p.bits();
     if bits.opcode != ert_opcode::START_CU {
+        if rocm70 {
+            hang_forever(index, bits.opcode);
+        }
         return Err(bad_format(format!(
             "{abi} ERT opcode {} is not START_CU (0); real ROCR would loop forever in the \
              doorbell on this packet",
             bits.opcode
         )));
     }
-    if bits.state != ert_state::NEW {
+    if !rocm70 && bits.state != ert_state::NEW {
         return Err(bad_format(format!(
             "{abi} ERT state {} is not NEW (1)",
             bits.state
         )));
     }
     let count = bits.count as usize;
+    let len = (ERT_PAYLOAD_DATA_OFFSET + 4 * count) as u64;
+    if p.payload_data == 0 {
+        let e = bad_format(format!("{abi} payload_data is NULL"));
+        if rocm70 {
+            // ROCm 7.0 dereferences the payload without a check: SIGSEGV in the doorbell.
+            crate::dispatch::abort_process(
+                q.config.profile,
+                &e,
+                "ROCm 7.0 dereferences the NULL payload in its submit path and the process dies",
+            );
+        }
+        return Err(e);
+    }
     if count < 5 || !(count - 5).is_multiple_of(3) {
         return Err(bad_format(format!(
             "{abi} ERT count {count} is not 5 + 3N for a whole number of arguments N"
         )));
     }
     let n = (count - 5) / 3;
-    if p.payload_data == 0 {
-        return Err(bad_format(format!("{abi} payload_data is NULL")));
-    }
-    let len = (ERT_PAYLOAD_DATA_OFFSET + 4 * count) as u64;
-    let payload = read_payload(rt, p.payload_data, len)?;
+    let payload = match read_payload(rt, p.payload_data, len) {
+        Err(e) if rocm70 && e.status == Status::ERROR_INVALID_PACKET_FORMAT => {
+            crate::dispatch::abort_process(
+                q.config.profile,
+                &e,
+                "ROCm 7.0 dereferences the payload in its submit path and the process dies",
+            )
+        }
+        r => r?,
+    };
     let dw = |i: usize| {
         let at = ERT_PAYLOAD_DATA_OFFSET + 4 * i;
         let b = payload
@@ -237,6 +263,9 @@ fn decode_g1(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError
             (addr, u64::from(dw(5 + 2 * n + i)))
         })
         .collect();
+    if rocm70 {
+        translate_in_place(rt, p.payload_data, dw(2));
+    }
     let completion = match q.config.packet_abi() {
         PacketAbi::G1b => completion(rt, p.completion_signal)?,
         _ => None,
@@ -248,6 +277,35 @@ fn decode_g1(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError
         args,
         completion,
     })
+}
+
+/// ROCm 7.0 writes the instruction address's device translation, `0x04000000 | (low word &
+/// 0x02FFFFFF)`, over the low word in the caller's payload (its high word stays the host
+/// address's; rocm70-observed.md item 2). Submitting the same payload again names an address
+/// no allocation holds, and the packet is silently dropped. The emulator writes payloads in
+/// registered memory (where hsa-core and the tests put them); a payload in other host memory
+/// is left as it was (inferred to be rare: ROCR's own clients allocate it from a pool).
+fn translate_in_place(rt: &Runtime, payload: u64, insts_low: u32) {
+    let device = DEVICE_HEAP_DEVICE_BASE | (u64::from(insts_low) & DEV_ADDR_OFFSET_MASK);
+    // Both constants lie below 2^32, so the device address is one 32-bit word.
+    let device = u32::try_from(device).unwrap_or(u32::MAX);
+    let at = payload + (ERT_PAYLOAD_DATA_OFFSET + 8) as u64;
+    let mem = rt.memory();
+    if mem.write(at, &device.to_le_bytes()).is_none() {
+        tracing::debug!("hsa-sim: the payload at {payload:#x} is not registered memory");
+    }
+}
+
+/// ROCm 7.0 loops forever in the doorbell on an ERT opcode other than START_CU
+/// (rocm70-observed.md item 6): the ringing thread never returns.
+fn hang_forever(index: u64, opcode: u32) -> ! {
+    tracing::error!(
+        "hsa-sim (rocm-7.0): packet {index} has ERT opcode {opcode}, not START_CU; ROCm 7.0 \
+         loops forever in the doorbell, and so does this thread"
+    );
+    loop {
+        std::thread::park();
+    }
 }
 
 /// Reads a G1 payload. Payloads inside registered memory are bounds-checked; the G1 ABI lets

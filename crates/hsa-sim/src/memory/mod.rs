@@ -386,6 +386,11 @@ impl Memory {
         Ok(())
     }
 
+    /// The device heap's base address (64 MiB aligned).
+    pub fn heap_base(&self) -> u64 {
+        self.heap.map.addr as u64
+    }
+
     /// The allocation or vmem mapping containing `addr`.
     pub fn resolve(&self, addr: u64) -> Option<Resolved> {
         let a = usize::try_from(addr).ok()?;
@@ -439,7 +444,8 @@ impl Memory {
     ///
     /// Memory that is no allocation or mapping gives `INVALID_ALLOCATION`, CPU-pool memory
     /// `INVALID_AGENT`, and AIE memory (a pool allocation, or a vmem mapping of an AIE-pool
-    /// handle) `HSA_STATUS_ERROR`: ROCm 7.0 does not implement the export, and ROCR's own AIE
+    /// handle) `HSA_STATUS_ERROR` (`INVALID_AGENT` on ROCm 7.0, as observed): ROCm 7.0 does
+    /// not implement the export, and ROCR's own AIE
     /// memory test expects it to fail in the newer releases (`rocr-aie.md` §4.3,
     /// `rocr-aie-hsaco.md` §6). The vmem case is inferred from the pool case.
     pub fn export_refusal(&self, ptr: usize, size: usize, profile: Profile) -> SimError {
@@ -468,10 +474,19 @@ impl Memory {
                 ),
             );
         }
-        let why = match profile {
-            Profile::Rocm70 => "ROCm 7.0 does not implement it for the AIE driver",
-            _ => "ROCR's AIE driver does not export its memory this way",
-        };
+        if profile == Profile::Rocm70 {
+            // Observed on ROCm 7.0 (rocm70-observed.md): the export of AIE memory answers
+            // INVALID_AGENT, not the ERROR its "not implemented" driver path suggests.
+            return SimError::new(
+                Status::ERROR_INVALID_AGENT,
+                format!(
+                    "hsa_amd_portable_export_dmabuf: {ptr:#x} is in {} ({profile}): ROCm 7.0 \
+                     exports no AIE memory",
+                    kind.describe()
+                ),
+            );
+        }
+        let why = "ROCR's AIE driver does not export its memory this way";
         let hint = if profile.vmem_exports_aie_handles() {
             "; export a vmem handle with hsa_amd_vmem_export_shareable_handle instead"
         } else {

@@ -54,11 +54,15 @@ pub fn open_static(profile: Profile, opts: DeviceOptions) -> Device {
         }),
         _ => None,
     });
+    // `auto` proves every profile's packet form but late 2025's, which nothing tells apart
+    // from a G1a develop build: say it, as its users must.
+    let probe_code_objects = opts.probe_code_objects && profile != Profile::RocrLate2025;
     Device::open(
         api,
         DeviceOptions {
             packet_abi: abi,
             generation,
+            probe_code_objects,
             ..opts
         },
     )

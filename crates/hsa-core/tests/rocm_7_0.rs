@@ -1,0 +1,109 @@
+//! The device layer on ROCm 7.0 as it behaves (hsa-sim's `rocm-7.0` profile, linked in): what
+//! the binding does about the runtime's silent drops, checked by outputs and counters.
+
+use hsa_core::{Device, DeviceOptions, Dispatch, Generation, HsaError, TensorId};
+use hsa_sim::{Profile, SimConfig};
+use npu_artifacts::NpuGen;
+use npu_artifacts::emu::{DType, EmuDesign};
+
+fn open() -> Device {
+    hsa_sim::set_config(SimConfig {
+        profile: Profile::Rocm70,
+        agent: NpuGen::Npu1,
+        // A watchdog far past ROCm 7.0's 50 ms command wait: the runtime gives up first.
+        timeout: std::time::Duration::from_secs(3600),
+    });
+    Device::open(
+        hsa_sim::api("hsa-sim"),
+        DeviceOptions {
+            generation: Some(Generation::Npu1),
+            ..DeviceOptions::default()
+        },
+    )
+    .expect("the device opens")
+}
+
+fn i32s(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn read_i32s(dev: &Device, t: TensorId) -> Vec<i32> {
+    let mut b = vec![0u8; 4096];
+    dev.read_tensor(t, 0, &mut b).unwrap();
+    b.chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn auto_speaks_g1a_and_every_queue_runs_its_first_dispatch() {
+    let _g = hsa_sim::serial_test_guard();
+    let mut dev = open();
+    assert_eq!(dev.info().packet_abi, hsa_core::PacketAbi::G1a);
+    let design = |k| EmuDesign::vector_scalar_add(1024, DType::I32, k);
+    let g = NpuGen::Npu1;
+    let (a, b) = (
+        dev.alloc_tensor(4096).unwrap(),
+        dev.alloc_tensor(4096).unwrap(),
+    );
+    let before = hsa_sim::counters();
+    let mut recreations = 0;
+    // 150 dispatches: the queue is recreated at 64 packets, and a program is unloaded and
+    // loaded again at the same heap address now and then (the PDI buffer a stale cache entry
+    // names); each dispatch writes what it must.
+    let mut p = dev
+        .load_program(&design(1).to_pdi(), &design(1).insts(g))
+        .unwrap();
+    for i in 0..150 {
+        if i % 40 == 39 {
+            dev.unload_program(p).unwrap();
+            p = dev
+                .load_program(&design(1).to_pdi(), &design(1).insts(g))
+                .unwrap();
+        }
+        let input: Vec<i32> = (0..1024).map(|j| j + i * 7).collect();
+        dev.write_tensor(a, 0, &i32s(&input)).unwrap();
+        dev.write_tensor(b, 0, &i32s(&[i32::MIN; 1024])).unwrap();
+        recreations += dev
+            .dispatch(&Dispatch::new(p, [a, b]))
+            .unwrap()
+            .queue_recreations;
+        let want: Vec<i32> = input.iter().map(|v| v + 1).collect();
+        assert_eq!(read_i32s(&dev, b), want, "dispatch {i}");
+    }
+    assert!(recreations >= 2, "{recreations}");
+    let seen = hsa_sim::counters().since(&before);
+    assert_eq!((seen.packets_completed, seen.packets_failed), (150, 0));
+    assert_eq!(
+        seen.hw_context_builds, 150,
+        "ROCm 7.0 builds a context per dispatch"
+    );
+}
+
+#[test]
+fn a_command_the_runtime_stopped_waiting_for_is_an_error_not_a_success() {
+    let _g = hsa_sim::serial_test_guard();
+    let mut dev = open();
+    let hang = EmuDesign::hang(4096);
+    let p = dev
+        .load_program(&hang.to_pdi(), &hang.insts(NpuGen::Npu1))
+        .unwrap();
+    let (a, b) = (
+        dev.alloc_tensor(4096).unwrap(),
+        dev.alloc_tensor(4096).unwrap(),
+    );
+    let e = dev
+        .dispatch(&Dispatch::new(p, [a, b]))
+        .expect_err("ROCm 7.0 advances the read index; the binding does not call that done");
+    assert!(matches!(e, HsaError::Device { .. }), "{e:?}");
+    let e = e.to_string();
+    assert!(e.contains("50 ms") && e.contains("unknown"), "{e}");
+    // The device serves the next program.
+    let add = EmuDesign::vector_scalar_add(1024, DType::I32, 1);
+    let q = dev
+        .load_program(&add.to_pdi(), &add.insts(NpuGen::Npu1))
+        .unwrap();
+    dev.write_tensor(a, 0, &i32s(&[4; 1024])).unwrap();
+    dev.dispatch(&Dispatch::new(q, [a, b])).unwrap();
+    assert_eq!(read_i32s(&dev, b), vec![5; 1024]);
+}
