@@ -62,6 +62,7 @@
 
 pub mod design;
 pub mod emu;
+mod budget;
 mod error;
 pub mod hsaco;
 mod le;
