@@ -316,6 +316,10 @@ fn aie_partition(
 /// The PDI embedded in an xclbin's `AIE_PARTITION` section, for the HSA path (which takes
 /// `main.pdi`). The image must verify as a partial PDI (SMAP words, "PPDI", IHT checksum).
 ///
+/// # Cost
+///
+/// [`summarize`]'s, a copy of the image, and a short message per failed entry.
+///
 /// # Errors
 ///
 /// [`ArtifactError::XclbinMalformed`] when the xclbin is broken, has no `AIE_PARTITION`
