@@ -73,7 +73,11 @@ impl Budget {
     }
 
     /// [`Self::charge`] for `len` bytes.
-    pub(crate) fn charge_bytes(&mut self, what: &'static str, len: usize) -> Result<(), ArtifactError> {
+    pub(crate) fn charge_bytes(
+        &mut self,
+        what: &'static str,
+        len: usize,
+    ) -> Result<(), ArtifactError> {
         self.charge(what, len as u64)
     }
 }

@@ -72,9 +72,9 @@
 
 #![forbid(unsafe_code)]
 
+mod budget;
 pub mod design;
 pub mod emu;
-mod budget;
 mod error;
 pub mod hsaco;
 mod le;

@@ -276,7 +276,10 @@ fn aie_partition(
         if let Some(img) = image {
             // Entries may share one image: each summary (about 1.2 bytes per image byte) is
             // charged.
-            budget.charge_bytes("aie_pdi image bytes summarized", img.len().saturating_mul(2))?;
+            budget.charge_bytes(
+                "aie_pdi image bytes summarized",
+                img.len().saturating_mul(2),
+            )?;
         }
         let (verified, problem) = match image {
             None => (

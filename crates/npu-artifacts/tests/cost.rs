@@ -199,11 +199,19 @@ fn hsaco_container_with_many_headers_sharing_one_long_name() {
     assert_eq!(f.len(), 8 * MIB);
     assert_linear("issue 19 hsaco, Hsaco::parse", &f, || {
         let e = Hsaco::parse(&f).unwrap_err();
-        assert!(e.to_string().len() < 4096, "{} byte message", e.to_string().len());
+        assert!(
+            e.to_string().len() < 4096,
+            "{} byte message",
+            e.to_string().len()
+        );
     });
     assert_linear("issue 19 hsaco, parse_for_arch", &f, || {
         let e = hsaco::parse_for_arch(&f, NpuGen::Npu2).unwrap_err();
-        assert!(e.to_string().len() < 4096, "{} byte message", e.to_string().len());
+        assert!(
+            e.to_string().len() < 4096,
+            "{} byte message",
+            e.to_string().len()
+        );
     });
     assert_linear("issue 19 hsaco, is_hsaco", &f, || {
         assert!(!hsaco::is_hsaco(&f));
@@ -238,12 +246,24 @@ fn hsaco_container_with_many_aie_sections_sharing_one_long_name() {
     let f = elf64(&data, &headers, 0, total);
     assert_linear("AIE sections sharing a long name, Hsaco::parse", &f, || {
         let e = Hsaco::parse(&f).unwrap_err();
-        assert!(e.to_string().len() < 4096, "{} byte message", e.to_string().len());
+        assert!(
+            e.to_string().len() < 4096,
+            "{} byte message",
+            e.to_string().len()
+        );
     });
-    assert_linear("AIE sections sharing a long name, parse_for_arch", &f, || {
-        let e = hsaco::parse_for_arch(&f, NpuGen::Npu1).unwrap_err();
-        assert!(e.to_string().len() < 4096, "{} byte message", e.to_string().len());
-    });
+    assert_linear(
+        "AIE sections sharing a long name, parse_for_arch",
+        &f,
+        || {
+            let e = hsaco::parse_for_arch(&f, NpuGen::Npu1).unwrap_err();
+            assert!(
+                e.to_string().len() < 4096,
+                "{} byte message",
+                e.to_string().len()
+            );
+        },
+    );
 }
 
 /// An hsaco whose one section, `aie2`, holds `section`.
@@ -414,7 +434,11 @@ fn full_elf(shape: &FullElfShape<'_>) -> Vec<u8> {
     let dynstr_at = place(&mut data, &dynstr);
     let dynsym_at = place(&mut data, &symbols(&[(0, 0), (1, 4)]));
     let mut rela = vec![0u8; shape.relocs * 12];
-    let scheme = if shape.reloc_sym.starts_with(b".pdi") { 8 } else { 5 };
+    let scheme = if shape.reloc_sym.starts_with(b".pdi") {
+        8
+    } else {
+        5
+    };
     for r in 0..shape.relocs {
         put32(&mut rela, r * 12, 8);
         put32(&mut rela, r * 12 + 4, (1 << 8) | scheme);
@@ -675,7 +699,10 @@ fn xclbin_with_maximal_and_huge_declared_section_counts() {
     let _serial = serial();
     let mut f = xclbin_with_shared_pdi(&[], 0);
     let sections = (8 * MIB - xclbin::SECTIONS_OFFSET) / xclbin::SECTION_HEADER_BYTES;
-    f.resize(xclbin::SECTIONS_OFFSET + sections * xclbin::SECTION_HEADER_BYTES, 0);
+    f.resize(
+        xclbin::SECTIONS_OFFSET + sections * xclbin::SECTION_HEADER_BYTES,
+        0,
+    );
     let len = f.len() as u64;
     put64(&mut f, xclbin::HEADER_OFFSET, len);
     put32(&mut f, xclbin::HEADER_OFFSET + 144, u32_of(sections));
@@ -766,7 +793,11 @@ fn txn_listing_and_explain_cost_their_output() {
     let mut broken = noops.clone();
     let last = broken.len() - 4;
     broken[last] = 0xEE;
-    for (what, f) in [("listing", &noops), ("explain", &noops), ("explain, broken", &broken)] {
+    for (what, f) in [
+        ("listing", &noops),
+        ("explain", &noops),
+        ("explain, broken", &broken),
+    ] {
         let peak = peak_of(|| {
             let text = if what == "listing" {
                 txn::listing(f).unwrap()
@@ -785,6 +816,9 @@ fn txn_listing_and_explain_cost_their_output() {
             f.len(),
             peak as f64 / f.len() as f64
         );
-        assert!(peak <= 2 * LISTING_PER_INPUT_BYTE * f.len() + PEAK_SLACK, "{what}: peak {peak}");
+        assert!(
+            peak <= 2 * LISTING_PER_INPUT_BYTE * f.len() + PEAK_SLACK,
+            "{what}: peak {peak}"
+        );
     }
 }

@@ -16,7 +16,8 @@ fuzz_target!(|data: &[u8]| {
     let _ = cost::check("xclbin::summarize", data.len(), 8, || {
         xclbin::summarize(data).map(|x| x.sections.len())
     });
-    if let Ok(PdiKind::Emulated(d)) = cost::check("identify", data.len(), 8, || pdi::identify(data)) {
+    if let Ok(PdiKind::Emulated(d)) = cost::check("identify", data.len(), 8, || pdi::identify(data))
+    {
         assert_eq!(d.to_pdi(), data);
     }
     if let Ok(d) = EmuDesign::from_pdi(data) {

@@ -11,7 +11,9 @@ use libfuzzer_sys::fuzz_target;
 use npu_artifacts::txn::{self, TxnProgram};
 
 fuzz_target!(|data: &[u8]| {
-    match cost::check("TxnProgram::parse", data.len(), 8, || TxnProgram::parse(data)) {
+    match cost::check("TxnProgram::parse", data.len(), 8, || {
+        TxnProgram::parse(data)
+    }) {
         Ok(program) => {
             assert_eq!(program.size_bytes as usize, data.len());
             assert!(program.arg_count() <= txn::MAX_ARGS as usize);

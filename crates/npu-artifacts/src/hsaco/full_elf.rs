@@ -464,7 +464,9 @@ impl<'a> FullElf<'a> {
                         .saturating_mul(std::mem::size_of::<PatchSite>() as u64),
                 )?;
                 for &k in users {
-                    kernels[k].sites.reserve_exact(usize::try_from(n).unwrap_or(0));
+                    kernels[k]
+                        .sites
+                        .reserve_exact(usize::try_from(n).unwrap_or(0));
                 }
             }
             drop(per_ctrl);
@@ -507,10 +509,8 @@ impl<'a> FullElf<'a> {
                     // Relocations may share one long name: hashing it is charged, and so is the
                     // copy each kernel's site keeps.
                     budget.charge_bytes(".pdi symbol name bytes", name.len())?;
-                    site_bytes.charge_bytes(
-                        "patch site bytes",
-                        name.len().saturating_mul(users.len()),
-                    )?;
+                    site_bytes
+                        .charge_bytes("patch site bytes", name.len().saturating_mul(users.len()))?;
                     if scheme != PatchScheme::ADDRESS_64 {
                         return Err(err(
                             HsacoRule::RelocationSymbol,
@@ -535,7 +535,10 @@ impl<'a> FullElf<'a> {
                         })?;
                         let first = data(&secs[same[0]])?;
                         for &o in &same[1..] {
-                            budget.charge_bytes("same-named PDI section bytes compared", first.len())?;
+                            budget.charge_bytes(
+                                "same-named PDI section bytes compared",
+                                first.len(),
+                            )?;
                             if data(&secs[o])? != first {
                                 return Err(err(
                                     HsacoRule::PdiSection,

@@ -16,9 +16,9 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 
 use super::full_elf::{ElfKernel, FullElf};
-use crate::budget::{Budget, shown};
 use super::strtab::{StrTab, slice};
 use super::{ENTRY_MIN, HEADER_MIN, HsacoRule, KernelKind, VERSION_MAJOR};
+use crate::budget::{Budget, shown};
 use crate::le::{u16_at, u32_at};
 use crate::{ArtifactError, NpuGen};
 
@@ -347,9 +347,7 @@ pub(crate) fn parse_section<'a>(
             return Err(fail(
                 HsacoRule::NumCols,
                 e + 24,
-                format!(
-                    "kernel {i} {name:?}: num_cols is 0; expected at least 1"
-                ),
+                format!("kernel {i} {name:?}: num_cols is 0; expected at least 1"),
             ));
         }
         match k.kind {
