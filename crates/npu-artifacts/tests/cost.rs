@@ -270,7 +270,7 @@ fn hsaco_container_with_many_aie_sections_sharing_one_long_name() {
 fn hsaco_with(arch: &str, section: &[u8]) -> Vec<u8> {
     let mut data = format!("\0.shstrtab\0{arch}\0").into_bytes();
     let names_len = data.len() as u64;
-    while data.len() % 8 != 0 {
+    while !data.len().is_multiple_of(8) {
         data.push(0);
     }
     let sec_at = 64 + data.len();
@@ -355,7 +355,7 @@ fn elf32(data: &[u8], headers: &[Sh32], shstrndx: u16) -> Vec<u8> {
 
 /// Appends `bytes` to `data` (4-aligned) and returns their ELF offset.
 fn place(data: &mut Vec<u8>, bytes: &[u8]) -> u32 {
-    while data.len() % 4 != 0 {
+    while !data.len().is_multiple_of(4) {
         data.push(0);
     }
     let at = u32_of(52 + data.len());
@@ -752,7 +752,7 @@ fn txn_with_maximal_op_counts() {
     );
     // Distinct shim registers, so the register model holds one entry per write.
     let mut distinct = TxnBuilder::new(NpuGen::Npu1);
-    for i in 0..(4 * MIB / 24) as u32 {
+    for i in 0..u32_of(4 * MIB / 24) {
         distinct.write(TxnBuilder::reg(0, 0, (i * 4) & 0xF_FFFC), i);
     }
     let distinct = distinct.finish();

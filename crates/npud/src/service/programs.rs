@@ -54,7 +54,7 @@ impl NpudService {
                 )));
             }
         }
-        if !r.hsaco.is_empty() && !(r.pdi.is_empty() && r.insts.is_empty()) {
+        if !r.hsaco.is_empty() && (!r.pdi.is_empty() || !r.insts.is_empty()) {
             return Err(NpudError::InvalidArgument(
                 "hsaco: set either pdi and insts, or hsaco (and kernel), not both".into(),
             ));
