@@ -514,6 +514,25 @@ impl Daemon {
         .expect("prlimit on the daemon");
     }
 
+    /// Lowers the running daemon's `RLIMIT_AS` (soft and hard) to `bytes`, so that a runaway
+    /// allocation fails in the daemon (which aborts) rather than driving the machine into the
+    /// OOM killer.
+    ///
+    /// # Panics
+    /// When the daemon is not running or `prlimit` fails.
+    pub fn set_address_space(&self, bytes: u64) {
+        let child = self.child.as_ref().expect("the daemon runs");
+        rustix::process::prlimit(
+            Some(rustix::process::Pid::from_child(child)),
+            rustix::process::Resource::As,
+            rustix::process::Rlimit {
+                current: Some(bytes),
+                maximum: Some(bytes),
+            },
+        )
+        .expect("prlimit on the daemon");
+    }
+
     /// Open file descriptors of the daemon (`/proc/PID/fd`).
     pub fn open_fds(&self) -> usize {
         self.pid()

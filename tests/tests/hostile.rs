@@ -1,6 +1,7 @@
 //! Hostile input gets the codes the README documents, and the daemon stays up: bytes that are
 //! no protobuf, messages over the transport's limit, deadlines that pass while the device is
-//! busy, and a write-sealed memfd on the fd socket.
+//! busy, a write-sealed memfd on the fd socket, and hsacos built to make a parser's cost explode
+//! (issue 19: an 8 MiB file that asked npud, `npuctl inspect` and `npuctl run` for 256 GiB).
 
 #![forbid(unsafe_code)]
 
@@ -188,4 +189,122 @@ async fn hostile_requests_get_the_documented_codes_and_the_daemon_stays_up() {
         .expect("the daemon still serves");
     assert!(d.running());
     d.terminate();
+}
+
+/// The file from issue 19: exactly 8 MiB (npud's default `limits.max_program_bytes`), an ELF64
+/// whose 65535 section headers all name one string of almost 4 MiB. Copying each header's name
+/// cost 65535 × 4 MiB = 256 GiB. With `aie` the headers are also AIE sections (one shared
+/// 48-byte `AIEK` header), so the name lands in the "no section for this arch" message.
+fn issue_19_hsaco(aie: bool) -> Vec<u8> {
+    const TOTAL: usize = 8 << 20;
+    let count = usize::from(u16::MAX);
+    let shoff = TOTAL - count * 64;
+    let stub_at = shoff - 48;
+    let names = stub_at - 64;
+    let mut f = vec![0u8; TOTAL];
+    let put = |f: &mut [u8], at: usize, v: &[u8]| f[at..at + v.len()].copy_from_slice(v);
+    put(&mut f, 0, b"\x7fELF\x02\x01\x01");
+    put(&mut f, 16, &1u16.to_le_bytes());
+    put(&mut f, 18, &224u16.to_le_bytes());
+    put(&mut f, 40, &(shoff as u64).to_le_bytes());
+    put(&mut f, 52, &64u16.to_le_bytes());
+    put(&mut f, 58, &64u16.to_le_bytes());
+    put(&mut f, 60, &u16::MAX.to_le_bytes());
+    put(&mut f, 62, &0u16.to_le_bytes());
+    f[64..64 + names - 1].fill(b'A');
+    put(&mut f, stub_at, b"AIEK\x01\x00\x00\x00\x30\x00\x00\x00");
+    put(&mut f, stub_at + 16, &44u32.to_le_bytes());
+    for i in 0..count {
+        let h = shoff + i * 64;
+        let (ty, off, size) = match (i, aie) {
+            (0, _) => (3u32, 64usize, names),
+            (_, true) => (1, stub_at, 48),
+            (_, false) => (1, 64, names),
+        };
+        put(&mut f, h + 4, &ty.to_le_bytes());
+        put(&mut f, h + 24, &(off as u64).to_le_bytes());
+        put(&mut f, h + 32, &(size as u64).to_le_bytes());
+    }
+    f
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hsacos_built_to_explode_parse_costs_are_refused_and_the_daemon_stays_up() {
+    let mut d = Daemon::start(Options::default());
+    // 4 GB of address space: the 256 GiB the old parser asked for aborts the daemon at once
+    // instead of swapping the machine; a linear parser needs a few times the 8 MiB.
+    d.set_address_space(4_000_000_000);
+    let mut s = Session::open(d.connect().await, "hostile-hsaco")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for aie in [false, true] {
+        let bytes = issue_19_hsaco(aie);
+        assert_eq!(bytes.len(), 8 << 20);
+        let e = s
+            .register_hsaco(bytes.clone(), "", "issue-19")
+            .await
+            .expect_err("no usable AIE section");
+        // Without AIE sections the file is malformed; with AIE sections named for no arch it
+        // is a file for another device.
+        let (code, rule) = if aie {
+            (
+                Code::FailedPrecondition,
+                "an AIE section named like the arch",
+            )
+        } else {
+            (Code::InvalidArgument, "an AIE section (sh_size >= 48")
+        };
+        assert_eq!(e.code(), code, "{e:?}");
+        assert!(e.message().contains("hsaco container"), "{}", e.message());
+        assert!(e.message().contains(rule), "{}", e.message());
+        assert!(
+            e.message().len() < 4096,
+            "a {}-byte message",
+            e.message().len()
+        );
+
+        // npuctl reads the same file as a clear error, not an abort.
+        let path = dir.path().join(format!("issue-19-{aie}.hsaco"));
+        std::fs::write(&path, &bytes).unwrap();
+        for args in [
+            vec!["inspect".to_owned(), path.display().to_string()],
+            vec![
+                "--addr".to_owned(),
+                format!("unix:{}", d.socket.display()),
+                "run".to_owned(),
+                path.display().to_string(),
+                "--input".to_owned(),
+                path.display().to_string(),
+                "--output".to_owned(),
+                dir.path().join("out").display().to_string(),
+            ],
+        ] {
+            let out = std::process::Command::new("prlimit")
+                .arg("--as=4000000000")
+                .arg("--")
+                .arg(npud_e2e::npuctl_binary())
+                .args(&args)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "npuctl {args:?}: {out:?}");
+            assert!(
+                stderr.contains("hsaco container"),
+                "npuctl {args:?}: {stderr}"
+            );
+            assert!(
+                stderr.len() < 4096,
+                "npuctl {args:?}: {} bytes on stderr",
+                stderr.len()
+            );
+        }
+    }
+    // Still serving: a valid program registers after them.
+    let design = EmuDesign::by_name("passthrough", 64, None).unwrap();
+    s.register(&design)
+        .await
+        .expect("the daemon still registers programs");
+    drop(s);
+    assert!(d.running(), "npud died: {}", d.stderr());
 }

@@ -33,7 +33,7 @@ fn full_elf_name(hsaco: &[u8]) -> String {
         .unwrap()
         .kernels[0]
         .name
-        .clone()
+        .to_owned()
 }
 
 #[test]

@@ -83,6 +83,10 @@ impl Design {
 ///
 /// The PDI's or the TXN stream's error (the PDI's first), [`ArtifactError::XclbinNotPdi`], or
 /// [`ArtifactError::EmuTxnMismatch`].
+///
+/// # Cost
+///
+/// [`pdi::identify`]'s on `pdi` plus [`TxnProgram::parse`]'s on `insts`: linear in both.
 pub fn check_pair(pdi: &[u8], insts: &[u8]) -> Result<(PdiKind, TxnProgram), ArtifactError> {
     let kind = pdi::identify(pdi).map_err(|e| e.in_file(PDI_NAME))?;
     let program = TxnProgram::parse(insts).map_err(|e| e.in_file(INSTS_NAME))?;

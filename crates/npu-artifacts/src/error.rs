@@ -53,6 +53,26 @@ pub enum ArtifactError {
         detail: String,
     },
 
+    /// An input asks a parser for more work or memory than its size allows: the cap that keeps
+    /// parsing cost linear in the input (see each parser's `# Cost`). A file a packer writes
+    /// stays far below every cap; reaching one means entries share data they would each own.
+    #[error(
+        "{artifact}: {what} would take {found} units of parsing work; a {input_bytes}-byte input \
+         allows at most {limit}"
+    )]
+    OverLimit {
+        /// The kind of input ("hsaco container", "hsaco section aie2", "full ELF", "xclbin").
+        artifact: &'static str,
+        /// What reached the cap (for example "kernel name bytes" or "group members").
+        what: &'static str,
+        /// The work counted so far, including the entry that reached the cap.
+        found: u64,
+        /// The cap for this input.
+        limit: u64,
+        /// The input's size.
+        input_bytes: u64,
+    },
+
     // ---- insts.bin (TXN) ----
     /// The stream is shorter than its 16-byte header.
     #[error("insts.bin is {found} bytes; expected at least 16 (the TXN header is 4 words)")]

@@ -22,7 +22,19 @@
 //!   [`design::check_pair`], the registration check npud runs on uploaded bytes.
 //!
 //! The crate does no I/O beyond reading (and, for [`emu::EmuDesign::write_dir`], writing) the
-//! files it is pointed at, never panics on input, and caps every allocation by the input's size.
+//! files it is pointed at, and never panics on input.
+//!
+//! # Cost
+//!
+//! Cost is part of each parser's contract, stated under `# Cost` on every function that takes
+//! untrusted bytes: whatever the bytes say, a parse allocates at most a small multiple of the
+//! input and does work near-linear in it. Names are borrowed from the input, counts are checked
+//! against the bytes that must hold them before anything is allocated, and work that entries
+//! sharing data could multiply (one long name under many headers, one blob under many entries)
+//! is charged to a budget of a few units per input byte, past which the parser refuses the
+//! input with [`ArtifactError::OverLimit`]. `tests/cost.rs` holds every parser to at most
+//! 8 bytes per input byte (plus 1 MiB) on inputs built to break that, and the fuzz targets check
+//! the same bound on every input they try.
 //!
 //! # The emulated `main.pdi` format (version 1)
 //!
@@ -60,6 +72,7 @@
 
 #![forbid(unsafe_code)]
 
+mod budget;
 pub mod design;
 pub mod emu;
 mod error;

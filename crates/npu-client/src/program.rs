@@ -172,7 +172,7 @@ impl Program {
         let mut names: Vec<&str> = parsed
             .sections
             .iter()
-            .flat_map(|s| s.kernels.iter().map(|k| k.name.as_str()))
+            .flat_map(|s| s.kernels.iter().map(|k| k.name))
             .collect();
         names.dedup();
         let kernel = match (kernel, names.as_slice()) {

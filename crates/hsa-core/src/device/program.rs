@@ -101,7 +101,7 @@ impl Device {
         let section = parse_for_arch(hsaco, arch)
             .map_err(|e| HsaError::InvalidArgument(format!("the hsaco: {e}")))?;
         let k = section.kernel(kernel).ok_or_else(|| {
-            let names: Vec<&str> = section.kernels.iter().map(|k| k.name.as_str()).collect();
+            let names: Vec<&str> = section.kernels.iter().map(|k| k.name).collect();
             HsaError::InvalidArgument(format!(
                 "the hsaco's {} section has no kernel {kernel:?}; it has {names:?}",
                 arch.agent_name()

@@ -246,7 +246,7 @@ pub(crate) fn load(
             )));
         }
     };
-    duplicate(defined, section.kernels.iter().map(|k| k.name.as_str()))?;
+    duplicate(defined, section.kernels.iter().map(|k| k.name))?;
     section
         .check_columns(agent_columns(arch))
         .map_err(|e| code_object(format!("hsa_executable_load_agent_code_object: {e}")))?;
@@ -353,7 +353,7 @@ fn build(p: &mut Placer<'_>, section: &AieSection<'_>) -> Result<Vec<LoadedKerne
             }
         };
         kernels.push(LoadedKernel {
-            name: k.name.clone(),
+            name: k.name.to_owned(),
             kernarg_size,
             descriptor,
         });

@@ -1,7 +1,11 @@
 //! Fuzzes the AIE hsaco reader: the container, every arch section, nested full ELFs. It must
 //! never panic; a section that parses must re-pack (its PdiInsts kernels) into one that parses
 //! back to the same kernels; a full ELF that parses and packs must load from the packed hsaco.
+//! Every parse holds at most 8 bytes per input byte at its peak (the cost oracle).
 #![no_main]
+
+#[path = "common/cost.rs"]
+mod cost;
 
 use libfuzzer_sys::fuzz_target;
 use npu_artifacts::NpuGen;
@@ -9,9 +13,15 @@ use npu_artifacts::hsaco::{self, FullElf, Hsaco, HsacoBuilder, KernelKind, PdiIn
 
 fuzz_target!(|data: &[u8]| {
     for arch in [NpuGen::Npu1, NpuGen::Npu2] {
-        let _ = hsaco::parse_for_arch(data, arch);
+        let _ = cost::check("parse_for_arch", data.len(), 8, || {
+            hsaco::parse_for_arch(data, arch).map(|s| s.kernels.len())
+        });
     }
-    if let Ok(h) = Hsaco::parse(data) {
+    let _ = cost::check("is_hsaco", data.len(), 8, || hsaco::is_hsaco(data));
+    let _ = cost::check("FullElf::parse", data.len(), 8, || {
+        FullElf::parse(data).map(|e| e.kernels.len())
+    });
+    if let Ok(h) = cost::check("Hsaco::parse", data.len(), 8, || Hsaco::parse(data)) {
         for s in &h.sections {
             let mut b = HsacoBuilder::new();
             let mut packed = Vec::new();
@@ -20,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
                 b.pdi_insts(
                     s.arch,
                     PdiInstsKernel {
-                        name: k.name.clone(),
+                        name: k.name.to_owned(),
                         pdi: pdi.bytes.to_vec(),
                         insts: k.insts.bytes.to_vec(),
                         num_cols: k.num_cols,

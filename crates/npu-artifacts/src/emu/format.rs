@@ -66,6 +66,10 @@ impl EmuDesign {
     /// failing checksum, unknown kernel or dtype, or non-zero reserved bytes (each with its byte
     /// offset, what was expected and what was found); [`ArtifactError::EmuInvalid`] for
     /// parameters the kernel does not accept.
+    ///
+    /// # Cost
+    ///
+    /// Constant: the format is one 80-byte header; nothing is allocated for longer input.
     pub fn from_pdi(bytes: &[u8]) -> Result<Self, ArtifactError> {
         if !bytes.starts_with(MAGIC) {
             let first: Vec<String> = bytes.iter().take(8).map(|b| format!("{b:02x}")).collect();

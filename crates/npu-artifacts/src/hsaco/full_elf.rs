@@ -1,6 +1,16 @@
 //! The nested full ELF of a `FullElf` kernel: an ELF32 file from `aiecc --get-full-elf` holding
 //! control code, PDIs and the relocations that patch one into the other (ROCR's rules, see the
 //! [module docs](super#the-nested-full-elf)).
+//!
+//! # Cost
+//!
+//! Names are looked up through a NUL index of 1/16 of each string table and borrowed; the work
+//! that entries sharing data can multiply is charged to a [`Budget`] of 4 units per ELF byte:
+//! group member lists walked, kernel names composed and hashed, `.pdi*` names hashed, same-named
+//! PDI sections compared. Patch sites are counted before they are stored and their bytes charged
+//! to a second budget of 4 bytes per ELF byte, so kernels sharing one control code cannot
+//! multiply the relocations. Past either budget the ELF is refused with
+//! [`ArtifactError::OverLimit`].
 
 use std::collections::{HashMap, HashSet};
 
@@ -8,6 +18,7 @@ use super::HsacoRule;
 use super::sites::{PatchScheme, PatchSite, SiteTarget, arg_index};
 use super::strtab::{StrTab, slice};
 use crate::ArtifactError;
+use crate::budget::{Budget, shown};
 use crate::le::{u16_at, u32_at};
 
 /// `EI_OSABI` of an aie2p full ELF.
@@ -74,6 +85,8 @@ pub struct FullElf<'a> {
     /// Kernels in section-header order of their groups.
     pub kernels: Vec<ElfKernel<'a>>,
     note: Option<(u64, &'a [u8])>,
+    /// Indices of `kernels`, sorted by name.
+    by_name: Vec<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -98,8 +111,9 @@ fn err(rule: HsacoRule, offset: u64, detail: impl Into<String>) -> ArtifactError
     }
 }
 
+/// A name for a message (cut to 64 bytes).
 fn lossy(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
+    shown(b)
 }
 
 /// `_Z<len><name>...` → `<name>`; anything else unchanged.
@@ -121,9 +135,16 @@ fn demangle(sym: &[u8]) -> &[u8] {
 impl<'a> FullElf<'a> {
     /// Parses and validates a full ELF as ROCR's loader does.
     ///
+    /// # Cost
+    ///
+    /// Linear in `bytes` (see the [module docs](self#cost)): about 50 bytes per 40-byte section
+    /// header, 1/16 of each string table, each kernel's name, and at most 4 bytes of patch sites
+    /// per ELF byte; work is at most a constant per byte plus 4 budget units per byte.
+    ///
     /// # Errors
     ///
-    /// [`ArtifactError::HsacoFullElf`] naming the broken rule and the ELF offset.
+    /// [`ArtifactError::HsacoFullElf`] naming the broken rule and the ELF offset;
+    /// [`ArtifactError::OverLimit`] when entries share more data than the budget allows.
     pub fn parse(bytes: &'a [u8]) -> Result<Self, ArtifactError> {
         if bytes.len() < ELF32_HEADER || bytes.get(0..4) != Some(b"\x7fELF".as_slice()) {
             return Err(err(
@@ -158,6 +179,8 @@ impl<'a> FullElf<'a> {
             ));
         }
         let abi_version = bytes[8];
+        let mut budget = Budget::new("full ELF", bytes.len());
+        let mut site_bytes = Budget::new("full ELF", bytes.len());
         let shoff = u64::from(u32_at(bytes, 32).unwrap_or(0));
         let shentsize = u16_at(bytes, 46).unwrap_or(0);
         let shnum = u16_at(bytes, 48).unwrap_or(0);
@@ -255,7 +278,7 @@ impl<'a> FullElf<'a> {
 
         // COMDAT groups → kernels.
         let mut kernels: Vec<ElfKernel<'a>> = Vec::new();
-        let mut seen = HashSet::new();
+        let mut group_at: Vec<(usize, u64)> = Vec::new();
         for (gi, g) in secs.iter().enumerate() {
             if g.ty != SHT_GROUP {
                 continue;
@@ -279,6 +302,8 @@ impl<'a> FullElf<'a> {
                 ));
             }
             let mut ctrl = None;
+            // Groups may share one member list: each walk is charged.
+            budget.charge("group members", (words.len() / 4) as u64)?;
             for m in 1..words.len() / 4 {
                 let idx = u32_at(words, m * 4).unwrap_or(0);
                 let member = secs.get(idx as usize).ok_or_else(|| {
@@ -339,14 +364,16 @@ impl<'a> FullElf<'a> {
                     ),
                 ));
             }
-            let name = format!("{}:{}", lossy(demangle(kern_name)), lossy(inst_name));
-            if !seen.insert(name.clone()) {
-                return Err(err(
-                    HsacoRule::UniqueElfKernels,
-                    g.at,
-                    format!("group section {gi} defines kernel {name:?} again"),
-                ));
-            }
+            let kern_name = demangle(kern_name);
+            // Groups may share one long symbol name: each copy is charged, and its hash below.
+            let name_len = kern_name.len() + 1 + inst_name.len();
+            budget.charge_bytes("kernel name bytes", name_len.saturating_mul(2))?;
+            let name = format!(
+                "{}:{}",
+                String::from_utf8_lossy(kern_name),
+                String::from_utf8_lossy(inst_name)
+            );
+            group_at.push((gi, g.at));
             kernels.push(ElfKernel {
                 name,
                 ctrl_section: ctrl,
@@ -363,6 +390,21 @@ impl<'a> FullElf<'a> {
                 "no SHT_GROUP section has a .ctrltext member",
             ));
         }
+        // Unique names: hashing reads each name once more (charged above with its copy).
+        let mut seen = HashSet::with_capacity(kernels.len());
+        for (k, &(gi, at)) in kernels.iter().zip(&group_at) {
+            if !seen.insert(k.name.as_str()) {
+                return Err(err(
+                    HsacoRule::UniqueElfKernels,
+                    at,
+                    format!(
+                        "group section {gi} defines kernel {:?} again",
+                        shown(k.name.as_bytes())
+                    ),
+                ));
+            }
+        }
+        drop(seen);
 
         // Relocations, read only when .rela.dyn, .dynsym and .dynstr all exist.
         if let (Some(ri), Some(di), Some(_)) = (
@@ -401,10 +443,35 @@ impl<'a> FullElf<'a> {
             let mut pdi_sections: HashMap<&[u8], Vec<usize>> = HashMap::new();
             for (i, s) in secs.iter().enumerate() {
                 if s.name.starts_with(b".pdi") {
+                    budget.charge_bytes(".pdi section name bytes", s.name.len())?;
                     pdi_sections.entry(s.name).or_default().push(i);
                 }
             }
-            let mut pdi_checked: HashMap<&[u8], &'a [u8]> = HashMap::new();
+            // Count each kernel's sites first, so their memory is charged before it is taken.
+            let mut per_ctrl: HashMap<u32, u64> = HashMap::new();
+            for r in 0..rela.len() / 12 {
+                let sym = (u32_at(rela, r * 12 + 4).unwrap_or(0) >> 8) as usize;
+                let shndx = u32::from(u16_at(dynsym, sym * 16 + 14).unwrap_or(0));
+                if sym < dyn_count && by_ctrl.contains_key(&shndx) {
+                    *per_ctrl.entry(shndx).or_default() += 1;
+                }
+            }
+            for (ctrl, users) in &by_ctrl {
+                let n = per_ctrl.get(ctrl).copied().unwrap_or(0);
+                site_bytes.charge(
+                    "patch site bytes",
+                    n.saturating_mul(users.len() as u64)
+                        .saturating_mul(std::mem::size_of::<PatchSite>() as u64),
+                )?;
+                for &k in users {
+                    kernels[k]
+                        .sites
+                        .reserve_exact(usize::try_from(n).unwrap_or(0));
+                }
+            }
+            drop(per_ctrl);
+            let mut pdi_checked: HashMap<&[u8], (u32, &'a [u8])> = HashMap::new();
+            let mut kernel_pdis: HashSet<(usize, u32)> = HashSet::new();
             for r in 0..rela.len() / 12 {
                 let at = rh.offset + r as u64 * 12;
                 let r_offset = u32_at(rela, r * 12).unwrap_or(0);
@@ -439,6 +506,11 @@ impl<'a> FullElf<'a> {
                 let ctrl_len = kernels[users[0]].ctrl_code.len() as u64;
                 let off = u64::from(r_offset);
                 let target = if name.starts_with(b".pdi") {
+                    // Relocations may share one long name: hashing it is charged, and so is the
+                    // copy each kernel's site keeps.
+                    budget.charge_bytes(".pdi symbol name bytes", name.len())?;
+                    site_bytes
+                        .charge_bytes("patch site bytes", name.len().saturating_mul(users.len()))?;
                     if scheme != PatchScheme::ADDRESS_64 {
                         return Err(err(
                             HsacoRule::RelocationSymbol,
@@ -463,6 +535,10 @@ impl<'a> FullElf<'a> {
                         })?;
                         let first = data(&secs[same[0]])?;
                         for &o in &same[1..] {
+                            budget.charge_bytes(
+                                "same-named PDI section bytes compared",
+                                first.len(),
+                            )?;
                             if data(&secs[o])? != first {
                                 return Err(err(
                                     HsacoRule::PdiSection,
@@ -475,7 +551,8 @@ impl<'a> FullElf<'a> {
                                 ));
                             }
                         }
-                        pdi_checked.insert(name, first);
+                        let id = u32::try_from(pdi_checked.len()).unwrap_or(u32::MAX);
+                        pdi_checked.insert(name, (id, first));
                     }
                     if off == 0 || off % 4 != 0 || off + 8 > ctrl_len {
                         return Err(err(
@@ -486,7 +563,7 @@ impl<'a> FullElf<'a> {
                             ),
                         ));
                     }
-                    SiteTarget::Pdi(lossy(name))
+                    SiteTarget::Pdi(String::from_utf8_lossy(name).into_owned())
                 } else if let Some(arg) = arg_index(name) {
                     if scheme != PatchScheme::SHIM_DMA_48 {
                         return Err(err(
@@ -525,10 +602,11 @@ impl<'a> FullElf<'a> {
                             kern.arg_count = kern.arg_count.max(u32::from(*a) + 1)
                         }
                         SiteTarget::Pdi(n) => {
-                            if !kern.pdis.iter().any(|p| &p.name == n) {
+                            let (id, pdi) = pdi_checked[name];
+                            if kernel_pdis.insert((k, id)) {
                                 kern.pdis.push(ElfPdi {
                                     name: n.clone(),
-                                    bytes: pdi_checked[name],
+                                    bytes: pdi,
                                 });
                             }
                         }
@@ -546,18 +624,28 @@ impl<'a> FullElf<'a> {
             Some(i) => Some((secs[i].offset, data(&secs[i])?)),
             None => None,
         };
+        // Fewer than 65536 kernels: one per section header at most.
+        let mut by_name: Vec<u32> = (0..kernels.len())
+            .map(|k| u32::try_from(k).unwrap_or(u32::MAX))
+            .collect();
+        by_name.sort_unstable_by(|&a, &b| kernels[a as usize].name.cmp(&kernels[b as usize].name));
         Ok(Self {
             bytes,
             abi_version,
             kernels,
             note,
+            by_name,
         })
     }
 
-    /// The kernel with this `<kernel>:<instance>` name.
+    /// The kernel with this `<kernel>:<instance>` name (a binary search).
     #[must_use]
     pub fn kernel(&self, name: &str) -> Option<&ElfKernel<'a>> {
-        self.kernels.iter().find(|k| k.name == name)
+        let i = self
+            .by_name
+            .binary_search_by(|&k| self.kernels[k as usize].name.as_str().cmp(name))
+            .ok()?;
+        self.kernels.get(self.by_name[i] as usize)
     }
 
     /// The partition column count from `.note.xrt.configuration` (`None` without that section).

@@ -75,10 +75,14 @@
 //!
 //! # Limits
 //!
-//! Every count is bounded by the input: tables must lie inside their section, string lookups use
-//! one index of NUL positions per table, each distinct full ELF blob is parsed once, and PDI
-//! sections of one name are compared once. No input allocates more than a small multiple of its
-//! size.
+//! Every count is bounded by the input: tables must lie inside their section, names are borrowed
+//! from the file, string lookups scan at most 64 bytes with an index of 1/16 of each table, each
+//! distinct full ELF blob is parsed once, and PDI sections of one name are compared once. Work
+//! that entries sharing bytes would multiply (kernel names hashed, group member lists walked,
+//! same-named PDIs compared, patch sites of kernels sharing a control code, overlapping full-ELF
+//! blobs) is charged to a budget of a few units per input byte; an input that needs more is
+//! refused with [`ArtifactError::OverLimit`]. Files the packer writes charge each byte about
+//! once. No input allocates more than 8 bytes per input byte plus a constant (`tests/cost.rs`).
 //!
 //! # Evidence and what is unverified
 //!
@@ -105,7 +109,7 @@ mod sites;
 mod strtab;
 
 pub use build::{HsacoBuilder, PdiInstsKernel};
-pub use container::{Container, ElfSection, parse_container};
+pub use container::{Container, ElfSection, SectionName, parse_container};
 pub use elf_build::{ElfKernelSpec, FullElfBuilder};
 pub use full_elf::{ElfKernel, ElfPdi, FullElf, GRP_COMDAT, OSABI_AIE2P};
 pub use rules::HsacoRule;
@@ -175,16 +179,21 @@ pub fn arch_of_section(name: &str) -> Option<NpuGen> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hsaco<'a> {
     /// The ELF64 container.
-    pub container: Container,
+    pub container: Container<'a>,
     /// The first AIE section named `aie2` and the first named `aie2p`, each validated, in
     /// section-header order.
     pub sections: Vec<AieSection<'a>>,
     /// Names of AIE sections no agent would load: other names, or a second section of one arch.
-    pub ignored: Vec<String>,
+    pub ignored: Vec<SectionName<'a>>,
 }
 
 impl<'a> Hsaco<'a> {
     /// Reads the container and validates every arch section.
+    ///
+    /// # Cost
+    ///
+    /// Linear in `bytes`: [`parse_container`]'s cost, 16 bytes per ignored section, and
+    /// [`parse_for_arch`]'s cost for each of at most two arch sections.
     ///
     /// # Errors
     ///
@@ -201,11 +210,11 @@ impl<'a> Hsaco<'a> {
                 continue;
             }
             any = true;
-            match arch_of_section(&s.name) {
+            match s.name.to_str().and_then(arch_of_section) {
                 Some(arch) if sections.iter().all(|x| x.arch != arch) => {
                     sections.push(aie_section(bytes, s, arch)?);
                 }
-                _ => ignored.push(s.name.clone()),
+                _ => ignored.push(s.name),
             }
         }
         if !any {
@@ -215,7 +224,10 @@ impl<'a> Hsaco<'a> {
             return Err(ArtifactError::HsacoContainer {
                 rule: HsacoRule::ArchSection,
                 offset: 0,
-                detail: format!("AIE sections are named {ignored:?}; expected aie2 or aie2p"),
+                detail: format!(
+                    "AIE sections are named {}; expected aie2 or aie2p",
+                    some_names(&ignored)
+                ),
             });
         }
         Ok(Self {
@@ -243,7 +255,7 @@ impl<'a> Hsaco<'a> {
 /// (`HSA_STATUS_ERROR_INVALID_CODE_OBJECT`).
 pub fn parse_for_arch(bytes: &[u8], arch: NpuGen) -> Result<AieSection<'_>, ArtifactError> {
     let container = parse_container(bytes)?;
-    let aie: Vec<&ElfSection> = container
+    let aie: Vec<&ElfSection<'_>> = container
         .sections
         .iter()
         .filter(|s| s.is_aie(bytes))
@@ -252,13 +264,14 @@ pub fn parse_for_arch(bytes: &[u8], arch: NpuGen) -> Result<AieSection<'_>, Arti
         return Err(no_aie_section(&container));
     }
     let Some(s) = aie.iter().find(|s| s.name == arch.agent_name()) else {
-        let names: Vec<&str> = aie.iter().map(|s| s.name.as_str()).collect();
+        let names: Vec<SectionName<'_>> = aie.iter().map(|s| s.name).collect();
         return Err(ArtifactError::HsacoContainer {
             rule: HsacoRule::ArchSection,
             offset: 0,
             detail: format!(
-                "no AIE section is named {}; AIE sections: {names:?}",
-                arch.agent_name()
+                "no AIE section is named {}; AIE sections: {}",
+                arch.agent_name(),
+                some_names(&names)
             ),
         });
     };
@@ -267,6 +280,10 @@ pub fn parse_for_arch(bytes: &[u8], arch: NpuGen) -> Result<AieSection<'_>, Arti
 
 /// Whether the bytes are an ELF64 file with an AIE section (what ROCR tests before taking the
 /// AIE load path).
+///
+/// # Cost
+///
+/// [`parse_container`]'s: linear in `bytes`.
 #[must_use]
 pub fn is_hsaco(bytes: &[u8]) -> bool {
     parse_container(bytes).is_ok_and(|c| c.sections.iter().any(|s| s.is_aie(bytes)))
@@ -274,7 +291,7 @@ pub fn is_hsaco(bytes: &[u8]) -> bool {
 
 fn aie_section<'a>(
     bytes: &'a [u8],
-    s: &ElfSection,
+    s: &ElfSection<'_>,
     arch: NpuGen,
 ) -> Result<AieSection<'a>, ArtifactError> {
     // `is_aie` checked that the section lies inside the file.
@@ -282,15 +299,28 @@ fn aie_section<'a>(
     section::parse_section(data, arch, s.index, s.offset)
 }
 
-fn no_aie_section(c: &Container) -> ArtifactError {
-    let names: Vec<&str> = c.sections.iter().map(|s| s.name.as_str()).collect();
+fn no_aie_section(c: &Container<'_>) -> ArtifactError {
+    let names: Vec<SectionName<'_>> = c.sections.iter().map(|s| s.name).collect();
     ArtifactError::HsacoContainer {
         rule: HsacoRule::AieSectionPresent,
         offset: 0,
         detail: format!(
-            "{} sections {names:?}, none at least 48 bytes inside the file starting with \"AIEK\"",
-            c.sections.len()
+            "{} sections {}, none at least 48 bytes inside the file starting with \"AIEK\"",
+            c.sections.len(),
+            some_names(&names)
         ),
+    }
+}
+
+/// The first few names, each cut to 64 bytes, for a message that must stay short whatever the
+/// file holds.
+fn some_names(names: &[SectionName<'_>]) -> String {
+    const SHOWN: usize = 8;
+    let shown: Vec<String> = names.iter().take(SHOWN).map(SectionName::shown).collect();
+    if names.len() > SHOWN {
+        format!("{shown:?} and {} more", names.len() - SHOWN)
+    } else {
+        format!("{shown:?}")
     }
 }
 

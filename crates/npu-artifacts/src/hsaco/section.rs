@@ -1,5 +1,16 @@
 //! One AIE section: header, kernel table, string table and blob pool, validated as ROCR's
 //! section parser and loader do.
+//!
+//! # Cost
+//!
+//! Kernel names are borrowed from the string table; their bytes are hashed once for the
+//! uniqueness check, and that work is charged to a [`Budget`] of 4 units per section byte, so
+//! entries whose names overlap (every suffix of one long string is a distinct name) are refused
+//! with [`ArtifactError::OverLimit`] before they cost more. Each distinct full-ELF blob is parsed
+//! once, and the distinct blobs parsed may together be at most as long as the section (as blobs
+//! that do not overlap are), so entries naming one blob with many lengths cannot parse it many
+//! times. Allocation: about 100 bytes per 44-byte kernel entry, 1/16 of the string table,
+//! and each parsed full ELF's own (linear) cost.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
@@ -7,6 +18,7 @@ use std::collections::{HashMap, HashSet};
 use super::full_elf::{ElfKernel, FullElf};
 use super::strtab::{StrTab, slice};
 use super::{ENTRY_MIN, HEADER_MIN, HsacoRule, KernelKind, VERSION_MAJOR};
+use crate::budget::{Budget, shown};
 use crate::le::{u16_at, u32_at};
 use crate::{ArtifactError, NpuGen};
 
@@ -22,8 +34,9 @@ pub struct Blob<'a> {
 /// One kernel table entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Kernel<'a> {
-    /// The HSA symbol name (for `FullElf`, `<kernel>:<instance>`).
-    pub name: String,
+    /// The HSA symbol name (for `FullElf`, `<kernel>:<instance>`), borrowed from the string
+    /// table.
+    pub name: &'a str,
     /// `PdiInsts` or `FullElf`.
     pub kind: KernelKind,
     /// The instruction sequence (`PdiInsts`) or the whole full ELF (`FullElf`).
@@ -81,6 +94,7 @@ impl<'a> AieSection<'a> {
     /// The kernel with this name.
     #[must_use]
     pub fn kernel(&self, name: &str) -> Option<&Kernel<'a>> {
+        // Linear: a caller looks up one name, and names are unique.
         self.kernels.iter().find(|k| k.name == name)
     }
 
@@ -103,7 +117,8 @@ impl<'a> AieSection<'a> {
                     file_offset: self.file_offset + off,
                     detail: format!(
                         "kernel {i} {:?} needs {} columns; the agent has {agent_columns}",
-                        k.name, k.num_cols
+                        shown(k.name.as_bytes()),
+                        k.num_cols
                     ),
                 });
             }
@@ -200,6 +215,13 @@ pub(crate) fn parse_section<'a>(
             "kernel_count is 0; expected at least 1".into(),
         ));
     }
+    let mut budget = Budget::new(
+        match arch {
+            NpuGen::Npu1 => "hsaco section aie2",
+            NpuGen::Npu2 => "hsaco section aie2p",
+        },
+        bytes.len(),
+    );
     let strings = StrTab::new(slice(bytes, u64::from(st_off), u64::from(st_size)).unwrap_or(&[]));
     let mut names = HashSet::new();
     let mut kernels = Vec::with_capacity(kernel_count as usize);
@@ -287,18 +309,17 @@ pub(crate) fn parse_section<'a>(
                 at(0),
                 format!(
                     "kernel {i}: name {:?} at string-table offset {name_off}; expected non-empty UTF-8",
-                    String::from_utf8_lossy(name)
+                    shown(name)
                 ),
             ));
         };
+        // Hashing (and later comparing) the name reads it whole.
+        budget.charge_bytes("kernel name bytes", name.len())?;
         if !names.insert(name) {
             return Err(fail(
                 HsacoRule::UniqueNames,
                 at(0),
-                format!(
-                    "kernel {i}: name {:?} is already defined",
-                    String::from_utf8_lossy(name)
-                ),
+                format!("kernel {i}: name {:?} is already defined", shown(name)),
             ));
         }
         let blob = |off: u32, len: u32| Blob {
@@ -306,7 +327,7 @@ pub(crate) fn parse_section<'a>(
             bytes: slice(bytes, u64::from(off), u64::from(len)).unwrap_or(&[]),
         };
         kernels.push(Kernel {
-            name: name_text.to_owned(),
+            name: name_text,
             kind,
             insts: blob(insts_off, insts_size),
             pdi: (pdi_size != 0).then(|| blob(pdi_off, pdi_size)),
@@ -318,16 +339,15 @@ pub(crate) fn parse_section<'a>(
 
     // The loader's rules, per kernel.
     let mut elves: HashMap<(u32, usize), FullElf<'a>> = HashMap::new();
+    let mut elf_bytes = Budget::with_limit(budget.artifact(), bytes.len(), size);
     for (i, k) in kernels.iter_mut().enumerate() {
         let e = u64::from(header_size) + i as u64 * u64::from(entry_size);
+        let name = shown(k.name.as_bytes());
         if k.num_cols == 0 {
             return Err(fail(
                 HsacoRule::NumCols,
                 e + 24,
-                format!(
-                    "kernel {i} {:?}: num_cols is 0; expected at least 1",
-                    k.name
-                ),
+                format!("kernel {i} {name:?}: num_cols is 0; expected at least 1"),
             ));
         }
         match k.kind {
@@ -337,8 +357,7 @@ pub(crate) fn parse_section<'a>(
                         HsacoRule::PdiPresent,
                         e + 16,
                         format!(
-                            "kernel {i} {:?}: PdiInsts with pdi_size 0; ROCR requires a PDI",
-                            k.name
+                            "kernel {i} {name:?}: PdiInsts with pdi_size 0; ROCR requires a PDI"
                         ),
                     ));
                 }
@@ -349,14 +368,16 @@ pub(crate) fn parse_section<'a>(
                         HsacoRule::FullElfArch,
                         e + 28,
                         format!(
-                            "kernel {i} {:?}: FullElf in an {} section; full ELF exists for aie2p only",
-                            k.name,
+                            "kernel {i} {name:?}: FullElf in an {} section; full ELF exists for aie2p only",
                             arch.agent_name()
                         ),
                     ));
                 }
                 let key = (k.insts.offset, k.insts.bytes.len());
                 if let Entry::Vacant(slot) = elves.entry(key) {
+                    // Blobs may overlap (one offset, many lengths): the distinct blobs parsed
+                    // may together be as long as the section, as blobs that do not overlap are.
+                    elf_bytes.charge_bytes("full ELF blob bytes parsed", key.1)?;
                     let parsed = FullElf::parse(k.insts.bytes).map_err(|err| match err {
                         ArtifactError::HsacoFullElf {
                             rule,
@@ -367,26 +388,25 @@ pub(crate) fn parse_section<'a>(
                             rule,
                             offset,
                             blob_file_offset: Some(file_offset + u64::from(k.insts.offset)),
-                            detail: format!("kernel {i} {:?}: {detail}", k.name),
+                            detail: format!("kernel {i} {name:?}: {detail}"),
                         },
                         other => other,
                     })?;
                     slot.insert(parsed);
                 }
                 let elf = &elves[&key];
-                let Some(ek) = elf.kernel(&k.name) else {
-                    let known: Vec<&str> = elf
+                let Some(ek) = elf.kernel(k.name) else {
+                    let known: Vec<String> = elf
                         .kernels
                         .iter()
                         .take(8)
-                        .map(|k| k.name.as_str())
+                        .map(|k| shown(k.name.as_bytes()))
                         .collect();
                     return Err(fail(
                         HsacoRule::FullElfKernelName,
                         e,
                         format!(
-                            "kernel {i} {:?} is not in its full ELF, which defines {known:?}",
-                            k.name
+                            "kernel {i} {name:?} is not in its full ELF, which defines {known:?}"
                         ),
                     ));
                 };
@@ -395,8 +415,7 @@ pub(crate) fn parse_section<'a>(
                         HsacoRule::KernargSize,
                         e + 20,
                         format!(
-                            "kernel {i} {:?}: kernarg_size is {}; its full ELF has {} arguments, so expected 0 or {}",
-                            k.name,
+                            "kernel {i} {name:?}: kernarg_size is {}; its full ELF has {} arguments, so expected 0 or {}",
                             k.kernarg_size,
                             ek.arg_count,
                             ek.kernarg_size()
@@ -407,10 +426,7 @@ pub(crate) fn parse_section<'a>(
                     return Err(fail(
                         HsacoRule::PdiSitePresent,
                         e,
-                        format!(
-                            "kernel {i} {:?}: its control code has no PDI patch site",
-                            k.name
-                        ),
+                        format!("kernel {i} {name:?}: its control code has no PDI patch site"),
                     ));
                 }
                 k.full_elf = Some(ek.clone());

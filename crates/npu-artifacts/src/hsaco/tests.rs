@@ -103,7 +103,7 @@ fn packs_the_format_documents_example_byte_for_byte() {
     let file = doc_builder().build().unwrap();
     let c = parse_container(&file).unwrap();
     assert_eq!((c.e_type, c.e_machine), (1, EM_AMDGPU));
-    let names: Vec<&str> = c.sections.iter().map(|s| s.name.as_str()).collect();
+    let names: Vec<&str> = c.sections.iter().filter_map(|s| s.name.to_str()).collect();
     assert_eq!(names, ["", ".shstrtab", "aie2p"]);
     let s = &c.sections[2];
     assert_eq!((s.offset, s.sh_type, s.flags, s.addralign), (0x51, 1, 0, 1));
@@ -461,7 +461,7 @@ fn full_elf_round_trips_in_both_relocation_encodings() {
             .build()
             .unwrap();
         let s = parse_for_arch(&file, NpuGen::Npu2).unwrap();
-        let names: Vec<&str> = s.kernels.iter().map(|k| k.name.as_str()).collect();
+        let names: Vec<&str> = s.kernels.iter().map(|k| k.name).collect();
         assert_eq!(names, ["main:sequence", "other:seq2"]);
         assert_eq!(s.kernels[0].insts, s.kernels[1].insts);
         assert_eq!(s.kernels[0].insts.bytes.len() % 4, 0);

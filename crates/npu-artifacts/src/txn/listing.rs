@@ -12,6 +12,12 @@ const SHOWN_WORDS: usize = 8;
 /// opcode name and decoded fields (register addresses as column/row/offset), then the buffer
 /// arguments the DDR patches use and their minimum sizes.
 ///
+/// # Cost
+///
+/// [`TxnProgram::parse`]'s, then the text: one line per op, at most 12 bytes of text per input
+/// byte (a 4-byte NOOP gets the longest line for its size; a BLOCKWRITE shows at most 8 data
+/// words), and up to twice that allocated while the text grows.
+///
 /// # Errors
 ///
 /// The same errors as [`TxnProgram::parse`]; a malformed stream is not listed.
@@ -70,6 +76,10 @@ pub fn listing(bytes: &[u8]) -> Result<String, ArtifactError> {
 /// Like [`listing`], but never fails: for a malformed stream it lists the header (when it
 /// decodes) and every op up to the first one that does not, then a line `error: ...` saying what
 /// is wrong. For `npuctl inspect` on a file the daemon refused.
+///
+/// # Cost
+///
+/// As [`listing`]: at most 12 bytes of text per input byte, twice that while it grows.
 #[must_use]
 pub fn explain(bytes: &[u8]) -> String {
     let err = match listing(bytes) {

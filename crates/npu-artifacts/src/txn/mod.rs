@@ -304,6 +304,14 @@ impl ArgPatch {
 impl TxnProgram {
     /// Validates a TXN stream (see the [module docs](self)) and describes it.
     ///
+    /// # Cost
+    ///
+    /// One pass over the stream, a bounded amount of work per 4-byte word. Memory: the register
+    /// model keeps one entry per distinct shim register written (at most one per 8 input
+    /// bytes), a BLOCKWRITE's payload is copied while its op is visited, and each DDR patch keeps
+    /// one record (arguments are capped at [`MAX_ARGS`]): under one byte per input byte measured
+    /// (`tests/cost.rs`).
+    ///
     /// # Errors
     ///
     /// The first rule the stream breaks, naming the op index and byte offset, what was expected

@@ -51,7 +51,7 @@ pub(super) fn resolve_kernel(
     device: NpuGen,
 ) -> Result<String, NpudError> {
     let section = parse_for_arch(hsaco, device).map_err(|e| hsaco_error(e, device))?;
-    let names: Vec<&str> = section.kernels.iter().map(|k| k.name.as_str()).collect();
+    let names: Vec<&str> = section.kernels.iter().map(|k| k.name).collect();
     match (kernel, names.as_slice()) {
         ("", [only]) => Ok((*only).to_owned()),
         ("", _) => Err(NpudError::InvalidArgument(format!(

@@ -233,7 +233,7 @@ impl Npud for NpudService {
         &self,
         req: Request<pb::RegisterProgramRequest>,
     ) -> Res<pb::RegisterProgramResponse> {
-        ok(self.register_program(req))
+        ok(self.register_program(req).await)
     }
 
     async fn unregister_program(

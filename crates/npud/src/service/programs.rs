@@ -1,6 +1,14 @@
 //! RegisterProgram, UnregisterProgram, ListPrograms, ClearQuarantine.
+//!
+//! Registration parses, validates and hashes up to `limits.max_program_bytes` of untrusted bytes
+//! per call: milliseconds to tens of milliseconds of CPU and a few times the bytes in memory
+//! (npu-artifacts' parsers are linear, see their `# Cost`). That runs on tokio's blocking pool,
+//! never on a runtime worker, so a flood of registrations cannot stall other calls' handlers or
+//! the connections they share a worker with; at most [`PARSERS`] run at once, so the memory
+//! they hold together stays a small multiple of the program size limit.
 
 use npu_proto::v1 as pb;
+use tokio::sync::Semaphore;
 use tonic::Request;
 
 use super::NpudService;
@@ -9,8 +17,13 @@ use crate::error::NpudError;
 use crate::executor::Command;
 use crate::programs::record_proto;
 
+/// Registrations that parse at once; later ones wait (holding no thread) for a turn.
+const PARSERS: usize = 2;
+
+static PARSING: Semaphore = Semaphore::const_new(PARSERS);
+
 impl NpudService {
-    pub(super) fn register_program(
+    pub(super) async fn register_program(
         &self,
         req: Request<pb::RegisterProgramRequest>,
     ) -> Result<pb::RegisterProgramResponse, NpudError> {
@@ -41,15 +54,29 @@ impl NpudService {
                 )));
             }
         }
-        let reg = match (r.hsaco.is_empty(), r.pdi.is_empty() && r.insts.is_empty()) {
-            (true, _) => programs.register(caller.session, r.pdi, r.insts, r.name)?,
-            (false, true) => programs.register_hsaco(caller.session, r.hsaco, r.kernel, r.name)?,
-            (false, false) => {
-                return Err(NpudError::InvalidArgument(
-                    "hsaco: set either pdi and insts, or hsaco (and kernel), not both".into(),
-                ));
+        if !r.hsaco.is_empty() && (!r.pdi.is_empty() || !r.insts.is_empty()) {
+            return Err(NpudError::InvalidArgument(
+                "hsaco: set either pdi and insts, or hsaco (and kernel), not both".into(),
+            ));
+        }
+        // The semaphore is never closed, so acquiring fails only if it were. The permit moves
+        // into the blocking task: a caller that goes away does not free its turn early.
+        let turn = PARSING
+            .acquire()
+            .await
+            .map_err(|e| NpudError::Internal(format!("program parser queue: {e}")))?;
+        let programs = std::sync::Arc::clone(&self.state.programs);
+        let session = caller.session;
+        let reg = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            if r.hsaco.is_empty() {
+                programs.register(session, r.pdi, r.insts, r.name)
+            } else {
+                programs.register_hsaco(session, r.hsaco, r.kernel, r.name)
             }
-        };
+        })
+        .await
+        .map_err(|e| NpudError::Internal(format!("registering the program failed: {e}")))??;
         Ok(pb::RegisterProgramResponse {
             program_id: reg.program.id,
             content_hash: reg.program.hash.clone(),

@@ -26,7 +26,7 @@ pub fn run(path: &Path, json: bool) -> crate::CmdResult {
             "e_type": h.container.e_type,
             "e_machine": h.container.e_machine,
             "sections": h.sections.iter().map(section_json).collect::<Vec<_>>(),
-            "ignored_sections": h.ignored,
+            "ignored_sections": h.ignored.iter().map(|n| n.shown()).collect::<Vec<_>>(),
         }));
         return Ok(());
     }
@@ -68,7 +68,7 @@ pub fn run(path: &Path, json: bool) -> crate::CmdResult {
         ]);
         for k in &s.kernels {
             t.add_row(vec![
-                k.name.clone(),
+                k.name.to_owned(),
                 k.kind.to_string(),
                 k.num_cols.to_string(),
                 k.effective_kernarg_size().to_string(),
@@ -82,7 +82,8 @@ pub fn run(path: &Path, json: bool) -> crate::CmdResult {
         println!("{t}");
     }
     if !h.ignored.is_empty() {
-        println!("\nignored AIE sections: {}", h.ignored.join(", "));
+        let names: Vec<String> = h.ignored.iter().map(|n| n.shown()).collect();
+        println!("\nignored AIE sections: {}", names.join(", "));
     }
     Ok(())
 }

@@ -124,7 +124,7 @@ pub fn run(a: &Args, json: bool) -> crate::CmdResult {
         .flat_map(|s| {
             s.kernels
                 .iter()
-                .map(|k| (s.arch.agent_name().to_owned(), k.name.clone()))
+                .map(|k| (s.arch.agent_name().to_owned(), k.name.to_owned()))
         })
         .collect();
     if json {
