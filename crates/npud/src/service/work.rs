@@ -345,6 +345,8 @@ impl NpudService {
                     break;
                 };
                 let r = match inbound.message().await {
+                    // Nobody reads the answers any more: admit nothing new.
+                    Ok(Some(_)) if order_tx.is_closed() => break,
                     Ok(Some(r)) => r,
                     Ok(None) => break,
                     Err(status) => {
