@@ -100,7 +100,7 @@ fn program(c: &Client, name: &str, d: &EmuDesign) -> Program {
 /// could finish (it needs some 25 turns).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_staged_call_never_reverts_what_the_client_writes_to_its_inputs() {
-    const HANGS: u64 = 20;
+    const HANGS: usize = 20;
     let d = Daemon::start(
         Options::default()
             .profile("rocm-7.0", Runtime::Linked)
@@ -125,12 +125,12 @@ async fn an_abandoned_staged_call_never_reverts_what_the_client_writes_to_its_in
             let n = u32::try_from(k).unwrap() * 4096;
             hangs.push(h.register(&EmuDesign::hang(n)).await.unwrap().program_id);
         }
-        let size = HANGS * 4096;
+        let size = 4096 * HANGS as u64;
         let (hx, hy) = (
             h.alloc_mapped(size).await.unwrap(),
             h.alloc_mapped(size).await.unwrap(),
         );
-        let (tx, rx) = tokio::sync::mpsc::channel(HANGS as usize);
+        let (tx, rx) = tokio::sync::mpsc::channel(HANGS);
         let mut answers = h
             .client
             .submit(h.req(tokio_stream::wrappers::ReceiverStream::new(rx)))
@@ -269,15 +269,11 @@ async fn a_chain_whose_answer_was_cut_off_runs_once_when_retried() {
     let d = Daemon::start(Options::default());
     bounded(async {
         let (proxy, c, mut keeper) = proxied(&d).await;
-        const N: usize = 1024;
-        let add = program(
-            &c,
-            "add",
-            &EmuDesign::vector_scalar_add(N as u32, DType::I32, 1),
-        );
+        const N: u32 = 1024;
+        let add = program(&c, "add", &EmuDesign::vector_scalar_add(N, DType::I32, 1));
         c.register(&add).await.unwrap();
-        let mut a = c.alloc::<i32>(N).await.unwrap();
-        let mut b = c.alloc::<i32>(N).await.unwrap();
+        let mut a = c.alloc::<i32>(N as usize).await.unwrap();
+        let mut b = c.alloc::<i32>(N as usize).await.unwrap();
         a.as_mut_slice().fill(10);
         let me = c.session_id();
         let before = successes(&keeper.statistics().await.unwrap(), me);
