@@ -357,7 +357,10 @@ impl<'a> ChainBuilder<'a> {
 /// marked `read_only`, so the daemon never copies a staged one back into memory the caller may
 /// write again as soon as it stops waiting.
 pub(crate) fn link(program_id: u64, raws: &[&RawTensor], reads: usize) -> pb::DispatchRequest {
-    link_marked(program_id, raws.iter().enumerate().map(|(i, r)| (*r, i < reads)))
+    link_marked(
+        program_id,
+        raws.iter().enumerate().map(|(i, r)| (*r, i < reads)),
+    )
 }
 
 fn link_marked<'r>(

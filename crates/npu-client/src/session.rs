@@ -274,8 +274,7 @@ impl Inner {
         }
         let mut retried = false;
         // One id for the call and its retry (session calls only).
-        let request_id =
-            (!anonymous).then(|| self.next_request.fetch_add(1, Ordering::Relaxed));
+        let request_id = (!anonymous).then(|| self.next_request.fetch_add(1, Ordering::Relaxed));
         loop {
             let (epoch, channel) = self.current();
             let rpc = self.rpc_with_id(channel, anonymous, request_id);

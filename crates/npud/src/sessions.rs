@@ -314,9 +314,10 @@ impl Sessions {
     /// session has ended.
     pub fn replay(&self, session: u64, id: u64, call: &'static str) -> Result<Replay, NpudError> {
         let mut g = self.lock();
-        let s = g.sessions.get_mut(&session).ok_or_else(|| {
-            NpudError::Unauthenticated(format!("session {session} has ended"))
-        })?;
+        let s = g
+            .sessions
+            .get_mut(&session)
+            .ok_or_else(|| NpudError::Unauthenticated(format!("session {session} has ended")))?;
         let r = &mut s.replays;
         if let Some((first, rx)) = r.map.get(&id) {
             if *first != call {
@@ -526,5 +527,37 @@ mod tests {
         );
         // Another user still gets one.
         open(&s, "d", Some(&conn(2, 1001)), 4).unwrap();
+    }
+
+    #[test]
+    fn a_session_remembers_its_last_request_ids_and_the_method_of_each() {
+        let s = Sessions::new(Duration::from_secs(1), 4);
+        let c = conn(1, 1000);
+        let (id, _) = open(&s, "a", Some(&c), 4).unwrap();
+        let Replay::First(tx) = s.replay(id, 1, "Dispatch").unwrap() else {
+            panic!("a new id runs")
+        };
+        let Replay::Again(mut rx) = s.replay(id, 1, "Dispatch").unwrap() else {
+            panic!("a seen id waits for the first answer")
+        };
+        tx.send_replace(Some(Arc::new(7u32)));
+        assert!(rx.borrow_and_update().is_some());
+        let e = s.replay(id, 1, "FreeTensor").unwrap_err();
+        assert_eq!(
+            e.message(),
+            "npud-request-id: 1 was already used by a Dispatch call of this session"
+        );
+        // Past the window the oldest id is forgotten: it would run again.
+        for k in 2..=REPLAY_WINDOW as u64 + 1 {
+            assert!(matches!(s.replay(id, k, "Chain"), Ok(Replay::First(_))));
+        }
+        assert!(matches!(s.replay(id, 1, "Dispatch"), Ok(Replay::First(_))));
+        assert!(matches!(s.replay(id, 3, "Chain"), Ok(Replay::Again(_))));
+        // They end with the session.
+        s.close(id);
+        assert_eq!(
+            s.replay(id, 3, "Chain").unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
     }
 }

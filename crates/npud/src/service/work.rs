@@ -386,9 +386,7 @@ impl NpudService {
                         drop(place);
                         Ok(submit_response(request_id, r, count, chain))
                     }
-                    Submitted::Item(request_id, Err(e), _place) => {
-                        Ok(submit_error(request_id, &e))
-                    }
+                    Submitted::Item(request_id, Err(e), _place) => Ok(submit_error(request_id, &e)),
                     Submitted::End(e) => Err(tonic::Status::from(e)),
                 };
                 let end = resp.is_err();
