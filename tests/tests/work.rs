@@ -332,7 +332,7 @@ async fn programs_are_evicted_least_recently_used_and_reloaded_on_demand() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_session_queue_is_resource_exhausted() {
     let d = Daemon::start(Options {
-        args: vec!["--emulator-timeout-ms".into(), "300".into()],
+        args: vec!["--emulator-timeout-ms".into(), "1000".into()],
         ..Options::default().env("NPUD_LIMITS__MAX_PENDING_PER_SESSION", "2")
     });
     let (mut s, p, a, b) = setup(&d).await;
@@ -357,18 +357,33 @@ async fn a_full_session_queue_is_resource_exhausted() {
         tx.send(item(i, p)).await.unwrap();
     }
     drop(tx);
-    let mut exhausted = Vec::new();
-    while let Some(r) = inbound.next().await {
-        let r = r.unwrap();
-        if r.code == tonic::Code::ResourceExhausted as i32 {
-            assert!(
-                r.message.contains("limits.max_pending_per_session"),
-                "{r:?}"
-            );
-            exhausted.push(r.request_id);
-        }
+    // The stream is flow-controlled (lost_work.rs); unary calls beside it find the queue full.
+    let mut keeper = Session::open(d.connect().await, "keeper").await.unwrap();
+    while keeper.statistics().await.unwrap().pending_dispatches < 2 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
+    let (mut s1, mut s2, mut s3) = (s.clone(), s.clone(), s.clone());
+    let args = [a.id, b.id];
+    let (r1, r2, r3) = tokio::join!(
+        s1.dispatch(p, &args),
+        s2.dispatch(p, &args),
+        s3.dispatch(p, &args)
+    );
+    let exhausted: Vec<_> = [r1, r2, r3]
+        .into_iter()
+        .filter_map(Result::err)
+        .inspect(|e| {
+            assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+            assert!(
+                e.message().contains("limits.max_pending_per_session"),
+                "{e:?}"
+            );
+        })
+        .collect();
     assert!(!exhausted.is_empty(), "a third queued item is refused");
+    while let Some(r) = inbound.next().await {
+        assert_ne!(r.unwrap().code, tonic::Code::ResourceExhausted as i32);
+    }
     // Another session is not affected by this one's full queue.
     let mut other = Session::open(d.connect().await, "other").await.unwrap();
     let q = other

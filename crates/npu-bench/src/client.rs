@@ -351,6 +351,7 @@ pub fn dispatch_request(program: u64, tensors: &[u64]) -> pb::DispatchRequest {
                 tensor_id: *t,
                 offset: 0,
                 length: 0,
+                read_only: false,
             })
             .collect(),
     }

@@ -110,7 +110,7 @@ impl Client {
         self.check_owned(&all)?;
         let program_id = self.register(program).await?.id;
         upload_dirty(&all).await?;
-        let req = link(program_id, &all);
+        let req = link(program_id, &all, reads.len());
         drop(all);
         let r = lent_during(
             &mut writes,
@@ -289,6 +289,7 @@ impl<'a> ChainBuilder<'a> {
         let mut links = Vec::with_capacity(planned.len());
         for (n, (program, args)) in planned.iter().enumerate() {
             let mut raws = Vec::with_capacity(args.len());
+            let mut marked = Vec::with_capacity(args.len());
             for (i, a) in args.iter().enumerate() {
                 let slot = tensors
                     .get(a.index)
@@ -310,10 +311,12 @@ impl<'a> ChainBuilder<'a> {
                     )));
                 }
                 raws.push(slot.raw());
+                // A tensor added with `read` is not lent: it must never be written back.
+                marked.push((slot.raw(), matches!(slot, Slot::Read(_))));
             }
             client.check_owned(&raws)?;
             let id = client.register(program).await?.id;
-            links.push(link(id, &raws));
+            links.push(link_marked(id, marked.into_iter()));
         }
         let all: Vec<&RawTensor> = tensors.iter().map(Slot::raw).collect();
         upload_dirty(&all).await?;
@@ -350,15 +353,28 @@ impl<'a> ChainBuilder<'a> {
     }
 }
 
-pub(crate) fn link(program_id: u64, raws: &[&RawTensor]) -> pb::DispatchRequest {
+/// A link over `raws`, the first `reads` of which the caller only lends for reading: those are
+/// marked `read_only`, so the daemon never copies a staged one back into memory the caller may
+/// write again as soon as it stops waiting.
+pub(crate) fn link(program_id: u64, raws: &[&RawTensor], reads: usize) -> pb::DispatchRequest {
+    link_marked(
+        program_id,
+        raws.iter().enumerate().map(|(i, r)| (*r, i < reads)),
+    )
+}
+
+fn link_marked<'r>(
+    program_id: u64,
+    args: impl Iterator<Item = (&'r RawTensor, bool)>,
+) -> pb::DispatchRequest {
     pb::DispatchRequest {
         program_id,
-        args: raws
-            .iter()
-            .map(|r| pb::TensorArg {
+        args: args
+            .map(|(r, read_only)| pb::TensorArg {
                 tensor_id: r.id,
                 offset: 0,
                 length: 0,
+                read_only,
             })
             .collect(),
     }

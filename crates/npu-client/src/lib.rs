@@ -38,7 +38,8 @@
 //!
 //! Every call has a timeout. After a transport error the client reconnects and resumes its
 //! session (`ResumeSession`) within [`ConnectOptions::reconnect_timeout`], then retries the call
-//! once; if the daemon no longer knows the session (it restarted), calls fail with
+//! once, with the same request id, so the daemon answers a retried dispatch, chain, allocation or
+//! free from its first attempt instead of running it again; if the daemon no longer knows the session (it restarted), calls fail with
 //! [`ClientError::SessionLost`]. Programs and tensors are not recreated behind the caller's back.
 //!
 //! Linux only (memfd, `SCM_RIGHTS`).

@@ -171,7 +171,9 @@ impl<'a> Pipeline<'a> {
         let req = pb::SubmitRequest {
             request_id,
             work: Some(pb::submit_request::Work::Dispatch(crate::dispatch::link(
-                program_id, &raws,
+                program_id,
+                &raws,
+                reads.len(),
             ))),
             timeout_ms: 0,
         };

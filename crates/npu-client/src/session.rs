@@ -9,9 +9,11 @@
 //! - Session calls carry `npud-session` and `npud-token` metadata, added by an interceptor.
 //! - When a call fails in the transport (the connection dropped, the daemon is not there), the
 //!   client opens a new connection, calls `ResumeSession`, and retries the call once. A call is
-//!   therefore sent at most twice; a dispatch whose first request reached the daemon before the
-//!   connection dropped may run twice, which gives the same results for designs whose outputs do
-//!   not alias their inputs (IRON's examples).
+//!   therefore sent at most twice, both times with the same `npud-request-id`: the daemon runs
+//!   Dispatch, Chain, AllocateTensor and FreeTensor once per id, so a retry whose first request
+//!   reached the daemon before the connection dropped gets the first one's answer (an in-place
+//!   chain does not run twice, an allocation is not made twice). Ids start at a random value
+//!   per connection and count up, so two clients resuming one session do not share them.
 //! - When the daemon no longer knows the session (it restarted, or the grace period passed:
 //!   `UNAUTHENTICATED` from any session call or from the resume), the call returns
 //!   [`ClientError::SessionLost`] and so does every later call. The client never re-registers
@@ -54,10 +56,16 @@ pub(crate) struct SessionAuth {
     /// The identity token (`x-npud-token`).
     identity: Option<AsciiMetadataValue>,
     timeout: Duration,
+    /// The call's request id (`npud-request-id`), the same on its retry.
+    request_id: Option<AsciiMetadataValue>,
 }
 
 impl Interceptor for SessionAuth {
     fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(id) = &self.request_id {
+            req.metadata_mut()
+                .insert(npu_proto::REQUEST_ID_HEADER, id.clone());
+        }
         if let Some(t) = &self.identity {
             req.metadata_mut()
                 .insert(npu_proto::IDENTITY_TOKEN_HEADER, t.clone());
@@ -106,6 +114,8 @@ pub(crate) struct Inner {
     pub programs: tokio::sync::Mutex<HashMap<u64, ProgramInfo>>,
     pub device: pb::DeviceInfo,
     reconnects: AtomicU64,
+    /// The next call's request id.
+    next_request: AtomicU64,
     /// Set when a [`crate::Fleet`] opened the session.
     pub(crate) host: std::sync::OnceLock<Arc<dyn HostWatch>>,
     /// The identity token, read once at connect.
@@ -155,6 +165,7 @@ impl Inner {
             programs: tokio::sync::Mutex::new(HashMap::new()),
             device,
             reconnects: AtomicU64::new(0),
+            next_request: AtomicU64::new(random_u64() >> 1),
             host: std::sync::OnceLock::new(),
             identity,
         }))
@@ -177,6 +188,11 @@ impl Inner {
     }
 
     fn rpc(&self, channel: Channel, anonymous: bool) -> Rpc {
+        self.rpc_with_id(channel, anonymous, None)
+    }
+
+    /// As [`Inner::rpc`], with request id `request_id` on every call.
+    fn rpc_with_id(&self, channel: Channel, anonymous: bool, request_id: Option<u64>) -> Rpc {
         let session = if anonymous {
             None
         } else {
@@ -192,6 +208,7 @@ impl Inner {
                 session,
                 identity: self.identity.clone(),
                 timeout: self.opts.call_timeout,
+                request_id: request_id.and_then(|id| MetadataValue::try_from(id.to_string()).ok()),
             },
         )
         .max_decoding_message_size(MAX_DECODE_BYTES)
@@ -256,10 +273,12 @@ impl Inner {
             return Err(e);
         }
         let mut retried = false;
+        // One id for the call and its retry (session calls only).
+        let request_id = (!anonymous).then(|| self.next_request.fetch_add(1, Ordering::Relaxed));
         loop {
             let (epoch, channel) = self.current();
-            let outcome =
-                tokio::time::timeout(self.opts.call_timeout, f(self.rpc(channel, anonymous))).await;
+            let rpc = self.rpc_with_id(channel, anonymous, request_id);
+            let outcome = tokio::time::timeout(self.opts.call_timeout, f(rpc)).await;
             let status = match outcome {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(status)) => status,
@@ -440,6 +459,7 @@ pub(crate) fn plain_client(
             session: None,
             identity,
             timeout: opts.call_timeout,
+            request_id: None,
         },
     )
     .max_decoding_message_size(MAX_DECODE_BYTES)
@@ -473,6 +493,19 @@ async fn bounded<T>(
             timeout: opts.call_timeout,
         }),
     }
+}
+
+/// A random u64 (the standard library's per-process hasher keys), so that the request ids of
+/// two clients of one session do not meet.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
 }
 
 /// Whether a status came from the transport (connection refused, reset, closed) rather than

@@ -18,6 +18,11 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 pub const SESSION_HEADER: &str = "npud-session";
 /// Metadata key carrying the session's secret token.
 pub const TOKEN_HEADER: &str = "npud-token";
+/// Metadata key carrying a request id (decimal u64) the client chose for one call and sends
+/// again, unchanged, when it retries that call: the daemon runs Dispatch, Chain,
+/// AllocateTensor and FreeTensor once per id and session, and answers a retry with the first
+/// attempt's answer (see `npud.proto`).
+pub const REQUEST_ID_HEADER: &str = "npud-request-id";
 /// Metadata key carrying an identity token's secret (a file in the daemon's `auth.token_dir`);
 /// the call's identity is then `token:<file name>`.
 pub const IDENTITY_TOKEN_HEADER: &str = "x-npud-token";

@@ -7,7 +7,8 @@
 //! plain data behind a `std::sync::Mutex` (never held across an await); what a session owns on
 //! the device is released by the caller of [`Sessions::close`] / [`Sessions::take_expired`].
 
-use std::collections::{HashMap, HashSet};
+use std::any::Any;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -35,6 +36,33 @@ struct Session {
     conns: HashSet<u64>,
     disconnected_at: Option<Instant>,
     stats: DispatchStats,
+    /// The last [`REPLAY_WINDOW`] request ids of the session's calls.
+    replays: Replays,
+}
+
+/// Request ids each session remembers (`npud-request-id`); an older id is forgotten, and a
+/// retry of it runs again. Each entry is one small reply (a DispatchResponse, ChainResponse,
+/// AllocateTensorResponse or FreeTensorResponse), so a session holds at most a few tens of KiB.
+pub const REPLAY_WINDOW: usize = 256;
+
+/// A call's answer as kept for its retries: the handler's `Result<T, NpudError>`, type-erased.
+pub type Reply = Arc<dyn Any + Send + Sync>;
+
+/// What a call with a request id does: run, as the first with its id, or wait for the first's
+/// answer.
+#[derive(Debug)]
+pub enum Replay {
+    /// The id is new: run the call and send its answer here.
+    First(tokio::sync::watch::Sender<Option<Reply>>),
+    /// The id was seen: its answer arrives (or has arrived) here.
+    Again(tokio::sync::watch::Receiver<Option<Reply>>),
+}
+
+/// A session's remembered request ids, oldest first, with the method each named.
+#[derive(Debug, Default)]
+struct Replays {
+    order: VecDeque<u64>,
+    map: HashMap<u64, (&'static str, tokio::sync::watch::Receiver<Option<Reply>>)>,
 }
 
 #[derive(Debug, Default)]
@@ -146,6 +174,7 @@ impl Sessions {
                 conns,
                 disconnected_at,
                 stats: DispatchStats::default(),
+                replays: Replays::default(),
             },
         );
         Ok((id, token))
@@ -275,6 +304,39 @@ impl Sessions {
             .sessions
             .get(&id)
             .map_or_else(|| Arc::from(""), |s| s.owner.key())
+    }
+
+    /// Looks up request id `id` of `session` for method `call`: [`Replay::First`] when the
+    /// session has not seen it (it is remembered from now on, forgetting the oldest id beyond
+    /// [`REPLAY_WINDOW`]), else [`Replay::Again`] with the first call's answer to wait for.
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT when the id was used by another method; UNAUTHENTICATED when the
+    /// session has ended.
+    pub fn replay(&self, session: u64, id: u64, call: &'static str) -> Result<Replay, NpudError> {
+        let mut g = self.lock();
+        let s = g
+            .sessions
+            .get_mut(&session)
+            .ok_or_else(|| NpudError::Unauthenticated(format!("session {session} has ended")))?;
+        let r = &mut s.replays;
+        if let Some((first, rx)) = r.map.get(&id) {
+            if *first != call {
+                return Err(NpudError::InvalidArgument(format!(
+                    "npud-request-id: {id} was already used by a {first} call of this session"
+                )));
+            }
+            return Ok(Replay::Again(rx.clone()));
+        }
+        while r.order.len() >= REPLAY_WINDOW {
+            if let Some(old) = r.order.pop_front() {
+                r.map.remove(&old);
+            }
+        }
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        r.order.push_back(id);
+        r.map.insert(id, (call, rx));
+        Ok(Replay::First(tx))
     }
 
     /// The grant a session was opened with, and its count of pending work.
@@ -466,5 +528,37 @@ mod tests {
         );
         // Another user still gets one.
         open(&s, "d", Some(&conn(2, 1001)), 4).unwrap();
+    }
+
+    #[test]
+    fn a_session_remembers_its_last_request_ids_and_the_method_of_each() {
+        let s = Sessions::new(Duration::from_secs(1), 4);
+        let c = conn(1, 1000);
+        let (id, _) = open(&s, "a", Some(&c), 4).unwrap();
+        let Replay::First(tx) = s.replay(id, 1, "Dispatch").unwrap() else {
+            panic!("a new id runs")
+        };
+        let Replay::Again(mut rx) = s.replay(id, 1, "Dispatch").unwrap() else {
+            panic!("a seen id waits for the first answer")
+        };
+        tx.send_replace(Some(Arc::new(7u32)));
+        assert!(rx.borrow_and_update().is_some());
+        let e = s.replay(id, 1, "FreeTensor").unwrap_err();
+        assert_eq!(
+            e.message(),
+            "npud-request-id: 1 was already used by a Dispatch call of this session"
+        );
+        // Past the window the oldest id is forgotten: it would run again.
+        for k in 2..=REPLAY_WINDOW as u64 + 1 {
+            assert!(matches!(s.replay(id, k, "Chain"), Ok(Replay::First(_))));
+        }
+        assert!(matches!(s.replay(id, 1, "Dispatch"), Ok(Replay::First(_))));
+        assert!(matches!(s.replay(id, 3, "Chain"), Ok(Replay::Again(_))));
+        // They end with the session.
+        s.close(id);
+        assert_eq!(
+            s.replay(id, 3, "Chain").unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
     }
 }

@@ -119,6 +119,7 @@ impl Fixture {
                         tensor_id: *id,
                         offset: 0,
                         length: 0,
+                        read_only: false,
                     })
                     .collect(),
             })

@@ -81,8 +81,10 @@ struct Progress {
     /// The next batch, and its first link.
     batch: usize,
     link: usize,
-    /// Staged memfds (store id, bytes), and the copy's position: (index, bytes done).
-    staged: Vec<(u64, u64)>,
+    /// Staged memfds (store id, bytes, whether an argument naming it may be written), and the
+    /// copy's position: (index, bytes done). Only written ones are copied back after the work:
+    /// the client lends those, and may write the others again as soon as it stops waiting.
+    staged: Vec<(u64, u64, bool)>,
     cursor: (usize, u64),
     phase: Phase,
     queue_ns: Option<u64>,
@@ -176,7 +178,7 @@ impl Worker {
         }
         self.budget.check(&item.who, "dispatch", now)?;
         // Check every link before anything runs; field names are formatted only on failure.
-        let mut staged: Vec<(u64, u64)> = Vec::new();
+        let mut staged: Vec<(u64, u64, bool)> = Vec::new();
         let mut resolved = Vec::with_capacity(item.links.len());
         for (k, link) in item.links.iter().enumerate() {
             let p = LinkPrefix {
@@ -190,10 +192,15 @@ impl Worker {
                 let r = self
                     .tensors
                     .resolve(item.session, a, format_args!("{p}args[{i}]"))?;
-                if let Some(id) = r.staged
-                    && !staged.iter().any(|(s, _)| *s == id)
-                {
-                    staged.push((id, self.tensors.size(item.session, id, "tensor_id")?));
+                if let Some(id) = r.staged {
+                    match staged.iter_mut().find(|(s, ..)| *s == id) {
+                        Some(s) => s.2 |= !a.read_only,
+                        None => staged.push((
+                            id,
+                            self.tensors.size(item.session, id, "tensor_id")?,
+                            !a.read_only,
+                        )),
+                    }
                 }
                 sizes.push(r.len);
                 args.push(r.arg);
@@ -252,9 +259,9 @@ impl Worker {
 
     /// Copies staged memfds in (or out) within `budget` bytes; true when every copy is done.
     fn stage(&mut self, p: &mut Progress, budget: &mut u64, into: bool) -> Result<bool, NpudError> {
-        while let Some(&(id, len)) = p.staged.get(p.cursor.0) {
+        while let Some(&(id, len, written)) = p.staged.get(p.cursor.0) {
             let done = p.cursor.1;
-            if done >= len {
+            if done >= len || (!into && !written) {
                 p.cursor = (p.cursor.0 + 1, 0);
                 continue;
             }

@@ -9,6 +9,7 @@
 //! answers every caller.
 
 mod programs;
+mod replay;
 mod sessions;
 mod stats;
 mod tensors;

@@ -4,6 +4,7 @@ use npu_proto::v1 as pb;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Status, Streaming};
 
+use super::replay::request_id;
 use super::{BoxStream, NpudService};
 use crate::error::NpudError;
 use crate::executor::Command;
@@ -20,6 +21,7 @@ impl NpudService {
         req: Request<pb::AllocateTensorRequest>,
     ) -> Result<pb::AllocateTensorResponse, NpudError> {
         let caller = self.caller(&req)?;
+        let id = request_id(req.metadata())?;
         let r = req.into_inner();
         let session = caller.session;
         let size = r.size_bytes;
@@ -27,34 +29,38 @@ impl NpudService {
         // it, otherwise a staged memfd of the daemon's (see DeviceInfo.tensor_sharing).
         let uid = caller.conn.as_ref().and_then(|c| c.uid);
         let cap = self.tensor_cap(session);
-        let tensor_id = self
-            .state
-            .exec
-            .call(|reply| Command::Allocate {
-                session,
-                size,
-                name: r.name,
-                cap,
-                local: uid.is_some(),
-                reply,
+        let svc = self.clone();
+        self.once(session, id, "AllocateTensor", async move {
+            let tensor_id = svc
+                .state
+                .exec
+                .call(|reply| Command::Allocate {
+                    session,
+                    size,
+                    name: r.name,
+                    cap,
+                    local: uid.is_some(),
+                    reply,
+                })
+                .await?;
+            let (fd_ticket, fd_socket) = match uid {
+                Some(uid) => {
+                    let t = svc
+                        .state
+                        .tickets
+                        .issue(session, uid, tensor_id, Grant::Export)?;
+                    (t.as_bytes().to_vec(), svc.fd_socket())
+                }
+                _ => (Vec::new(), String::new()),
+            };
+            Ok(pb::AllocateTensorResponse {
+                tensor_id,
+                fd_ticket,
+                fd_socket,
+                size_bytes: size,
             })
-            .await?;
-        let (fd_ticket, fd_socket) = match uid {
-            Some(uid) => {
-                let t = self
-                    .state
-                    .tickets
-                    .issue(session, uid, tensor_id, Grant::Export)?;
-                (t.as_bytes().to_vec(), self.fd_socket())
-            }
-            _ => (Vec::new(), String::new()),
-        };
-        Ok(pb::AllocateTensorResponse {
-            tensor_id,
-            fd_ticket,
-            fd_socket,
-            size_bytes: size,
         })
+        .await
     }
 
     pub(super) async fn import_tensor(
@@ -111,16 +117,21 @@ impl NpudService {
         req: Request<pb::FreeTensorRequest>,
     ) -> Result<pb::FreeTensorResponse, NpudError> {
         let caller = self.caller(&req)?;
+        let id = request_id(req.metadata())?;
         let tensor = req.get_ref().tensor_id;
-        self.state
-            .exec
-            .call(|reply| Command::Free {
-                session: caller.session,
-                tensor,
-                reply,
-            })
-            .await?;
-        Ok(pb::FreeTensorResponse {})
+        let (svc, session) = (self.clone(), caller.session);
+        self.once(session, id, "FreeTensor", async move {
+            svc.state
+                .exec
+                .call(|reply| Command::Free {
+                    session,
+                    tensor,
+                    reply,
+                })
+                .await?;
+            Ok(pb::FreeTensorResponse {})
+        })
+        .await
     }
 
     pub(super) async fn tensor_info(

@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use npu_proto::v1 as pb;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Streaming};
 
+use super::replay::request_id;
 use super::{BoxStream, NpudService, deadline};
 use crate::error::NpudError;
 use crate::executor::{Command, Link, LinkPrefix, WorkDone, WorkItem};
@@ -284,10 +285,15 @@ impl NpudService {
         req: Request<pb::DispatchRequest>,
     ) -> Result<pb::DispatchResponse, NpudError> {
         let caller = self.caller(&req)?;
+        let id = request_id(req.metadata())?;
         let deadline = deadline(&req);
         let work = Work::Dispatch(req.into_inner());
-        let a = self.admit_work(caller.session, work, deadline).await?;
-        dispatch_response(self.complete(caller.session, a).await?)
+        let (svc, session) = (self.clone(), caller.session);
+        self.once(session, id, "Dispatch", async move {
+            let a = svc.admit_work(session, work, deadline).await?;
+            dispatch_response(svc.complete(session, a).await?)
+        })
+        .await
     }
 
     pub(super) async fn chain(
@@ -295,16 +301,30 @@ impl NpudService {
         req: Request<pb::ChainRequest>,
     ) -> Result<pb::ChainResponse, NpudError> {
         let caller = self.caller(&req)?;
+        let id = request_id(req.metadata())?;
         let deadline = deadline(&req);
         let work = Work::Chain(req.into_inner().links);
-        let a = self.admit_work(caller.session, work, deadline).await?;
-        let count = a.programs.len();
-        Ok(chain_response(
-            self.complete(caller.session, a).await?,
-            count,
-        ))
+        let (svc, session) = (self.clone(), caller.session);
+        self.once(session, id, "Chain", async move {
+            let a = svc.admit_work(session, work, deadline).await?;
+            let count = a.programs.len();
+            Ok(chain_response(svc.complete(session, a).await?, count))
+        })
+        .await
     }
 
+    /// The Submit stream. Its contract:
+    ///
+    /// - Flow control: at most `window` items of the stream are admitted and unanswered (the
+    ///   session's pending limit, its rule's when lower); the reader stops reading the inbound
+    ///   stream until one is answered, so a client that sends faster than the device runs is
+    ///   slowed by HTTP/2 flow control instead of refused.
+    /// - A message that cannot be decoded (or is larger than the daemon accepts) ends the
+    ///   stream, after every item admitted before it has been answered, with
+    ///   `INVALID_ARGUMENT` (`RESOURCE_EXHAUSTED` for its size) naming its index (0-based,
+    ///   counting every message of the stream).
+    /// - An item whose caller left (the stream was dropped or reset) keeps its pending place
+    ///   until the executor answers it.
     pub(super) fn submit(
         &self,
         req: Request<Streaming<pb::SubmitRequest>>,
@@ -312,36 +332,84 @@ impl NpudService {
         let caller = self.caller(&req)?;
         let session = caller.session;
         let mut inbound = req.into_inner();
-        let depth = (self.state.limits.max_pending_per_session as usize).max(1);
-        let (order_tx, mut order_rx) = mpsc::channel::<(u64, Result<Admitted, NpudError>)>(depth);
-        let (out_tx, out_rx) = mpsc::channel(depth);
+        let window = self.submit_window(session);
+        let places = Arc::new(Semaphore::new(window));
+        let (order_tx, mut order_rx) = mpsc::channel::<Submitted>(window);
+        let (out_tx, out_rx) = mpsc::channel(window);
         let reader = self.clone();
         tokio::spawn(async move {
-            while let Ok(Some(r)) = inbound.message().await {
-                let admitted = reader.admit_submitted(session, r.work, r.timeout_ms).await;
-                if order_tx.send((r.request_id, admitted)).await.is_err() {
+            let mut index = 0usize;
+            loop {
+                // Read the next message only when the stream has a place for it.
+                let Ok(place) = places.clone().acquire_owned().await else {
+                    break;
+                };
+                let r = match inbound.message().await {
+                    // Nobody reads the answers any more: admit nothing new.
+                    Ok(Some(_)) if order_tx.is_closed() => break,
+                    Ok(Some(r)) => r,
+                    Ok(None) => break,
+                    Err(status) => {
+                        let e = bad_message(index, &status);
+                        let _ = order_tx.send(Submitted::End(e)).await;
+                        break;
+                    }
+                };
+                let admitted = reader
+                    .admit_submitted(session, r.work, r.timeout_ms)
+                    .await
+                    .map(|a| Pending {
+                        svc: reader.clone(),
+                        session,
+                        admitted: Some(a),
+                    });
+                index += 1;
+                // A send that fails drops the item: as a `Pending`, it is still awaited and
+                // counted.
+                if order_tx
+                    .send(Submitted::Item(r.request_id, admitted, place))
+                    .await
+                    .is_err()
+                {
                     break;
                 }
             }
         });
-        let writer = self.clone();
         tokio::spawn(async move {
             // Completions go out in submission order: each is awaited in turn.
-            while let Some((request_id, admitted)) = order_rx.recv().await {
-                let resp = match admitted {
-                    Ok(a) => {
-                        let (count, chain) = (a.programs.len(), a.chain);
-                        let r = writer.complete(session, a).await;
-                        submit_response(request_id, r, count, chain)
+            while let Some(next) = order_rx.recv().await {
+                let resp = match next {
+                    Submitted::Item(request_id, Ok(p), place) => {
+                        let a = p.admitted.as_ref();
+                        let (count, chain) = a.map_or((0, false), |a| (a.programs.len(), a.chain));
+                        let r = p.wait().await;
+                        drop(place);
+                        Ok(submit_response(request_id, r, count, chain))
                     }
-                    Err(e) => submit_error(request_id, &e),
+                    Submitted::Item(request_id, Err(e), _place) => Ok(submit_error(request_id, &e)),
+                    Submitted::End(e) => Err(tonic::Status::from(e)),
                 };
-                if out_tx.send(Ok(resp)).await.is_err() {
+                let end = resp.is_err();
+                if out_tx.send(resp).await.is_err() || end {
                     break;
                 }
             }
+            // Items left (the caller is gone) are dropped as `Pending`s: each keeps its place
+            // until the executor answers it.
         });
         Ok(Box::pin(ReceiverStream::new(out_rx)))
+    }
+
+    /// Items one Submit stream may have admitted and unanswered: the session's pending limit
+    /// (its rule's when lower).
+    fn submit_window(&self, session: u64) -> usize {
+        let limit = self.state.limits.max_pending_per_session;
+        let rule = self
+            .state
+            .sessions
+            .grant(session)
+            .map_or(limit, |(g, _)| g.quotas.pending.max);
+        (limit.min(rule) as usize).max(1)
     }
 
     async fn admit_submitted(
@@ -361,6 +429,26 @@ impl NpudService {
             }
         };
         self.admit_work(session, work, deadline).await
+    }
+}
+
+/// What the Submit stream's reader hands its writer, in order.
+#[derive(Debug)]
+enum Submitted {
+    /// A message's item (or why it was refused), holding its place in the stream's window.
+    Item(u64, Result<Pending, NpudError>, OwnedSemaphorePermit),
+    /// A message that ended the stream.
+    End(NpudError),
+}
+
+/// Why message `index` of a Submit stream ends it: it was too large, or no `SubmitRequest`.
+fn bad_message(index: usize, status: &tonic::Status) -> NpudError {
+    let why = format!("message {index}: {}", status.message());
+    match status.code() {
+        tonic::Code::OutOfRange | tonic::Code::ResourceExhausted => {
+            NpudError::ResourceExhausted(why)
+        }
+        _ => NpudError::InvalidArgument(why),
     }
 }
 
