@@ -15,6 +15,19 @@ const DEFAULT_CHUNK: u64 = 1 << 20;
 const CHUNK_OVERHEAD: u64 = 1 << 10;
 
 impl NpudService {
+    /// The daemon-wide tensor budget, against what the executor last published.
+    fn check_tensor_budget(&self, size: u64) -> Result<(), NpudError> {
+        let held = self
+            .state
+            .exec
+            .snapshot_now()
+            .usage
+            .values()
+            .map(|(_, bytes)| *bytes)
+            .sum::<u64>();
+        self.state.budget.check_tensor(held, size)
+    }
+
     pub(super) async fn allocate_tensor(
         &self,
         req: Request<pb::AllocateTensorRequest>,
@@ -27,6 +40,7 @@ impl NpudService {
         // it, otherwise a staged memfd of the daemon's (see DeviceInfo.tensor_sharing).
         let uid = caller.conn.as_ref().and_then(|c| c.uid);
         let cap = self.tensor_cap(session);
+        self.check_tensor_budget(size)?;
         let tensor_id = self
             .state
             .exec
@@ -72,6 +86,8 @@ impl NpudService {
         let r = req.into_inner();
         let session = caller.session;
         let size = r.size_bytes;
+        // The daemon maps an imported memfd: its pages count in the daemon's memory too.
+        self.check_tensor_budget(size)?;
         let tensor_id = self
             .state
             .exec
