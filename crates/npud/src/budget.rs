@@ -175,7 +175,10 @@ mod tests {
         b.reserve(&mut q, 6).unwrap();
         let mut r = b.queued();
         let e = b.reserve(&mut r, 5).unwrap_err();
-        assert!(e.message().contains("limits.max_queued_request_bytes"), "{e}");
+        assert!(
+            e.message().contains("limits.max_queued_request_bytes"),
+            "{e}"
+        );
         assert_eq!((b.queued_now(), r.held()), (6, 0));
         drop(q);
         b.reserve(&mut r, 10).unwrap();

@@ -582,7 +582,10 @@ impl Config {
             ("limits.fault_cooldown_ms", l.fault_cooldown_ms),
             ("limits.max_total_tensor_bytes", l.max_total_tensor_bytes),
             ("limits.max_total_program_bytes", l.max_total_program_bytes),
-            ("limits.max_queued_request_bytes", l.max_queued_request_bytes),
+            (
+                "limits.max_queued_request_bytes",
+                l.max_queued_request_bytes,
+            ),
         ] {
             if v == 0 {
                 return Err(invalid(key, "must be at least 1"));

@@ -47,9 +47,7 @@ pub fn terminate_requested() -> bool {
 
 /// Whether a SIGHUP arrived since [`catch_early`].
 pub fn hangup_seen() -> bool {
-    EARLY
-        .get()
-        .is_some_and(|e| e.hangup.load(Ordering::SeqCst))
+    EARLY.get().is_some_and(|e| e.hangup.load(Ordering::SeqCst))
 }
 
 #[cfg(test)]
@@ -60,11 +58,8 @@ mod tests {
     fn an_early_sighup_sets_a_flag_and_the_process_lives() {
         catch_early().unwrap();
         catch_early().unwrap();
-        rustix::process::kill_process(
-            rustix::process::getpid(),
-            rustix::process::Signal::HUP,
-        )
-        .unwrap();
+        rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::HUP)
+            .unwrap();
         // Delivery to this process is asynchronous only across threads; wait for the flag.
         let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while !hangup_seen() && std::time::Instant::now() < until {
