@@ -468,7 +468,7 @@ async fn drain_calls(
             if !idle {
                 tracing::warn!(
                     calls = drain.busy(),
-                    "calls still being served after shutdown.drain_timeout_ms ({timeout:?}); \
+                    "requests still in flight after shutdown.drain_timeout_ms ({timeout:?}); \
                      ending them"
                 );
             } else if drain.open() > 0 {
