@@ -130,43 +130,43 @@ impl Client {
     /// [`ClientError::Daemon`] with `INVALID_ARGUMENT` for bytes the daemon refuses,
     /// `FAILED_PRECONDITION` for a program of another generation or kind than the device.
     pub async fn register(&self, program: &Program) -> Result<ProgramInfo, ClientError> {
-        let mut known = self.inner.programs.lock().await;
-        if let Some(info) = known.get(&program.key()) {
-            return Ok(info.clone());
-        }
-        let req = match program.hsaco() {
-            Some(h) => pb::RegisterProgramRequest {
-                hsaco: h.bytes.clone(),
-                kernel: h.kernel.clone(),
-                name: program.name().to_owned(),
-                ..Default::default()
-            },
-            None => pb::RegisterProgramRequest {
-                pdi: program.pdi().to_vec(),
-                insts: program.insts().to_vec(),
-                name: program.name().to_owned(),
-                ..Default::default()
-            },
-        };
-        let r = self
-            .inner
-            .call("RegisterProgram", |mut c| {
-                let req = req.clone();
-                async move {
-                    c.register_program(req)
-                        .await
-                        .map(tonic::Response::into_inner)
-                }
+        // No lock is held across the RPC: dispatches of other programs go on meanwhile.
+        self.inner
+            .programs
+            .get_or_register(program.key(), || async {
+                let req = match program.hsaco() {
+                    Some(h) => pb::RegisterProgramRequest {
+                        hsaco: h.bytes.clone(),
+                        kernel: h.kernel.clone(),
+                        name: program.name().to_owned(),
+                        ..Default::default()
+                    },
+                    None => pb::RegisterProgramRequest {
+                        pdi: program.pdi().to_vec(),
+                        insts: program.insts().to_vec(),
+                        name: program.name().to_owned(),
+                        ..Default::default()
+                    },
+                };
+                let r = self
+                    .inner
+                    .call("RegisterProgram", |mut c| {
+                        let req = req.clone();
+                        async move {
+                            c.register_program(req)
+                                .await
+                                .map(tonic::Response::into_inner)
+                        }
+                    })
+                    .await?;
+                Ok(ProgramInfo {
+                    id: r.program_id,
+                    content_hash: r.content_hash,
+                    newly_stored: r.newly_stored,
+                    summary: r.summary,
+                })
             })
-            .await?;
-        let info = ProgramInfo {
-            id: r.program_id,
-            content_hash: r.content_hash,
-            newly_stored: r.newly_stored,
-            summary: r.summary,
-        };
-        known.insert(program.key(), info.clone());
-        Ok(info)
+            .await
     }
 
     /// Drops this session's reference to a program; the next dispatch of it registers again.
@@ -175,7 +175,7 @@ impl Client {
     ///
     /// The daemon's refusal or a transport error.
     pub async fn unregister(&self, program: &Program) -> Result<(), ClientError> {
-        let Some(info) = self.inner.programs.lock().await.remove(&program.key()) else {
+        let Some(info) = self.inner.programs.remove(program.key()) else {
             return Ok(());
         };
         self.inner

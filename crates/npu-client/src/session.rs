@@ -111,7 +111,7 @@ pub(crate) struct Inner {
     /// The runtime that frees tensors dropped outside async code.
     pub runtime: tokio::runtime::Handle,
     /// Program registrations of this session, by [`crate::Program`] key.
-    pub programs: tokio::sync::Mutex<HashMap<u64, ProgramInfo>>,
+    pub programs: ProgramCache,
     pub device: pb::DeviceInfo,
     reconnects: AtomicU64,
     /// The next call's request id.
@@ -162,7 +162,7 @@ impl Inner {
             session,
             lost: AtomicBool::new(false),
             runtime: tokio::runtime::Handle::current(),
-            programs: tokio::sync::Mutex::new(HashMap::new()),
+            programs: ProgramCache::default(),
             device,
             reconnects: AtomicU64::new(0),
             next_request: AtomicU64::new(random_u64() >> 1),
@@ -516,4 +516,104 @@ pub(crate) fn is_transport(status: &Status) -> bool {
         status.code(),
         Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled
     ) && status.source().is_some()
+}
+
+/// A session's program registrations, by [`crate::Program`] key. Each key has its own cell:
+/// a registration in flight makes only callers of the same program wait for its answer (they
+/// need it), never a dispatch of another program; no lock is held across an RPC.
+#[derive(Debug, Default)]
+pub(crate) struct ProgramCache {
+    cells: Mutex<HashMap<u64, Arc<tokio::sync::OnceCell<ProgramInfo>>>>,
+}
+
+impl ProgramCache {
+    /// The registration of `key`, made by `register` if there is none yet (a failed one is
+    /// tried again by the next caller).
+    pub async fn get_or_register<F, Fut, E>(&self, key: u64, register: F) -> Result<ProgramInfo, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<ProgramInfo, E>>,
+    {
+        let cell = self
+            .cells
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(key)
+            .or_default()
+            .clone();
+        cell.get_or_try_init(register).await.cloned()
+    }
+
+    /// Forgets `key`; its registration, when it had one.
+    pub fn remove(&self, key: u64) -> Option<ProgramInfo> {
+        self.cells
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&key)
+            .and_then(|c| c.get().cloned())
+    }
+}
+
+#[cfg(test)]
+mod program_cache_tests {
+    use super::*;
+
+    fn info(id: u64) -> ProgramInfo {
+        ProgramInfo {
+            id,
+            content_hash: String::new(),
+            newly_stored: true,
+            summary: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_registration_in_flight_holds_up_no_other_program() {
+        let cache = Arc::new(ProgramCache::default());
+        let (release, wait) = tokio::sync::oneshot::channel::<()>();
+        let slow = {
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                cache
+                    .get_or_register(1, || async move {
+                        let _ = wait.await;
+                        Ok::<_, ()>(info(10))
+                    })
+                    .await
+            })
+        };
+        tokio::task::yield_now().await;
+        // Program 2 registers while program 1's registration is still in flight.
+        let other = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            cache.get_or_register(2, || async { Ok::<_, ()>(info(20)) }),
+        )
+        .await
+        .expect("another program's registration does not wait for program 1's");
+        assert_eq!(other.unwrap().id, 20);
+        release.send(()).unwrap();
+        assert_eq!(slow.await.unwrap().unwrap().id, 10);
+        // Registered once: later callers get the first answer without registering.
+        let again = cache
+            .get_or_register(1, || async { Err::<ProgramInfo, ()>(()) })
+            .await;
+        assert_eq!(again.unwrap().id, 10);
+        // A failed registration is tried again by the next caller.
+        assert!(
+            cache
+                .get_or_register(3, || async { Err::<ProgramInfo, ()>(()) })
+                .await
+                .is_err()
+        );
+        assert_eq!(
+            cache
+                .get_or_register(3, || async { Ok::<_, ()>(info(30)) })
+                .await
+                .unwrap()
+                .id,
+            30
+        );
+        assert_eq!(cache.remove(1).map(|i| i.id), Some(10));
+        assert!(cache.remove(1).is_none());
+    }
 }

@@ -427,23 +427,28 @@ impl RawTensor {
         .unwrap_or(usize::MAX);
         let chunk = CHUNK_BYTES.min((max / 2).max(4096));
         let id = self.id;
-        let bytes = self
-            .mem
-            .view::<u8>()
-            .map_err(ClientError::fd(format!("uploading tensor {id}")))?;
+        // Copied out through raw pointers, never viewed as a slice: foreign code (a numpy array
+        // over the tensor) may write the memory while this runs.
+        let mut chunks: Vec<pb::WriteTensorChunk> = Vec::new();
+        let mut offset = 0;
+        while offset < self.mem.len() {
+            let n = chunk.min(self.mem.len() - offset);
+            let mut data = vec![0u8; n];
+            self.mem
+                .read_into(offset, &mut data)
+                .map_err(ClientError::fd(format!("uploading tensor {id}")))?;
+            chunks.push(pb::WriteTensorChunk {
+                tensor_id: id,
+                offset: offset as u64,
+                data,
+            });
+            offset += n;
+        }
         s.dirty.store(false, Ordering::SeqCst);
         let r = self
             .inner
             .call("WriteTensor", |mut c| {
-                let chunks: Vec<pb::WriteTensorChunk> = bytes
-                    .chunks(chunk)
-                    .enumerate()
-                    .map(|(i, data)| pb::WriteTensorChunk {
-                        tensor_id: id,
-                        offset: (i * chunk) as u64,
-                        data: data.to_vec(),
-                    })
-                    .collect();
+                let chunks = chunks.clone();
                 async move {
                     c.write_tensor(tokio_stream::iter(chunks))
                         .await

@@ -135,6 +135,19 @@ impl ClientMemory {
         self.map.as_ptr().cast_mut()
     }
 
+    /// Copies `out.len()` elements from byte `offset` of the memory into `out`, through raw
+    /// pointers: no Rust reference to the memory is formed, so the copy stays sound while
+    /// foreign code writes it through [`ClientMemory::as_foreign_ptr`] (the copy then holds
+    /// some mix of old and new bytes, as any copy racing a writer does).
+    ///
+    /// # Errors
+    ///
+    /// [`FdError::Lent`] while lent; [`FdError::RangeOutsideMapping`] for a range past the end.
+    pub fn read_into<T: Pod>(&self, offset: usize, out: &mut [T]) -> Result<(), FdError> {
+        self.check_not_lent()?;
+        self.map.read_into(offset, out)
+    }
+
     /// The memory as a slice of `T`.
     ///
     /// # Errors

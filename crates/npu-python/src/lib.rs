@@ -167,8 +167,23 @@ fn timing(r: npu_client::DispatchResult) -> Timing {
     )
 }
 
-fn tensors(args: &[Bound<'_, RawTensor>]) -> Vec<Arc<Shared>> {
-    args.iter().map(|a| a.get().tensor.clone()).collect()
+fn tensors(args: &[Bound<'_, RawTensor>]) -> PyResult<Vec<Arc<Shared>>> {
+    args.iter()
+        .map(|a| {
+            let t = &a.get().tensor;
+            t.check_fork()?;
+            Ok(t.clone())
+        })
+        .collect()
+}
+
+/// The error for an object used in a process forked after it was made: its connection (and
+/// the runtime that serves it) belong to the parent, and waiting on them would never end.
+fn forked(what: &str) -> PyErr {
+    PyRuntimeError::new_err(format!(
+        "this {what} was made before the process forked; its connection belongs to the parent \
+         process: make a new npud.Client in this process (and its tensors and pipelines)"
+    ))
 }
 
 /// A tensor Python holds. Python reaches its bytes only through the raw pointer of the buffer
@@ -182,6 +197,8 @@ struct Shared {
     shared: bool,
     ptr: usize,
     tensor: Arc<tokio::sync::RwLock<Tensor<u8>>>,
+    /// The process that made it: its connection does not survive a fork.
+    pid: u32,
 }
 
 impl Shared {
@@ -192,6 +209,15 @@ impl Shared {
             shared: t.is_shared(),
             ptr: t.mapping_ptr() as usize,
             tensor: Arc::new(tokio::sync::RwLock::new(t)),
+            pid: pid(),
+        }
+    }
+
+    fn check_fork(&self) -> PyResult<()> {
+        if self.pid == pid() {
+            Ok(())
+        } else {
+            Err(forked("npud tensor"))
         }
     }
 }
@@ -366,9 +392,9 @@ async fn chain(
 
 type Links<'py> = Vec<(Bound<'py, Program>, Vec<Bound<'py, RawTensor>>)>;
 
-fn links(l: &Links<'_>) -> Vec<(NativeProgram, Vec<Arc<Shared>>)> {
+fn links(l: &Links<'_>) -> PyResult<Vec<(NativeProgram, Vec<Arc<Shared>>)>> {
     l.iter()
-        .map(|(p, a)| (p.get().program.clone(), tensors(a)))
+        .map(|(p, a)| Ok((p.get().program.clone(), tensors(a)?)))
         .collect()
 }
 
@@ -533,7 +559,7 @@ impl Client {
         args: Vec<Bound<'_, RawTensor>>,
     ) -> PyResult<Timing> {
         let c = self.get()?;
-        let fut = dispatch(c, program.program.clone(), tensors(&args));
+        let fut = dispatch(c, program.program.clone(), tensors(&args)?);
         wait(py, fut)
     }
 
@@ -545,20 +571,20 @@ impl Client {
     ) -> PyResult<()> {
         let c = self.get()?;
         start(
-            dispatch(c, program.program.clone(), tensors(&args)),
+            dispatch(c, program.program.clone(), tensors(&args)?),
             callback,
         )
     }
 
     fn chain(&self, py: Python<'_>, links: Links<'_>) -> PyResult<ChainTiming> {
         let c = self.get()?;
-        let fut = chain(c, self::links(&links));
+        let fut = chain(c, self::links(&links)?);
         wait(py, fut)
     }
 
     fn chain_start(&self, links: Links<'_>, callback: Py<PyAny>) -> PyResult<()> {
         let c = self.get()?;
-        start(chain(c, self::links(&links)), callback)
+        start(chain(c, self::links(&links)?), callback)
     }
 
     fn pipeline(&self, py: Python<'_>, depth: usize) -> PyResult<Pipeline> {
@@ -577,6 +603,7 @@ impl Client {
             depth,
             client: self.get()?,
             next_id: std::sync::atomic::AtomicU64::new(0),
+            pid: pid(),
         })
     }
 
@@ -627,12 +654,14 @@ impl RawTensor {
 
     /// Sends a staged tensor's bytes to the daemon now (nothing for a shared one).
     fn upload(&self, py: Python<'_>) -> PyResult<()> {
+        self.tensor.check_fork()?;
         let t = self.tensor.clone();
         wait(py, async move { t.tensor.read().await.upload().await })
     }
 
     /// Reads a staged tensor's bytes from the daemon now (nothing for a shared one).
     fn download(&self, py: Python<'_>) -> PyResult<()> {
+        self.tensor.check_fork()?;
         let t = self.tensor.clone();
         wait(py, async move { t.tensor.write().await.download().await })
     }
@@ -1099,6 +1128,8 @@ struct Pipeline {
     depth: usize,
     client: npu_client::Client,
     next_id: std::sync::atomic::AtomicU64,
+    /// The process that made it: its task and connection do not survive a fork.
+    pid: u32,
 }
 
 fn gone() -> ClientError {
@@ -1123,7 +1154,8 @@ impl Pipeline {
         program: &Program,
         args: &[Bound<'_, RawTensor>],
     ) -> PyResult<Cmd> {
-        let args = tensors(args);
+        self.check_fork()?;
+        let args = tensors(args)?;
         for (i, t) in args.iter().enumerate() {
             if !t.shared {
                 return Err(to_pyerr(
@@ -1147,6 +1179,14 @@ impl Pipeline {
             program: program.program.clone(),
             args,
         })
+    }
+
+    fn check_fork(&self) -> PyResult<()> {
+        if self.pid == pid() {
+            Ok(())
+        } else {
+            Err(forked("npud pipeline"))
+        }
     }
 
     fn send(&self, py: Python<'_>, cmd: Cmd) -> PyResult<u64> {
@@ -1244,12 +1284,14 @@ impl Pipeline {
     }
 
     fn next_completion(&self, py: Python<'_>) -> PyResult<Option<PyDone>> {
+        self.check_fork()?;
         let fut = self.ask(|reply| Cmd::Next { reply });
         let d = wait(py, fut)?;
         Ok(d.map(|d| done_to_py(py, d)))
     }
 
     fn next_completion_start(&self, callback: Py<PyAny>) -> PyResult<()> {
+        self.check_fork()?;
         let fut = self.ask(|reply| Cmd::Next { reply });
         start_with(fut, callback, |py, d: Option<Done>| {
             match d.map(|d| done_to_py(py, d)).into_pyobject(py) {
@@ -1261,12 +1303,14 @@ impl Pipeline {
 
     /// Every completion still pending, in submission order.
     fn drain(&self, py: Python<'_>) -> PyResult<Vec<PyDone>> {
+        self.check_fork()?;
         let fut = self.ask(|reply| Cmd::Drain { reply });
         let all = wait(py, fut)?;
         Ok(all.into_iter().map(|d| done_to_py(py, d)).collect())
     }
 
     fn drain_start(&self, callback: Py<PyAny>) -> PyResult<()> {
+        self.check_fork()?;
         let fut = self.ask(|reply| Cmd::Drain { reply });
         start_with(fut, callback, |py, all: Vec<Done>| {
             let v: Vec<PyDone> = all.into_iter().map(|d| done_to_py(py, d)).collect();
@@ -1284,6 +1328,8 @@ struct LocalDaemon {
     daemon: Mutex<Option<NativeDaemon>>,
     socket: String,
     tcp: Option<String>,
+    /// The process that started it: a forked child must not stop its parent's daemon.
+    owner: u32,
 }
 
 #[pymethods]
@@ -1318,6 +1364,7 @@ impl LocalDaemon {
             socket: format!("unix:{}", d.socket().display()),
             tcp: d.http_url(),
             daemon: Mutex::new(Some(d)),
+            owner: pid(),
         })
     }
 
@@ -1355,6 +1402,9 @@ impl LocalDaemon {
     /// Stops it (SIGTERM, then SIGKILL after `timeout` seconds); true for a clean exit.
     #[pyo3(signature = (timeout=10.0))]
     fn stop(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
+        if self.owner != pid() {
+            return Err(forked("npud.LocalDaemon"));
+        }
         let d = self
             .daemon
             .lock()

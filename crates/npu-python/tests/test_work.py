@@ -198,3 +198,91 @@ def test_a_client_does_not_cross_fork(client):
     msg = q.get(timeout=30)
     p.join(10)
     assert "before the process forked" in msg
+
+
+def _in_forked_child(fn, timeout=20):
+    """Runs ``fn`` in a forked child; returns what it put in the queue, or "hung" when it gave
+    nothing within ``timeout`` seconds (the child is then killed)."""
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+
+    def child():
+        try:
+            fn()
+            q.put("no error")
+        except RuntimeError as e:
+            q.put(str(e))
+
+    p = ctx.Process(target=child, daemon=True)
+    p.start()
+    try:
+        return q.get(timeout=timeout)
+    except Exception:
+        return "hung"
+    finally:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+
+
+def test_tensors_do_not_cross_fork(remote):
+    # Staged tensors (TCP): upload and download talk to the daemon on the parent's connection.
+    a = remote.alloc(N)
+    raw = npud.tensor_of(a)
+    for call in (raw.upload, raw.download):
+        msg = _in_forked_child(call)
+        assert "before the process forked" in msg, msg
+        assert "npud tensor" in msg, msg
+    # The parent's tensor still works.
+    a[:] = 5
+    raw.upload()
+    raw.download()
+    assert (a == 5).all()
+
+
+def test_a_tensor_made_before_fork_is_refused_by_a_client_made_after(daemon, client):
+    a, b = client.alloc(N), client.alloc(N)
+
+    def child():
+        c = npud.Client(daemon.address)
+        c.dispatch(vsa(c), a, b)
+
+    msg = _in_forked_child(child)
+    assert "before the process forked" in msg, msg
+
+
+def test_pipelines_do_not_cross_fork(client):
+    p = client.pipeline(4)
+    for call in (p.finish, p.next_completion):
+        msg = _in_forked_child(call)
+        assert "before the process forked" in msg and "pipeline" in msg, msg
+    assert p.finish() == []
+
+
+def test_uploads_copy_while_numpy_writes(remote):
+    # A staged upload copies the bytes out through raw pointers while another thread writes
+    # them through numpy; the last upload after the writer stops carries the last values.
+    a = remote.alloc(1 << 20, np.uint8)
+    raw = npud.tensor_of(a)
+    stop = threading.Event()
+
+    def writer():
+        v = 0
+        while not stop.is_set():
+            a[:] = v % 251
+            v += 1
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        for _ in range(20):
+            raw.upload()
+    finally:
+        stop.set()
+        t.join()
+    a[:] = 7
+    raw.upload()
+    a[:] = 0
+    raw.download()
+    assert (a == 7).all()

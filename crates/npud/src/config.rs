@@ -136,6 +136,27 @@ impl Default for HealthConfig {
     }
 }
 
+/// `[shutdown]`: how SIGTERM and SIGINT end the daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShutdownConfig {
+    /// How long shutdown waits for calls the daemon is working on (dispatches, chains,
+    /// registrations, tensor copies), in ms; calls that only wait for their caller end with
+    /// UNAVAILABLE at once.
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        Self {
+            drain_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// Longest `shutdown.drain_timeout_ms`: one hour.
+const MAX_DRAIN_TIMEOUT_MS: u64 = 3_600_000;
+
 /// `[metrics]`: the Prometheus listener.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -210,6 +231,15 @@ pub struct Limits {
     pub fault_window_ms: u64,
     /// How long a uid that spent its fault budget may not register programs or dispatch, in ms.
     pub fault_cooldown_ms: u64,
+    /// Bytes of tensors all sessions together may hold (allocated and imported), so that
+    /// callers within their own quotas cannot together grow the daemon past its memory limit.
+    pub max_total_tensor_bytes: u64,
+    /// Bytes of registered programs (PDI plus instruction stream, each content once) all
+    /// sessions together may hold.
+    pub max_total_program_bytes: u64,
+    /// Bytes of gRPC request messages received and not yet answered (queued dispatches and
+    /// chains, tensor bytes being written, programs being registered), daemon-wide.
+    pub max_queued_request_bytes: u64,
 }
 
 impl Default for Limits {
@@ -236,6 +266,10 @@ impl Default for Limits {
             fault_budget: 3,
             fault_window_ms: 60_000,
             fault_cooldown_ms: 300_000,
+            // With the two below and the daemon's own ~50 MiB, within the DaemonSet's 1 GiB.
+            max_total_tensor_bytes: 512 << 20,
+            max_total_program_bytes: 128 << 20,
+            max_queued_request_bytes: 192 << 20,
         }
     }
 }
@@ -269,6 +303,7 @@ pub struct Config {
     pub executor: ExecutorConfig,
     pub health: HealthConfig,
     pub metrics: MetricsConfig,
+    pub shutdown: ShutdownConfig,
     pub limits: Limits,
     /// Where quarantine records and the in-flight record live across restarts (default: see
     /// `default_state_dir`); empty: nowhere (quarantine lasts until the daemon stops).
@@ -300,6 +335,7 @@ impl Default for Config {
             executor: ExecutorConfig::default(),
             health: HealthConfig::default(),
             metrics: MetricsConfig::default(),
+            shutdown: ShutdownConfig::default(),
             limits: Limits::default(),
             state_dir: default_state_dir(),
             session_grace_ms: 10_000,
@@ -378,6 +414,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "executor",
     "health",
     "metrics",
+    "shutdown",
     "limits",
     "state_dir",
     "session_grace_ms",
@@ -505,6 +542,12 @@ impl Config {
                 "must be at most 60000 (1 min); 0 reports only what the device does",
             ));
         }
+        if self.shutdown.drain_timeout_ms > MAX_DRAIN_TIMEOUT_MS {
+            return Err(invalid(
+                "shutdown.drain_timeout_ms",
+                "must be at most 3600000 (1 h)",
+            ));
+        }
         if !(MIN_SLICE_BYTES..=MAX_SLICE_BYTES).contains(&self.executor.slice_bytes) {
             return Err(invalid(
                 "executor.slice_bytes",
@@ -568,6 +611,12 @@ impl Config {
             ("limits.fault_budget", u64::from(l.fault_budget)),
             ("limits.fault_window_ms", l.fault_window_ms),
             ("limits.fault_cooldown_ms", l.fault_cooldown_ms),
+            ("limits.max_total_tensor_bytes", l.max_total_tensor_bytes),
+            ("limits.max_total_program_bytes", l.max_total_program_bytes),
+            (
+                "limits.max_queued_request_bytes",
+                l.max_queued_request_bytes,
+            ),
         ] {
             if v == 0 {
                 return Err(invalid(key, "must be at least 1"));

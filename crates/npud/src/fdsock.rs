@@ -12,7 +12,7 @@
 //! worth.
 
 use std::collections::HashMap;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -225,10 +225,16 @@ async fn connection(
             r.status.name().unwrap_or("UNKNOWN"),
         );
     };
+    // Fds the client sent that the daemon has not taken: closed off the async workers.
+    let mut received = Received::default();
     if let Admission::Refused { why, .. } = &admission {
-        // Read the request (its fd, if any, is closed with it) so the client reads the answer.
-        let read = tokio::time::timeout(REFUSED_LIFETIME, server::read_request(&stream)).await;
-        if let Ok(Ok(Some((request, _)))) = read {
+        // Read the request so the client reads the answer.
+        let read = tokio::time::timeout(
+            REFUSED_LIFETIME,
+            server::read_request_into(&stream, &mut received.0),
+        )
+        .await;
+        if let Ok(Ok(Some(request))) = read {
             let r = Response::error(Status::RESOURCE_EXHAUSTED, why.to_string());
             respond(&r, Some(request.op));
             let _ = server::write_response(&stream, &r, None).await;
@@ -244,12 +250,13 @@ async fn connection(
     };
     let mut wait = timeouts.handshake;
     loop {
+        received.close().await;
         let read = tokio::select! {
             () = stop.cancelled() => return,
-            r = tokio::time::timeout(wait, server::read_request(&stream)) => r,
+            r = tokio::time::timeout(wait, server::read_request_into(&stream, &mut received.0)) => r,
         };
         wait = timeouts.idle;
-        let (request, fd) = match read {
+        let request = match read {
             Err(_) => {
                 tracing::debug!(uid, "fd socket connection silent past its timeout; closed");
                 return;
@@ -273,6 +280,12 @@ async fn connection(
                 }
                 continue;
             }
+        };
+        // An IMPORT's fd is the last one received (read_request_into); it stays in
+        // `received`, closed off the workers, unless the import takes it.
+        let fd = match issued.grant {
+            Grant::Import { .. } => received.0.pop(),
+            Grant::Export => None,
         };
         let sent = match (issued.grant, fd) {
             (Grant::Export, _) => {
@@ -299,9 +312,21 @@ async fn connection(
                 }
             }
             (Grant::Import { size }, Some(fd)) => {
-                match npu_fd::memfd::check_import(fd.as_fd(), size) {
+                // fstat and fcntl on an fd the client chose (a file on a FUSE mount it
+                // serves answers when it likes): on a blocking thread, one at a time per
+                // connection.
+                let checked = tokio::task::spawn_blocking(move || {
+                    let r = npu_fd::memfd::check_import(fd.as_fd(), size);
+                    (fd, r)
+                })
+                .await;
+                let Ok((fd, checked)) = checked else {
+                    return;
+                };
+                match checked {
                     Err(e) => {
                         tracing::info!(tensor = issued.tensor, error = %e, "refused an imported fd");
+                        received.0.push(fd);
                         tickets.put_back(request.ticket, issued);
                         let r = Response::from_error(&e);
                         respond(&r, Some(request.op));
@@ -342,6 +367,40 @@ async fn connection(
         };
         if sent.is_err() {
             return;
+        }
+    }
+}
+
+/// Fds a client sent that the daemon did not keep. Closing one can block for as long as the
+/// client wants (the last close of a TCP socket with `SO_LINGER` and unsent data; a file on a
+/// FUSE mount the client serves, whose FLUSH it answers late), so they are closed on a
+/// blocking thread: [`Received::close`] waits for it (a connection has at most one such close
+/// at a time, and connections are limited per peer), and drop hands whatever is left to one
+/// without waiting.
+#[derive(Debug, Default)]
+struct Received(Vec<OwnedFd>);
+
+impl Received {
+    async fn close(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        let fds = std::mem::take(&mut self.0);
+        let _ = tokio::task::spawn_blocking(move || drop(fds)).await;
+    }
+}
+
+impl Drop for Received {
+    fn drop(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        let fds = std::mem::take(&mut self.0);
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn_blocking(move || drop(fds));
+            }
+            Err(_) => drop(fds),
         }
     }
 }

@@ -15,8 +15,10 @@
 
 pub mod accept;
 pub mod auth;
+pub mod budget;
 pub mod config;
 pub mod conn;
+pub mod drain;
 pub mod error;
 pub mod executor;
 pub mod faults;
@@ -28,6 +30,7 @@ pub mod programs;
 pub mod server;
 pub mod service;
 pub mod sessions;
+pub mod signals;
 pub mod state_dir;
 pub mod stats;
 pub mod systemd;

@@ -11,6 +11,11 @@ use npud::config::{
     Overrides,
 };
 
+/// mimalloc returns freed pages to the kernel shortly after they are freed; glibc's malloc
+/// kept a load's peak RSS long after the load (see `budget.rs`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Owns one AMD XDNA NPU and serves it over gRPC.
 #[derive(Debug, Parser)]
 #[command(name = "npud", version)]
@@ -101,6 +106,12 @@ fn parse_log_format(s: &str) -> Result<LogFormat, String> {
 }
 
 fn main() -> ExitCode {
+    // Before anything else: a SIGHUP or SIGTERM while the configuration loads or the device
+    // opens must not take the default action, which ends the process.
+    if let Err(e) = npud::signals::catch_early() {
+        eprintln!("npud: installing signal handlers: {e}");
+        return ExitCode::FAILURE;
+    }
     let cli = Cli::parse();
     let overrides = Overrides {
         socket: cli.socket,
@@ -163,13 +174,17 @@ fn main() -> ExitCode {
         }
     };
     rt.spawn(hints.log());
-    match rt.block_on(npud::server::run(
+    let served = rt.block_on(npud::server::run(
         cfg,
         opened,
         serving,
         persisted,
         cli.ready_file,
-    )) {
+    ));
+    // Blocking work still running (a close of an fd a client sent, which the kernel may hold
+    // for as long as that fd's owner wants) must not hold the exit.
+    rt.shutdown_timeout(std::time::Duration::from_millis(200));
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

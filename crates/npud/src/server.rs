@@ -5,7 +5,7 @@
 //! With `[tls]` the TCP listener speaks TLS (each handshake bounded by
 //! `limits.handshake_timeout_ms`), and SIGHUP reloads its certificate, key and client CA for
 //! new connections. SIGTERM or SIGINT turns health to `NOT_SERVING` and ends its `Watch` streams, stops the
-//! listeners, lets requests in flight finish (for at most [`DRAIN_TIMEOUT`]), lets the executor finish its queued work and release the device, and
+//! listeners, lets requests in flight finish (for at most `shutdown.drain_timeout_ms`), lets the executor finish its queued work and release the device, and
 //! removes the socket files.
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -24,8 +24,10 @@ use tower_layer::{Identity, Stack};
 
 use crate::accept::{Accepted, Acceptor, Limiter, Listener};
 use crate::auth::Policy;
+use crate::budget::MemoryBudget;
 use crate::config::Config;
 use crate::conn::{Conn, Timeouts};
+use crate::drain::Drain;
 use crate::error::DocumentedCodes;
 use crate::executor::{Executor, Opened};
 use crate::fdsock::{self, Tickets};
@@ -42,11 +44,14 @@ use crate::systemd::{self, Activated};
 use crate::tls::Tls;
 
 /// The tower layers around every gRPC service: [`RpcMetrics`] outside, so that it counts the
-/// codes [`DocumentedCodes`] gives clients.
-type Layers = Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>;
+/// codes [`DocumentedCodes`] gives clients; [`Drain`] inside, so that both see the
+/// UNAVAILABLE it ends idle calls with at shutdown.
+type Layers = Stack<Drain, Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>>;
 
-/// How long shutdown waits for requests in flight.
-pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long shutdown waits, once the calls still open are ended, for their connections to
+/// close before it drops them (a connection that sent only its preface, a caller that does
+/// not read the UNAVAILABLE it was sent).
+const CLOSE_GRACE: Duration = Duration::from_millis(300);
 
 /// Why the daemon could not serve.
 #[derive(Debug, thiserror::Error)]
@@ -243,7 +248,9 @@ pub async fn run(
         policy,
         tcp_address: tcp_address.clone(),
         tcp_security: if tcp.is_some() { cfg.tls.mode() } else { "" },
+        budget: MemoryBudget::new(&cfg.limits),
     });
+    let drain = Drain::new(Some(state.budget.clone()));
 
     let stop = CancellationToken::new();
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -260,6 +267,12 @@ pub async fn run(
             systemd::stopping();
             stop.cancel();
         });
+    }
+    // A SIGTERM or SIGINT that came while the daemon started (signals.rs caught it).
+    if crate::signals::terminate_requested() {
+        tracing::info!("SIGTERM or SIGINT while starting: shutting down");
+        systemd::stopping();
+        stop.cancel();
     }
     let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(ServeError::Signal)?;
@@ -336,6 +349,7 @@ pub async fn run(
             .layer(DocumentedCodes {
                 max_message_bytes: cfg.limits.max_message_bytes,
             })
+            .layer(drain.clone())
             .add_service(health.clone())
             .add_service(v1)
             .add_service(v1alpha)
@@ -405,19 +419,14 @@ pub async fn run(
     systemd::ready(&format!("serving on unix:{}", cfg.socket.display()));
 
     stop.cancelled().await;
-    let drain = Instant::now() + DRAIN_TIMEOUT;
-    for s in servers {
-        let abort = s.abort_handle();
-        match tokio::time::timeout_at(drain.into(), s).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "a listener failed while draining"),
-            Ok(Err(_)) => {}
-            Err(_) => {
-                tracing::warn!("requests still in flight after {DRAIN_TIMEOUT:?}; closing them");
-                abort.abort();
-            }
-        }
-    }
+    let stopped = Instant::now();
+    drain_calls(
+        &drain,
+        &state.pending,
+        &mut servers,
+        Duration::from_millis(cfg.shutdown.drain_timeout_ms),
+    )
+    .await;
     let _ = fd_task.await;
     if let Some(t) = metrics_task {
         let _ = t.await;
@@ -432,8 +441,62 @@ pub async fn run(
     if let Some(p) = &ready_file {
         let _ = std::fs::remove_file(p);
     }
-    tracing::info!("npud stopped");
+    tracing::info!(
+        "npud stopped {} ms after it was asked to",
+        stopped.elapsed().as_millis()
+    );
     Ok(())
+}
+
+/// Shutdown's wait for calls in flight: until the listeners' connections have all closed, or
+/// nothing is pending in the executor and every call left only waits for its caller (then
+/// those calls end with UNAVAILABLE), or `timeout` (then every call left is ended the same
+/// way). Connections still open [`CLOSE_GRACE`] after that are dropped.
+async fn drain_calls(
+    drain: &Drain,
+    pending: &PendingWork,
+    servers: &mut Vec<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
+    timeout: Duration,
+) {
+    let deadline = Instant::now() + timeout;
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    loop {
+        tick.tick().await;
+        if servers.iter().all(tokio::task::JoinHandle::is_finished) {
+            break;
+        }
+        let idle = pending.get() == 0 && drain.busy() == 0;
+        if idle || Instant::now() >= deadline {
+            if !idle {
+                tracing::warn!(
+                    calls = drain.busy(),
+                    "requests still in flight after shutdown.drain_timeout_ms ({timeout:?}); \
+                     ending them"
+                );
+            } else if drain.open() > 0 {
+                tracing::info!(
+                    calls = drain.open(),
+                    "nothing is executing; ending the calls that wait for their callers with \
+                     UNAVAILABLE"
+                );
+            }
+            drain.cut();
+            break;
+        }
+    }
+    let close_by = Instant::now() + CLOSE_GRACE;
+    for s in servers.drain(..) {
+        let abort = s.abort_handle();
+        match tokio::time::timeout_at(close_by.into(), s).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "a listener failed while draining"),
+            Ok(Err(_)) => {}
+            Err(_) => {
+                tracing::debug!("connections still open after the drain; closing them");
+                abort.abort();
+            }
+        }
+    }
 }
 
 /// The connections an acceptor admits (or accepts only to refuse), as tonic's incoming

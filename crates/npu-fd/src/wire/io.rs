@@ -54,6 +54,8 @@ pub(crate) struct FrameBuf<const N: usize> {
     pub(crate) bytes: [u8; N],
     filled: usize,
     pub(crate) fds: Vec<OwnedFd>,
+    /// Fds received for this frame, whether or not still in `fds`.
+    fds_received: usize,
     control_truncated: bool,
 }
 
@@ -63,6 +65,7 @@ impl<const N: usize> FrameBuf<N> {
             bytes: [0; N],
             filled: 0,
             fds: Vec::new(),
+            fds_received: 0,
             control_truncated: false,
         }
     }
@@ -90,7 +93,9 @@ impl<const N: usize> FrameBuf<N> {
         };
         for message in control.drain() {
             if let RecvAncillaryMessage::ScmRights(fds) = message {
+                let before = self.fds.len();
                 self.fds.extend(fds);
+                self.fds_received += self.fds.len() - before;
             }
         }
         self.control_truncated |= message.flags.contains(ReturnFlags::CTRUNC);
@@ -108,13 +113,18 @@ impl<const N: usize> FrameBuf<N> {
                     .into(),
             ));
         }
-        if self.fds.len() > 1 {
+        if self.fds_received > 1 {
             return Err(FdError::Malformed(format!(
                 "the frame carried {} fds; a frame carries at most one",
-                self.fds.len()
+                self.fds_received
             )));
         }
         Ok(())
+    }
+
+    /// Fds received for this frame so far.
+    pub(crate) fn fds_received(&self) -> usize {
+        self.fds_received
     }
 
     /// The frame's one fd, if it had one (call [`FrameBuf::check_fd_count`] first).

@@ -25,6 +25,11 @@ use crate::FdError;
 /// Returns `Ok(None)` when the client closed the connection between frames. An IMPORT request
 /// comes with its fd; a REDEEM_EXPORT request with none.
 ///
+/// Every fd that came with a refused frame is closed here, on the calling thread. Closing an
+/// fd a client sent may block for as long as that client wants (a TCP socket with `SO_LINGER`,
+/// a file on a FUSE mount it serves): a server that must not block uses
+/// [`read_request_into`] and closes them elsewhere.
+///
 /// # Errors
 ///
 /// [`FdError::Malformed`] naming the problem (bad magic, version or op, non-zero reserved
@@ -34,10 +39,31 @@ use crate::FdError;
 pub async fn read_request(
     stream: &UnixStream,
 ) -> Result<Option<(Request, Option<OwnedFd>)>, FdError> {
+    let mut received = Vec::new();
+    let request = read_request_into(stream, &mut received).await?;
+    Ok(request.map(|r| (r, received.pop())))
+}
+
+/// [`read_request`], leaving every fd received in `received` instead of closing any: on
+/// success the request's own fd (an IMPORT's) is the last one, and the only one received for
+/// this frame; after an error, or if the future is dropped mid-frame, whatever came is there
+/// for the caller to close where blocking does no harm.
+///
+/// # Errors
+///
+/// As [`read_request`].
+pub async fn read_request_into(
+    stream: &UnixStream,
+    received: &mut Vec<OwnedFd>,
+) -> Result<Option<Request>, FdError> {
     let mut frame = FrameBuf::<REQUEST_LEN>::new();
     while !frame.is_complete() {
         let n = stream
-            .async_io(Interest::READABLE, || frame.recv(stream.as_fd()))
+            .async_io(Interest::READABLE, || {
+                let n = frame.recv(stream.as_fd());
+                received.append(&mut frame.fds);
+                n
+            })
             .await
             .map_err(FdError::io("recvmsg"))?;
         if n == 0 {
@@ -49,8 +75,7 @@ pub async fn read_request(
     }
     frame.check_fd_count()?;
     let request = Request::decode(&frame.bytes)?;
-    let fd = frame.take_fd();
-    match (request.op.request_carries_fd(), fd.is_some()) {
+    match (request.op.request_carries_fd(), frame.fds_received() > 0) {
         (true, false) => Err(FdError::Malformed(format!(
             "{} carries the memfd of the tensor, but the frame came without an fd",
             request.op
@@ -59,7 +84,7 @@ pub async fn read_request(
             "{} takes no fd, but the frame carried one; it was closed",
             request.op
         ))),
-        _ => Ok(Some((request, fd))),
+        _ => Ok(Some(request)),
     }
 }
 

@@ -491,6 +491,15 @@ impl Programs {
             .sum()
     }
 
+    /// Bytes of every stored program (the daemon-wide budget's program part).
+    pub fn total_bytes(&self) -> u64 {
+        self.lock()
+            .entries
+            .values()
+            .map(|e| e.program.byte_len())
+            .sum()
+    }
+
     pub fn count_for(&self, session: u64) -> u32 {
         let n = self
             .lock()

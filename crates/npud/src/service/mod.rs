@@ -67,6 +67,8 @@ pub struct State {
     /// (`TlsConfig::mode`).
     pub tcp_address: String,
     pub tcp_security: &'static str,
+    /// The daemon-wide memory budget.
+    pub budget: crate::budget::MemoryBudget,
 }
 
 /// The service tonic serves; cheap to clone.

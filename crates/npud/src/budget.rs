@@ -1,0 +1,188 @@
+//! The daemon-wide memory budget: what all callers together may make npud hold, whatever each
+//! one's own quotas allow, so that the daemon stays within its memory limit (the Kubernetes
+//! DaemonSet gives it 1 GiB).
+//!
+//! Three parts, each a `limits.*` key, each refused with RESOURCE_EXHAUSTED naming its key:
+//! - tensors (`limits.max_total_tensor_bytes`): checked against what the executor last
+//!   published before an allocation or import is sent to it, so concurrent requests can pass
+//!   it by at most their own sizes;
+//! - programs (`limits.max_total_program_bytes`): checked against the store before a
+//!   registration;
+//! - request messages received and not yet answered (`limits.max_queued_request_bytes`):
+//!   reserved frame by frame as a unary call's request arrives (see [`crate::drain`]) and
+//!   released when the call ends. Streaming requests (`WriteTensor`, `Submit`) hold at most
+//!   their HTTP/2 window and one message, bounded by `limits.max_message_bytes`, and are not
+//!   counted.
+//!
+//! What is freed goes back to the kernel: the daemon's allocator is mimalloc (see `main.rs`),
+//! which returns freed pages after a short delay, where glibc's malloc kept the peak of a
+//! load (its heap is trimmed only from the top, and its mmap threshold rises after the first
+//! large frees), so RSS returns near its baseline once work ends.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::config::Limits;
+use crate::error::NpudError;
+
+/// The budget's limits and what unary requests hold now.
+#[derive(Debug, Clone)]
+pub struct MemoryBudget {
+    tensor_bytes: u64,
+    program_bytes: u64,
+    queued_bytes: u64,
+    queued: Arc<AtomicU64>,
+}
+
+/// Request bytes reserved by one call, given back when it drops.
+#[derive(Debug)]
+pub struct Queued {
+    held: u64,
+    queued: Arc<AtomicU64>,
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.queued.fetch_sub(self.held, Ordering::AcqRel);
+    }
+}
+
+impl Queued {
+    /// Bytes this call holds.
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / f64::from(1u32 << 20))
+}
+
+impl MemoryBudget {
+    pub fn new(l: &Limits) -> Self {
+        Self {
+            tensor_bytes: l.max_total_tensor_bytes,
+            program_bytes: l.max_total_program_bytes,
+            queued_bytes: l.max_queued_request_bytes,
+            queued: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Whether `more` tensor bytes fit beside the `held` ones.
+    ///
+    /// # Errors
+    /// RESOURCE_EXHAUSTED naming `limits.max_total_tensor_bytes`.
+    pub fn check_tensor(&self, held: u64, more: u64) -> Result<(), NpudError> {
+        if held.saturating_add(more) > self.tensor_bytes {
+            return Err(NpudError::ResourceExhausted(format!(
+                "the daemon's tensors hold {} of limits.max_total_tensor_bytes ({}); {} more \
+                 would pass it (the limit is daemon-wide: free tensors, or wait for other \
+                 sessions to free theirs)",
+                mib(held),
+                mib(self.tensor_bytes),
+                mib(more)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether `more` program bytes fit beside the `held` ones.
+    ///
+    /// # Errors
+    /// RESOURCE_EXHAUSTED naming `limits.max_total_program_bytes`.
+    pub fn check_program(&self, held: u64, more: u64) -> Result<(), NpudError> {
+        if held.saturating_add(more) > self.program_bytes {
+            return Err(NpudError::ResourceExhausted(format!(
+                "the daemon's programs hold {} of limits.max_total_program_bytes ({}); {} more \
+                 would pass it (the limit is daemon-wide: unregister programs no session uses)",
+                mib(held),
+                mib(self.program_bytes),
+                mib(more)
+            )));
+        }
+        Ok(())
+    }
+
+    /// A reservation of no bytes, to [`MemoryBudget::reserve`] into.
+    pub fn queued(&self) -> Queued {
+        Queued {
+            held: 0,
+            queued: self.queued.clone(),
+        }
+    }
+
+    /// Adds `more` bytes to a call's reservation.
+    ///
+    /// # Errors
+    /// RESOURCE_EXHAUSTED naming `limits.max_queued_request_bytes`, with nothing reserved.
+    pub fn reserve(&self, q: &mut Queued, more: u64) -> Result<(), NpudError> {
+        let mut now = self.queued.load(Ordering::Acquire);
+        loop {
+            let next = now.saturating_add(more);
+            if next > self.queued_bytes {
+                return Err(NpudError::ResourceExhausted(format!(
+                    "requests received and not yet answered hold {} of \
+                     limits.max_queued_request_bytes ({}); this one's {} more would pass it \
+                     (the limit is daemon-wide: retry when queued work has been answered)",
+                    mib(now),
+                    mib(self.queued_bytes),
+                    mib(q.held.saturating_add(more))
+                )));
+            }
+            match self
+                .queued
+                .compare_exchange_weak(now, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    q.held = q.held.saturating_add(more);
+                    return Ok(());
+                }
+                Err(actual) => now = actual,
+            }
+        }
+    }
+
+    /// Request bytes held by unary calls now.
+    pub fn queued_now(&self) -> u64 {
+        self.queued.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_part_refuses_past_its_limit_naming_its_key() {
+        let b = MemoryBudget::new(&Limits {
+            max_total_tensor_bytes: 100,
+            max_total_program_bytes: 50,
+            max_queued_request_bytes: 10,
+            ..Limits::default()
+        });
+        b.check_tensor(60, 40).unwrap();
+        let e = b.check_tensor(61, 40).unwrap_err();
+        assert_eq!(e.code_name(), "RESOURCE_EXHAUSTED");
+        assert!(e.message().contains("limits.max_total_tensor_bytes"), "{e}");
+        b.check_program(0, 50).unwrap();
+        assert!(
+            b.check_program(1, 50)
+                .unwrap_err()
+                .message()
+                .contains("limits.max_total_program_bytes")
+        );
+        let mut q = b.queued();
+        b.reserve(&mut q, 6).unwrap();
+        let mut r = b.queued();
+        let e = b.reserve(&mut r, 5).unwrap_err();
+        assert!(
+            e.message().contains("limits.max_queued_request_bytes"),
+            "{e}"
+        );
+        assert_eq!((b.queued_now(), r.held()), (6, 0));
+        drop(q);
+        b.reserve(&mut r, 10).unwrap();
+        drop(r);
+        assert_eq!(b.queued_now(), 0);
+    }
+}

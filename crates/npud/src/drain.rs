@@ -1,0 +1,388 @@
+//! Shutdown that waits for work, not for idle callers.
+//!
+//! [`Drain`] is a tower layer around every gRPC service that knows, for each call in flight,
+//! whether the daemon is working on it or waiting for its caller: a call whose request body
+//! the handler is waiting on (an idle `WriteTensor` or `Submit`), or whose response stream has
+//! not moved for [`QUIET`] (a `ReadTensor` its caller does not read, a `Submit` with nothing
+//! admitted), is waiting for its caller. At shutdown the server asks [`Drain::busy`] until it
+//! is zero and nothing is pending in the executor, then calls [`Drain::cut`]: every call still
+//! open ends with UNAVAILABLE (a response not yet sent becomes a trailers-only UNAVAILABLE; a
+//! response stream gets UNAVAILABLE trailers the next time its caller reads). Connections
+//! with no call at all (one that sent only its preface) are closed by the server after that.
+//!
+//! The same layer counts unary calls' request bytes in the memory budget's queued part
+//! ([`crate::budget`]): a call whose bytes would pass `limits.max_queued_request_bytes` fails
+//! with RESOURCE_EXHAUSTED naming the key, and a call's bytes are given back when it is gone.
+//!
+//! Cost: one mutex-guarded map insert and remove per call, a few atomic stores per frame.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body::Frame;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+use crate::budget::{MemoryBudget, Queued};
+
+/// How long a response stream must not have moved before its call counts as waiting for its
+/// caller.
+pub const QUIET: Duration = Duration::from_millis(200);
+
+/// The message of the UNAVAILABLE that ends open calls at shutdown.
+pub const SHUTTING_DOWN: &str = "npud is shutting down; no work of this call was running \
+                                 (retry against the daemon that replaces it)";
+
+/// One call in flight.
+#[derive(Debug)]
+struct Call {
+    /// The handler waits for the caller's next request frame.
+    waiting_for_caller: AtomicBool,
+    /// The response head has been produced.
+    responded: AtomicBool,
+    /// When the call last moved (a request or response frame), in ms since [`Shared::epoch`].
+    moved_ms: AtomicU64,
+    /// The request bytes a unary call holds in the memory budget, until the call is gone.
+    queued: Option<Mutex<Queued>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    cut: CancellationToken,
+    calls: Mutex<HashMap<u64, Arc<Call>>>,
+    next: AtomicU64,
+    epoch: Instant,
+    budget: Option<MemoryBudget>,
+}
+
+impl Shared {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// The calls in flight, and the switch that ends the idle ones (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Drain {
+    shared: Arc<Shared>,
+}
+
+impl Drain {
+    /// A drain whose unary calls reserve their request bytes in `budget`.
+    pub fn new(budget: Option<MemoryBudget>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                cut: CancellationToken::new(),
+                calls: Mutex::new(HashMap::new()),
+                next: AtomicU64::new(0),
+                epoch: Instant::now(),
+                budget,
+            }),
+        }
+    }
+
+    /// Calls in flight that the daemon is working on (not waiting for their caller).
+    pub fn busy(&self) -> usize {
+        let now = self.shared.now_ms();
+        let quiet = u64::try_from(QUIET.as_millis()).unwrap_or(u64::MAX);
+        let calls = self
+            .shared
+            .calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        calls
+            .values()
+            .filter(|c| {
+                let handling = !c.responded.load(Ordering::Acquire)
+                    && !c.waiting_for_caller.load(Ordering::Acquire);
+                let recent = now.saturating_sub(c.moved_ms.load(Ordering::Acquire)) < quiet;
+                handling || recent
+            })
+            .count()
+    }
+
+    /// Calls in flight.
+    pub fn open(&self) -> usize {
+        self.shared
+            .calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Ends every open call with UNAVAILABLE.
+    pub fn cut(&self) {
+        self.shared.cut.cancel();
+    }
+
+    fn register(&self, counted: bool) -> (u64, Arc<Call>) {
+        let id = self.shared.next.fetch_add(1, Ordering::Relaxed);
+        let call = Arc::new(Call {
+            waiting_for_caller: AtomicBool::new(false),
+            responded: AtomicBool::new(false),
+            moved_ms: AtomicU64::new(self.shared.now_ms()),
+            queued: self
+                .shared
+                .budget
+                .as_ref()
+                .filter(|_| counted)
+                .map(|b| Mutex::new(b.queued())),
+        });
+        self.shared
+            .calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, call.clone());
+        (id, call)
+    }
+}
+
+/// Takes a call out of the table when the last of its request body, response future and
+/// response body is gone.
+#[derive(Debug)]
+struct Registration {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.shared
+            .calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
+    }
+}
+
+impl<S> tower_layer::Layer<S> for Drain {
+    type Service = DrainService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        DrainService {
+            inner,
+            drain: self.clone(),
+        }
+    }
+}
+
+/// [`Drain`] around a service.
+#[derive(Debug, Clone)]
+pub struct DrainService<S> {
+    inner: S,
+    drain: Drain,
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+fn unavailable_trailers() -> http::HeaderMap {
+    let mut h = http::HeaderMap::new();
+    // The message is ASCII without characters that need percent-encoding but spaces, which
+    // grpc-message carries as %20.
+    let _ = tonic::Status::unavailable(SHUTTING_DOWN).add_header(&mut h);
+    h
+}
+
+impl<S, R> tower_service::Service<http::Request<tonic::body::Body>> for DrainService<S>
+where
+    S: tower_service::Service<http::Request<tonic::body::Body>, Response = http::Response<R>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    R: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    R::Error: Into<tonic::codegen::StdError>,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let (id, call) = self.drain.register(counts_request_bytes(req.uri().path()));
+        let registration = Arc::new(Registration {
+            shared: self.drain.shared.clone(),
+            id,
+        });
+        let shared = self.drain.shared.clone();
+        let req = req.map(|body| {
+            tonic::body::Body::new(RequestBody {
+                inner: body,
+                call: call.clone(),
+                shared: shared.clone(),
+                _registration: registration.clone(),
+            })
+        });
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let cut = shared.cut.clone();
+        Box::pin(async move {
+            let fut = inner.call(req);
+            let resp = tokio::select! {
+                biased;
+                r = fut => r?,
+                () = cut.cancelled() => {
+                    return Ok(tonic::Status::unavailable(SHUTTING_DOWN).into_http());
+                }
+            };
+            call.responded.store(true, Ordering::Release);
+            call.moved_ms.store(shared.now_ms(), Ordering::Release);
+            let cut = shared.cut.clone().cancelled_owned();
+            Ok(resp.map(|body| {
+                tonic::body::Body::new(ResponseBody {
+                    inner: body,
+                    call,
+                    shared,
+                    cut: Box::pin(cut),
+                    done: false,
+                    _registration: registration,
+                })
+            }))
+        })
+    }
+}
+
+/// Whether a call's request bytes count in the budget: unary `npud.v1.Npud` calls, which hold
+/// their request until answered. Streams hold one message and their HTTP/2 window at most.
+fn counts_request_bytes(path: &str) -> bool {
+    path.strip_prefix("/npud.v1.Npud/")
+        .is_some_and(|m| !matches!(m, "WriteTensor" | "Submit"))
+}
+
+/// A request body that records whether the handler waits for the caller.
+struct RequestBody {
+    inner: tonic::body::Body,
+    call: Arc<Call>,
+    shared: Arc<Shared>,
+    _registration: Arc<Registration>,
+}
+
+impl http_body::Body for RequestBody {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if let (Poll::Ready(Some(Ok(f))), Some(q), Some(budget)) =
+            (&r, &self.call.queued, &self.shared.budget)
+            && let Some(data) = f.data_ref()
+        {
+            let mut q = q.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Err(e) = budget.reserve(&mut q, data.len() as u64) {
+                return Poll::Ready(Some(Err(tonic::Status::resource_exhausted(e.message()))));
+            }
+        }
+        let waiting = r.is_pending();
+        self.call
+            .waiting_for_caller
+            .store(waiting, Ordering::Release);
+        if !waiting {
+            self.call
+                .moved_ms
+                .store(self.shared.now_ms(), Ordering::Release);
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A response body that ends with UNAVAILABLE trailers once the drain cuts it.
+struct ResponseBody<R> {
+    inner: R,
+    call: Arc<Call>,
+    shared: Arc<Shared>,
+    cut: Pin<Box<WaitForCancellationFutureOwned>>,
+    done: bool,
+    _registration: Arc<Registration>,
+}
+
+impl<R> http_body::Body for ResponseBody<R>
+where
+    R: http_body::Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = R::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, R::Error>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if self.shared.cut.is_cancelled() {
+            self.done = true;
+            return Poll::Ready(Some(Ok(Frame::trailers(unavailable_trailers()))));
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(f))) => {
+                self.call
+                    .moved_ms
+                    .store(self.shared.now_ms(), Ordering::Release);
+                if f.is_trailers() {
+                    self.done = true;
+                }
+                Poll::Ready(Some(Ok(f)))
+            }
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+            Poll::Pending => match self.cut.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    self.done = true;
+                    Poll::Ready(Some(Ok(Frame::trailers(unavailable_trailers()))))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.inner.is_end_stream()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_is_busy_until_it_waits_for_its_caller_and_has_been_quiet() {
+        let d = Drain::new(None);
+        let (id, call) = d.register(false);
+        let _r = Registration {
+            shared: d.shared.clone(),
+            id,
+        };
+        assert_eq!((d.open(), d.busy()), (1, 1));
+        call.waiting_for_caller.store(true, Ordering::Release);
+        // Moved just now: still counted until it has been quiet.
+        assert_eq!(d.busy(), 1);
+        call.moved_ms.store(0, Ordering::Release);
+        std::thread::sleep(QUIET + Duration::from_millis(20));
+        assert_eq!(d.busy(), 0);
+        drop(_r);
+        assert_eq!(d.open(), 0);
+    }
+}
