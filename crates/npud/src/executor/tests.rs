@@ -135,6 +135,37 @@ impl Fixture {
         rx
     }
 
+    /// Declares an import of `size` bytes for `session` and attaches a fresh memfd to it: a
+    /// tensor staged around every dispatch that uses it.
+    fn import(&self, session: u64, size: u64) -> oneshot::Receiver<Result<u64, NpudError>> {
+        let (reply, rx) = oneshot::channel();
+        self.queue(Command::DeclareImport {
+            session,
+            size,
+            name: String::new(),
+            cap: None,
+            reply,
+        });
+        rx
+    }
+
+    fn attach(
+        &self,
+        session: u64,
+        tensor: u64,
+        size: u64,
+    ) -> oneshot::Receiver<Result<(), NpudError>> {
+        let fd = npu_fd::memfd::create("executor-test", size).expect("a memfd");
+        let (reply, rx) = oneshot::channel();
+        self.queue(Command::AttachImport {
+            session,
+            tensor,
+            fd,
+            reply,
+        });
+        rx
+    }
+
     fn serve(&mut self) -> Executor {
         let opened = self.opened.take().expect("served once");
         opened.run(self.programs.clone(), None)
@@ -262,6 +293,103 @@ fn a_chain_stops_at_its_next_batch_when_its_uid_spent_the_fault_budget_between_t
     assert_eq!((done.completed, done.failure), (1, None));
     assert_eq!(f.handle.fault_budget().session_faults(B), 1);
     assert_eq!(f.handle.fault_budget().session_faults(A), 0);
+    shutdown(exec);
+}
+
+/// A work item whose staging takes several turns: other sessions run between them. Here one
+/// of them faults the device with the program the item is about to run, which quarantines it;
+/// the item's first batch checks again and is refused, instead of faulting the device a second
+/// time.
+#[test]
+fn an_item_whose_staging_took_several_turns_checks_its_programs_again_before_its_first_batch() {
+    const STAGED: u64 = 64 << 10;
+    // 4 KiB slices: staging A's two 64 KiB memfds in takes 32 turns.
+    let mut f = fixture(4096);
+    let fault_a = f.register(A, &EmuDesign::fault(STAGED as u32));
+    let fault_b = f.register(B, &EmuDesign::fault(STAGED as u32));
+    assert_eq!(
+        fault_a.id, fault_b.id,
+        "one program, shared by content hash"
+    );
+    let imports = [f.import(A, STAGED), f.import(A, STAGED)];
+    let attached = [f.attach(A, 1, STAGED), f.attach(A, 2, STAGED)];
+    let allocations = [f.allocate(B, STAGED), f.allocate(B, STAGED)];
+    // A (uid 1001) queues first and starts staging; B (uid 1000) faults the device meanwhile.
+    let staged = f.work_as(A, 1001, vec![(fault_a, [1, 2])]);
+    let faulted = f.work_as(B, 1000, vec![(fault_b, [3, 4])]);
+    let exec = f.serve();
+    for r in imports {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    for r in attached {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    for r in allocations {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    let done = faulted.blocking_recv().unwrap().unwrap();
+    assert_eq!(
+        done.failure
+            .expect("the fault design fails")
+            .error
+            .code_name(),
+        "INTERNAL"
+    );
+    let e = staged.blocking_recv().unwrap().unwrap_err();
+    assert_eq!(e.code_name(), "FAILED_PRECONDITION", "{e}");
+    assert!(
+        e.to_string()
+            .contains("is quarantined: it faulted the device while this work was queued"),
+        "{e}"
+    );
+    assert_eq!(f.handle.faults(), 1, "the quarantined program ran again");
+    assert_eq!(f.handle.fault_budget().session_faults(A), 0);
+    shutdown(exec);
+}
+
+/// The same with the fault budget: the identity spent it while the item was staging.
+#[test]
+fn an_item_whose_staging_took_several_turns_checks_the_fault_budget_before_its_first_batch() {
+    const STAGED: u64 = 64 << 10;
+    let mut f = fixture_with(Config {
+        executor: crate::config::ExecutorConfig {
+            spin_us: 0,
+            slice_bytes: 4096,
+        },
+        limits: crate::config::Limits {
+            fault_budget: 1,
+            ..crate::config::Limits::default()
+        },
+        ..Config::default()
+    });
+    let add = f.register(
+        A,
+        &EmuDesign::vector_scalar_add(STAGED as u32 / 4, DType::I32, 1),
+    );
+    let fault = f.register(B, &EmuDesign::fault(4096));
+    let imports = [f.import(A, STAGED), f.import(A, STAGED)];
+    let attached = [f.attach(A, 1, STAGED), f.attach(A, 2, STAGED)];
+    let allocations = [f.allocate(B, 4096), f.allocate(B, 4096)];
+    let staged = f.work_as(A, 1000, vec![(add, [1, 2])]);
+    let faulted = f.work_as(B, 1000, vec![(fault, [3, 4])]);
+    let exec = f.serve();
+    for r in imports {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    for r in attached {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    for r in allocations {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    faulted.blocking_recv().unwrap().unwrap();
+    let e = staged.blocking_recv().unwrap().unwrap_err();
+    assert_eq!(e.code_name(), "RESOURCE_EXHAUSTED", "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("uid:1000 faulted the device once within"),
+        "{e}"
+    );
     shutdown(exec);
 }
 

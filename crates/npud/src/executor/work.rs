@@ -4,18 +4,21 @@
 //! per turn), the chain one doorbell batch per turn, and what a device fault does (quarantine,
 //! the fault budget, queue recovery).
 //!
-//! Between two turns of one item, other sessions run. So each batch after the first checks
-//! again that its programs may run (one may have been quarantined or unregistered meanwhile)
-//! and are loaded (another session's work may have evicted them), and that the identity has not
-//! spent its fault budget meanwhile; a link refused then ends the chain as a link failure, with
-//! the links before it completed. The session's own later work waits behind the item (its queue
+//! Between two turns of one item, other sessions run. So every batch of an item that has given
+//! up a turn since its checks (a later batch of a chain, and the first batch of an item whose
+//! staging took several turns) checks again that its programs may run (one may have been
+//! quarantined or unregistered meanwhile) and are loaded (another session's work may have
+//! evicted them), and that the identity has not spent its fault budget meanwhile; a link
+//! refused then ends the chain as a link failure, with the links before it completed, or the
+//! item with the refusal when nothing of it ran (its staged memfds are then left as they are). The session's own later work waits behind the item (its queue
 //! is FIFO), so nothing of the session changes its staged tensors in between.
 //!
 //! Around each doorbell the executor keeps the state directory's in-flight record: the distinct
 //! programs of the batch are recorded before the doorbell and cleared after it returns, so that
-//! a runtime that aborts the process on a device fault leaves behind which programs to
-//! quarantine (and, since another session may run between two batches, only the batch that was
-//! on the device).
+//! a runtime that aborts the process on a device fault leaves behind which programs were on the
+//! device (and, since another session may run between two batches, only the batch that was
+//! on the device); the next start suspects them, and quarantines those it already suspected
+//! (`state_dir::suspects`). A batch that completes clears its programs' suspicion.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -85,6 +88,10 @@ struct Progress {
     staged: Vec<(u64, u64)>,
     cursor: (usize, u64),
     phase: Phase,
+    /// Whether the item gave its turn up since its programs, their quarantine and the
+    /// identity's fault budget were last checked: other sessions ran meanwhile, so the next
+    /// batch checks them again.
+    yielded: bool,
     queue_ns: Option<u64>,
     device: Duration,
     doorbells: u32,
@@ -115,7 +122,10 @@ impl Worker {
                         p.phase = Phase::Run;
                         p.cursor = (0, 0);
                     }
-                    Ok(false) => return Some(r),
+                    Ok(false) => {
+                        p.yielded = true;
+                        return Some(r);
+                    }
                     Err(e) => {
                         self.reply(r.item, Err(e));
                         return None;
@@ -123,6 +133,7 @@ impl Worker {
                 },
                 Phase::Run => {
                     if rang {
+                        p.yielded = true;
                         return Some(r);
                     }
                     rang = true;
@@ -227,6 +238,7 @@ impl Worker {
             staged,
             cursor: (0, 0),
             phase: Phase::StageIn,
+            yielded: false,
             queue_ns: None,
             device: Duration::ZERO,
             doorbells: 0,
@@ -279,11 +291,12 @@ impl Worker {
         let first = p.link;
         let len = p.batches.get(p.batch).copied().unwrap_or(0);
         let end = (first + len).min(p.dispatches.len());
-        if p.batch > 0
-            && let Err((index, error)) = self.recheck(item, p, first..end)
-        {
-            self.refused(p, first, end, index, error);
-            return;
+        if p.yielded {
+            if let Err((index, error)) = self.recheck(item, p, first..end) {
+                self.refused(p, first, end, index, error);
+                return;
+            }
+            p.yielded = false;
         }
         let start = Instant::now();
         if p.queue_ns.is_none() {
@@ -293,18 +306,27 @@ impl Worker {
         self.publish();
         self.record_in_flight(item, first..end);
         let result = self.dev.run_chain(&p.dispatches[first..end]);
-        if !matches!(
-            &result,
+        let fault = match &result {
             Err(ChainError {
-                error: HsaError::Device { .. } | HsaError::Timeout { .. },
+                error: HsaError::Timeout { .. },
                 ..
-            })
-        ) {
+            }) => true,
+            Err(ChainError {
+                error: HsaError::Device { status, .. },
+                ..
+            }) => !crate::faults::is_refusal(*status),
+            _ => false,
+        };
+        if !fault {
             // A device fault keeps the record until its program's quarantine is on disk.
             self.clear_in_flight();
         }
         match result {
             Ok(report) => {
+                // A suspect among the batch's programs ran to completion: no longer suspected.
+                if let Some(r) = self.inflight.as_mut() {
+                    r.completed();
+                }
                 p.device += report.device_time;
                 p.doorbells += report.doorbells;
                 p.batch += 1;
@@ -324,9 +346,18 @@ impl Worker {
                 p.device += report.device_time;
                 p.doorbells += report.doorbells;
                 let index = first + index;
+                let link = item.links.get(index).map(|l| l.program.as_ref());
+                if let HsaError::Device { status, .. } = &error
+                    && let Some(e) = link.and_then(|l| {
+                        let name = format!("{} ({})", l.id, l.display_name());
+                        crate::faults::refusal(*status, &name, &error)
+                    })
+                {
+                    self.runtime_refused(item, p, index, e);
+                    return;
+                }
                 match error {
                     HsaError::Device { .. } | HsaError::Timeout { .. } => {
-                        let link = item.links.get(index).map(|l| l.program.as_ref());
                         let error = self.device_fault(item, link, &error);
                         p.outcome =
                             Some(Ok(self.done(p, index, Some(LinkFailure { index, error }))));
@@ -359,6 +390,9 @@ impl Worker {
             return;
         }
         p.outcome = Some(if first == 0 {
+            // Nothing of the item ran: its staged memfds hold what the client last wrote, and
+            // copying the staging buffers back would only undo later writes.
+            p.staged.clear();
             Err(error)
         } else {
             Ok(self.done(
@@ -369,6 +403,32 @@ impl Worker {
                     error,
                 }),
             ))
+        });
+        p.phase = Phase::StageOut;
+    }
+
+    /// The runtime refused link `index` when the doorbell rang, before running it (the links
+    /// before it completed). Not a device fault: nothing is quarantined or charged. The queue,
+    /// which the runtime suspends after any failed batch, is recreated; the item ends there.
+    fn runtime_refused(&mut self, item: &WorkItem, p: &mut Progress, index: usize, e: NpudError) {
+        tracing::warn!(session = item.session, error = %e, "the runtime refused a dispatch");
+        if let Err(e) = self.dev.recover() {
+            tracing::error!(
+                error = %e,
+                "recreating the queue after a refused batch failed; the next dispatch retries"
+            );
+        }
+        let e = if item.chain {
+            e.within(&format!("links[{index}]"))
+        } else {
+            e
+        };
+        p.outcome = Some(if index == 0 {
+            // Nothing of the item ran: its staged memfds are left as they are.
+            p.staged.clear();
+            Err(e)
+        } else {
+            Ok(self.done(p, index, Some(LinkFailure { index, error: e })))
         });
         p.phase = Phase::StageOut;
     }
