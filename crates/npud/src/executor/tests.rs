@@ -14,6 +14,7 @@ use crate::programs::Runs;
 
 const A: u64 = 1;
 const B: u64 = 2;
+const C: u64 = 3;
 
 struct Fixture {
     handle: ExecutorHandle,
@@ -389,6 +390,152 @@ fn an_item_whose_staging_took_several_turns_checks_the_fault_budget_before_its_f
         e.to_string()
             .starts_with("uid:1000 faulted the device once within"),
         "{e}"
+    );
+    shutdown(exec);
+}
+
+/// A chain of sixteen programs that are not loaded yet loads one a turn: another session's
+/// dispatch queued behind it is served between its loads, not after all sixteen.
+#[test]
+fn a_chain_of_programs_not_yet_loaded_loads_one_a_turn_and_others_run_between() {
+    let mut f = fixture(1 << 20);
+    let programs: Vec<Arc<Program>> = (1..=16)
+        .map(|k| f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, k)))
+        .collect();
+    let add = f.register(B, &EmuDesign::vector_scalar_add(1024, DType::I32, 100));
+    let hang = f.register(C, &EmuDesign::hang(4096));
+    let allocations = [
+        f.allocate(A, 4096),
+        f.allocate(A, 4096),
+        f.allocate(B, 4096),
+        f.allocate(B, 4096),
+        f.allocate(C, 4096),
+        f.allocate(C, 4096),
+    ];
+    let mut chain = f.work(A, programs.iter().map(|p| (p.clone(), [1, 2])).collect());
+    let dispatch = f.work(B, vec![(add, [3, 4])]);
+    // C's turn after B's holds the device for the emulator's timeout (2 s), so that the check
+    // below sees where A was when B was served.
+    let held = f.work_as(C, 2000, vec![(hang, [5, 6])]);
+    let exec = f.serve();
+    for r in allocations {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    let done = dispatch.blocking_recv().unwrap().unwrap();
+    assert_eq!((done.completed, done.failure), (1, None));
+    assert!(
+        matches!(chain.try_recv(), Err(TryRecvError::Empty)),
+        "B's dispatch waited for A's sixteen loads"
+    );
+    assert!(held.blocking_recv().unwrap().unwrap().failure.is_some());
+    let done = chain.blocking_recv().unwrap().unwrap();
+    assert_eq!((done.completed, done.failure), (16, None));
+    assert_eq!(f.programs.counts().loads, 18);
+    shutdown(exec);
+}
+
+/// Loads evict least-recently-used programs in the turn of the session that needs the room,
+/// a few a turn, and never a program of the item that holds the loader: two chains that each
+/// need the whole cache take turns at it and both run (neither evicts the other forever).
+#[test]
+fn loads_evict_in_the_loading_sessions_turns_and_never_the_loading_items_programs() {
+    let mut f = fixture_with(Config {
+        executor: crate::config::ExecutorConfig {
+            spin_us: 0,
+            slice_bytes: 1 << 20,
+        },
+        limits: crate::config::Limits {
+            max_cached_programs: 8,
+            ..crate::config::Limits::default()
+        },
+        ..Config::default()
+    });
+    let others: Vec<Arc<Program>> = (1..=8)
+        .map(|k| f.register(B, &EmuDesign::vector_scalar_add(1024, DType::I32, 100 + k)))
+        .collect();
+    let mine: Vec<Arc<Program>> = (1..=8)
+        .map(|k| f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, k)))
+        .collect();
+    let allocations = [
+        f.allocate(A, 4096),
+        f.allocate(A, 4096),
+        f.allocate(B, 4096),
+        f.allocate(B, 4096),
+    ];
+    let first = f.work(B, others.iter().map(|p| (p.clone(), [3, 4])).collect());
+    let chain = f.work(A, mine.iter().map(|p| (p.clone(), [1, 2])).collect());
+    let exec = f.serve();
+    for r in allocations {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    let done = first.blocking_recv().unwrap().unwrap();
+    assert_eq!((done.completed, done.failure), (8, None));
+    let done = chain.blocking_recv().unwrap().unwrap();
+    assert_eq!((done.completed, done.failure), (8, None));
+    // Sixteen programs through a cache of eight: at least eight evictions, and what is loaded
+    // at the end is a full cache. (B's loads may evict programs A loaded into free room while
+    // B held the loader; A loads them again once B is done.)
+    let counts = f.programs.counts();
+    assert!(counts.evictions >= 8, "{counts:?}");
+    assert_eq!(counts.loads - counts.evictions, 8, "{counts:?}");
+    shutdown(exec);
+}
+
+/// Releasing a session frees its tensors `executor.slice_bytes` a turn: another session's
+/// dispatch queued behind the release is served before the last of 600 tensors is
+/// freed, and the release answers with the count once all are.
+#[test]
+fn a_session_release_frees_its_tensors_in_turns_and_others_run_between() {
+    const TENSORS: u64 = 600;
+    let mut f = fixture_with(Config {
+        executor: crate::config::ExecutorConfig {
+            spin_us: 0,
+            slice_bytes: 4096,
+        },
+        limits: crate::config::Limits {
+            max_tensors_per_session: 1000,
+            ..crate::config::Limits::default()
+        },
+        ..Config::default()
+    });
+    let add = f.register(B, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let hang = f.register(C, &EmuDesign::hang(4096));
+    let b = [
+        f.allocate(B, 4096),
+        f.allocate(B, 4096),
+        f.allocate(C, 4096),
+        f.allocate(C, 4096),
+    ];
+    let a: Vec<_> = (0..TENSORS).map(|_| f.allocate(A, 4096)).collect();
+    let (reply, mut released) = oneshot::channel();
+    f.queue(Command::ReleaseSession { session: A, reply });
+    let dispatch = f.work(B, vec![(add, [1, 2])]);
+    // C's turn after B's holds the device for the emulator's timeout (2 s).
+    let held = f.work_as(C, 2000, vec![(hang, [3, 4])]);
+    let exec = f.serve();
+    for r in b.into_iter().chain(a) {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    let done = dispatch.blocking_recv().unwrap().unwrap();
+    assert_eq!((done.completed, done.failure), (1, None));
+    assert!(
+        matches!(released.try_recv(), Err(TryRecvError::Empty)),
+        "B's dispatch waited for A's 600 frees"
+    );
+    assert!(held.blocking_recv().unwrap().unwrap().failure.is_some());
+    assert_eq!(released.blocking_recv().unwrap(), TENSORS as usize);
+    let (reply, size) = oneshot::channel();
+    f.handle
+        .tx
+        .blocking_send(Command::Size {
+            session: A,
+            tensor: 5,
+            reply,
+        })
+        .unwrap();
+    assert_eq!(
+        size.blocking_recv().unwrap().unwrap_err().code_name(),
+        "NOT_FOUND"
     );
     shutdown(exec);
 }

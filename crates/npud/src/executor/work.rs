@@ -1,8 +1,9 @@
 //! Running one work item on the device, a bounded piece per turn: the deadline and fault-budget
-//! checks, argument checks against the program's DDR patches, loading programs (evicting
-//! least-recently-used ones), staging client memfds in and out (at most `executor.slice_bytes`
-//! per turn), the chain one doorbell batch per turn, and what a device fault does (quarantine,
-//! the fault budget, queue recovery).
+//! checks, argument checks against the program's DDR patches, loading programs (at most one a
+//! turn, evicting least-recently-used ones; [`super::loads`]), staging client memfds in and out
+//! (at most `executor.slice_bytes` per turn), the chain one doorbell batch per turn, and what a
+//! device fault does (quarantine, the fault budget, queue recovery) or a runtime's refusal
+//! does not.
 //!
 //! Between two turns of one item, other sessions run. So every batch of an item that has given
 //! up a turn since its checks (a later batch of a chain, and the first batch of an item whose
@@ -27,10 +28,11 @@ use std::time::{Duration, Instant};
 use hsa_core::{ChainError, Dispatch, HsaError, ProgramId};
 
 use super::WorkItem;
+use super::loads::Step;
 use super::sched::may_start;
 use super::worker::Worker;
 use crate::error::NpudError;
-use crate::programs::{Code, Program, Runnable};
+use crate::programs::{Program, Runnable};
 
 /// A link that failed on the device after earlier links completed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +72,8 @@ impl Running {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
+    /// Loading the item's programs, one a turn ([`super::loads`]).
+    Load,
     StageIn,
     Run,
     StageOut,
@@ -117,6 +121,17 @@ impl Worker {
         loop {
             let p = r.progress.as_mut()?;
             match p.phase {
+                Phase::Load => match self.load_item(&r.item, p) {
+                    Ok(Step::Ready) => {}
+                    Ok(Step::Wait) => {
+                        p.yielded = true;
+                        return Some(r);
+                    }
+                    Err(e) => {
+                        self.reply(r.item, Err(e));
+                        return None;
+                    }
+                },
                 Phase::StageIn => match self.stage(p, &mut budget, true) {
                     Ok(true) => {
                         p.phase = Phase::Run;
@@ -158,7 +173,8 @@ impl Worker {
         }
     }
 
-    fn reply(&self, item: WorkItem, result: Result<WorkDone, NpudError>) {
+    fn reply(&mut self, item: WorkItem, result: Result<WorkDone, NpudError>) {
+        self.loader_done(item.session);
         match &result {
             Ok(done) => tracing::debug!(
                 session = item.session,
@@ -212,17 +228,49 @@ impl Worker {
             link.program.check_args(&sizes, format_args!("{p}args"))?;
             resolved.push(args);
         }
-        let protect: HashSet<u64> = if item.links.len() == 1 {
-            HashSet::from([item.links[0].program.id])
-        } else {
-            item.links.iter().map(|l| l.program.id).collect()
-        };
-        let mut dispatches = Vec::with_capacity(item.links.len());
-        for (link, args) in item.links.iter().zip(resolved) {
-            let program = self.ensure_loaded(&link.program, &protect)?;
-            dispatches.push(Dispatch { program, args });
+        // Device ids are filled in once the programs are loaded (the Load phase).
+        let dispatches = item
+            .links
+            .iter()
+            .zip(resolved)
+            .map(|(_, args)| Dispatch {
+                program: ProgramId(0),
+                args,
+            })
+            .collect();
+        Ok(Progress {
+            dispatches,
+            batches: Vec::new(),
+            batch: 0,
+            link: 0,
+            staged,
+            cursor: (0, 0),
+            phase: Phase::Load,
+            yielded: false,
+            queue_ns: None,
+            device: Duration::ZERO,
+            doorbells: 0,
+            outcome: None,
+        })
+    }
+
+    /// The Load phase: loads the item's distinct programs (at most one a turn), then fills in
+    /// their device ids and plans the doorbell batches.
+    fn load_item(&mut self, item: &WorkItem, p: &mut Progress) -> Result<Step, NpudError> {
+        let mut programs: Vec<&Program> = Vec::new();
+        for l in &item.links {
+            if !programs.iter().any(|x| x.id == l.program.id) {
+                programs.push(&l.program);
+            }
         }
-        let batches = self.dev.doorbell_plan(&dispatches).map_err(|e| {
+        let protect: HashSet<u64> = programs.iter().map(|x| x.id).collect();
+        if self.load_step(item.session, &programs, &protect)? == Step::Wait {
+            return Ok(Step::Wait);
+        }
+        for (d, l) in p.dispatches.iter_mut().zip(&item.links) {
+            d.program = self.loaded_id(&l.program)?;
+        }
+        p.batches = self.dev.doorbell_plan(&p.dispatches).map_err(|e| {
             let err = NpudError::from(e.error);
             if item.chain {
                 err.within(&format!("links[{}]", e.index))
@@ -230,20 +278,8 @@ impl Worker {
                 err
             }
         })?;
-        Ok(Progress {
-            dispatches,
-            batches,
-            batch: 0,
-            link: 0,
-            staged,
-            cursor: (0, 0),
-            phase: Phase::StageIn,
-            yielded: false,
-            queue_ns: None,
-            device: Duration::ZERO,
-            doorbells: 0,
-            outcome: None,
-        })
+        p.phase = Phase::StageIn;
+        Ok(Step::Ready)
     }
 
     fn check_runnable(&self, program: &Program, p: LinkPrefix) -> Result<(), NpudError> {
@@ -292,12 +328,44 @@ impl Worker {
         let len = p.batches.get(p.batch).copied().unwrap_or(0);
         let end = (first + len).min(p.dispatches.len());
         if p.yielded {
-            if let Err((index, error)) = self.recheck(item, p, first..end) {
-                self.refused(p, first, end, index, error);
+            match self.recheck(item, p, first..end) {
+                Err((index, error)) => {
+                    self.refused(p, first, end, index, error);
+                    return;
+                }
+                // Loads are left for the item's next turn.
+                Ok(Step::Wait) => return,
+                Ok(Step::Ready) => p.yielded = false,
+            }
+        }
+        let programs: Vec<&Program> = item.links[first..end]
+            .iter()
+            .map(|l| l.program.as_ref())
+            .collect();
+        let protect: HashSet<u64> = programs.iter().map(|x| x.id).collect();
+        let end = match self.full_elf_room(item.session, &programs, &protect) {
+            Ok(Ok(fit)) if fit < end - first => {
+                // The heap holds the control code of only `fit` commands at once: the rest
+                // goes in a batch of its own.
+                p.batches[p.batch] = fit;
+                p.batches.insert(p.batch + 1, end - first - fit);
+                first + fit
+            }
+            Ok(Ok(_)) => end,
+            Ok(Err(_)) => {
+                p.yielded = true;
                 return;
             }
-            p.yielded = false;
-        }
+            Err(e) => {
+                let e = if item.chain {
+                    e.within(&format!("links[{first}]"))
+                } else {
+                    e
+                };
+                self.refused(p, first, end, first, e);
+                return;
+            }
+        };
         let start = Instant::now();
         if p.queue_ns.is_none() {
             p.queue_ns = Some(nanos(start.duration_since(item.admitted)));
@@ -443,22 +511,20 @@ impl Worker {
         }
     }
 
-    /// Before a later batch: the identity may still use the device, and the batch's programs may
-    /// still run and are loaded (refreshing their device ids).
+    /// Before a batch of an item that yielded: the identity may still use the device, and the
+    /// batch's programs may still run and are loaded (loading them, within the turn's bounds,
+    /// and refreshing their device ids); `Wait` when loads are left for the next turn.
     fn recheck(
         &mut self,
         item: &WorkItem,
         p: &mut Progress,
         links: std::ops::Range<usize>,
-    ) -> Result<(), (usize, NpudError)> {
+    ) -> Result<Step, (usize, NpudError)> {
         self.budget
             .check(&item.who, "dispatch", Instant::now())
             .map_err(|e| (links.start, e))?;
-        let protect: HashSet<u64> = item.links[links.clone()]
-            .iter()
-            .map(|l| l.program.id)
-            .collect();
-        for k in links {
+        let mut programs: Vec<&Program> = Vec::new();
+        for k in links.clone() {
             let link = &item.links[k];
             let prefix = LinkPrefix {
                 chain: item.chain,
@@ -466,11 +532,22 @@ impl Worker {
             };
             self.check_runnable(&link.program, prefix)
                 .map_err(|e| (k, e))?;
-            p.dispatches[k].program = self
-                .ensure_loaded(&link.program, &protect)
-                .map_err(|e| (k, e))?;
+            if !programs.iter().any(|x| x.id == link.program.id) {
+                programs.push(&link.program);
+            }
         }
-        Ok(())
+        let protect: HashSet<u64> = programs.iter().map(|x| x.id).collect();
+        if self
+            .load_step(item.session, &programs, &protect)
+            .map_err(|e| (links.start, e))?
+            == Step::Wait
+        {
+            return Ok(Step::Wait);
+        }
+        for k in links.clone() {
+            p.dispatches[k].program = self.loaded_id(&item.links[k].program).map_err(|e| (k, e))?;
+        }
+        Ok(Step::Ready)
     }
 
     /// Records the distinct programs of `links` of `item` as on the device (nothing without a
@@ -546,58 +623,6 @@ impl Worker {
             ),
         }
         NpudError::Internal(msg)
-    }
-
-    /// The device id of a program, loading it (and evicting least-recently-used programs not
-    /// in `protect`) when needed.
-    fn ensure_loaded(
-        &mut self,
-        p: &Program,
-        protect: &HashSet<u64>,
-    ) -> Result<ProgramId, NpudError> {
-        if let Some(d) = self.cache.touch(p.id) {
-            return Ok(d);
-        }
-        while self.cache.is_full() {
-            let Some(v) = self.cache.victim(protect) else {
-                return Err(NpudError::ResourceExhausted(
-                    "this work uses more distinct programs than limits.max_cached_programs".into(),
-                ));
-            };
-            self.unload(v);
-            self.programs.evicted();
-        }
-        loop {
-            let loaded = match &p.code {
-                Code::PdiInsts { pdi, insts } => self.dev.load_program(pdi, insts),
-                Code::Hsaco { bytes, kernel } => self.dev.load_hsaco(bytes, kernel),
-            };
-            match loaded {
-                Ok(d) => {
-                    self.cache.insert(p.id, d);
-                    self.programs.set_loaded(p.id, true);
-                    tracing::debug!(program = p.id, "loaded a program");
-                    return Ok(d);
-                }
-                Err(e @ HsaError::HeapFull { .. }) => match self.cache.victim(protect) {
-                    Some(v) => {
-                        tracing::debug!(program = v, error = %e, "device heap full; evicting");
-                        self.unload(v);
-                        self.programs.evicted();
-                    }
-                    None => {
-                        return Err(NpudError::ResourceExhausted(format!(
-                            "the device heap cannot hold program {}: {e}",
-                            p.id
-                        )));
-                    }
-                },
-                Err(e @ HsaError::InvalidArgument(_)) => {
-                    return Err(NpudError::InvalidArgument(format!("program {}: {e}", p.id)));
-                }
-                Err(e) => return Err(NpudError::from(e)),
-            }
-        }
     }
 }
 
