@@ -202,6 +202,43 @@ fn fmt_window(w: Duration) -> String {
 mod tests {
     use super::*;
 
+    /// Statuses a runtime reports for a packet it refused before running it are refusals that
+    /// say so; a failure while running, or anything else, is a device fault.
+    #[test]
+    fn refusals_are_told_from_device_faults_by_status() {
+        let detail = "the device failed packet 0 of the batch with 0x1009: bad";
+        for (status, code) in [
+            (Status::ERROR_INVALID_PACKET_FORMAT, "INVALID_ARGUMENT"),
+            (Status::ERROR_INVALID_ALLOCATION, "INVALID_ARGUMENT"),
+            (Status::ERROR_INVALID_ARGUMENT, "INVALID_ARGUMENT"),
+            (Status::ERROR_OUT_OF_RESOURCES, "RESOURCE_EXHAUSTED"),
+            (Status::AMD_ERROR_NOT_SUPPORTED, "FAILED_PRECONDITION"),
+        ] {
+            assert!(is_refusal(status));
+            let e = refusal(status, "7 (fe)", &detail).unwrap();
+            assert_eq!(e.code_name(), code);
+            assert_eq!(
+                e.message(),
+                format!(
+                    "the runtime refused program 7 (fe) before running it, a refusal and not a \
+                     device fault (the program is not quarantined and no fault is charged): \
+                     {detail}"
+                )
+            );
+        }
+        for status in [
+            Status::ERROR,
+            Status::ERROR_EXCEPTION,
+            Status::AMD_ERROR_MEMORY_FAULT,
+            Status::AMD_ERROR_MEMORY_APERTURE_VIOLATION,
+            Status::AMD_ERROR_ILLEGAL_INSTRUCTION,
+            Status::ERROR_FATAL,
+        ] {
+            assert!(!is_refusal(status));
+            assert!(refusal(status, "7", &detail).is_none());
+        }
+    }
+
     const MS: Duration = Duration::from_millis(1);
 
     fn k(name: &str) -> Charged {
