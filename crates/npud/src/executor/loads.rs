@@ -12,9 +12,9 @@
 //! and neither would ever run. So one item at a time evicts: the session that holds the
 //! *loader* loads and evicts, protecting every program its coming batch needs; the others load
 //! only into free room and otherwise wait for it (a turn that only finds the loader taken costs
-//! nothing), and work whose programs are all loaded runs meanwhile. The loader is given back when the item's programs are loaded,
-//! when the item ends (every reply goes through [`Worker::loader_done`]), or when the session
-//! is released.
+//! nothing), and work whose programs are all loaded runs meanwhile. The loader is given back
+//! when the item's programs are loaded, when the item ends (every reply goes through
+//! [`Worker::loader_done`]), or when the session is released.
 //!
 //! On a kernel-object runtime a FullElf command also takes device heap while its batch runs:
 //! its control code, copied into a fresh buffer of `ctrl_size + 16 KiB` at the heap's 32 KiB

@@ -11,8 +11,9 @@
 //! quarantined or unregistered meanwhile) and are loaded (another session's work may have
 //! evicted them), and that the identity has not spent its fault budget meanwhile; a link
 //! refused then ends the chain as a link failure, with the links before it completed, or the
-//! item with the refusal when nothing of it ran (its staged memfds are then left as they are). The session's own later work waits behind the item (its queue
-//! is FIFO), so nothing of the session changes its staged tensors in between.
+//! item with the refusal when nothing of it ran (its staged memfds are then left as they are).
+//! The session's own later work waits behind the item (its queue is FIFO), so nothing of the
+//! session changes its staged tensors in between.
 //!
 //! Around each doorbell the executor keeps the state directory's in-flight record: the distinct
 //! programs of the batch are recorded before the doorbell and cleared after it returns, so that

@@ -18,7 +18,8 @@
 //! treated as empty: the programs it named need one more death to be quarantined.
 //!
 //! ```json
-//! { "version": 1, "suspects": [ { "content_hash": "9f2c…", "name": "vsa", "died_unix_s": 1777896000 } ] }
+//! { "version": 1,
+//!   "suspects": [ { "content_hash": "9f2c…", "name": "vsa", "died_unix_s": 1777896000 } ] }
 //! ```
 
 use std::fs::{self, File};
@@ -132,7 +133,10 @@ impl Suspects {
         let mut changed = false;
         for h in hashes {
             if self.remove(h) {
-                tracing::info!(hash = %h, "a run of a suspect program completed; it is no longer a suspect");
+                tracing::info!(
+                    hash = %h,
+                    "a run of a suspect program completed; it is no longer a suspect"
+                );
                 changed = true;
             }
         }
