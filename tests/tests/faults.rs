@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use npu_artifacts::emu::{DType, EmuDesign};
 use npu_proto::v1 as pb;
 use npu_proto::v1::npud_client::NpudClient;
-use npud_e2e::{Daemon, Options, Session, bytes_i32, i32_bytes};
+use npud_e2e::{Daemon, I32Copies, Options, Session, bytes_i32, i32_bytes};
 use tonic::Code;
 
 const N: u32 = 1024;
