@@ -303,18 +303,27 @@ fn a_chain_stops_at_its_next_batch_when_its_uid_spent_the_fault_budget_between_t
 /// time.
 #[test]
 fn an_item_whose_staging_took_several_turns_checks_its_programs_again_before_its_first_batch() {
-    const STAGED: u64 = 64 << 10;
+    const STAGED: u32 = 64 << 10;
     // 4 KiB slices: staging A's two 64 KiB memfds in takes 32 turns.
     let mut f = fixture(4096);
-    let fault_a = f.register(A, &EmuDesign::fault(STAGED as u32));
-    let fault_b = f.register(B, &EmuDesign::fault(STAGED as u32));
+    let fault_a = f.register(A, &EmuDesign::fault(STAGED));
+    let fault_b = f.register(B, &EmuDesign::fault(STAGED));
     assert_eq!(
         fault_a.id, fault_b.id,
         "one program, shared by content hash"
     );
-    let imports = [f.import(A, STAGED), f.import(A, STAGED)];
-    let attached = [f.attach(A, 1, STAGED), f.attach(A, 2, STAGED)];
-    let allocations = [f.allocate(B, STAGED), f.allocate(B, STAGED)];
+    let imports = [
+        f.import(A, u64::from(STAGED)),
+        f.import(A, u64::from(STAGED)),
+    ];
+    let attached = [
+        f.attach(A, 1, u64::from(STAGED)),
+        f.attach(A, 2, u64::from(STAGED)),
+    ];
+    let allocations = [
+        f.allocate(B, u64::from(STAGED)),
+        f.allocate(B, u64::from(STAGED)),
+    ];
     // A (uid 1001) queues first and starts staging; B (uid 1000) faults the device meanwhile.
     let staged = f.work_as(A, 1001, vec![(fault_a, [1, 2])]);
     let faulted = f.work_as(B, 1000, vec![(fault_b, [3, 4])]);
@@ -351,7 +360,7 @@ fn an_item_whose_staging_took_several_turns_checks_its_programs_again_before_its
 /// The same with the fault budget: the identity spent it while the item was staging.
 #[test]
 fn an_item_whose_staging_took_several_turns_checks_the_fault_budget_before_its_first_batch() {
-    const STAGED: u64 = 64 << 10;
+    const STAGED: u32 = 64 << 10;
     let mut f = fixture_with(Config {
         executor: crate::config::ExecutorConfig {
             spin_us: 0,
@@ -363,13 +372,16 @@ fn an_item_whose_staging_took_several_turns_checks_the_fault_budget_before_its_f
         },
         ..Config::default()
     });
-    let add = f.register(
-        A,
-        &EmuDesign::vector_scalar_add(STAGED as u32 / 4, DType::I32, 1),
-    );
+    let add = f.register(A, &EmuDesign::vector_scalar_add(STAGED / 4, DType::I32, 1));
     let fault = f.register(B, &EmuDesign::fault(4096));
-    let imports = [f.import(A, STAGED), f.import(A, STAGED)];
-    let attached = [f.attach(A, 1, STAGED), f.attach(A, 2, STAGED)];
+    let imports = [
+        f.import(A, u64::from(STAGED)),
+        f.import(A, u64::from(STAGED)),
+    ];
+    let attached = [
+        f.attach(A, 1, u64::from(STAGED)),
+        f.attach(A, 2, u64::from(STAGED)),
+    ];
     let allocations = [f.allocate(B, 4096), f.allocate(B, 4096)];
     let staged = f.work_as(A, 1000, vec![(add, [1, 2])]);
     let faulted = f.work_as(B, 1000, vec![(fault, [3, 4])]);
@@ -486,7 +498,7 @@ fn loads_evict_in_the_loading_sessions_turns_and_never_the_loading_items_program
 /// freed, and the release answers with the count once all are.
 #[test]
 fn a_session_release_frees_its_tensors_in_turns_and_others_run_between() {
-    const TENSORS: u64 = 600;
+    const TENSORS: usize = 600;
     let mut f = fixture_with(Config {
         executor: crate::config::ExecutorConfig {
             spin_us: 0,
@@ -523,7 +535,7 @@ fn a_session_release_frees_its_tensors_in_turns_and_others_run_between() {
         "B's dispatch waited for A's 600 frees"
     );
     assert!(held.blocking_recv().unwrap().unwrap().failure.is_some());
-    assert_eq!(released.blocking_recv().unwrap(), TENSORS as usize);
+    assert_eq!(released.blocking_recv().unwrap(), TENSORS);
     let (reply, size) = oneshot::channel();
     f.handle
         .tx
