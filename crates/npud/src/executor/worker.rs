@@ -149,17 +149,6 @@ impl Worker {
         ) {
             self.usage_changed = true;
         }
-        // A session's control commands are served too: a client that allocates and frees while
-        // another dispatches is shared use, and polling for the next command would take the CPU
-        // both clients' requests are decoded on (see `idle`).
-        if let Command::Allocate { session, .. }
-        | Command::DeclareImport { session, .. }
-        | Command::AttachImport { session, .. }
-        | Command::Export { session, .. }
-        | Command::Free { session, .. } = &cmd
-        {
-            self.idle.serving(*session);
-        }
         let dev = &mut self.dev;
         let t = &mut self.tensors;
         match cmd {
