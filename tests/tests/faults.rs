@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use npu_artifacts::emu::{DType, EmuDesign};
 use npu_proto::v1 as pb;
 use npu_proto::v1::npud_client::NpudClient;
-use npud_e2e::{Daemon, Options, Session, bytes_i32, i32_bytes};
+use npud_e2e::{Daemon, I32Copies, Options, Session, bytes_i32, i32_bytes};
 use tonic::Code;
 
 const N: u32 = 1024;
@@ -278,4 +278,48 @@ async fn faults_and_hangs_hit_only_the_culprit() {
             .device_faults
     };
     assert_eq!((faults(culprit.id), faults(innocent.id)), (3, 0));
+}
+
+/// A refusal is not a fault. A FullElf kernel dispatched with one argument too many is a packet
+/// the runtime refuses before it runs anything (`INVALID_PACKET_FORMAT`): admission now refuses
+/// it, the error says how many the kernel takes, nothing is quarantined (programs are shared by
+/// content hash: one caller's mistake would refuse them to everyone) and no fault is charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_elf_dispatch_with_one_argument_too_many_is_a_refusal_not_a_device_fault() {
+    let d = Daemon::start(Options::default().profile("kernel-object", npud_e2e::Runtime::Linked));
+    let mut s = Session::open(d.connect().await, "one too many")
+        .await
+        .unwrap();
+    let design = EmuDesign::vector_scalar_add(N, DType::I32, 2);
+    let hsaco = design.to_full_elf_hsaco().unwrap();
+    let reg = s.register_hsaco(hsaco.clone(), "", "fe").await.unwrap();
+    let mut a = s.alloc_mapped(BYTES).await.unwrap();
+    let b = s.alloc_mapped(BYTES).await.unwrap();
+    let c = s.alloc_mapped(BYTES).await.unwrap();
+    for _ in 0..3 {
+        let e = s
+            .dispatch(reg.program_id, &[a.id, b.id, c.id])
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(
+            e.message().contains(&format!(
+                "program {} (fe) is a FullElf kernel that takes exactly 2 buffer arguments; 3 \
+                 given",
+                reg.program_id
+            )),
+            "{}",
+            e.message()
+        );
+    }
+    let stats = s.statistics().await.unwrap();
+    assert_eq!(stats.device_faults, 0);
+    assert_eq!(session_faults(&mut s).await, 0);
+    // The program runs for this caller and registers for another.
+    a.map.fill_i32(40).unwrap();
+    s.dispatch(reg.program_id, &[a.id, b.id]).await.unwrap();
+    assert!(b.map.i32s().unwrap().iter().all(|v| *v == 42));
+    let mut other = Session::open(d.connect().await, "other").await.unwrap();
+    let again = other.register_hsaco(hsaco, "", "fe").await.unwrap();
+    assert_eq!(again.content_hash, reg.content_hash);
 }

@@ -423,8 +423,10 @@ async fn a_specific_agent_name_decides_the_generation() {
 
 /// On the runtimes that abort the process from the queue's error path, a faulting program
 /// kills the daemon. Restarted as systemd's `Restart=on-failure` would, on the same state
-/// directory, the daemon refuses those bytes (the in-flight record says it died running them),
-/// and other clients reconnect and work: one bad program is not a crash loop.
+/// directory, the daemon suspects those bytes (the in-flight record says it died running them,
+/// which alone is no evidence: any death leaves the record) and runs them once more; that kills
+/// it again, and the next start refuses them (the same program on the device at two deaths in a
+/// row), and other clients reconnect and work: one bad program is not a crash loop.
 async fn a_fault_that_kills_the_daemon(profile: &str, runtime: Runtime) {
     use std::os::unix::process::ExitStatusExt;
     let mut d = start(profile, runtime);
@@ -461,6 +463,23 @@ async fn a_fault_that_kills_the_daemon(profile: &str, runtime: Runtime) {
     );
     assert!(d.stderr().contains(profile), "{}", d.stderr());
 
+    // One death: the program is a suspect, and runs again (into the same abort).
+    d.restart();
+    let mut bad = Session::open(d.connect().await, "faulting, once more")
+        .await
+        .unwrap();
+    let f2 = bad.register(&fault).await.unwrap();
+    assert_eq!(f2.content_hash, f.content_hash);
+    let x = bad.alloc_mapped(BYTES).await.unwrap();
+    let y = bad.alloc_mapped(BYTES).await.unwrap();
+    bad.dispatch(f2.program_id, &[x.id, y.id])
+        .await
+        .expect_err("the daemon dies during the dispatch again");
+    let status = d
+        .wait_exit(std::time::Duration::from_secs(20))
+        .expect("the runtime aborted the daemon again");
+    assert_eq!(status.signal(), Some(6), "{status:?}\n{}", d.stderr());
+
     d.restart();
     let mut again = Session::open(d.connect().await, "faulting again")
         .await
@@ -486,13 +505,13 @@ async fn a_fault_that_kills_the_daemon(profile: &str, runtime: Runtime) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fault_on_rocr_late_2025_kills_the_daemon_once_not_in_a_loop() {
+async fn a_fault_on_rocr_late_2025_kills_the_daemon_twice_not_in_a_loop() {
     a_fault_that_kills_the_daemon("rocr-late-2025", Runtime::Linked).await;
     a_fault_that_kills_the_daemon("rocr-late-2025", Runtime::Loaded).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fault_on_rocr_g2_2026_05_kills_the_daemon_once_not_in_a_loop() {
+async fn a_fault_on_rocr_g2_2026_05_kills_the_daemon_twice_not_in_a_loop() {
     a_fault_that_kills_the_daemon("rocr-g2-2026-05", Runtime::Linked).await;
     a_fault_that_kills_the_daemon("rocr-g2-2026-05", Runtime::Loaded).await;
 }

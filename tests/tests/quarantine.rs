@@ -1,7 +1,8 @@
 //! Quarantine across restarts: a program that faulted the device stays refused after the daemon
 //! restarts with the same state directory, until `npuctl programs --clear-quarantine` clears it;
-//! a daemon killed while a program runs on the device quarantines that program at its next
-//! start, and serves everyone else.
+//! a daemon killed while a program runs on the device suspects that program at its next start,
+//! quarantines it when a daemon dies with it on the device a second time before a run of it
+//! completed, and serves everyone else.
 
 #![forbid(unsafe_code)]
 
@@ -145,28 +146,26 @@ async fn a_faulted_program_stays_quarantined_across_a_restart_until_npuctl_clear
     assert!(record.is_file());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_daemon_killed_mid_dispatch_quarantines_that_program_at_its_next_start() {
-    let state = tempfile::tempdir().unwrap();
-    let hang = EmuDesign::hang(N * 4);
+/// Starts a daemon on `state`, has session `who` dispatch `hang` and SIGKILLs the daemon once
+/// the executor has recorded the program as on the device (as it does before it rings the
+/// doorbell), as a runtime's abort(), the OOM killer or an operator would end it. Returns the
+/// program's content hash.
+async fn kill_mid_dispatch(state: &Path, who: &str, hang: &EmuDesign) -> String {
     // The emulated hang would last a minute: the daemon is killed long before.
     let d = Daemon::start(Options {
         args: vec!["--emulator-timeout-ms".into(), "60000".into()],
-        ..with_state(state.path())
+        ..with_state(state)
     });
-    let mut s = Session::open(d.connect().await, "doomed").await.unwrap();
-    let reg = s.register(&hang).await.unwrap();
+    let mut s = Session::open(d.connect().await, who).await.unwrap();
+    let reg = s.register(hang).await.unwrap();
     let a = s.alloc_mapped(BYTES).await.unwrap();
     let b = s.alloc_mapped(BYTES).await.unwrap();
     let mut s2 = s.clone();
     let (ia, ib, p) = (a.id, b.id, reg.program_id);
     let running = tokio::spawn(async move { s2.dispatch(p, &[ia, ib]).await });
-
-    // Wait until the executor has recorded the program as on the device, as it does before it
-    // rings the doorbell; then kill the daemon as a runtime's abort() would end it.
     let until = Instant::now() + Duration::from_secs(20);
     loop {
-        let now = npud::state_dir::InFlight::peek(state.path()).unwrap_or_default();
+        let now = npud::state_dir::InFlight::peek(state).unwrap_or_default();
         if now.iter().any(|x| x.content_hash == reg.content_hash) {
             assert_eq!(now.len(), 1);
             assert_eq!(now[0].name, "hang");
@@ -183,11 +182,24 @@ async fn a_daemon_killed_mid_dispatch_quarantines_that_program_at_its_next_start
     let e = running.await.unwrap().unwrap_err();
     assert_ne!(e.code(), tonic::Code::Ok);
     drop((s, a, b, d));
+    reg.content_hash
+}
 
+/// One death is no evidence against the program that was on the device: the daemon may have been
+/// killed for any reason while a bystander's program ran. The next start makes it a suspect and
+/// runs it; a second death with it on the device, before a run of it completed, quarantines it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_killed_mid_dispatch_suspects_that_program_and_quarantines_it_at_a_second_death() {
+    let state = tempfile::tempdir().unwrap();
+    let hang = EmuDesign::hang(N * 4);
+    let hash = kill_mid_dispatch(state.path(), "bystander", &hang).await;
+
+    // Killed once: the bystander's program is not quarantined.
     let d = Daemon::start(with_state(state.path()));
     assert!(
-        d.stderr()
-            .contains("the previous daemon died while this program ran on the device"),
+        d.stderr().contains(
+            "the previous daemon died while this program ran on the device; it is a suspect now"
+        ),
         "{}",
         d.stderr()
     );
@@ -196,13 +208,37 @@ async fn a_daemon_killed_mid_dispatch_quarantines_that_program_at_its_next_start
             .unwrap()
             .is_empty()
     );
+    assert!(
+        !state
+            .path()
+            .join("quarantine")
+            .join(format!("{hash}.json"))
+            .exists()
+    );
+    let mut s = Session::open(d.connect().await, "bystander").await.unwrap();
+    let again = s.register(&hang).await.unwrap();
+    assert_eq!(again.content_hash, hash);
+    drop((s, d));
+
+    // Killed again with the same program on the device, no run of it completed between: that
+    // is evidence, and the program is quarantined.
+    assert_eq!(kill_mid_dispatch(state.path(), "doomed", &hang).await, hash);
+    let d = Daemon::start(with_state(state.path()));
+    assert!(
+        d.stderr().contains(
+            "the previous daemon died while this program ran on the device, as one did the last \
+             time it ran; quarantined it"
+        ),
+        "{}",
+        d.stderr()
+    );
     let mut s = Session::open(d.connect().await, "after").await.unwrap();
     let e = s.register(&hang).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
-    assert!(e.message().contains(&reg.content_hash), "{e:?}");
+    assert!(e.message().contains(&hash), "{e:?}");
     assert!(
         e.message()
-            .contains("the daemon died while it ran on the device"),
+            .contains("the daemon died while it ran on the device, at two deaths"),
         "{e:?}"
     );
     assert!(

@@ -12,10 +12,23 @@
 //! The executor checks the budget again when an item (or a chain's next doorbell batch) is about
 //! to start, so work queued before the budget ran out does not slip past it. One identity can
 //! therefore fault the device at most `budget` times in any interval of length `window`.
+//!
+//! Not every failed doorbell is a device fault. A runtime checks each packet before it runs it
+//! and reports what it refuses through the same error path as a fault: a packet it cannot
+//! decode or whose argument count is wrong (`INVALID_PACKET_FORMAT`), an argument that is not
+//! its allocation (`INVALID_ALLOCATION`, `INVALID_ARGUMENT`), no room for what the packet needs
+//! (`OUT_OF_RESOURCES`: PDI slots, device heap for a FullElf command's control code), a design
+//! this runtime cannot run (`NOT_SUPPORTED`). Nothing of that packet ran, so [`refusal`] sorts
+//! those statuses out: the program is not quarantined (programs are shared by content hash, and
+//! a refusal says nothing against its bytes), nothing is charged, and the caller reads that it
+//! was refused. Everything else a batch reports (`ERROR`, `EXCEPTION`, memory faults, a hang)
+//! is a device fault.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use hsa_core::sys::Status;
 
 use crate::config::Limits;
 use crate::error::NpudError;
@@ -136,6 +149,38 @@ impl FaultBudget {
     }
 }
 
+/// Whether the runtime reports `status` for a packet it refused before running it (see the
+/// module docs), rather than for a device fault.
+pub fn is_refusal(status: Status) -> bool {
+    refusal_code(status).is_some()
+}
+
+/// The error a caller reads when the runtime refused a packet of `program` with `status`
+/// before running it (`detail` is hsa-core's description), or `None` when `status` is a device
+/// fault. Argument and format refusals are INVALID_ARGUMENT, a lack of room
+/// RESOURCE_EXHAUSTED, a design the runtime cannot run FAILED_PRECONDITION.
+pub fn refusal(status: Status, program: &str, detail: &dyn std::fmt::Display) -> Option<NpudError> {
+    refusal_code(status).map(|code| {
+        code(format!(
+            "the runtime refused program {program} before running it, a refusal and not a \
+             device fault (the program is not quarantined and no fault is charged): {detail}"
+        ))
+    })
+}
+
+fn refusal_code(status: Status) -> Option<fn(String) -> NpudError> {
+    Some(match status {
+        Status::ERROR_INVALID_PACKET_FORMAT
+        | Status::ERROR_INVALID_ALLOCATION
+        | Status::ERROR_INVALID_ARGUMENT
+        | Status::ERROR_INCOMPATIBLE_ARGUMENTS
+        | Status::ERROR_INVALID_INDEX => NpudError::InvalidArgument,
+        Status::ERROR_OUT_OF_RESOURCES => NpudError::ResourceExhausted,
+        Status::AMD_ERROR_NOT_SUPPORTED => NpudError::FailedPrecondition,
+        _ => return None,
+    })
+}
+
 fn prune(faults: &mut VecDeque<Instant>, window: Duration, now: Instant) {
     while faults
         .front()
@@ -156,6 +201,43 @@ fn fmt_window(w: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Statuses a runtime reports for a packet it refused before running it are refusals that
+    /// say so; a failure while running, or anything else, is a device fault.
+    #[test]
+    fn refusals_are_told_from_device_faults_by_status() {
+        let detail = "the device failed packet 0 of the batch with 0x1009: bad";
+        for (status, code) in [
+            (Status::ERROR_INVALID_PACKET_FORMAT, "INVALID_ARGUMENT"),
+            (Status::ERROR_INVALID_ALLOCATION, "INVALID_ARGUMENT"),
+            (Status::ERROR_INVALID_ARGUMENT, "INVALID_ARGUMENT"),
+            (Status::ERROR_OUT_OF_RESOURCES, "RESOURCE_EXHAUSTED"),
+            (Status::AMD_ERROR_NOT_SUPPORTED, "FAILED_PRECONDITION"),
+        ] {
+            assert!(is_refusal(status));
+            let e = refusal(status, "7 (fe)", &detail).unwrap();
+            assert_eq!(e.code_name(), code);
+            assert_eq!(
+                e.message(),
+                format!(
+                    "the runtime refused program 7 (fe) before running it, a refusal and not a \
+                     device fault (the program is not quarantined and no fault is charged): \
+                     {detail}"
+                )
+            );
+        }
+        for status in [
+            Status::ERROR,
+            Status::ERROR_EXCEPTION,
+            Status::AMD_ERROR_MEMORY_FAULT,
+            Status::AMD_ERROR_MEMORY_APERTURE_VIOLATION,
+            Status::AMD_ERROR_ILLEGAL_INSTRUCTION,
+            Status::ERROR_FATAL,
+        ] {
+            assert!(!is_refusal(status));
+            assert!(refusal(status, "7", &detail).is_none());
+        }
+    }
 
     const MS: Duration = Duration::from_millis(1);
 

@@ -4,13 +4,16 @@
 //! only opaque ids, bytes and validated program descriptions cross the channel.
 //!
 //! The executor does a bounded amount of work per turn, as firecracker's device loop does.
-//! Dispatches, chains and tensor writes and reads go into per-session queues served round-robin
-//! ([`sched`]), and each turn does at most one doorbell batch and at most
+//! Dispatches, chains, tensor writes and reads and session releases go into per-session queues
+//! served round-robin ([`sched`]), and each turn does at most one doorbell batch, at most one
+//! program load and [`loads::MAX_EVICTIONS_PER_TURN`] evictions ([`loads`]), and at most
 //! `executor.slice_bytes` of copying (WriteTensor and ReadTensor chunks, staging copies of
-//! client memfds) before the next session's turn: a 1,024-link chain is 32 turns, a 16 MiB
-//! chunk 16. The remaining control commands (allocate, import, export, free, info, unloads,
-//! session releases) are small and run in arrival order between turns; allocation does not
-//! touch the memory (hsa-core's tensors are fresh pages the kernel zeroed). A work item whose
+//! client memfds) or of freeing an ended session's tensors (at least one tensor) before the
+//! next session's turn: a 1,024-link chain is 32 turns, a 16 MiB chunk 16, a chain of eight
+//! programs not yet loaded eight turns before its first doorbell. The remaining control
+//! commands (allocate, import, export, free of one tensor, info, unloads) are small and run in
+//! arrival order between turns; allocation does not touch the memory (hsa-core's tensors are
+//! fresh pages the kernel zeroed). A work item whose
 //! deadline has passed when it reaches the front is answered DEADLINE_EXCEEDED without running.
 //!
 //! What the device holds and whether the thread is alive are published in [`shared`], so that
@@ -22,6 +25,7 @@
 mod cache;
 mod copy;
 mod idle;
+mod loads;
 mod sched;
 mod shared;
 mod tensors;
@@ -157,7 +161,8 @@ pub enum Command {
     Unload {
         program: u64,
     },
-    /// A session ended: answer its queued work UNAVAILABLE and free its tensors.
+    /// A session ended: answer its queued work UNAVAILABLE and free its tensors (in turns of
+    /// `executor.slice_bytes`); the reply is how many, once all are freed.
     ReleaseSession {
         session: u64,
         reply: oneshot::Sender<usize>,
@@ -336,6 +341,8 @@ impl Executor {
                     suspended: None,
                     inflight,
                     idle: Idle::new(Duration::from_micros(cfg.executor.spin_us)),
+                    loader: None,
+                    turn: loads::TurnLoads::default(),
                 };
                 worker.run(rx);
             })

@@ -307,18 +307,27 @@ impl Tensors {
         }
     }
 
-    /// Frees every tensor of a session; returns how many.
-    pub fn release_session(&mut self, dev: &mut Device, session: u64) -> usize {
-        let ids: Vec<u64> = self
+    /// Frees tensors of a session, oldest first, until `budget` bytes are freed (at least one
+    /// tensor); returns how many were freed and whether the session has none left.
+    pub fn release_some(&mut self, dev: &mut Device, session: u64, budget: u64) -> (usize, bool) {
+        let mut ids: Vec<(u64, u64)> = self
             .map
             .iter()
             .filter(|(_, t)| t.session == session)
-            .map(|(id, _)| *id)
+            .map(|(id, t)| (*id, t.size))
             .collect();
-        for id in &ids {
-            self.remove(dev, *id);
+        ids.sort_unstable();
+        let mut bytes = 0u64;
+        let mut freed = 0;
+        for &(id, size) in &ids {
+            if freed > 0 && bytes.saturating_add(size) > budget {
+                return (freed, false);
+            }
+            self.remove(dev, id);
+            bytes = bytes.saturating_add(size);
+            freed += 1;
         }
-        ids.len()
+        (freed, true)
     }
 
     /// Frees everything (shutdown).

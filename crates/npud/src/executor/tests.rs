@@ -14,6 +14,7 @@ use crate::programs::Runs;
 
 const A: u64 = 1;
 const B: u64 = 2;
+const C: u64 = 3;
 
 struct Fixture {
     handle: ExecutorHandle,
@@ -133,6 +134,37 @@ impl Fixture {
             deadline: None,
             reply,
         }));
+        rx
+    }
+
+    /// Declares an import of `size` bytes for `session` and attaches a fresh memfd to it: a
+    /// tensor staged around every dispatch that uses it.
+    fn import(&self, session: u64, size: u64) -> oneshot::Receiver<Result<u64, NpudError>> {
+        let (reply, rx) = oneshot::channel();
+        self.queue(Command::DeclareImport {
+            session,
+            size,
+            name: String::new(),
+            cap: None,
+            reply,
+        });
+        rx
+    }
+
+    fn attach(
+        &self,
+        session: u64,
+        tensor: u64,
+        size: u64,
+    ) -> oneshot::Receiver<Result<(), NpudError>> {
+        let fd = npu_fd::memfd::create("executor-test", size).expect("a memfd");
+        let (reply, rx) = oneshot::channel();
+        self.queue(Command::AttachImport {
+            session,
+            tensor,
+            fd,
+            reply,
+        });
         rx
     }
 
@@ -263,6 +295,261 @@ fn a_chain_stops_at_its_next_batch_when_its_uid_spent_the_fault_budget_between_t
     assert_eq!((done.completed, done.failure), (1, None));
     assert_eq!(f.handle.fault_budget().session_faults(B), 1);
     assert_eq!(f.handle.fault_budget().session_faults(A), 0);
+    shutdown(exec);
+}
+
+/// A work item whose staging takes several turns: other sessions run between them. Here one
+/// of them faults the device with the program the item is about to run, which quarantines it;
+/// the item's first batch checks again and is refused, instead of faulting the device a second
+/// time.
+#[test]
+fn an_item_whose_staging_took_several_turns_checks_its_programs_again_before_its_first_batch() {
+    const STAGED: u32 = 64 << 10;
+    // 4 KiB slices: staging A's two 64 KiB memfds in takes 32 turns.
+    let mut f = fixture(4096);
+    let fault_a = f.register(A, &EmuDesign::fault(STAGED));
+    let fault_b = f.register(B, &EmuDesign::fault(STAGED));
+    assert_eq!(
+        fault_a.id, fault_b.id,
+        "one program, shared by content hash"
+    );
+    let imports = [
+        f.import(A, u64::from(STAGED)),
+        f.import(A, u64::from(STAGED)),
+    ];
+    let attached = [
+        f.attach(A, 1, u64::from(STAGED)),
+        f.attach(A, 2, u64::from(STAGED)),
+    ];
+    let allocations = [
+        f.allocate(B, u64::from(STAGED)),
+        f.allocate(B, u64::from(STAGED)),
+    ];
+    // A (uid 1001) queues first and starts staging; B (uid 1000) faults the device meanwhile.
+    let staged = f.work_as(A, 1001, vec![(fault_a, [1, 2])]);
+    let faulted = f.work_as(B, 1000, vec![(fault_b, [3, 4])]);
+    let exec = f.serve();
+    for r in imports {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    for r in attached {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    for r in allocations {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    let done = faulted.blocking_recv().unwrap().unwrap();
+    assert_eq!(
+        done.failure
+            .expect("the fault design fails")
+            .error
+            .code_name(),
+        "INTERNAL"
+    );
+    let e = staged.blocking_recv().unwrap().unwrap_err();
+    assert_eq!(e.code_name(), "FAILED_PRECONDITION", "{e}");
+    assert!(
+        e.to_string()
+            .contains("is quarantined: it faulted the device while this work was queued"),
+        "{e}"
+    );
+    assert_eq!(f.handle.faults(), 1, "the quarantined program ran again");
+    assert_eq!(f.handle.fault_budget().session_faults(A), 0);
+    shutdown(exec);
+}
+
+/// The same with the fault budget: the identity spent it while the item was staging.
+#[test]
+fn an_item_whose_staging_took_several_turns_checks_the_fault_budget_before_its_first_batch() {
+    const STAGED: u32 = 64 << 10;
+    let mut f = fixture_with(Config {
+        executor: crate::config::ExecutorConfig {
+            spin_us: 0,
+            slice_bytes: 4096,
+        },
+        limits: crate::config::Limits {
+            fault_budget: 1,
+            ..crate::config::Limits::default()
+        },
+        ..Config::default()
+    });
+    let add = f.register(A, &EmuDesign::vector_scalar_add(STAGED / 4, DType::I32, 1));
+    let fault = f.register(B, &EmuDesign::fault(4096));
+    let imports = [
+        f.import(A, u64::from(STAGED)),
+        f.import(A, u64::from(STAGED)),
+    ];
+    let attached = [
+        f.attach(A, 1, u64::from(STAGED)),
+        f.attach(A, 2, u64::from(STAGED)),
+    ];
+    let allocations = [f.allocate(B, 4096), f.allocate(B, 4096)];
+    let staged = f.work_as(A, 1000, vec![(add, [1, 2])]);
+    let faulted = f.work_as(B, 1000, vec![(fault, [3, 4])]);
+    let exec = f.serve();
+    for r in imports {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    for r in attached {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    for r in allocations {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    faulted.blocking_recv().unwrap().unwrap();
+    let e = staged.blocking_recv().unwrap().unwrap_err();
+    assert_eq!(e.code_name(), "RESOURCE_EXHAUSTED", "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("uid:1000 faulted the device once within"),
+        "{e}"
+    );
+    shutdown(exec);
+}
+
+/// A chain of sixteen programs that are not loaded yet loads one a turn: another session's
+/// dispatch queued behind it is served between its loads, not after all sixteen.
+#[test]
+fn a_chain_of_programs_not_yet_loaded_loads_one_a_turn_and_others_run_between() {
+    let mut f = fixture(1 << 20);
+    let programs: Vec<Arc<Program>> = (1..=16)
+        .map(|k| f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, k)))
+        .collect();
+    let add = f.register(B, &EmuDesign::vector_scalar_add(1024, DType::I32, 100));
+    let hang = f.register(C, &EmuDesign::hang(4096));
+    let allocations = [
+        f.allocate(A, 4096),
+        f.allocate(A, 4096),
+        f.allocate(B, 4096),
+        f.allocate(B, 4096),
+        f.allocate(C, 4096),
+        f.allocate(C, 4096),
+    ];
+    let mut chain = f.work(A, programs.iter().map(|p| (p.clone(), [1, 2])).collect());
+    let dispatch = f.work(B, vec![(add, [3, 4])]);
+    // C's turn after B's holds the device for the emulator's timeout (2 s), so that the check
+    // below sees where A was when B was served.
+    let held = f.work_as(C, 2000, vec![(hang, [5, 6])]);
+    let exec = f.serve();
+    for r in allocations {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    let done = dispatch.blocking_recv().unwrap().unwrap();
+    assert_eq!((done.completed, done.failure), (1, None));
+    assert!(
+        matches!(chain.try_recv(), Err(TryRecvError::Empty)),
+        "B's dispatch waited for A's sixteen loads"
+    );
+    assert!(held.blocking_recv().unwrap().unwrap().failure.is_some());
+    let done = chain.blocking_recv().unwrap().unwrap();
+    assert_eq!((done.completed, done.failure), (16, None));
+    assert_eq!(f.programs.counts().loads, 18);
+    shutdown(exec);
+}
+
+/// Loads evict least-recently-used programs in the turn of the session that needs the room,
+/// a few a turn, and never a program of the item that holds the loader: two chains that each
+/// need the whole cache take turns at it and both run (neither evicts the other forever).
+#[test]
+fn loads_evict_in_the_loading_sessions_turns_and_never_the_loading_items_programs() {
+    let mut f = fixture_with(Config {
+        executor: crate::config::ExecutorConfig {
+            spin_us: 0,
+            slice_bytes: 1 << 20,
+        },
+        limits: crate::config::Limits {
+            max_cached_programs: 8,
+            ..crate::config::Limits::default()
+        },
+        ..Config::default()
+    });
+    let others: Vec<Arc<Program>> = (1..=8)
+        .map(|k| f.register(B, &EmuDesign::vector_scalar_add(1024, DType::I32, 100 + k)))
+        .collect();
+    let mine: Vec<Arc<Program>> = (1..=8)
+        .map(|k| f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, k)))
+        .collect();
+    let allocations = [
+        f.allocate(A, 4096),
+        f.allocate(A, 4096),
+        f.allocate(B, 4096),
+        f.allocate(B, 4096),
+    ];
+    let first = f.work(B, others.iter().map(|p| (p.clone(), [3, 4])).collect());
+    let chain = f.work(A, mine.iter().map(|p| (p.clone(), [1, 2])).collect());
+    let exec = f.serve();
+    for r in allocations {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    let done = first.blocking_recv().unwrap().unwrap();
+    assert_eq!((done.completed, done.failure), (8, None));
+    let done = chain.blocking_recv().unwrap().unwrap();
+    assert_eq!((done.completed, done.failure), (8, None));
+    // Sixteen programs through a cache of eight: at least eight evictions, and what is loaded
+    // at the end is a full cache. (B's loads may evict programs A loaded into free room while
+    // B held the loader; A loads them again once B is done.)
+    let counts = f.programs.counts();
+    assert!(counts.evictions >= 8, "{counts:?}");
+    assert_eq!(counts.loads - counts.evictions, 8, "{counts:?}");
+    shutdown(exec);
+}
+
+/// Releasing a session frees its tensors `executor.slice_bytes` a turn: another session's
+/// dispatch queued behind the release is served before the last of 600 tensors is
+/// freed, and the release answers with the count once all are.
+#[test]
+fn a_session_release_frees_its_tensors_in_turns_and_others_run_between() {
+    const TENSORS: usize = 600;
+    let mut f = fixture_with(Config {
+        executor: crate::config::ExecutorConfig {
+            spin_us: 0,
+            slice_bytes: 4096,
+        },
+        limits: crate::config::Limits {
+            max_tensors_per_session: 1000,
+            ..crate::config::Limits::default()
+        },
+        ..Config::default()
+    });
+    let add = f.register(B, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let hang = f.register(C, &EmuDesign::hang(4096));
+    let b = [
+        f.allocate(B, 4096),
+        f.allocate(B, 4096),
+        f.allocate(C, 4096),
+        f.allocate(C, 4096),
+    ];
+    let a: Vec<_> = (0..TENSORS).map(|_| f.allocate(A, 4096)).collect();
+    let (reply, mut released) = oneshot::channel();
+    f.queue(Command::ReleaseSession { session: A, reply });
+    let dispatch = f.work(B, vec![(add, [1, 2])]);
+    // C's turn after B's holds the device for the emulator's timeout (2 s).
+    let held = f.work_as(C, 2000, vec![(hang, [3, 4])]);
+    let exec = f.serve();
+    for r in b.into_iter().chain(a) {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    let done = dispatch.blocking_recv().unwrap().unwrap();
+    assert_eq!((done.completed, done.failure), (1, None));
+    assert!(
+        matches!(released.try_recv(), Err(TryRecvError::Empty)),
+        "B's dispatch waited for A's 600 frees"
+    );
+    assert!(held.blocking_recv().unwrap().unwrap().failure.is_some());
+    assert_eq!(released.blocking_recv().unwrap(), TENSORS);
+    let (reply, size) = oneshot::channel();
+    f.handle
+        .tx
+        .blocking_send(Command::Size {
+            session: A,
+            tensor: 5,
+            reply,
+        })
+        .unwrap();
+    assert_eq!(
+        size.blocking_recv().unwrap().unwrap_err().code_name(),
+        "NOT_FOUND"
+    );
     shutdown(exec);
 }
 

@@ -1,21 +1,26 @@
 //! Running one work item on the device, a bounded piece per turn: the deadline and fault-budget
-//! checks, argument checks against the program's DDR patches, loading programs (evicting
-//! least-recently-used ones), staging client memfds in and out (at most `executor.slice_bytes`
-//! per turn), the chain one doorbell batch per turn, and what a device fault does (quarantine,
-//! the fault budget, queue recovery).
+//! checks, argument checks against the program's DDR patches, loading programs (at most one a
+//! turn, evicting least-recently-used ones; [`super::loads`]), staging client memfds in and out
+//! (at most `executor.slice_bytes` per turn), the chain one doorbell batch per turn, and what a
+//! device fault does (quarantine, the fault budget, queue recovery) or a runtime's refusal
+//! does not.
 //!
-//! Between two turns of one item, other sessions run. So each batch after the first checks
-//! again that its programs may run (one may have been quarantined or unregistered meanwhile)
-//! and are loaded (another session's work may have evicted them), and that the identity has not
-//! spent its fault budget meanwhile; a link refused then ends the chain as a link failure, with
-//! the links before it completed. The session's own later work waits behind the item (its queue
-//! is FIFO), so nothing of the session changes its staged tensors in between.
+//! Between two turns of one item, other sessions run. So every batch of an item that has given
+//! up a turn since its checks (a later batch of a chain, and the first batch of an item whose
+//! staging took several turns) checks again that its programs may run (one may have been
+//! quarantined or unregistered meanwhile) and are loaded (another session's work may have
+//! evicted them), and that the identity has not spent its fault budget meanwhile; a link
+//! refused then ends the chain as a link failure, with the links before it completed, or the
+//! item with the refusal when nothing of it ran (its staged memfds are then left as they are).
+//! The session's own later work waits behind the item (its queue is FIFO), so nothing of the
+//! session changes its staged tensors in between.
 //!
 //! Around each doorbell the executor keeps the state directory's in-flight record: the distinct
 //! programs of the batch are recorded before the doorbell and cleared after it returns, so that
-//! a runtime that aborts the process on a device fault leaves behind which programs to
-//! quarantine (and, since another session may run between two batches, only the batch that was
-//! on the device).
+//! a runtime that aborts the process on a device fault leaves behind which programs were on the
+//! device (and, since another session may run between two batches, only the batch that was
+//! on the device); the next start suspects them, and quarantines those it already suspected
+//! (`state_dir::suspects`). A batch that completes clears its programs' suspicion.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -24,10 +29,11 @@ use std::time::{Duration, Instant};
 use hsa_core::{ChainError, Dispatch, HsaError, ProgramId};
 
 use super::WorkItem;
+use super::loads::Step;
 use super::sched::may_start;
 use super::worker::Worker;
 use crate::error::NpudError;
-use crate::programs::{Code, Program, Runnable};
+use crate::programs::{Program, Runnable};
 
 /// A link that failed on the device after earlier links completed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +73,8 @@ impl Running {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
+    /// Loading the item's programs, one a turn ([`super::loads`]).
+    Load,
     StageIn,
     Run,
     StageOut,
@@ -87,6 +95,10 @@ struct Progress {
     staged: Vec<(u64, u64, bool)>,
     cursor: (usize, u64),
     phase: Phase,
+    /// Whether the item gave its turn up since its programs, their quarantine and the
+    /// identity's fault budget were last checked: other sessions ran meanwhile, so the next
+    /// batch checks them again.
+    yielded: bool,
     queue_ns: Option<u64>,
     device: Duration,
     doorbells: u32,
@@ -112,12 +124,26 @@ impl Worker {
         loop {
             let p = r.progress.as_mut()?;
             match p.phase {
+                Phase::Load => match self.load_item(&r.item, p) {
+                    Ok(Step::Ready) => {}
+                    Ok(Step::Wait) => {
+                        p.yielded = true;
+                        return Some(r);
+                    }
+                    Err(e) => {
+                        self.reply(r.item, Err(e));
+                        return None;
+                    }
+                },
                 Phase::StageIn => match self.stage(p, &mut budget, true) {
                     Ok(true) => {
                         p.phase = Phase::Run;
                         p.cursor = (0, 0);
                     }
-                    Ok(false) => return Some(r),
+                    Ok(false) => {
+                        p.yielded = true;
+                        return Some(r);
+                    }
                     Err(e) => {
                         self.reply(r.item, Err(e));
                         return None;
@@ -125,6 +151,7 @@ impl Worker {
                 },
                 Phase::Run => {
                     if rang {
+                        p.yielded = true;
                         return Some(r);
                     }
                     rang = true;
@@ -149,7 +176,8 @@ impl Worker {
         }
     }
 
-    fn reply(&self, item: WorkItem, result: Result<WorkDone, NpudError>) {
+    fn reply(&mut self, item: WorkItem, result: Result<WorkDone, NpudError>) {
+        self.loader_done(item.session);
         match &result {
             Ok(done) => tracing::debug!(
                 session = item.session,
@@ -208,17 +236,49 @@ impl Worker {
             link.program.check_args(&sizes, format_args!("{p}args"))?;
             resolved.push(args);
         }
-        let protect: HashSet<u64> = if item.links.len() == 1 {
-            HashSet::from([item.links[0].program.id])
-        } else {
-            item.links.iter().map(|l| l.program.id).collect()
-        };
-        let mut dispatches = Vec::with_capacity(item.links.len());
-        for (link, args) in item.links.iter().zip(resolved) {
-            let program = self.ensure_loaded(&link.program, &protect)?;
-            dispatches.push(Dispatch { program, args });
+        // Device ids are filled in once the programs are loaded (the Load phase).
+        let dispatches = item
+            .links
+            .iter()
+            .zip(resolved)
+            .map(|(_, args)| Dispatch {
+                program: ProgramId(0),
+                args,
+            })
+            .collect();
+        Ok(Progress {
+            dispatches,
+            batches: Vec::new(),
+            batch: 0,
+            link: 0,
+            staged,
+            cursor: (0, 0),
+            phase: Phase::Load,
+            yielded: false,
+            queue_ns: None,
+            device: Duration::ZERO,
+            doorbells: 0,
+            outcome: None,
+        })
+    }
+
+    /// The Load phase: loads the item's distinct programs (at most one a turn), then fills in
+    /// their device ids and plans the doorbell batches.
+    fn load_item(&mut self, item: &WorkItem, p: &mut Progress) -> Result<Step, NpudError> {
+        let mut programs: Vec<&Program> = Vec::new();
+        for l in &item.links {
+            if !programs.iter().any(|x| x.id == l.program.id) {
+                programs.push(&l.program);
+            }
         }
-        let batches = self.dev.doorbell_plan(&dispatches).map_err(|e| {
+        let protect: HashSet<u64> = programs.iter().map(|x| x.id).collect();
+        if self.load_step(item.session, &programs, &protect)? == Step::Wait {
+            return Ok(Step::Wait);
+        }
+        for (d, l) in p.dispatches.iter_mut().zip(&item.links) {
+            d.program = self.loaded_id(&l.program)?;
+        }
+        p.batches = self.dev.doorbell_plan(&p.dispatches).map_err(|e| {
             let err = NpudError::from(e.error);
             if item.chain {
                 err.within(&format!("links[{}]", e.index))
@@ -226,19 +286,8 @@ impl Worker {
                 err
             }
         })?;
-        Ok(Progress {
-            dispatches,
-            batches,
-            batch: 0,
-            link: 0,
-            staged,
-            cursor: (0, 0),
-            phase: Phase::StageIn,
-            queue_ns: None,
-            device: Duration::ZERO,
-            doorbells: 0,
-            outcome: None,
-        })
+        p.phase = Phase::StageIn;
+        Ok(Step::Ready)
     }
 
     fn check_runnable(&self, program: &Program, p: LinkPrefix) -> Result<(), NpudError> {
@@ -286,12 +335,45 @@ impl Worker {
         let first = p.link;
         let len = p.batches.get(p.batch).copied().unwrap_or(0);
         let end = (first + len).min(p.dispatches.len());
-        if p.batch > 0
-            && let Err((index, error)) = self.recheck(item, p, first..end)
-        {
-            self.refused(p, first, end, index, error);
-            return;
+        if p.yielded {
+            match self.recheck(item, p, first..end) {
+                Err((index, error)) => {
+                    self.refused(p, first, end, index, error);
+                    return;
+                }
+                // Loads are left for the item's next turn.
+                Ok(Step::Wait) => return,
+                Ok(Step::Ready) => p.yielded = false,
+            }
         }
+        let programs: Vec<&Program> = item.links[first..end]
+            .iter()
+            .map(|l| l.program.as_ref())
+            .collect();
+        let protect: HashSet<u64> = programs.iter().map(|x| x.id).collect();
+        let end = match self.full_elf_room(item.session, &programs, &protect) {
+            Ok(Ok(fit)) if fit < end - first => {
+                // The heap holds the control code of only `fit` commands at once: the rest
+                // goes in a batch of its own.
+                p.batches[p.batch] = fit;
+                p.batches.insert(p.batch + 1, end - first - fit);
+                first + fit
+            }
+            Ok(Ok(_)) => end,
+            Ok(Err(_)) => {
+                p.yielded = true;
+                return;
+            }
+            Err(e) => {
+                let e = if item.chain {
+                    e.within(&format!("links[{first}]"))
+                } else {
+                    e
+                };
+                self.refused(p, first, end, first, e);
+                return;
+            }
+        };
         let start = Instant::now();
         if p.queue_ns.is_none() {
             p.queue_ns = Some(nanos(start.duration_since(item.admitted)));
@@ -300,18 +382,27 @@ impl Worker {
         self.publish();
         self.record_in_flight(item, first..end);
         let result = self.dev.run_chain(&p.dispatches[first..end]);
-        if !matches!(
-            &result,
+        let fault = match &result {
             Err(ChainError {
-                error: HsaError::Device { .. } | HsaError::Timeout { .. },
+                error: HsaError::Timeout { .. },
                 ..
-            })
-        ) {
+            }) => true,
+            Err(ChainError {
+                error: HsaError::Device { status, .. },
+                ..
+            }) => !crate::faults::is_refusal(*status),
+            _ => false,
+        };
+        if !fault {
             // A device fault keeps the record until its program's quarantine is on disk.
             self.clear_in_flight();
         }
         match result {
             Ok(report) => {
+                // A suspect among the batch's programs ran to completion: no longer suspected.
+                if let Some(r) = self.inflight.as_mut() {
+                    r.completed();
+                }
                 p.device += report.device_time;
                 p.doorbells += report.doorbells;
                 p.batch += 1;
@@ -331,9 +422,18 @@ impl Worker {
                 p.device += report.device_time;
                 p.doorbells += report.doorbells;
                 let index = first + index;
+                let link = item.links.get(index).map(|l| l.program.as_ref());
+                if let HsaError::Device { status, .. } = &error
+                    && let Some(e) = link.and_then(|l| {
+                        let name = format!("{} ({})", l.id, l.display_name());
+                        crate::faults::refusal(*status, &name, &error)
+                    })
+                {
+                    self.runtime_refused(item, p, index, e);
+                    return;
+                }
                 match error {
                     HsaError::Device { .. } | HsaError::Timeout { .. } => {
-                        let link = item.links.get(index).map(|l| l.program.as_ref());
                         let error = self.device_fault(item, link, &error);
                         p.outcome =
                             Some(Ok(self.done(p, index, Some(LinkFailure { index, error }))));
@@ -366,6 +466,9 @@ impl Worker {
             return;
         }
         p.outcome = Some(if first == 0 {
+            // Nothing of the item ran: its staged memfds hold what the client last wrote, and
+            // copying the staging buffers back would only undo later writes.
+            p.staged.clear();
             Err(error)
         } else {
             Ok(self.done(
@@ -380,6 +483,32 @@ impl Worker {
         p.phase = Phase::StageOut;
     }
 
+    /// The runtime refused link `index` when the doorbell rang, before running it (the links
+    /// before it completed). Not a device fault: nothing is quarantined or charged. The queue,
+    /// which the runtime suspends after any failed batch, is recreated; the item ends there.
+    fn runtime_refused(&mut self, item: &WorkItem, p: &mut Progress, index: usize, e: NpudError) {
+        tracing::warn!(session = item.session, error = %e, "the runtime refused a dispatch");
+        if let Err(e) = self.dev.recover() {
+            tracing::error!(
+                error = %e,
+                "recreating the queue after a refused batch failed; the next dispatch retries"
+            );
+        }
+        let e = if item.chain {
+            e.within(&format!("links[{index}]"))
+        } else {
+            e
+        };
+        p.outcome = Some(if index == 0 {
+            // Nothing of the item ran: its staged memfds are left as they are.
+            p.staged.clear();
+            Err(e)
+        } else {
+            Ok(self.done(p, index, Some(LinkFailure { index, error: e })))
+        });
+        p.phase = Phase::StageOut;
+    }
+
     fn done(&self, p: &Progress, completed: usize, failure: Option<LinkFailure>) -> WorkDone {
         WorkDone {
             queue_ns: p.queue_ns.unwrap_or(0),
@@ -390,22 +519,20 @@ impl Worker {
         }
     }
 
-    /// Before a later batch: the identity may still use the device, and the batch's programs may
-    /// still run and are loaded (refreshing their device ids).
+    /// Before a batch of an item that yielded: the identity may still use the device, and the
+    /// batch's programs may still run and are loaded (loading them, within the turn's bounds,
+    /// and refreshing their device ids); `Wait` when loads are left for the next turn.
     fn recheck(
         &mut self,
         item: &WorkItem,
         p: &mut Progress,
         links: std::ops::Range<usize>,
-    ) -> Result<(), (usize, NpudError)> {
+    ) -> Result<Step, (usize, NpudError)> {
         self.budget
             .check(&item.who, "dispatch", Instant::now())
             .map_err(|e| (links.start, e))?;
-        let protect: HashSet<u64> = item.links[links.clone()]
-            .iter()
-            .map(|l| l.program.id)
-            .collect();
-        for k in links {
+        let mut programs: Vec<&Program> = Vec::new();
+        for k in links.clone() {
             let link = &item.links[k];
             let prefix = LinkPrefix {
                 chain: item.chain,
@@ -413,11 +540,22 @@ impl Worker {
             };
             self.check_runnable(&link.program, prefix)
                 .map_err(|e| (k, e))?;
-            p.dispatches[k].program = self
-                .ensure_loaded(&link.program, &protect)
-                .map_err(|e| (k, e))?;
+            if !programs.iter().any(|x| x.id == link.program.id) {
+                programs.push(&link.program);
+            }
         }
-        Ok(())
+        let protect: HashSet<u64> = programs.iter().map(|x| x.id).collect();
+        if self
+            .load_step(item.session, &programs, &protect)
+            .map_err(|e| (links.start, e))?
+            == Step::Wait
+        {
+            return Ok(Step::Wait);
+        }
+        for k in links.clone() {
+            p.dispatches[k].program = self.loaded_id(&item.links[k].program).map_err(|e| (k, e))?;
+        }
+        Ok(Step::Ready)
     }
 
     /// Records the distinct programs of `links` of `item` as on the device (nothing without a
@@ -493,58 +631,6 @@ impl Worker {
             ),
         }
         NpudError::Internal(msg)
-    }
-
-    /// The device id of a program, loading it (and evicting least-recently-used programs not
-    /// in `protect`) when needed.
-    fn ensure_loaded(
-        &mut self,
-        p: &Program,
-        protect: &HashSet<u64>,
-    ) -> Result<ProgramId, NpudError> {
-        if let Some(d) = self.cache.touch(p.id) {
-            return Ok(d);
-        }
-        while self.cache.is_full() {
-            let Some(v) = self.cache.victim(protect) else {
-                return Err(NpudError::ResourceExhausted(
-                    "this work uses more distinct programs than limits.max_cached_programs".into(),
-                ));
-            };
-            self.unload(v);
-            self.programs.evicted();
-        }
-        loop {
-            let loaded = match &p.code {
-                Code::PdiInsts { pdi, insts } => self.dev.load_program(pdi, insts),
-                Code::Hsaco { bytes, kernel } => self.dev.load_hsaco(bytes, kernel),
-            };
-            match loaded {
-                Ok(d) => {
-                    self.cache.insert(p.id, d);
-                    self.programs.set_loaded(p.id, true);
-                    tracing::debug!(program = p.id, "loaded a program");
-                    return Ok(d);
-                }
-                Err(e @ HsaError::HeapFull { .. }) => match self.cache.victim(protect) {
-                    Some(v) => {
-                        tracing::debug!(program = v, error = %e, "device heap full; evicting");
-                        self.unload(v);
-                        self.programs.evicted();
-                    }
-                    None => {
-                        return Err(NpudError::ResourceExhausted(format!(
-                            "the device heap cannot hold program {}: {e}",
-                            p.id
-                        )));
-                    }
-                },
-                Err(e @ HsaError::InvalidArgument(_)) => {
-                    return Err(NpudError::InvalidArgument(format!("program {}: {e}", p.id)));
-                }
-                Err(e) => return Err(NpudError::from(e)),
-            }
-        }
     }
 }
 

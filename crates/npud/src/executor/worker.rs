@@ -10,6 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::cache::ProgramCache;
 use super::copy::CopyJob;
 use super::idle::Idle;
+use super::loads::TurnLoads;
 use super::sched::RoundRobin;
 use super::shared::Shared;
 use super::tensors::Tensors;
@@ -45,13 +46,29 @@ pub(super) struct Worker {
     /// Which programs are on the device, for the next start if this process dies meanwhile.
     pub(super) inflight: Option<InFlight>,
     pub(super) idle: Idle,
+    /// The session whose work item loads programs now ([`super::loads`]).
+    pub(super) loader: Option<u64>,
+    /// What the current turn has loaded and evicted.
+    pub(super) turn: TurnLoads,
 }
 
-/// What waits in a session's queue: a work item (maybe part done), or a copy.
+/// What waits in a session's queue: a work item (maybe part done), a copy, or the release of an
+/// ended session's tensors.
 #[derive(Debug)]
 pub(super) enum Job {
     Work(Box<Running>),
     Copy(CopyJob),
+    Release(Release),
+}
+
+/// An ended session's tensors, freed `executor.slice_bytes` a turn (at least one tensor: the
+/// runtime frees an allocation in one call), so that releasing a session of many GiB is many
+/// short turns between other sessions' work.
+#[derive(Debug)]
+pub(super) struct Release {
+    /// Tensors freed so far.
+    freed: usize,
+    reply: oneshot::Sender<usize>,
 }
 
 impl Job {
@@ -61,6 +78,9 @@ impl Job {
                 let _ = r.item.reply.send(Err(e));
             }
             Job::Copy(c) => c.refuse(e),
+            Job::Release(r) => {
+                let _ = r.reply.send(r.freed);
+            }
         }
     }
 }
@@ -88,10 +108,12 @@ impl Worker {
             self.publish();
             if let Some((session, job)) = self.rr.pop() {
                 self.shared.beat();
+                self.turn = TurnLoads::default();
                 self.idle.serving(session);
                 let left = match job {
                     Job::Work(r) => self.work_turn(r).map(Job::Work),
                     Job::Copy(c) => self.copy_turn(c).map(Job::Copy),
+                    Job::Release(r) => self.release_turn(session, r).map(Job::Release),
                 };
                 self.suspended = left.map(|job| (session, job));
                 continue;
@@ -249,15 +271,34 @@ impl Worker {
                         "the session ended before this work finished".into(),
                     ));
                 }
-                let freed = t.release_session(dev, session);
+                if self.loader == Some(session) {
+                    self.loader = None;
+                }
                 self.budget.forget_session(session);
-                let _ = reply.send(freed);
+                // Its tensors are freed in turns of their own, and the reply waits for the last.
+                self.rr
+                    .push_unbounded(session, Job::Release(Release { freed: 0, reply }));
             }
             Command::Shutdown { reply } => {
                 // Handled by the loop; answering here keeps the match total.
                 let _ = reply.send(());
             }
         }
+    }
+
+    /// One turn of a session release: frees up to `executor.slice_bytes` of its tensors (at
+    /// least one). Gives the job back while tensors are left.
+    fn release_turn(&mut self, session: u64, mut r: Release) -> Option<Release> {
+        let (freed, done) =
+            self.tensors
+                .release_some(&mut self.dev, session, self.slice_bytes as u64);
+        r.freed += freed;
+        self.usage_changed |= freed > 0;
+        if done {
+            let _ = r.reply.send(r.freed);
+            return None;
+        }
+        Some(r)
     }
 
     /// Publishes what the device holds when it changed since the last time.

@@ -672,6 +672,46 @@ mod tests {
         assert_eq!(r.program.summary.arg_count, 2);
     }
 
+    /// A FullElf kernel takes exactly its ELF's argument count: the runtime refuses a packet
+    /// with one more (`INVALID_PACKET_FORMAT`), so admission does, where a PdiInsts kernel
+    /// ignores what its instruction stream does not patch.
+    #[test]
+    fn a_full_elf_kernel_takes_exactly_its_argument_count() {
+        let d = EmuDesign::vector_scalar_add(1024, DType::I32, 1);
+        let ko = store().with_packet_abi(hsa_core::PacketAbi::KernelObject);
+        let r = ko
+            .register_hsaco(1, d.to_full_elf_hsaco().unwrap(), String::new(), "f".into())
+            .unwrap();
+        assert!(r.program.is_full_elf());
+        r.program.check_args(&[4096, 4096], "args").unwrap();
+        for sizes in [&[4096, 4096, 4096][..], &[4096][..]] {
+            let e = r.program.check_args(sizes, "links[1].args").unwrap_err();
+            assert!(matches!(e, NpudError::InvalidArgument(_)), "{e}");
+            assert_eq!(
+                e.message(),
+                format!(
+                    "links[1].args: program {} (f) is a FullElf kernel that takes exactly 2 \
+                     buffer arguments; {} given",
+                    r.program.id,
+                    sizes.len()
+                )
+            );
+        }
+        let pdi_insts = ko
+            .register_hsaco(
+                1,
+                d.to_hsaco(NpuGen::Npu2).unwrap(),
+                String::new(),
+                "p".into(),
+            )
+            .unwrap();
+        assert!(!pdi_insts.program.is_full_elf());
+        pdi_insts
+            .program
+            .check_args(&[4096, 4096, 4], "args")
+            .unwrap();
+    }
+
     #[test]
     fn foreign_programs_are_not_found() {
         let p = store();

@@ -1,5 +1,6 @@
 //! [`Program`]: one stored program, the form it was registered in, and its content hash.
 
+use npu_artifacts::hsaco::KernelKind;
 use npu_proto::v1 as pb;
 
 use crate::error::NpudError;
@@ -36,9 +37,11 @@ pub const FORM_PDI_INSTS: &str = "pdi+insts";
 pub const FORM_HSACO: &str = "hsaco";
 
 impl Program {
-    /// Refuses arguments that are fewer or smaller than the program's DDR patches require.
-    /// `sizes` are the byte lengths of the arguments; `field` names them (`args`,
-    /// `links[2].args`).
+    /// Refuses arguments that are fewer or smaller than the program's DDR patches require, and
+    /// for a FullElf kernel any other count than its ELF's: the runtime refuses such a packet
+    /// (`INVALID_PACKET_FORMAT`), where a PdiInsts kernel ignores arguments its instruction
+    /// stream does not patch. `sizes` are the byte lengths of the arguments; `field` names them
+    /// (`args`, `links[2].args`).
     ///
     /// # Errors
     /// INVALID_ARGUMENT naming the argument.
@@ -48,6 +51,16 @@ impl Program {
         field: impl std::fmt::Display,
     ) -> Result<(), NpudError> {
         let need = &self.summary.min_arg_bytes;
+        if self.is_full_elf() && sizes.len() != need.len() {
+            return Err(NpudError::InvalidArgument(format!(
+                "{field}: program {} ({}) is a FullElf kernel that takes exactly {} buffer \
+                 arguments; {} given",
+                self.id,
+                self.display_name(),
+                need.len(),
+                sizes.len()
+            )));
+        }
         if sizes.len() < need.len() {
             return Err(NpudError::InvalidArgument(format!(
                 "{field}: program {} ({}) takes {} buffer arguments; {} given",
@@ -68,6 +81,11 @@ impl Program {
             }
         }
         Ok(())
+    }
+
+    /// Whether it is an hsaco's FullElf kernel (kernel-object runtimes only).
+    pub fn is_full_elf(&self) -> bool {
+        self.summary.kernel_kind == KernelKind::FullElf.name()
     }
 
     /// The bytes it holds: PDI plus instruction stream, or the hsaco.

@@ -23,6 +23,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::StateError;
+use super::suspects::Suspects;
 
 /// The file's name in the state directory.
 pub const FILE_NAME: &str = "inflight";
@@ -51,6 +52,12 @@ pub struct InFlight {
     buf: Vec<u8>,
     /// Whether a write failed (logged once, not per dispatch).
     failed: bool,
+    /// Programs on the device when a daemon died once ([`super::suspects`]); a batch of theirs
+    /// that completes clears them.
+    suspects: Option<Suspects>,
+    /// The suspects in the batch recorded last (empty when there are none: the common case
+    /// costs one check of an empty list per batch).
+    running_suspects: Vec<String>,
 }
 
 impl InFlight {
@@ -92,6 +99,8 @@ impl InFlight {
                 path,
                 buf: Vec::with_capacity(FILE_BYTES - 8),
                 failed: false,
+                suspects: None,
+                running_suspects: Vec::new(),
             },
             left,
         ))
@@ -130,11 +139,48 @@ impl InFlight {
             .map_err(|e| StateError::io("writing", &self.path, e))
     }
 
+    /// Hands the record the suspects the start found, so that a completed batch of one of
+    /// them clears it ([`InFlight::completed`]).
+    pub fn set_suspects(&mut self, suspects: Suspects) {
+        self.suspects = Some(suspects);
+    }
+
+    /// Whether `hash` is a suspect.
+    pub fn is_suspect(&self, hash: &str) -> bool {
+        self.suspects.as_ref().is_some_and(|s| s.contains(hash))
+    }
+
     /// Records `programs` as on the device: one `pwrite`, no sync.
     pub fn begin<'a>(&mut self, programs: impl IntoIterator<Item = (&'a str, &'a str)>) {
-        encode(&mut self.buf, programs);
+        self.running_suspects.clear();
+        match self.suspects.as_ref().filter(|s| !s.is_empty()) {
+            None => encode(&mut self.buf, programs),
+            Some(suspects) => {
+                let running = &mut self.running_suspects;
+                encode(
+                    &mut self.buf,
+                    programs.into_iter().inspect(|(hash, _)| {
+                        if suspects.contains(hash) {
+                            running.push((*hash).to_owned());
+                        }
+                    }),
+                );
+            }
+        }
         let r = self.file.write_all_at(&self.buf, 8);
         self.check(r);
+    }
+
+    /// The batch recorded last completed: its programs are no longer suspects (the suspects
+    /// file is rewritten, durably, only when one of them was).
+    pub fn completed(&mut self) {
+        if self.running_suspects.is_empty() {
+            return;
+        }
+        let running = std::mem::take(&mut self.running_suspects);
+        if let Some(s) = self.suspects.as_mut() {
+            s.cleared(running.iter().map(String::as_str));
+        }
     }
 
     /// Records that nothing is on the device: one 4-byte `pwrite`.
