@@ -233,6 +233,8 @@ pub struct Limits {
     pub fault_cooldown_ms: u64,
     /// Bytes of tensors all sessions together may hold (allocated and imported), so that
     /// callers within their own quotas cannot together grow the daemon past its memory limit.
+    /// The default (8 GiB, twice one session's default) suits a host; the Kubernetes
+    /// ConfigMap sets 512 MiB to fit its DaemonSet's 1 GiB memory limit.
     pub max_total_tensor_bytes: u64,
     /// Bytes of registered programs (PDI plus instruction stream, each content once) all
     /// sessions together may hold.
@@ -267,7 +269,7 @@ impl Default for Limits {
             fault_window_ms: 60_000,
             fault_cooldown_ms: 300_000,
             // With the two below and the daemon's own ~50 MiB, within the DaemonSet's 1 GiB.
-            max_total_tensor_bytes: 512 << 20,
+            max_total_tensor_bytes: 8 << 30,
             max_total_program_bytes: 128 << 20,
             max_queued_request_bytes: 192 << 20,
         }
