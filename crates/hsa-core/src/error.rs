@@ -83,6 +83,16 @@ pub enum HsaError {
     )]
     PacketAbiUnknown { evidence: String },
 
+    /// The runtime needs a driver interface the kernel's amdxdna driver lacks.
+    #[error(
+        "the G1a runtime (ROCm 7.0) waits for every command with the WAIT_CMD ioctl, which only \
+         the out-of-tree amdxdna driver (xdna-driver) has, and {sysfs}/module/amdxdna is the \
+         in-tree driver (no taint flag O): no command could complete, and the runtime would \
+         report every dispatch as done. Install the out-of-tree xdna-driver, or a ROCR newer \
+         than ROCm 7.0 (packet ABI g2 or kernel objects)"
+    )]
+    DriverUnsupported { sysfs: PathBuf },
+
     /// The runtime lacks an optional entry point this operation needs.
     #[error("{operation} needs {symbol}, which this runtime does not export")]
     Unsupported {

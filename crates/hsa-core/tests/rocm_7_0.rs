@@ -107,3 +107,39 @@ fn a_command_the_runtime_stopped_waiting_for_is_an_error_not_a_success() {
     dev.dispatch(&Dispatch::new(q, [a, b])).unwrap();
     assert_eq!(read_i32s(&dev, b), vec![5; 1024]);
 }
+
+#[test]
+fn the_in_tree_amdxdna_driver_is_refused_and_the_out_of_tree_one_taken() {
+    let _g = hsa_sim::serial_test_guard();
+    let sysfs = tempfile::tempdir().unwrap();
+    let module = sysfs.path().join("module/amdxdna");
+    std::fs::create_dir_all(&module).unwrap();
+    let open_with = |sysfs: &std::path::Path| {
+        hsa_sim::set_config(SimConfig {
+            profile: Profile::Rocm70,
+            agent: NpuGen::Npu1,
+            timeout: std::time::Duration::from_secs(3600),
+        });
+        Device::open(
+            hsa_sim::api("hsa-sim"),
+            DeviceOptions {
+                generation: Some(Generation::Npu1),
+                sysfs_root: sysfs.to_path_buf(),
+                ..DeviceOptions::default()
+            },
+        )
+    };
+    // Upstream Linux's driver: no taint flag O. ROCm 7.0 could complete no command on it.
+    std::fs::write(module.join("taint"), "\n").unwrap();
+    let e = open_with(sysfs.path()).unwrap_err();
+    assert!(matches!(e, HsaError::DriverUnsupported { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains("WAIT_CMD") && text.contains("out-of-tree xdna-driver"),
+        "{text}"
+    );
+    // xdna-driver, built out of tree (DKMS marks it OE).
+    std::fs::write(module.join("taint"), "OE\n").unwrap();
+    let dev = open_with(sysfs.path()).expect("the out-of-tree driver is taken");
+    assert_eq!(dev.info().packet_abi, hsa_core::PacketAbi::G1a);
+}

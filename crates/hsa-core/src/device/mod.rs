@@ -8,6 +8,7 @@ pub mod abi;
 mod code_object;
 mod discover;
 mod dispatch;
+pub mod driver;
 mod encode;
 pub mod generation;
 mod program;
@@ -226,6 +227,21 @@ impl Device {
         let pools = discover::choose_pools(&discover::pools(&api, aie.agent)?)?;
         let (abi, packet_abi_source) = resolve_abi(&api, &pools, cpu, aie.agent, &opts)?;
         tracing::info!(abi = %abi, how = %packet_abi_source, "chose the packet ABI");
+        if abi == PacketAbi::G1a {
+            match driver::amdxdna_origin(&opts.sysfs_root) {
+                driver::AmdxdnaOrigin::InTree => {
+                    return Err(HsaError::DriverUnsupported {
+                        sysfs: opts.sysfs_root.clone(),
+                    });
+                }
+                driver::AmdxdnaOrigin::OutOfTree => {}
+                driver::AmdxdnaOrigin::Unknown => tracing::info!(
+                    sysfs = %opts.sysfs_root.display(),
+                    "no amdxdna module listed in sysfs: cannot check that the driver has WAIT_CMD, \
+                     which ROCm 7.0 needs (only the out-of-tree xdna-driver has it)"
+                ),
+            }
+        }
         let (generation, generation_source) = resolve_generation(&aie.name, abi, &opts)?;
         let fns = api.fns();
         let probe = tensor::probe_sharing(&api, &pools, cpu, aie.agent, opts.tensor_backing);
