@@ -52,6 +52,19 @@ fn built(names: &[&str]) -> Result<PathBuf, String> {
     Err(exe.display().to_string())
 }
 
+/// `target/<profile>` of the running test executable, and whether it is a release build.
+pub fn profile_dir() -> (PathBuf, bool) {
+    let exe = std::env::current_exe().expect("the test executable has a path");
+    let deps = exe.parent().expect("the test executable is in a directory");
+    let dir = if deps.file_name().is_some_and(|n| n == "deps") {
+        deps.parent().expect("deps has a parent")
+    } else {
+        deps
+    };
+    let release = dir.file_name().is_some_and(|n| n == "release");
+    (dir.to_path_buf(), release)
+}
+
 /// The emulator's runtime profiles, as users install the runtimes they model (hsa-sim's
 /// `Profile`), with the packet ABI each speaks.
 pub const PROFILES: [(&str, &str); 5] = [
@@ -93,13 +106,7 @@ pub fn hsa_sim_library() -> PathBuf {
 /// When it is missing and cannot be built.
 pub fn npuctl_binary() -> PathBuf {
     static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let exe = std::env::current_exe().expect("the test executable has a path");
-    let deps = exe.parent().expect("the test executable is in a directory");
-    let profile = if deps.file_name().is_some_and(|n| n == "deps") {
-        deps.parent().expect("deps has a parent")
-    } else {
-        deps
-    };
+    let (profile, _) = profile_dir();
     let bin = profile.join("npuctl");
     let _guard = BUILD
         .lock()
@@ -131,13 +138,7 @@ pub fn npuctl_binary() -> PathBuf {
 /// When it is missing and cannot be built.
 pub fn package_binary(package: &str, bin: &str) -> PathBuf {
     static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let exe = std::env::current_exe().expect("the test executable has a path");
-    let deps = exe.parent().expect("the test executable is in a directory");
-    let profile = if deps.file_name().is_some_and(|n| n == "deps") {
-        deps.parent().expect("deps has a parent")
-    } else {
-        deps
-    };
+    let (profile, _) = profile_dir();
     let path = profile.join(bin);
     let _guard = BUILD
         .lock()

@@ -17,19 +17,6 @@ pub fn system_python() -> String {
     std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
-/// `target/<profile>` of the running test executable, and whether it is a release build.
-pub fn profile_dir() -> (PathBuf, bool) {
-    let exe = std::env::current_exe().expect("the test executable has a path");
-    let deps = exe.parent().expect("the test executable is in a directory");
-    let dir = if deps.file_name().is_some_and(|n| n == "deps") {
-        deps.parent().expect("deps has a parent")
-    } else {
-        deps
-    };
-    let release = dir.file_name().is_some_and(|n| n == "release");
-    (dir.to_path_buf(), release)
-}
-
 /// The pinned requirements file.
 pub fn requirements() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("python/requirements.txt")
@@ -41,7 +28,7 @@ pub fn requirements() -> PathBuf {
 /// When the environment cannot be made (no `venv` module, no package index the first time),
 /// naming the step that failed, its output, and what to do.
 pub fn venv_python() -> PathBuf {
-    let (profile, _) = profile_dir();
+    let (profile, _) = crate::profile_dir();
     let target = profile
         .parent()
         .expect("the profile directory is in target/");

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use npud_e2e::binary;
-use npud_e2e::python::{profile_dir, run_or_explain, venv_python};
+use npud_e2e::python::{run_or_explain, venv_python};
+use npud_e2e::{binary, profile_dir};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -64,10 +64,27 @@ impl Ca {
     /// A leaf certificate with these subject alternative names (none: only the common name
     /// `cn`), as (cert, key) files named `file`.crt / `file`.key.
     fn leaf(&self, file: &str, sans: &[&str], cn: &str, server: bool) -> (PathBuf, PathBuf) {
+        let names = sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let sans = CertificateParams::new(names).unwrap().subject_alt_names;
+        self.sign(file, sans, cn, server)
+    }
+
+    /// A client certificate with exactly these subject alternative names and common name
+    /// `file`.
+    fn leaf_with(&self, file: &str, sans: Vec<rcgen::SanType>) -> (PathBuf, PathBuf) {
+        self.sign(file, sans, file, false)
+    }
+
+    fn sign(
+        &self,
+        file: &str,
+        sans: Vec<rcgen::SanType>,
+        cn: &str,
+        server: bool,
+    ) -> (PathBuf, PathBuf) {
         let key = KeyPair::generate().unwrap();
-        let mut p =
-            CertificateParams::new(sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
-                .unwrap();
+        let mut p = CertificateParams::default();
+        p.subject_alt_names = sans;
         p.distinguished_name = rcgen::DistinguishedName::new();
         p.distinguished_name.push(DnType::CommonName, cn);
         p.extended_key_usages = vec![if server {
@@ -75,25 +92,6 @@ impl Ca {
         } else {
             ExtendedKeyUsagePurpose::ClientAuth
         }];
-        let cert = p.signed_by(&key, &self.issuer).unwrap();
-        let (c, k) = (
-            self.dir.join(format!("{file}.crt")),
-            self.dir.join(format!("{file}.key")),
-        );
-        std::fs::write(&c, cert.pem()).unwrap();
-        std::fs::write(&k, key.serialize_pem()).unwrap();
-        (c, k)
-    }
-
-    /// A client certificate with exactly these subject alternative names and common name
-    /// `file`.
-    fn leaf_with(&self, file: &str, sans: Vec<rcgen::SanType>) -> (PathBuf, PathBuf) {
-        let key = KeyPair::generate().unwrap();
-        let mut p = CertificateParams::default();
-        p.subject_alt_names = sans;
-        p.distinguished_name = rcgen::DistinguishedName::new();
-        p.distinguished_name.push(DnType::CommonName, file);
-        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         let cert = p.signed_by(&key, &self.issuer).unwrap();
         let (c, k) = (
             self.dir.join(format!("{file}.crt")),

@@ -7,6 +7,12 @@ use npu_artifacts::NpuGen;
 use npu_artifacts::emu::{DType, EmuDesign};
 
 fn open() -> Device {
+    open_with(DeviceOptions::default()).expect("the device opens")
+}
+
+/// The device on the `rocm-7.0` profile with `opts` (the generation set: ROCm 7.0's agent name
+/// does not tell it).
+fn open_with(opts: DeviceOptions) -> Result<Device, HsaError> {
     hsa_sim::set_config(SimConfig {
         profile: Profile::Rocm70,
         agent: NpuGen::Npu1,
@@ -17,10 +23,9 @@ fn open() -> Device {
         hsa_sim::api("hsa-sim"),
         DeviceOptions {
             generation: Some(Generation::Npu1),
-            ..DeviceOptions::default()
+            ..opts
         },
     )
-    .expect("the device opens")
 }
 
 fn i32s(v: &[i32]) -> Vec<u8> {
@@ -115,19 +120,10 @@ fn the_in_tree_amdxdna_driver_is_refused_and_the_out_of_tree_one_taken() {
     let module = sysfs.path().join("module/amdxdna");
     std::fs::create_dir_all(&module).unwrap();
     let open_with = |sysfs: &std::path::Path| {
-        hsa_sim::set_config(SimConfig {
-            profile: Profile::Rocm70,
-            agent: NpuGen::Npu1,
-            timeout: std::time::Duration::from_secs(3600),
-        });
-        Device::open(
-            hsa_sim::api("hsa-sim"),
-            DeviceOptions {
-                generation: Some(Generation::Npu1),
-                sysfs_root: sysfs.to_path_buf(),
-                ..DeviceOptions::default()
-            },
-        )
+        open_with(DeviceOptions {
+            sysfs_root: sysfs.to_path_buf(),
+            ..DeviceOptions::default()
+        })
     };
     // Upstream Linux's driver: no taint flag O. ROCm 7.0 could complete no command on it.
     std::fs::write(module.join("taint"), "\n").unwrap();

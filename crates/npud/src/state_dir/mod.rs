@@ -139,6 +139,43 @@ impl Persisted {
     }
 }
 
+/// Writes `bytes` to `path` durably, as `tmp` first: a 0600 file written and `fsync`ed, renamed
+/// into place, and the directory `dir` `fsync`ed, so a crash leaves the old file or the new
+/// one, never a torn one.
+///
+/// # Errors
+/// [`StateError::Io`] naming the file and the step that failed.
+pub(crate) fn write_durably(
+    dir: &Path,
+    tmp: &Path,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(), StateError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let written = std::fs::File::options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(tmp)
+        .and_then(|mut f| {
+            f.write_all(bytes)?;
+            f.sync_all()
+        });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(tmp);
+        return Err(StateError::io("writing", tmp, e));
+    }
+    std::fs::rename(tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(tmp);
+        StateError::io("renaming into place", path, e)
+    })?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StateError::io("syncing", dir, e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,8 +26,7 @@
 //! `faulted_unix_s` is the instant; `faulted_at` repeats it readably and is not read back.
 
 use std::fs::{self, File};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -195,25 +194,7 @@ impl QuarantineDir {
         let bytes = r
             .to_json()
             .map_err(|e| StateError::io("encoding", &path, std::io::Error::other(e)))?;
-        let written = File::options()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .and_then(|mut f| {
-                f.write_all(&bytes)?;
-                f.sync_all()
-            });
-        if let Err(e) = written {
-            let _ = fs::remove_file(&tmp);
-            return Err(StateError::io("writing", &tmp, e));
-        }
-        fs::rename(&tmp, &path).map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            StateError::io("renaming into place", &path, e)
-        })?;
-        self.sync_dir()
+        super::write_durably(&self.dir, &tmp, &path, &bytes)
     }
 
     /// Removes the record for `hash`; `false` when there was none.

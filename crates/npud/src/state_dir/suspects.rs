@@ -22,9 +22,7 @@
 //!   "suspects": [ { "content_hash": "9f2c…", "name": "vsa", "died_unix_s": 1777896000 } ] }
 //! ```
 
-use std::fs::{self, File};
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -158,27 +156,7 @@ impl Suspects {
         })
         .map_err(|e| StateError::io("encoding", &path, std::io::Error::other(e)))?;
         bytes.push(b'\n');
-        let written = File::options()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .and_then(|mut f| {
-                f.write_all(&bytes)?;
-                f.sync_all()
-            });
-        if let Err(e) = written {
-            let _ = fs::remove_file(&tmp);
-            return Err(StateError::io("writing", &tmp, e));
-        }
-        fs::rename(&tmp, &path).map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            StateError::io("renaming into place", &path, e)
-        })?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| StateError::io("syncing", &self.dir, e))
+        super::write_durably(&self.dir, &tmp, &path, &bytes)
     }
 }
 
