@@ -31,3 +31,76 @@ async fn a_newline_in_a_client_name_forges_no_log_line_and_is_shown_escaped() {
         "an escape sequence reached the log: {log}"
     );
 }
+
+/// Issue 20, finding 8: a caller who is not an admin sees, in ListPrograms and GetStatistics,
+/// only the programs of its own sessions, not other tenants' names, hashes and counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_admins_see_only_their_own_sessions_programs() {
+    use npu_artifacts::emu::{DType, EmuDesign};
+    use npu_proto::v1 as pb;
+    use npu_proto::v1::npud_client::NpudClient;
+
+    let d = Daemon::start(Options {
+        tcp: true,
+        ..Options::default()
+    });
+    // The test runs as root: on the Unix socket it is uid:0, an admin by default.
+    let mut admin = Session::open(d.connect().await, "admin").await.unwrap();
+    let theirs = admin
+        .register(&EmuDesign::vector_scalar_add(256, DType::I32, 7))
+        .await
+        .unwrap();
+    // A loopback TCP caller is `anonymous`, no admin.
+    let tcp = tonic::transport::Endpoint::from_shared(format!(
+        "http://{}",
+        d.tcp.expect("the daemon listens on TCP")
+    ))
+    .unwrap()
+    .connect()
+    .await
+    .unwrap();
+    let mut stranger = NpudClient::new(tcp.clone());
+    let seen = |l: &pb::ListProgramsResponse| {
+        l.programs
+            .iter()
+            .map(|p| p.content_hash.clone())
+            .collect::<Vec<_>>()
+    };
+    let list = stranger
+        .list_programs(pb::ListProgramsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(seen(&list).is_empty(), "another tenant's program: {list:?}");
+    let mut own = Session::open(NpudClient::new(tcp), "stranger")
+        .await
+        .unwrap();
+    let mine = own
+        .register(&EmuDesign::vector_scalar_add(256, DType::I32, 9))
+        .await
+        .unwrap();
+    let list = stranger
+        .list_programs(pb::ListProgramsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(seen(&list), std::slice::from_ref(&mine.content_hash));
+    let stats = own.statistics().await.unwrap();
+    let hashes: Vec<_> = stats.programs.iter().map(|p| &p.content_hash).collect();
+    assert_eq!(
+        hashes,
+        [&mine.content_hash],
+        "statistics of others' programs"
+    );
+    // The admin sees both.
+    let all = admin.statistics().await.unwrap();
+    let mut hashes: Vec<_> = all
+        .programs
+        .iter()
+        .map(|p| p.content_hash.clone())
+        .collect();
+    hashes.sort();
+    let mut want = vec![theirs.content_hash, mine.content_hash];
+    want.sort();
+    assert_eq!(hashes, want);
+}

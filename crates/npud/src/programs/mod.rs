@@ -443,11 +443,13 @@ impl Programs {
     }
 
     /// Programs `session` references (every program with `None`).
-    pub fn list(&self, session: Option<u64>) -> Vec<pb::ProgramListing> {
+    /// The stored programs that any of `sessions` references (`None`: every one, an admin's
+    /// view).
+    pub fn list(&self, sessions: Option<&[u64]>) -> Vec<pb::ProgramListing> {
         let g = self.lock();
         g.entries
             .values()
-            .filter(|e| session.is_none_or(|s| e.refs.contains(&s)))
+            .filter(|e| sessions.is_none_or(|ss| ss.iter().any(|s| e.refs.contains(s))))
             .map(|e| pb::ProgramListing {
                 program_id: e.program.id,
                 name: e.program.name.clone(),
@@ -460,10 +462,12 @@ impl Programs {
             .collect()
     }
 
-    pub fn statistics(&self) -> Vec<pb::ProgramStatistics> {
+    /// Statistics of the programs any of `sessions` references (`None`: every one).
+    pub fn statistics(&self, sessions: Option<&[u64]>) -> Vec<pb::ProgramStatistics> {
         let g = self.lock();
         g.entries
             .values()
+            .filter(|e| sessions.is_none_or(|ss| ss.iter().any(|s| e.refs.contains(s))))
             .map(|e| pb::ProgramStatistics {
                 program_id: e.program.id,
                 name: e.program.name.clone(),

@@ -79,7 +79,9 @@ impl Programs {
     }
 
     /// Quarantine records: every one (`None`), or those of `session`'s programs.
-    pub fn quarantine_records(&self, session: Option<u64>) -> Vec<pb::QuarantineRecord> {
+    /// Quarantine records: every one (`None`, an admin's view), or those of programs any of
+    /// `sessions` references.
+    pub fn quarantine_records(&self, sessions: Option<&[u64]>) -> Vec<pb::QuarantineRecord> {
         let g = self.lock();
         let stored = |hash: &str| {
             g.by_hash
@@ -92,9 +94,9 @@ impl Programs {
             .values()
             .filter_map(|r| {
                 let program = stored(&r.content_hash);
-                match (session, &program) {
+                match (sessions, &program) {
                     (None, _) => {}
-                    (Some(s), Some((_, refs))) if refs.contains(&s) => {}
+                    (Some(ss), Some((_, refs))) if ss.iter().any(|s| refs.contains(s)) => {}
                     _ => return None,
                 }
                 Some(record_proto(r, program.map_or(0, |(id, _)| id)))
@@ -199,7 +201,7 @@ mod tests {
             "{e}"
         );
         assert_eq!(p.quarantine_records(None).len(), 1);
-        assert!(p.quarantine_records(Some(2)).is_empty());
+        assert!(p.quarantine_records(Some(&[2])).is_empty());
 
         // A restarted store reads the record back.
         let (records, back) = QuarantineDir::open(dir.path()).unwrap();

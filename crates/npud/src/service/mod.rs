@@ -131,6 +131,23 @@ impl NpudService {
 
     /// Like [`NpudService::caller`], but a request without session metadata runs in none (and
     /// must be allowed by the policy).
+    /// The sessions whose programs `who` may see: `None` (all) for an admin, else the sessions
+    /// `who` opened.
+    fn visible_sessions(&self, who: &crate::auth::Identity) -> Option<Vec<u64>> {
+        if self.state.policy.is_admin(who) {
+            return None;
+        }
+        Some(
+            self.state
+                .sessions
+                .snapshot()
+                .into_iter()
+                .filter(|x| &x.owner == who)
+                .map(|x| x.id)
+                .collect(),
+        )
+    }
+
     fn maybe_caller<T>(&self, req: &Request<T>) -> Result<Option<Caller>, NpudError> {
         if req.metadata().get(npu_proto::SESSION_HEADER).is_none() {
             self.allowed(req)?;

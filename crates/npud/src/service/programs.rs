@@ -111,10 +111,16 @@ impl NpudService {
         &self,
         req: Request<pb::ListProgramsRequest>,
     ) -> Result<pb::ListProgramsResponse, NpudError> {
-        let session = self.maybe_caller(&req)?.map(|c| c.session);
+        // With a session, its programs; without, every program for an admin and the programs
+        // of the caller's own sessions for anyone else (names, hashes and quarantine reasons of
+        // other tenants' programs are theirs).
+        let scope: Option<Vec<u64>> = match self.maybe_caller(&req)? {
+            Some(c) => Some(vec![c.session]),
+            None => self.visible_sessions(&self.allowed(&req)?.0),
+        };
         Ok(pb::ListProgramsResponse {
-            programs: self.state.programs.list(session),
-            quarantine: self.state.programs.quarantine_records(session),
+            programs: self.state.programs.list(scope.as_deref()),
+            quarantine: self.state.programs.quarantine_records(scope.as_deref()),
         })
     }
 

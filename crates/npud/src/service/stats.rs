@@ -8,14 +8,15 @@ use super::NpudService;
 use crate::error::NpudError;
 
 impl NpudService {
-    /// Device-wide counters for any caller the policy allows; per-session details of the
-    /// caller's own sessions, or of all of them for an admin.
+    /// Device-wide counters for any caller the policy allows; per-session and per-program
+    /// details of the caller's own sessions, or of all of them for an admin.
     pub(super) async fn statistics(
         &self,
         req: Request<pb::GetStatisticsRequest>,
     ) -> Result<pb::Statistics, NpudError> {
         let (who, _) = self.allowed(&req)?;
         let admin = self.state.policy.is_admin(&who);
+        let scope = self.visible_sessions(&who);
         let s = &self.state;
         let snap = s.exec.snapshot().await;
         let sessions = s
@@ -43,7 +44,7 @@ impl NpudService {
         let open_sessions = u32::try_from(s.sessions.count()).unwrap_or(u32::MAX);
         Ok(pb::Statistics {
             sessions,
-            programs: s.programs.statistics(),
+            programs: s.programs.statistics(scope.as_deref()),
             sessions_opened,
             sessions_ended,
             device_faults: s.exec.faults(),
