@@ -33,7 +33,8 @@ async fn a_newline_in_a_client_name_forges_no_log_line_and_is_shown_escaped() {
 }
 
 /// Issue 20, finding 8: a caller who is not an admin sees, in ListPrograms and GetStatistics,
-/// only the programs of its own sessions, not other tenants' names, hashes and counts.
+/// only the programs of its own sessions, not other tenants' names, hashes and counts; and
+/// RegisterProgram's `newly_stored` does not tell it whether another tenant stored the bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_admins_see_only_their_own_sessions_programs() {
     use npu_artifacts::emu::{DType, EmuDesign};
@@ -100,7 +101,23 @@ async fn non_admins_see_only_their_own_sessions_programs() {
         .map(|p| p.content_hash.clone())
         .collect();
     hashes.sort();
-    let mut want = vec![theirs.content_hash, mine.content_hash];
+    let mut want = vec![theirs.content_hash.clone(), mine.content_hash];
     want.sort();
     assert_eq!(hashes, want);
+    // Registering bytes another tenant stored does not tell that someone had: newly stored, as
+    // far as this caller can know; again from its own session, not.
+    let same = own
+        .register(&EmuDesign::vector_scalar_add(256, DType::I32, 7))
+        .await
+        .unwrap();
+    assert_eq!(same.content_hash, theirs.content_hash);
+    assert!(
+        same.newly_stored,
+        "newly_stored told of another tenant's registration"
+    );
+    let again = own
+        .register(&EmuDesign::vector_scalar_add(256, DType::I32, 7))
+        .await
+        .unwrap();
+    assert!(!again.newly_stored);
 }

@@ -109,6 +109,8 @@ impl Runs {
 pub struct Registered {
     pub program: Arc<Program>,
     pub newly_stored: bool,
+    /// The sessions that referenced the program before this registration.
+    pub referenced_by: Vec<u64>,
 }
 
 /// What [`Programs::runnable`] found.
@@ -197,10 +199,12 @@ impl Programs {
             }
         }
         let e = g.entries.get_mut(&id)?;
+        let referenced_by = e.refs.iter().copied().collect();
         e.refs.insert(session);
         Some(Ok(Registered {
             program: e.program.clone(),
             newly_stored: false,
+            referenced_by,
         }))
     }
 
@@ -317,6 +321,7 @@ impl Programs {
         Ok(Registered {
             program,
             newly_stored: true,
+            referenced_by: Vec::new(),
         })
     }
 

@@ -84,10 +84,23 @@ impl NpudService {
         })
         .await
         .map_err(|e| NpudError::Internal(format!("registering the program failed: {e}")))??;
+        // Whether the bytes were stored before is told only as far as the caller may see: an
+        // admin learns whether anyone stored them, anyone else whether its own sessions had.
+        let owner = self
+            .state
+            .sessions
+            .snapshot()
+            .into_iter()
+            .find(|x| x.id == session)
+            .map(|x| x.owner);
+        let newly_stored = reg.newly_stored
+            || owner
+                .and_then(|who| self.visible_sessions(&who))
+                .is_some_and(|own| !reg.referenced_by.iter().any(|s| own.contains(s)));
         Ok(pb::RegisterProgramResponse {
             program_id: reg.program.id,
             content_hash: reg.program.hash.clone(),
-            newly_stored: reg.newly_stored,
+            newly_stored,
             summary: Some(reg.program.summary.clone()),
         })
     }
