@@ -574,7 +574,7 @@ async fn reaper(state: Arc<State>, stop: CancellationToken) {
 }
 
 /// Binds a Unix socket at `path`: creates the parent directory (0755) if needed, removes a
-/// stale socket file, and makes the socket 0660.
+/// stale socket file, and makes the socket 0660 (created no looser than that).
 fn bind_unix(path: &Path, what: &'static str) -> Result<UnixListener, ServeError> {
     let err = |source| ServeError::Socket {
         what,
@@ -609,7 +609,13 @@ fn bind_unix(path: &Path, what: &'static str) -> Result<UnixListener, ServeError
         }
         Err(_) => {}
     }
-    let l = UnixListener::bind(path).map_err(err)?;
+    // Bound under a umask that leaves no bit for others, so there is no moment between bind
+    // and chmod in which a loose umask lets any local user connect. (The umask is the
+    // process's: a file another thread creates meanwhile is only made stricter.)
+    let before = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o117));
+    let bound = UnixListener::bind(path);
+    rustix::process::umask(before);
+    let l = bound.map_err(err)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err)?;
     Ok(l)
 }
