@@ -3,9 +3,9 @@
 //! DaemonSet gives it 1 GiB).
 //!
 //! Three parts, each a `limits.*` key, each refused with RESOURCE_EXHAUSTED naming its key:
-//! - tensors (`limits.max_total_tensor_bytes`): checked against what the executor last
-//!   published before an allocation or import is sent to it, so concurrent requests can pass
-//!   it by at most their own sizes;
+//! - tensors (`limits.max_total_tensor_bytes`, allocated and imported: the daemon maps both):
+//!   checked by the executor's tensor table as it admits each allocation or import, where
+//!   every tensor is counted, so concurrent requests cannot pass it together;
 //! - programs (`limits.max_total_program_bytes`): checked against the store before a
 //!   registration;
 //! - request messages received and not yet answered (`limits.max_queued_request_bytes`):

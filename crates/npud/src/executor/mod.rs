@@ -327,6 +327,7 @@ impl Executor {
                     tensors: Tensors::new(
                         l.max_tensors_per_session,
                         l.max_tensor_bytes_per_session,
+                        crate::budget::MemoryBudget::new(l),
                     ),
                     cache: ProgramCache::new(l.max_cached_programs as usize),
                     rr: RoundRobin::new(l.max_pending_per_session as usize),

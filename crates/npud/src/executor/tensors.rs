@@ -25,6 +25,7 @@ use npu_fd::Mapping;
 use npu_proto::v1 as pb;
 
 use crate::auth::Quota;
+use crate::budget::MemoryBudget;
 use crate::error::NpudError;
 use crate::sessions::MAX_NAME_BYTES;
 
@@ -60,6 +61,9 @@ pub struct Tensors {
     usage: HashMap<u64, (u32, u64)>,
     max_count: u32,
     max_bytes: u64,
+    /// The daemon-wide tensor budget, checked here where every allocation and import is
+    /// counted, so concurrent requests cannot pass it together.
+    budget: MemoryBudget,
 }
 
 /// A resolved dispatch argument.
@@ -72,13 +76,14 @@ pub struct Resolved {
 }
 
 impl Tensors {
-    pub fn new(max_count: u32, max_bytes: u64) -> Self {
+    pub fn new(max_count: u32, max_bytes: u64, budget: MemoryBudget) -> Self {
         Self {
             map: HashMap::new(),
             next_id: 1,
             usage: HashMap::new(),
             max_count,
             max_bytes,
+            budget,
         }
     }
 
@@ -117,7 +122,8 @@ impl Tensors {
                 bytes.saturating_add(size),
             )));
         }
-        Ok(())
+        let held = self.usage.values().map(|u| u.1).sum::<u64>();
+        self.budget.check_tensor(held, size)
     }
 
     fn insert(&mut self, t: Tensor) -> u64 {

@@ -16,19 +16,6 @@ const DEFAULT_CHUNK: u64 = 1 << 20;
 const CHUNK_OVERHEAD: u64 = 1 << 10;
 
 impl NpudService {
-    /// The daemon-wide tensor budget, against what the executor last published.
-    fn check_tensor_budget(&self, size: u64) -> Result<(), NpudError> {
-        let held = self
-            .state
-            .exec
-            .snapshot_now()
-            .usage
-            .values()
-            .map(|(_, bytes)| *bytes)
-            .sum::<u64>();
-        self.state.budget.check_tensor(held, size)
-    }
-
     pub(super) async fn allocate_tensor(
         &self,
         req: Request<pb::AllocateTensorRequest>,
@@ -44,8 +31,6 @@ impl NpudService {
         let cap = self.tensor_cap(session);
         let svc = self.clone();
         self.once(session, id, "AllocateTensor", async move {
-            // Inside the once: a retry of an allocation already made is answered, not refused.
-            svc.check_tensor_budget(size)?;
             let tensor_id = svc
                 .state
                 .exec
@@ -93,8 +78,6 @@ impl NpudService {
         let r = req.into_inner();
         let session = caller.session;
         let size = r.size_bytes;
-        // The daemon maps an imported memfd: its pages count in the daemon's memory too.
-        self.check_tensor_budget(size)?;
         let tensor_id = self
             .state
             .exec
