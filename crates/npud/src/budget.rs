@@ -6,8 +6,9 @@
 //! - tensors (`limits.max_total_tensor_bytes`, allocated and imported: the daemon maps both):
 //!   checked by the executor's tensor table as it admits each allocation or import, where
 //!   every tensor is counted, so concurrent requests cannot pass it together;
-//! - programs (`limits.max_total_program_bytes`): checked against the store before a
-//!   registration;
+//! - programs (`limits.max_total_program_bytes`): checked by the program store under its lock,
+//!   after deduplication (bytes already stored cost nothing), before validation and again
+//!   before storing;
 //! - request messages received and not yet answered (`limits.max_queued_request_bytes`):
 //!   reserved frame by frame as a unary call's request arrives (see [`crate::drain`]) and
 //!   released when the call ends. Streaming requests (`WriteTensor`, `Submit`) hold at most

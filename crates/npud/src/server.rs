@@ -209,7 +209,8 @@ pub async fn run(
             persisted.quarantine,
             persisted.records,
         )
-        .with_packet_abi(opened.facts.info.packet_abi),
+        .with_packet_abi(opened.facts.info.packet_abi)
+        .with_budget(MemoryBudget::new(&cfg.limits)),
     );
     let facts = opened.facts.clone();
     let executor = opened.run(programs.clone(), persisted.inflight);

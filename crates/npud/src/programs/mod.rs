@@ -80,6 +80,9 @@ pub struct Programs {
     /// The packet ABI the device speaks: whether it loads code objects decides which hsaco
     /// kernels can run.
     abi: hsa_core::PacketAbi,
+    /// The daemon-wide budget's program part (`limits.max_total_program_bytes`), checked where
+    /// programs are stored; `None`: no daemon-wide limit.
+    budget: Option<crate::budget::MemoryBudget>,
 }
 
 /// What kind of design the device runs: decided by the runtime that was opened, not by how
@@ -149,7 +152,25 @@ impl Programs {
             runs,
             records,
             abi: hsa_core::PacketAbi::G2,
+            budget: None,
         }
+    }
+
+    /// Stores programs only while all of them together fit `budget`'s program part.
+    #[must_use]
+    pub fn with_budget(mut self, budget: crate::budget::MemoryBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Refuses `bytes` more stored bytes past the daemon-wide budget (bytes already stored
+    /// are found by [`Self::known`] first and cost nothing).
+    fn check_total(&self, g: &Store, bytes: u64) -> Result<(), NpudError> {
+        let Some(b) = &self.budget else {
+            return Ok(());
+        };
+        let held = g.entries.values().map(|e| e.program.byte_len()).sum();
+        b.check_program(held, bytes)
     }
 
     /// The packet ABI the device speaks (G2 unless set).
@@ -286,16 +307,22 @@ impl Programs {
         if let Some(known) = Self::known(&mut self.lock(), session, &hash, limit) {
             return known;
         }
-        // Before validation, so that a session at its quota costs no parsing.
-        Self::check_quota(&self.lock(), session, bytes, limit)?;
+        // Before validation, so that a session at its quota (or a daemon at its budget) costs
+        // no parsing.
+        {
+            let g = self.lock();
+            Self::check_quota(&g, session, bytes, limit)?;
+            self.check_total(&g, bytes)?;
+        }
         let (code, summary) = validate()?;
         let mut g = self.lock();
         // Another session may have stored the same bytes (or a fault quarantined them) while
-        // this one validated, and this session may have registered others.
+        // this one validated, and this session and others may have registered others.
         if let Some(known) = Self::known(&mut g, session, &hash, limit) {
             return known;
         }
         Self::check_quota(&g, session, bytes, limit)?;
+        self.check_total(&g, bytes)?;
         let id = g.next_id;
         g.next_id += 1;
         let program = Arc::new(Program {
@@ -496,15 +523,6 @@ impl Programs {
             .entries
             .values()
             .filter(|e| e.refs.contains(&session))
-            .map(|e| e.program.byte_len())
-            .sum()
-    }
-
-    /// Bytes of every stored program (the daemon-wide budget's program part).
-    pub fn total_bytes(&self) -> u64 {
-        self.lock()
-            .entries
-            .values()
             .map(|e| e.program.byte_len())
             .sum()
     }

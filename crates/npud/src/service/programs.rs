@@ -34,14 +34,6 @@ impl NpudService {
             std::time::Instant::now(),
         )?;
         let r = req.into_inner();
-        let programs = &self.state.programs;
-        self.state.budget.check_program(
-            programs.total_bytes(),
-            [r.pdi.len(), r.insts.len(), r.hsaco.len()]
-                .iter()
-                .map(|n| *n as u64)
-                .sum::<u64>(),
-        )?;
         // A rule's lower program-byte quota; `limits.max_program_bytes_per_session` is the
         // store's own check.
         if let Some((grant, _)) = self.state.sessions.grant(caller.session) {
@@ -50,7 +42,7 @@ impl NpudService {
                 .iter()
                 .map(|n| *n as u64)
                 .sum::<u64>();
-            let held = programs.bytes_for(caller.session);
+            let held = self.state.programs.bytes_for(caller.session);
             if q.max < self.state.limits.max_program_bytes_per_session
                 && held.saturating_add(bytes) > q.max
             {
