@@ -35,3 +35,4 @@ pub mod state_dir;
 pub mod stats;
 pub mod systemd;
 pub mod tls;
+pub mod token_layer;

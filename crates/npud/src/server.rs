@@ -42,11 +42,13 @@ use crate::state_dir::Persisted;
 use crate::stats::PendingWork;
 use crate::systemd::{self, Activated};
 use crate::tls::Tls;
+use crate::token_layer::TokenLayer;
 
 /// The tower layers around every gRPC service: [`RpcMetrics`] outside, so that it counts the
 /// codes [`DocumentedCodes`] gives clients; [`Drain`] inside, so that both see the
-/// UNAVAILABLE it ends idle calls with at shutdown.
-type Layers = Stack<Drain, Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>>;
+/// UNAVAILABLE it ends idle calls with at shutdown; [`TokenLayer`] innermost, around the
+/// handlers whose calls it holds to their token.
+type Layers = Stack<TokenLayer, Stack<Drain, Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>>>;
 
 /// How long shutdown waits, once the calls still open are ended, for their connections to
 /// close before it drops them (a connection that sent only its preface, a caller that does
@@ -252,6 +254,7 @@ pub async fn run(
         budget: MemoryBudget::new(&cfg.limits),
     });
     let drain = Drain::new(Some(state.budget.clone()));
+    let token_layer = TokenLayer::new(&state.policy);
 
     let stop = CancellationToken::new();
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -351,6 +354,7 @@ pub async fn run(
                 max_message_bytes: cfg.limits.max_message_bytes,
             })
             .layer(drain.clone())
+            .layer(token_layer.clone())
             .add_service(health.clone())
             .add_service(v1)
             .add_service(v1alpha)

@@ -3,9 +3,10 @@
 //!
 //! Every call has an identity (see [`Identity`]): `uid:<n>` (with groups `gid:<n>`) on the Unix
 //! socket, `cert:dns:<name>` (or `cert:uri:`, `cert:email:`, `cert:cn:`) over mTLS, `anonymous` over plaintext loopback TCP (and
-//! `anonymous@<address>` from any other address without credentials), or `token:<name>` when
-//! the call carries an `x-npud-token` secret from `auth.token_dir`, which replaces the
-//! transport's identity.
+//! `anonymous@<address>` from any other address without credentials), or
+//! `token:<file>@<allocation>` when the call carries an `x-npud-token` secret from
+//! `auth.token_dir`, which replaces the transport's identity (see `tokens`; on the listeners
+//! `auth.require_token` names, a caller without one may call only GetDeviceInfo and health).
 //!
 //! `auth.rules` is an ordered list; the first rule one of whose `match` patterns matches the
 //! identity's name or one of its groups decides: `allow = false` refuses, otherwise the caller
@@ -22,6 +23,7 @@
 //! may see every session's statistics and clear quarantines.
 
 mod identity;
+mod token_dir;
 mod tokens;
 
 use std::path::PathBuf;
@@ -30,7 +32,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub use identity::{CertName, Identity, Kind, check_pattern, escape_controls, glob};
-pub use tokens::Tokens;
+pub use tokens::{TokenTransport, Tokens};
 
 use crate::config::{ConfigError, Limits};
 use crate::error::NpudError;
@@ -92,6 +94,12 @@ pub struct AuthConfig {
     /// `self` (the uid the daemon runs as).
     pub admins: Vec<String>,
     pub rules: Vec<Rule>,
+    /// Listeners on which a caller must present a token for anything but GetDeviceInfo and
+    /// health (`"unix"`, `"tcp"`); see `tokens`.
+    pub require_token: Vec<TokenTransport>,
+    /// How often `token_dir` is read: a removed or rewritten token file stops working, and
+    /// its open calls end, within this.
+    pub token_poll_ms: u64,
 }
 
 impl Default for AuthConfig {
@@ -105,6 +113,8 @@ impl Default for AuthConfig {
                 allow("certificates", "cert:*"),
                 allow("tokens", "token:*"),
             ],
+            require_token: Vec::new(),
+            token_poll_ms: 250,
         }
     }
 }
@@ -165,7 +175,33 @@ impl AuthConfig {
                 reason,
             })?;
         }
-        Ok(())
+        self.check_tokens()
+    }
+
+    /// Checks the token keys, and that `token_dir` is a directory only the daemon can read.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the key.
+    fn check_tokens(&self) -> Result<(), ConfigError> {
+        if !(10..=60_000).contains(&self.token_poll_ms) {
+            return Err(ConfigError::Invalid {
+                key: "auth.token_poll_ms",
+                reason: format!("{} is not within 10 to 60000", self.token_poll_ms),
+            });
+        }
+        match &self.token_dir {
+            None if !self.require_token.is_empty() => Err(ConfigError::Invalid {
+                key: "auth.require_token",
+                reason: "tokens are required, but auth.token_dir is not set".into(),
+            }),
+            None => Ok(()),
+            Some(d) => token_dir::open_dir(d, rustix::process::geteuid().as_raw())
+                .map(drop)
+                .map_err(|reason| ConfigError::Invalid {
+                    key: "auth.token_dir",
+                    reason,
+                }),
+        }
     }
 }
 
@@ -256,6 +292,7 @@ pub struct Policy {
     rules: Vec<(Rule, Arc<Grant>)>,
     admins: Vec<String>,
     tokens: Option<Tokens>,
+    require_token: Vec<TokenTransport>,
 }
 
 impl Policy {
@@ -299,7 +336,14 @@ impl Policy {
                 })
                 .collect(),
             admins,
-            tokens: auth.token_dir.clone().map(Tokens::new),
+            tokens: auth.token_dir.clone().map(|d| {
+                Tokens::start(
+                    d,
+                    daemon_uid,
+                    std::time::Duration::from_millis(auth.token_poll_ms),
+                )
+            }),
+            require_token: auth.require_token.clone(),
         }
     }
 
@@ -328,6 +372,19 @@ impl Policy {
                 npu_proto::IDENTITY_TOKEN_HEADER
             ))),
         }
+    }
+
+    /// The token directory, when `auth.token_dir` is set.
+    pub fn tokens(&self) -> Option<&Tokens> {
+        self.tokens.as_ref()
+    }
+
+    /// Refuses a caller that presented no token on a listener `auth.require_token` names.
+    ///
+    /// # Errors
+    /// UNAUTHENTICATED naming `auth.require_token`.
+    pub fn require_token(&self, transport: &Identity, has_token: bool) -> Result<(), NpudError> {
+        tokens::require_token(&self.require_token, transport, has_token)
     }
 
     /// Whether `who` may use the daemon, and with which quotas.

@@ -1,165 +1,280 @@
 //! Token identities: each regular file in `auth.token_dir` whose name matches
-//! `[A-Za-z0-9._-]+` (no leading dot) defines the identity `token:<file name>`, and holds its
-//! secret, one line of 32 to 128 characters from `[A-Za-z0-9_-]`. A caller presents the secret
-//! in the `x-npud-token` metadata.
+//! `[A-Za-z0-9._-]+` (no leading dot) holds a secret, one line of 32 to 128 characters from
+//! `[A-Za-z0-9_-]`. A caller presents the secret in the `x-npud-token` metadata and is then
+//! `token:<file name>@<allocation>`, where the allocation is the first 8 hexadecimal digits of
+//! the secret's BLAKE3 hash: a file rewritten with a fresh secret (the device plugin's next
+//! Allocate of the same share) is a new identity, with its own sessions, quotas and fault
+//! budget, and the previous holder's identity ends. Rules and admins name a file's identities
+//! as `token:<file name>@*`.
 //!
-//! The directory is cached: per file, its secret and its stamp (device, inode, size, mtime and
-//! ctime). A call carrying a token costs one `stat` of its file: a file whose stamp is unchanged
-//! and last changed more than [`RACY`] before it was read keeps its cached secret; any other is
-//! read again, so a removed or rewritten file stops working at once (a rewrite within the
-//! timestamps' granularity is caught because a file changed that recently is always read). A
-//! secret no cached file holds refreshes the cache: the directory is listed, and only the
-//! files whose stamps changed are read. No lock is held across file I/O: a slow file delays
-//! the call that reads it, not every other caller's.
+//! The directory is read by one thread, never by the threads that serve calls: every
+//! `auth.token_poll_ms` it checks the directory (see [`token_dir`](super::token_dir): owned
+//! by the daemon's uid, no access for others, no symbolic links followed), lists it, reads the
+//! files whose stamps changed, and publishes the result as a view. A call's secret is looked up
+//! in the view in memory. A secret the view does not hold waits for the next scan that starts
+//! after the call arrived (see [`Tokens::fresh`]), so a file written just before a call works
+//! and a caller presenting unknown secrets costs nothing but that wait: the directory is
+//! scanned once per interval however many calls arrive. A removed or rewritten file stops
+//! working within one interval: its identity's calls are refused and its open calls end (see
+//! [`Tokens::revoked`]).
 
-use std::collections::HashMap;
-use std::os::unix::fs::MetadataExt;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{PoisonError, RwLock};
-use std::time::{Duration, SystemTime};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 
 use super::Identity;
+use super::Kind;
+use super::token_dir::{self, Cached, valid_secret};
 use crate::error::NpudError;
 
-/// Shortest and longest secret.
-const SECRET_LEN: std::ops::RangeInclusive<usize> = 32..=128;
-
-/// A file changed less than this long before it was read may change again within the same
-/// timestamp tick, so its cached secret is not trusted and it is read at each use.
-const RACY: Duration = Duration::from_secs(2);
-
-/// What identifies one version of a file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
+/// A listener on which `auth.require_token` makes callers present a token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenTransport {
+    /// The Unix socket (`uid:` identities).
+    Unix,
+    /// The TCP listener (certificates and anonymous callers).
+    Tcp,
 }
 
-impl Stamp {
-    fn of(m: &std::fs::Metadata) -> Self {
-        Self {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-            ctime: (m.ctime(), m.ctime_nsec()),
+impl TokenTransport {
+    /// The listener a transport identity came from.
+    fn of(transport: &Identity) -> Option<Self> {
+        match transport.kind() {
+            Kind::Uid(_) => Some(Self::Unix),
+            Kind::Cert | Kind::Anonymous => Some(Self::Tcp),
+            Kind::Token => None,
         }
     }
 
-    /// Whether a read at `read_at` saw a version that cannot change without changing the stamp.
-    fn settled(&self, read_at: SystemTime) -> bool {
-        let changed = self.mtime.max(self.ctime).0;
-        let changed = u64::try_from(changed).map_or(SystemTime::UNIX_EPOCH, |s| {
-            SystemTime::UNIX_EPOCH + Duration::from_secs(s)
-        });
-        // Whole seconds, rounded down above: one more second covers the fraction.
-        read_at
-            .duration_since(changed)
-            .is_ok_and(|d| d > RACY + Duration::from_secs(1))
+    fn word(self) -> &'static str {
+        match self {
+            Self::Unix => "unix",
+            Self::Tcp => "tcp",
+        }
     }
 }
 
-/// A token file as last read.
-#[derive(Debug, Clone)]
-struct Cached {
-    stamp: Stamp,
-    /// `None`: the file holds no valid secret.
-    secret: Option<String>,
-    settled: bool,
+/// Refuses a caller without a token on a listener `required` names.
+///
+/// # Errors
+/// UNAUTHENTICATED naming `auth.require_token` and what a caller without a token may do.
+pub fn require_token(
+    required: &[TokenTransport],
+    transport: &Identity,
+    has_token: bool,
+) -> Result<(), NpudError> {
+    let Some(t) = TokenTransport::of(transport) else {
+        return Ok(());
+    };
+    if has_token || !required.contains(&t) {
+        return Ok(());
+    }
+    let listed: Vec<String> = required.iter().map(|r| format!("{:?}", r.word())).collect();
+    Err(NpudError::Unauthenticated(format!(
+        "{transport} presented no {} token, which auth.require_token = [{}] requires on the {} \
+         listener; without one a caller may call only GetDeviceInfo and the health service",
+        npu_proto::IDENTITY_TOKEN_HEADER,
+        listed.join(", "),
+        t.word()
+    )))
 }
 
-/// The token directory and the secrets last read from it.
+/// What one scan of the directory found.
 #[derive(Debug)]
-pub struct Tokens {
+struct View {
+    /// File name to what it held, to reuse unchanged files at the next scan.
+    files: HashMap<String, Cached>,
+    /// Secret to identity (`<file name>@<allocation>`, without `token:`).
+    by_secret: HashMap<String, Arc<str>>,
+    /// The identities' full names (`token:...`).
+    live: HashSet<String>,
+    /// When the scan started; `None` before the first.
+    started: Option<Instant>,
+    /// Why the directory was refused, when it was.
+    refused: Option<String>,
+}
+
+impl View {
+    fn empty() -> Self {
+        Self {
+            files: HashMap::new(),
+            by_secret: HashMap::new(),
+            live: HashSet::new(),
+            started: None,
+            refused: None,
+        }
+    }
+}
+
+/// The allocation part of a secret's identity.
+fn allocation(secret: &str) -> String {
+    let h = blake3::hash(secret.as_bytes());
+    h.as_bytes()[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[derive(Debug)]
+struct Shared {
     dir: PathBuf,
-    /// File name to what it held.
-    files: RwLock<HashMap<String, Cached>>,
+    uid: u32,
+    poll: Duration,
+    view: watch::Sender<Arc<View>>,
+    scans: AtomicU64,
 }
 
-fn valid_name(n: &str) -> bool {
-    !n.is_empty()
-        && !n.starts_with('.')
-        && n.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-}
-
-fn valid_secret(s: &str) -> bool {
-    SECRET_LEN.contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
-}
-
-/// The file at `path` now: `old` again when its stamp is unchanged and settled, else read.
-/// `None` when it is gone or is not a regular file of at most 1 KiB.
-fn current(path: &Path, old: Option<&Cached>) -> Option<Cached> {
-    let meta = std::fs::metadata(path).ok()?;
-    if !meta.is_file() || meta.len() > 1024 {
-        return None;
+impl Shared {
+    /// Scans the directory now and publishes what it found.
+    fn scan(&self) {
+        let started = Instant::now();
+        let old = self.view.borrow().clone();
+        let mut view = View {
+            started: Some(started),
+            ..View::empty()
+        };
+        match token_dir::open_dir(&self.dir, self.uid)
+            .and_then(|fd| token_dir::scan(&fd, &old.files))
+        {
+            Ok(files) => view.files = files,
+            Err(why) => view.refused = Some(why),
+        }
+        for (name, c) in &view.files {
+            if let Some(s) = &c.secret {
+                let id: Arc<str> = format!("{name}@{}", allocation(s)).into();
+                view.live.insert(format!("token:{id}"));
+                view.by_secret.insert(s.clone(), id);
+            }
+        }
+        let n = self.scans.fetch_add(1, Ordering::Relaxed) + 1;
+        if view.refused != old.refused {
+            match &view.refused {
+                Some(why) => tracing::error!("{why}; no token identity works until it is fixed"),
+                None if old.started.is_some() => {
+                    tracing::info!(dir = %self.dir.display(), "auth.token_dir is usable again");
+                }
+                None => {}
+            }
+        }
+        for gone in old.live.difference(&view.live) {
+            tracing::info!(identity = %gone, "token revoked: its file was removed or rewritten");
+        }
+        tracing::debug!(
+            scan = n,
+            files = view.files.len(),
+            identities = view.live.len(),
+            "token directory scanned"
+        );
+        self.view.send_replace(Arc::new(view));
     }
-    let stamp = Stamp::of(&meta);
-    if let Some(old) = old
-        && old.settled
-        && old.stamp == stamp
-    {
-        return Some(old.clone());
-    }
-    let read_at = SystemTime::now();
-    let text = std::fs::read_to_string(path).ok()?;
-    let s = text.strip_suffix('\n').unwrap_or(&text);
-    let s = s.strip_suffix('\r').unwrap_or(s);
-    // The stamp is taken again: the read saw the version it names (a change in between makes
-    // the two differ, and then this read is not trusted).
-    let after = std::fs::metadata(path).ok().map(|m| Stamp::of(&m));
-    Some(Cached {
-        stamp,
-        secret: valid_secret(s).then(|| s.to_owned()),
-        settled: after == Some(stamp) && stamp.settled(read_at),
-    })
+}
+
+/// The token directory, as the refresh thread last read it. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Tokens {
+    shared: Arc<Shared>,
 }
 
 impl Tokens {
-    pub fn new(dir: PathBuf) -> Self {
+    /// Token identities from `dir`, which must be owned by `uid` (the daemon's); a thread
+    /// scans it at once and then every `poll`, until the last clone is dropped.
+    pub fn start(dir: PathBuf, uid: u32, poll: Duration) -> Self {
+        let t = Self::new(dir, uid, poll);
+        let weak = Arc::downgrade(&t.shared);
+        let spawned = std::thread::Builder::new()
+            .name("npud-tokens".into())
+            .spawn(move || refresh(&weak));
+        if let Err(e) = spawned {
+            tracing::error!("no thread to read auth.token_dir: {e}; no token identity works");
+        }
+        t
+    }
+
+    /// Without a thread: [`Tokens::scan`] reads the directory.
+    fn new(dir: PathBuf, uid: u32, poll: Duration) -> Self {
         Self {
-            dir,
-            files: RwLock::new(HashMap::new()),
+            shared: Arc::new(Shared {
+                dir,
+                uid,
+                poll,
+                view: watch::Sender::new(Arc::new(View::empty())),
+                scans: AtomicU64::new(0),
+            }),
         }
     }
 
-    fn cached(&self) -> HashMap<String, Cached> {
-        self.files
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    /// Scans the directory now, on the calling thread.
+    #[cfg(test)]
+    fn scan(&self) {
+        self.shared.scan();
     }
 
-    /// The directory as it is now, reading only the files that changed since `old`.
-    fn scan(&self, old: &HashMap<String, Cached>) -> HashMap<String, Cached> {
-        let mut m = HashMap::new();
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            tracing::warn!(dir = %self.dir.display(), "auth.token_dir cannot be read");
-            return m;
-        };
-        for e in entries.flatten() {
-            let Some(name) = e.file_name().to_str().map(str::to_owned) else {
-                continue;
-            };
-            if !valid_name(&name) {
-                continue;
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// How many scans have run.
+    pub fn scans(&self) -> u64 {
+        self.shared.scans.load(Ordering::Relaxed)
+    }
+
+    /// The full identity name (`token:<file>@<allocation>`) whose file holds `secret` in the
+    /// current view.
+    pub fn lookup(&self, secret: &str) -> Option<String> {
+        self.shared
+            .view
+            .borrow()
+            .by_secret
+            .get(secret)
+            .map(|id| format!("token:{id}"))
+    }
+
+    /// Waits until a scan that started at or after `since` has been published. A secret that
+    /// view does not hold was in no file when the call arrived.
+    pub async fn fresh(&self, since: Instant) {
+        let mut rx = self.shared.view.subscribe();
+        loop {
+            if rx.borrow_and_update().started.is_some_and(|s| s >= since) {
+                return;
             }
-            if let Some(c) = current(&e.path(), old.get(&name)) {
-                m.insert(name, c);
+            if rx.changed().await.is_err() {
+                return;
             }
         }
-        m
     }
 
-    /// The identity whose file holds `secret`.
+    /// Resolves once the identity named `name` (`token:...`) is no longer in the view: its
+    /// file was removed or rewritten. Never resolves for other identities.
+    pub fn revoked(&self, name: &str) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.shared.view.subscribe();
+        let name = name.to_owned();
+        async move {
+            loop {
+                {
+                    let v = rx.borrow_and_update();
+                    if v.started.is_some() && !v.live.contains(&name) {
+                        return;
+                    }
+                }
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+
+    /// The identity whose file holds `secret`, in the current view.
     ///
     /// # Errors
-    /// UNAUTHENTICATED for a malformed secret or one no file holds.
+    /// UNAUTHENTICATED for a malformed secret or one no file holds (saying why the directory
+    /// was refused, when it was).
     pub fn resolve(&self, secret: &str) -> Result<Identity, NpudError> {
         let key = npu_proto::IDENTITY_TOKEN_HEADER;
         if !valid_secret(secret) {
@@ -167,52 +282,60 @@ impl Tokens {
                 "{key}: not a token secret (32 to 128 characters from A-Z a-z 0-9 _ -)"
             )));
         }
-        let holds = |c: &Cached| c.secret.as_deref() == Some(secret);
-        let hit = self
-            .files
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .find(|(_, c)| holds(c))
-            .map(|(n, c)| (n.clone(), c.clone()));
-        if let Some((name, old)) = hit {
-            let now = current(&self.dir.join(&name), Some(&old));
-            let mut files = self.files.write().unwrap_or_else(PoisonError::into_inner);
-            match now {
-                Some(c) if holds(&c) => {
-                    files.insert(name.clone(), c);
-                    return Ok(Identity::token(&name));
-                }
-                Some(c) => {
-                    files.insert(name, c);
-                }
-                None => {
-                    files.remove(&name);
-                }
-            }
+        let view = self.shared.view.borrow();
+        if let Some(id) = view.by_secret.get(secret) {
+            return Ok(Identity::token(id));
         }
-        let old = self.cached();
-        let fresh = self.scan(&old);
-        let found = fresh.iter().find(|(_, c)| holds(c)).map(|(n, _)| n.clone());
-        *self.files.write().unwrap_or_else(PoisonError::into_inner) = fresh;
-        match found {
-            Some(name) => Ok(Identity::token(&name)),
-            None => Err(NpudError::Unauthenticated(format!(
+        Err(NpudError::Unauthenticated(match &view.refused {
+            Some(why) => format!("{key}: no token identity works: {why}"),
+            None => format!(
                 "{key}: unknown secret (no file in auth.token_dir holds it; a token file that \
                  was removed or rewritten no longer works)"
-            ))),
-        }
+            ),
+        }))
+    }
+}
+
+/// The refresh thread: a scan, then one every `poll`, while a [`Tokens`] is left.
+fn refresh(weak: &Weak<Shared>) {
+    loop {
+        let Some(shared) = weak.upgrade() else {
+            return;
+        };
+        shared.scan();
+        let poll = shared.poll;
+        drop(shared);
+        std::thread::sleep(poll);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::SystemTime;
+
     use super::*;
 
-    #[test]
-    fn files_define_identities_and_stop_working_when_removed_or_rewritten() {
+    fn me() -> u32 {
+        rustix::process::geteuid().as_raw()
+    }
+
+    /// A temporary directory as the daemon expects one: mode 0700.
+    fn tempdir() -> tempfile::TempDir {
         let d = tempfile::tempdir().unwrap();
-        let t = Tokens::new(d.path().to_path_buf());
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        d
+    }
+
+    fn tokens(d: &Path) -> Tokens {
+        Tokens::new(d.to_path_buf(), me(), Duration::from_secs(3600))
+    }
+
+    #[test]
+    fn files_define_identities_per_secret_and_stop_working_when_removed_or_rewritten() {
+        let d = tempdir();
+        let t = tokens(d.path());
+        t.scan();
         let secret = "a".repeat(40);
         let e = t.resolve(&secret).unwrap_err();
         assert_eq!(e.code_name(), "UNAUTHENTICATED");
@@ -220,23 +343,30 @@ mod tests {
         std::fs::write(d.path().join("pod-a"), format!("{secret}\n")).unwrap();
         std::fs::write(d.path().join(".hidden"), "b".repeat(40)).unwrap();
         std::fs::write(d.path().join("short"), "c".repeat(31)).unwrap();
-        assert_eq!(t.resolve(&secret).unwrap().name(), "token:pod-a");
+        t.scan();
+        let a = t.resolve(&secret).unwrap();
+        assert_eq!(a.name(), format!("token:pod-a@{}", allocation(&secret)));
+        assert_eq!(allocation(&secret).len(), 8);
         assert!(t.resolve(&"b".repeat(40)).is_err());
         assert!(t.resolve(&"c".repeat(31)).is_err());
+        // Rewritten with a fresh secret: another identity, and the old one is gone.
         std::fs::write(d.path().join("pod-a"), "d".repeat(40)).unwrap();
+        t.scan();
         assert!(t.resolve(&secret).is_err());
-        assert_eq!(t.resolve(&"d".repeat(40)).unwrap().name(), "token:pod-a");
+        let d2 = t.resolve(&"d".repeat(40)).unwrap();
+        assert_ne!(d2, a);
+        assert!(d2.name().starts_with("token:pod-a@"), "{d2}");
         std::fs::remove_file(d.path().join("pod-a")).unwrap();
+        t.scan();
         assert!(t.resolve(&"d".repeat(40)).is_err());
         assert!(t.resolve("x y").is_err());
     }
 
     #[test]
     fn a_settled_file_is_trusted_by_its_stamp_and_a_rewrite_of_the_same_size_is_seen() {
-        let d = tempfile::tempdir().unwrap();
+        let d = tempdir();
         let path = d.path().join("pod-b");
         std::fs::write(&path, "e".repeat(40)).unwrap();
-        // As if written long ago: its stamp alone then vouches for its secret.
         let old = SystemTime::now() - Duration::from_secs(3600);
         std::fs::File::options()
             .write(true)
@@ -244,14 +374,110 @@ mod tests {
             .unwrap()
             .set_modified(old)
             .unwrap();
-        let t = Tokens::new(d.path().to_path_buf());
-        assert_eq!(t.resolve(&"e".repeat(40)).unwrap().name(), "token:pod-b");
-        // ctime moved with set_modified, so the first read was not settled: read again now.
-        let c = current(&path, None).unwrap();
-        assert_eq!(c.secret.as_deref(), Some("e".repeat(40).as_str()));
-        // Rewritten in place with a secret of the same length: the old one stops at once.
+        let t = tokens(d.path());
+        t.scan();
+        assert!(t.resolve(&"e".repeat(40)).is_ok());
+        // Rewritten in place with a secret of the same length: the old one stops at the next
+        // scan.
         std::fs::write(&path, "f".repeat(40)).unwrap();
+        t.scan();
         assert!(t.resolve(&"e".repeat(40)).is_err());
-        assert_eq!(t.resolve(&"f".repeat(40)).unwrap().name(), "token:pod-b");
+        assert!(t.resolve(&"f".repeat(40)).is_ok());
+    }
+
+    #[test]
+    fn a_directory_open_to_others_is_refused_at_each_scan_with_the_reason_in_refusals() {
+        let d = tempdir();
+        std::fs::write(d.path().join("pod-c"), "g".repeat(40)).unwrap();
+        let t = tokens(d.path());
+        t.scan();
+        assert!(t.resolve(&"g".repeat(40)).is_ok());
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        t.scan();
+        let e = t.resolve(&"g".repeat(40)).unwrap_err();
+        assert!(
+            e.message().starts_with(&format!(
+                "x-npud-token: no token identity works: auth.token_dir {} is owned by uid {} \
+                 with mode 0711; it must be",
+                d.path().display(),
+                me()
+            )),
+            "{e}"
+        );
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        t.scan();
+        assert!(t.resolve(&"g".repeat(40)).is_ok());
+    }
+
+    #[tokio::test]
+    async fn unknown_secrets_wait_for_one_scan_per_interval_however_many_arrive() {
+        let d = tempdir();
+        for i in 0..64 {
+            std::fs::write(d.path().join(format!("pod-{i}")), "h".repeat(40 + i)).unwrap();
+        }
+        let t = Tokens::start(d.path().to_path_buf(), me(), Duration::from_millis(200));
+        t.fresh(Instant::now()).await;
+        let before = t.scans();
+        let mut waits = Vec::new();
+        for _ in 0..1000 {
+            let t = t.clone();
+            waits.push(tokio::spawn(async move {
+                let since = Instant::now();
+                if t.lookup(&"u".repeat(40)).is_none() {
+                    t.fresh(since).await;
+                }
+                t.resolve(&"u".repeat(40)).is_err()
+            }));
+        }
+        for w in waits {
+            assert!(w.await.unwrap());
+        }
+        // 1000 unknown secrets, all waiting for the scan after their arrival: one or two
+        // scans (one more if the burst spans a poll), not one per call.
+        let scans = t.scans() - before;
+        assert!(
+            (1..=3).contains(&scans),
+            "{scans} scans for 1000 unknown secrets"
+        );
+    }
+
+    #[tokio::test]
+    async fn revocation_resolves_when_the_file_goes_and_not_before() {
+        let d = tempdir();
+        std::fs::write(d.path().join("pod-r"), "r".repeat(40)).unwrap();
+        let t = tokens(d.path());
+        t.scan();
+        let name = t.lookup(&"r".repeat(40)).unwrap();
+        let mut revoked = Box::pin(t.revoked(&name));
+        t.scan();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut revoked)
+                .await
+                .is_err()
+        );
+        std::fs::write(d.path().join("pod-r"), "s".repeat(40)).unwrap();
+        t.scan();
+        tokio::time::timeout(Duration::from_secs(5), revoked)
+            .await
+            .expect("revoked once rewritten");
+    }
+
+    #[test]
+    fn without_a_token_a_listener_that_requires_one_is_refused_naming_the_key() {
+        let unix = Identity::uid(0, [0]);
+        let tcp = Identity::anonymous("127.0.0.1".parse().ok());
+        let req = [TokenTransport::Unix];
+        let e = require_token(&req, &unix, false).unwrap_err();
+        assert_eq!(e.code_name(), "UNAUTHENTICATED");
+        assert_eq!(
+            e.message(),
+            "uid:0 presented no x-npud-token token, which auth.require_token = [\"unix\"] \
+             requires on the unix listener; without one a caller may call only GetDeviceInfo \
+             and the health service"
+        );
+        require_token(&req, &unix, true).unwrap();
+        require_token(&req, &tcp, false).unwrap();
+        require_token(&[], &unix, false).unwrap();
+        assert!(require_token(&[TokenTransport::Tcp], &tcp, false).is_err());
     }
 }

@@ -89,8 +89,22 @@ impl NpudService {
         Self { state }
     }
 
-    /// Who made a request: its connection's identity, or its `x-npud-token`'s.
+    /// Who made a request, as [`NpudService::presented`]; refused without a token on a
+    /// listener `auth.require_token` names.
     fn identity<T>(&self, req: &Request<T>) -> Result<Identity, NpudError> {
+        let transport = req
+            .extensions()
+            .get::<ConnInfo>()
+            .map_or_else(|| Identity::anonymous(None), |c| c.identity.clone());
+        let has_token = req
+            .metadata()
+            .contains_key(npu_proto::IDENTITY_TOKEN_HEADER);
+        self.state.policy.require_token(&transport, has_token)?;
+        self.presented(req)
+    }
+
+    /// Who made a request: its connection's identity, or its `x-npud-token`'s.
+    fn presented<T>(&self, req: &Request<T>) -> Result<Identity, NpudError> {
         let transport = req
             .extensions()
             .get::<ConnInfo>()
