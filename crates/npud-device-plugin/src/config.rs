@@ -67,6 +67,10 @@ pub struct Args {
         default_value = "/var/lib/npud/tokens"
     )]
     pub token_dir: PathBuf,
+    /// The uid that must own `--token-dir`: npud's, which reads it (default: the plugin's
+    /// own). A directory owned by another uid is refused.
+    #[arg(long, env = "NPUD_PLUGIN_TOKEN_DIR_UID")]
+    pub token_dir_uid: Option<u32>,
     /// The same directory on the host, the source of the token mounts (default:
     /// `--token-dir`, for a plugin that sees it at its host path).
     #[arg(long, env = "NPUD_PLUGIN_HOST_TOKEN_DIR")]
@@ -135,6 +139,7 @@ pub struct Config {
     /// `NPUD_ADDR` as a container sees it.
     pub container_npud_addr: String,
     pub token_dir: PathBuf,
+    pub token_dir_uid: u32,
     pub host_token_dir: PathBuf,
     pub token_mount_path: PathBuf,
     pub health_service: String,
@@ -316,6 +321,9 @@ impl Args {
             socket_dir_writable: self.socket_dir_writable,
             container_npud_addr,
             token_dir: self.token_dir.clone(),
+            token_dir_uid: self
+                .token_dir_uid
+                .unwrap_or_else(|| rustix::process::geteuid().as_raw()),
             host_token_dir,
             token_mount_path: self.token_mount_path.clone(),
             health_service: self.health_service.clone(),

@@ -69,7 +69,7 @@ impl Serving {
 /// kubelet refuses the registration.
 pub async fn run(config: Config, stop: CancellationToken) -> Result<(), RunError> {
     let config = Arc::new(config);
-    let tokens = Arc::new(TokenDir::prepare(&config.token_dir)?);
+    let tokens = Arc::new(TokenDir::prepare(&config.token_dir, config.token_dir_uid)?);
     let (serving_tx, serving) = watch::channel(false);
     let follower = tokio::spawn(npud::follow(
         config.npud_socket.clone(),
