@@ -201,9 +201,24 @@ def test_the_token_directory_is_one_host_directory():
     plugin_host, m = host_path_mounted_at(spec, container(spec, "device-plugin"), plugin["token_dir"])
     assert not m.get("readOnly"), "the plugin writes tokens"
     assert npud_host == plugin_host == plugin["host_token_dir"]
-    # The init container gives the directory the contract's mode.
+    # The init container gives the directory to npud's uid with no access for others, which
+    # npud and the plugin both require; the plugin checks it against npud's uid.
     init = " ".join(spec["initContainers"][0]["command"])
-    assert f"-m 0711 -o 65532 -g 65532 {token_dir}" in init, init
+    uid = container(spec, "npud")["securityContext"]["runAsUser"]
+    assert f"-m 0700 -o {uid} -g {uid} {token_dir}" in init, init
+    assert f"chmod 0700 {token_dir}" in init, init
+    assert plugin["token_dir_uid"] == uid
+
+
+def test_tokens_are_required_on_the_unix_socket_and_no_pod_uid_is_an_admin():
+    auth = npud_toml()["auth"]
+    # A pod without its token gets GetDeviceInfo and health only.
+    assert "unix" in auth["require_token"]
+    # Admins are token identities no pod can hold (the plugin names its files npu<N>-share-...),
+    # never a uid a pod could run as (the default admins include uid:0).
+    assert auth["admins"], "the defaults name uid:0"
+    for a in auth["admins"]:
+        assert a.startswith("token:") and not a.startswith("token:npu"), a
 
 
 def test_the_example_pod_requests_the_plugins_resource_and_can_use_the_socket():

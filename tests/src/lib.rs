@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod configmap;
 pub mod python;
 
 use std::net::{SocketAddr, TcpListener};

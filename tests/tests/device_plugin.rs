@@ -323,7 +323,7 @@ async fn a_kubelet_registers_lists_allocates_and_follows_npud_and_its_own_restar
         .unwrap()
         .into_inner();
     assert_eq!(asked, options);
-    assert_eq!(mode(&tokens), 0o711, "the token directory's mode");
+    assert_eq!(mode(&tokens), 0o700, "the token directory's mode");
 
     // The shares, healthy once the plugin sees npud SERVING.
     let mut lists = dp.list_and_watch(api::Empty {}).await.unwrap().into_inner();
@@ -681,6 +681,8 @@ async fn a_container_given_the_allocation_reaches_npud_through_its_mounts() {
         .prefix("dpc")
         .tempdir_in("/tmp")
         .unwrap();
+    // Others may enter the test's directory: only the token directory's own mode keeps them out.
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let sockets = root.path().join("run-npud");
     let plugins_dir = root.path().join("dp");
     let tokens = root.path().join("tokens");
@@ -701,7 +703,8 @@ async fn a_container_given_the_allocation_reaches_npud_through_its_mounts() {
     }
     let _cleanup = RemoveDir(made_run_npud);
     std::fs::create_dir(&tokens).unwrap();
-    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o711)).unwrap();
+    // As the DaemonSet's init container leaves it: npud's (here root's), no access for others.
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o700)).unwrap();
     let _npud = NamespacedNpud::start(&sockets, &tokens, root.path());
 
     let kubelet_socket = plugins_dir.join("kubelet.sock");
@@ -733,6 +736,7 @@ async fn a_container_given_the_allocation_reaches_npud_through_its_mounts() {
          head -c 4096 /dev/zero > {input}\n\
          {npuctl} --json run {vsa} --input {input} --output {output}\n\
          echo \"token=$(cat \"$NPUD_TOKEN_FILE\")\"\n\
+         echo \"uid 1000 reads token=$(setpriv --reuid=1000 --regid=1000 --clear-groups cat \"$NPUD_TOKEN_FILE\")\"\n\
          {npuctl} --json status\n\
          echo \"socket mount: $(grep ' /run/npud ' /proc/self/mountinfo | cut -d' ' -f6)\"\n\
          echo \"token mount: $(grep ' /run/secrets/npud/token \\| /var/run/secrets/npud/token ' /proc/self/mountinfo | wc -l)\"\n",
@@ -770,9 +774,29 @@ async fn a_container_given_the_allocation_reaches_npud_through_its_mounts() {
     assert_eq!(ones, vec![1; 1024]);
     assert!(stdout.contains(&format!("token={token}\n")), "{stdout}");
     assert!(stdout.contains("token mount: 1\n"), "{stdout}");
-    // npud knows the pod by its share: the token is the caller's identity.
+    // A container running as any uid reads its token through the mount, though the host's
+    // token directory is 0700: the runtime mounted the file itself.
     assert!(
-        stdout.contains("\"caller_identity\": \"token:npu0-share-0\""),
+        stdout.contains(&format!("uid 1000 reads token={token}\n")),
+        "{stdout}"
+    );
+    // On the host, another uid can neither list the directory nor read the token by name.
+    for (cmd, arg) in [("cat", tokens.join("npu0-share-0")), ("ls", tokens.clone())] {
+        let out = std::os::unix::process::CommandExt::uid(&mut Command::new(cmd), 65534)
+            .arg(&arg)
+            .output()
+            .unwrap();
+        assert!(
+            !out.status.success(),
+            "{cmd} {} as uid 65534",
+            arg.display()
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("Permission denied"), "{err}");
+    }
+    // npud knows the pod by its allocation: the token is the caller's identity.
+    assert!(
+        stdout.contains("\"caller_identity\": \"token:npu0-share-0@"),
         "{stdout}"
     );
     // The socket directory is mounted read-only, and nothing was created in it for the token.
