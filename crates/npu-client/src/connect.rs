@@ -16,7 +16,7 @@
 //! roots), a client certificate and key for mTLS (`tls_cert`, `tls_key`), and the name to check
 //! the server's certificate against when it is not the host (`tls_domain`). An identity token
 //! (`token`, `token_file`, else the file `NPUD_TOKEN_FILE` names) is sent with every call as
-//! `x-npud-token`; the daemon then treats the caller as `token:<name>`. A token is never sent in
+//! `x-npud-token`; the daemon then treats the caller as `token:<name>@<allocation>`. A token is never sent in
 //! plaintext off loopback, and one from `NPUD_TOKEN_FILE` only to the daemon it was issued for
 //! (see [`ConnectOptions::identity_token_for`]).
 //!

@@ -24,5 +24,5 @@ pub const TOKEN_HEADER: &str = "npud-token";
 /// attempt's answer (see `npud.proto`).
 pub const REQUEST_ID_HEADER: &str = "npud-request-id";
 /// Metadata key carrying an identity token's secret (a file in the daemon's `auth.token_dir`);
-/// the call's identity is then `token:<file name>`.
+/// the call's identity is then `token:<file name>@<allocation>`.
 pub const IDENTITY_TOKEN_HEADER: &str = "x-npud-token";
