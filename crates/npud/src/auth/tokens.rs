@@ -238,16 +238,22 @@ impl Tokens {
 
     /// Waits until a scan that started at or after `since` has been published. A secret that
     /// view does not hold was in no file when the call arrived.
+    /// (Bounded: a scan that never comes, the refresh thread gone, ends the wait after a few
+    /// intervals, and the secret is then looked up in the view there is.)
     pub async fn fresh(&self, since: Instant) {
         let mut rx = self.shared.view.subscribe();
-        loop {
-            if rx.borrow_and_update().started.is_some_and(|s| s >= since) {
-                return;
+        let wait = async {
+            loop {
+                if rx.borrow_and_update().started.is_some_and(|s| s >= since) {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
             }
-            if rx.changed().await.is_err() {
-                return;
-            }
-        }
+        };
+        let bound = self.shared.poll * 4 + Duration::from_secs(1);
+        let _ = tokio::time::timeout(bound, wait).await;
     }
 
     /// Resolves once the identity named `name` (`token:...`) is no longer in the view: its
