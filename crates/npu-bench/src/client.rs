@@ -5,6 +5,7 @@ use std::future::Future;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use npu_artifacts::NpuGen;
@@ -179,6 +180,17 @@ where
     })
 }
 
+/// Whether [`Session::req`] gives every call a request id.
+static REQUEST_IDS: AtomicBool = AtomicBool::new(false);
+/// The next request id (unique in this process, so in every session).
+static NEXT_REQUEST_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Makes every call of every session carry an `npud-request-id` (as npu-client's calls do),
+/// or none.
+pub fn set_request_ids(on: bool) {
+    REQUEST_IDS.store(on, Ordering::Relaxed);
+}
+
 /// A session on npud and the metadata every call carries.
 #[derive(Debug, Clone)]
 pub struct Session {
@@ -233,12 +245,17 @@ impl Session {
         })
     }
 
-    /// A request carrying this session's metadata.
+    /// A request carrying this session's metadata, and a fresh request id when
+    /// [`set_request_ids`] asked for them.
     pub fn req<T>(&self, msg: T) -> Request<T> {
         let mut r = Request::new(msg);
         let md = r.metadata_mut();
         md.insert(npu_proto::SESSION_HEADER, self.id_value.clone());
         md.insert(npu_proto::TOKEN_HEADER, self.token.clone());
+        if REQUEST_IDS.load(Ordering::Relaxed) {
+            let id = NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed);
+            md.insert(npu_proto::REQUEST_ID_HEADER, AsciiMetadataValue::from(id));
+        }
         r
     }
 

@@ -10,7 +10,8 @@
 //! | 2 | [`inproc`] | dispatch through hsa-core on the emulator, no daemon |
 //! | 3, 4, 5, 6, 9 | [`rows`] | npud over Unix and TCP, chains, tensor sizes, pipelined Submit |
 //! | 7, 8 | [`load`] | concurrent clients; the daemon's resident memory |
-//! | 10 | [`stall`] | another client's dispatches while one allocates 1 GiB, or runs 1,024-link chains |
+//! | 12 | [`stall`] | another client's dispatches while one allocates 1 GiB, or runs 1,024-link chains |
+//! | 14 | [`rss`] | the daemon's memory before, during and after a quota-sized queue of chains (`--only rss`) |
 //! | 13 | [`tls`] | unary dispatch over TLS beside plaintext TCP |
 //!
 //! [`daemon`] starts npud on the emulator (or takes a running one); [`run::run`] runs every row
@@ -26,6 +27,7 @@ pub mod load;
 pub mod profiles;
 pub mod report;
 pub mod rows;
+pub mod rss;
 pub mod run;
 pub mod stall;
 pub mod stats;

@@ -32,14 +32,19 @@ struct Cli {
     #[arg(long)]
     iterations: Option<usize>,
     /// Only these sections (comma-separated): floors, inproc, tcp, chains, pipelined, sizes,
-    /// clients, stalls, memory, cpu, profiles, tls (row 13). Row 3 always runs. Ratios need
-    /// the rows they name.
+    /// clients, stalls, memory, cpu, profiles, tls (row 13), rss (row 14: memory around a
+    /// quota-sized queue of chains; only when named). Row 3 always runs. Ratios need the rows
+    /// they name.
     #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(npu_bench::run::SECTIONS))]
     only: Vec<String>,
     /// Emulator profiles to compare side by side in rows 11 (comma-separated; default
     /// rocr-newest,kernel-object): one daemon each, the packet ABI found as on an NPU.
     #[arg(long, value_delimiter = ',')]
     profile: Vec<String>,
+    /// Every call carries an `npud-request-id` as npu-client's calls do (the daemon runs each
+    /// id once and remembers its answer); without it, calls carry none.
+    #[arg(long)]
+    request_ids: bool,
     /// Internal: serve the floors' echo servers in DIR until stdin closes.
     #[arg(long, hide = true)]
     serve_floors: Option<PathBuf>,
@@ -74,6 +79,7 @@ fn main() -> ExitCode {
         iterations: cli.iterations,
         only: cli.only,
         profiles: cli.profile,
+        request_ids: cli.request_ids,
     };
     match run(&opts) {
         Ok(report) => {

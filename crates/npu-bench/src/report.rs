@@ -45,7 +45,7 @@ pub struct Row {
     pub links: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tensor_bytes: Option<u64>,
-    /// Row 10: the big requests the other client completed meanwhile.
+    /// Row 12: the big requests the other client completed meanwhile.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hog_requests: Option<usize>,
     #[serde(flatten)]
@@ -53,6 +53,10 @@ pub struct Row {
     /// The daemon's own mean queue time (admission to device start) over these dispatches.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub daemon_queue_us: Option<f64>,
+    /// Row 12: the daemon's own mean queue time over the dispatches at or above the p99: how
+    /// much of the tail the executor's turns explain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tail_queue_us: Option<f64>,
     /// The daemon's own mean device time over these dispatches.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub daemon_device_us: Option<f64>,
@@ -75,6 +79,7 @@ impl Row {
             hog_requests: None,
             summary,
             daemon_queue_us: None,
+            tail_queue_us: None,
             daemon_device_us: None,
             daemon_cpu_us: None,
         }
@@ -307,6 +312,11 @@ impl Report {
             let mut notes = Vec::new();
             if let (Some(q), Some(d)) = (r.daemon_queue_us, r.daemon_device_us) {
                 notes.push(format!("queue {q:.1} µs, device {d:.1} µs"));
+            }
+            if let (Some(q), Some(t)) = (r.daemon_queue_us, r.tail_queue_us) {
+                notes.push(format!(
+                    "queue {q:.1} µs, {t:.1} µs over the slowest 1% (the rest of their time is                      outside the executor)"
+                ));
             }
             if let Some(c) = r.daemon_cpu_us {
                 notes.push(format!("CPU {c:.1} µs per operation"));

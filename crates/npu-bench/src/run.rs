@@ -45,6 +45,9 @@ pub struct Options {
     pub only: Vec<String>,
     /// Emulator profiles whose rows 11 run side by side (default [`crate::profiles::DEFAULT`]).
     pub profiles: Vec<String>,
+    /// Every call carries an `npud-request-id`, as npu-client's do (the daemon then remembers
+    /// each answer for a retry).
+    pub request_ids: bool,
 }
 
 /// Where the daemon is.
@@ -68,6 +71,7 @@ fn loadavg() -> String {
 /// When the daemon cannot be started or reached, or a row fails.
 pub fn run(opts: &Options) -> Result<Report> {
     let loadavg_start = loadavg();
+    crate::client::set_request_ids(opts.request_ids);
     let mut target = match &opts.addr {
         Some(socket) => Target {
             socket: socket.clone(),
@@ -120,7 +124,11 @@ pub fn run(opts: &Options) -> Result<Report> {
             }
             .into(),
         },
-        daemon: target.describe.clone(),
+        daemon: if opts.request_ids {
+            format!("{}; every call carries a request id", target.describe)
+        } else {
+            target.describe.clone()
+        },
         daemon_threads: None,
         rows: Vec::new(),
         memory: Vec::new(),
@@ -145,8 +153,8 @@ pub fn run(opts: &Options) -> Result<Report> {
     Ok(report)
 }
 
-/// Sections of the run, for `--only`.
-pub const SECTIONS: [&str; 12] = [
+/// Sections of the run, for `--only`. `rss` runs only when named.
+pub const SECTIONS: [&str; 13] = [
     "floors",
     "inproc",
     "tcp",
@@ -159,6 +167,7 @@ pub const SECTIONS: [&str; 12] = [
     "cpu",
     "profiles",
     "tls",
+    "rss",
 ];
 
 /// Rounds the side-by-side rows (1, 1b, 3), and the fd sizes of row 6, alternate over. Short
@@ -223,7 +232,17 @@ async fn all_rows(
     .await?;
     report.daemon_threads = Some(unix.session.threads);
     let dir = tempfile::Builder::new().prefix("npub").tempdir_in("/tmp")?;
-    side_by_side(report, &unix, dir.path(), it, want("floors"), target.pid).await?;
+    let stalls = want("stalls").then_some(target.socket.as_path());
+    side_by_side(
+        report,
+        &unix,
+        dir.path(),
+        it,
+        want("floors"),
+        target.pid,
+        stalls,
+    )
+    .await?;
     if want("floors") {
         let floors = FloorServers::start(dir.path(), unix.session.threads.0)?;
         let size = unix.message_bytes();
@@ -328,11 +347,18 @@ async fn all_rows(
     if want("cpu") {
         cpu_rows(report, &unix, target.pid, dir.path(), it).await?;
     }
-    if want("stalls") {
-        stalls(report, target, &unix, it).await?;
-    }
     let mut s = unix.session.clone();
     load::close(&mut s).await;
+    if only.iter().any(|o| o == "rss") {
+        match target.pid {
+            Some(pid) => report
+                .memory
+                .extend(crate::rss::queued_chains(&target.socket, pid).await?),
+            None => report
+                .skipped
+                .push("row 14: no process id for the given daemon (--pid)".into()),
+        }
+    }
     if want("memory")
         && let Some(pid) = target.pid
     {
@@ -352,8 +378,9 @@ async fn all_rows(
     Ok(())
 }
 
-/// Rows 1, 1b and 3, measured in turn over [`ROUNDS`] rounds so that a change in the machine's
-/// load during the run falls on all three alike. Without the floors, row 3 alone.
+/// Rows 1, 1b, 3 and 12, measured in turn over [`ROUNDS`] rounds so that a change in the
+/// machine's load during the run falls on all of them alike. Without the floors, rows 1 and 1b
+/// are left out; without `stalls` (the daemon's socket), row 12.
 async fn side_by_side(
     report: &mut Report,
     unix: &Ready,
@@ -361,6 +388,7 @@ async fn side_by_side(
     it: Iters,
     floors: bool,
     pid: Option<u32>,
+    stalls: Option<&std::path::Path>,
 ) -> Result<()> {
     let size = unix.message_bytes();
     let n_rounds = rounds(it, ROUNDS);
@@ -384,7 +412,28 @@ async fn side_by_side(
         Some(f) => Some(TonicEcho::connect(&f.echo, size).await?),
         None => None,
     };
+    let mut hogs = Vec::new();
+    if let Some(socket) = stalls {
+        for (kind, key, name) in STALLS {
+            hogs.push((
+                stall::HogThread::start(kind, socket).await?,
+                key,
+                name,
+                stall::Measured::default(),
+            ));
+        }
+    }
+    // Row 12 measures a quarter of row 3's dispatches; each round sees the hog's request
+    // complete at least once.
+    let stall_round = Iters {
+        warmup: round.warmup,
+        measured: (it.measured / 4 / n_rounds).max(1),
+    };
+    let min_hog = stall::MIN_HOG_ROUNDS.div_ceil(n_rounds);
     for _ in 0..n_rounds {
+        for (hog, _, _, acc) in &mut hogs {
+            hog.round(unix, stall_round, min_hog, acc).await?;
+        }
         if let Some(raw) = raw.as_mut() {
             raw_acc.add(raw.measure(round)?);
         }
@@ -433,8 +482,39 @@ async fn side_by_side(
     }
     r.daemon_cpu_us = cpu.per_op_us();
     report.rows.push(r);
+    for (hog, key, name, acc) in hogs {
+        let kind = hog.kind;
+        let rounds = hog.stop().await?;
+        let (ns, wall, queue) = acc.finish();
+        let mut samples = Acc::default();
+        samples.add((ns, wall));
+        let mut r = Row::new("12", key, name, samples.summary());
+        r.message_bytes = Some(size);
+        match kind {
+            Hog::Allocate(bytes) => r.tensor_bytes = Some(bytes),
+            Hog::Chain(links) => r.links = Some(links),
+        }
+        r.hog_requests = Some(rounds);
+        r.daemon_queue_us = Some(queue.0);
+        r.tail_queue_us = Some(queue.1);
+        report.rows.push(r);
+    }
     Ok(())
 }
+
+/// Row 12's hogs: what each repeats, its row's key and what the row measures.
+const STALLS: [(Hog, &str, &str); 2] = [
+    (
+        Hog::Allocate(1 << 30),
+        keys::STALL_ALLOC,
+        "one client's dispatch while another allocates and frees 1 GiB tensors",
+    ),
+    (
+        Hog::Chain(1024),
+        keys::STALL_CHAIN,
+        "one client's dispatch while another runs 1,024-link chains",
+    ),
+];
 
 /// Row 2: in-process, on a blocking thread.
 async fn inproc(report: &mut Report, it: Iters) -> Result<()> {
@@ -460,40 +540,6 @@ async fn inproc(report: &mut Report, it: Iters) -> Result<()> {
     );
     r.links = Some(32);
     report.rows.push(r);
-    Ok(())
-}
-
-/// Row 12: the one-client dispatch of row 3 while another client allocates and frees 1 GiB
-/// tensors, or runs 1,024-link chains, back to back.
-async fn stalls(report: &mut Report, target: &Target, unix: &Ready, it: Iters) -> Result<()> {
-    let hog = stall::hog_session(&target.socket).await?;
-    let it = it.scaled_down(4);
-    for (hog_kind, key, name) in [
-        (
-            Hog::Allocate(1 << 30),
-            keys::STALL_ALLOC,
-            "one client's dispatch while another allocates and frees 1 GiB tensors",
-        ),
-        (
-            Hog::Chain(1024),
-            keys::STALL_CHAIN,
-            "one client's dispatch while another runs 1,024-link chains",
-        ),
-    ] {
-        let (ns, wall, rounds) = stall::under(hog_kind, &hog, unix, it).await?;
-        let mut acc = Acc::default();
-        acc.add((ns, wall));
-        let mut r = Row::new("12", key, name, acc.summary());
-        r.message_bytes = Some(unix.message_bytes());
-        match hog_kind {
-            Hog::Allocate(bytes) => r.tensor_bytes = Some(bytes),
-            Hog::Chain(links) => r.links = Some(links),
-        }
-        r.hog_requests = Some(rounds);
-        report.rows.push(r);
-    }
-    let mut s = hog.session.clone();
-    load::close(&mut s).await;
     Ok(())
 }
 

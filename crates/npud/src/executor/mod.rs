@@ -5,12 +5,13 @@
 //!
 //! The executor does a bounded amount of work per turn, as firecracker's device loop does.
 //! Dispatches, chains, tensor writes and reads and session releases go into per-session queues
-//! served round-robin ([`sched`]), and each turn does at most one doorbell batch, at most one
-//! program load and [`loads::MAX_EVICTIONS_PER_TURN`] evictions ([`loads`]), and at most
-//! `executor.slice_bytes` of copying (WriteTensor and ReadTensor chunks, staging copies of
-//! client memfds) or of freeing an ended session's tensors (at least one tensor) before the
-//! next session's turn: a 1,024-link chain is 32 turns, a 16 MiB chunk 16, a chain of eight
-//! programs not yet loaded eight turns before its first doorbell. The remaining control
+//! served round-robin ([`sched`]), and each turn does at most one doorbell batch, the checks of
+//! at most 256 links, at most one program load and [`loads::MAX_EVICTIONS_PER_TURN`] evictions
+//! ([`loads`]), and at most `executor.slice_bytes` of copying (WriteTensor and ReadTensor
+//! chunks, staging copies of client memfds) or of freeing an ended session's tensors (at least
+//! one tensor) before the next session's turn: a 1,024-link chain is 4 turns of checks then 32
+//! of doorbell batches, a 16 MiB chunk 16 turns, a chain of eight programs not yet loaded eight
+//! turns before its first doorbell. The remaining control
 //! commands (allocate, import, export, free of one tensor, info, unloads) are small and run in
 //! arrival order between turns; allocation does not touch the memory (hsa-core's tensors are
 //! fresh pages the kernel zeroed). A work item whose

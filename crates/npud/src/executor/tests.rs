@@ -447,6 +447,53 @@ fn a_chain_of_programs_not_yet_loaded_loads_one_a_turn_and_others_run_between() 
     shutdown(exec);
 }
 
+/// A long chain's links are checked a slice a turn: another session's dispatch queued behind
+/// it runs before the last slice is checked, and a bad last link still refuses the whole chain
+/// with nothing of it run.
+#[test]
+fn a_long_chain_is_checked_a_slice_a_turn_and_a_bad_last_link_refuses_it_whole() {
+    let mut f = fixture(1 << 20);
+    let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let other = f.register(B, &EmuDesign::vector_scalar_add(1024, DType::I32, 2));
+    let hang = f.register(C, &EmuDesign::hang(4096));
+    let allocations = [
+        f.allocate(A, 4096),
+        f.allocate(A, 4096),
+        f.allocate(B, 4096),
+        f.allocate(B, 4096),
+        f.allocate(C, 4096),
+        f.allocate(C, 4096),
+    ];
+    // The last link names B's tensor, which A cannot use.
+    let mut links = vec![(add.clone(), [1, 2]); 1024];
+    links[1023] = (add, [1, 3]);
+    let mut chain = f.work(A, links);
+    let dispatch = f.work(B, vec![(other, [3, 4])]);
+    // C's turn after B's holds the device for the emulator's timeout (2 s), so that the check
+    // below sees where A was when B was served.
+    let held = f.work_as(C, 2000, vec![(hang, [5, 6])]);
+    let exec = f.serve();
+    for r in allocations {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    let done = dispatch.blocking_recv().unwrap().unwrap();
+    assert_eq!((done.completed, done.failure), (1, None));
+    assert!(
+        matches!(chain.try_recv(), Err(TryRecvError::Empty)),
+        "B's dispatch waited for all 1,024 of A's links to be checked"
+    );
+    assert!(held.blocking_recv().unwrap().unwrap().failure.is_some());
+    let e = chain.blocking_recv().unwrap().unwrap_err();
+    assert_eq!(e.code_name(), "NOT_FOUND");
+    assert!(
+        e.message().starts_with("links[1023].args[1].tensor_id"),
+        "{e}"
+    );
+    // Nothing of the chain ran: the only dispatches the device saw were B's and C's.
+    assert_eq!(f.programs.counts().loads, 2);
+    shutdown(exec);
+}
+
 /// Loads evict least-recently-used programs in the turn of the session that needs the room,
 /// a few a turn, and never a program of the item that holds the loader: two chains that each
 /// need the whole cache take turns at it and both run (neither evicts the other forever).

@@ -1,13 +1,14 @@
 //! Running one work item on the device, a bounded piece per turn: the deadline and fault-budget
-//! checks, argument checks against the program's DDR patches, loading programs (at most one a
-//! turn, evicting least-recently-used ones; [`super::loads`]), staging client memfds in and out
+//! checks, argument checks against the program's DDR patches (a slice of the links a turn;
+//! nothing runs before every link is checked), loading programs (at most one a turn, evicting
+//! least-recently-used ones; [`super::loads`]), staging client memfds in and out
 //! (at most `executor.slice_bytes` per turn), the chain one doorbell batch per turn, and what a
 //! device fault does (quarantine, the fault budget, queue recovery) or a runtime's refusal
 //! does not.
 //!
 //! Between two turns of one item, other sessions run. So every batch of an item that has given
 //! up a turn since its checks (a later batch of a chain, and the first batch of an item whose
-//! staging took several turns) checks again that its programs may run (one may have been
+//! checks or staging took several turns) checks again that its programs may run (one may have been
 //! quarantined or unregistered meanwhile) and are loaded (another session's work may have
 //! evicted them), and that the identity has not spent its fault budget meanwhile; a link
 //! refused then ends the chain as a link failure, with the links before it completed, or the
@@ -71,8 +72,17 @@ impl Running {
     }
 }
 
+/// Links one turn checks, at most. Checking a link (its program may run, each argument against
+/// the session's tensors and the program's DDR patches) costs about a tenth of running it on the
+/// emulator, so a slice costs about one doorbell batch: a 1,024-link chain is checked in four
+/// turns (and loaded and planned in a fifth, with its first batch) instead of one that would
+/// make every other session wait for all of it.
+const CHECK_LINKS_PER_TURN: usize = 256;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
+    /// Checking the links, [`CHECK_LINKS_PER_TURN`] a turn; nothing runs before all are checked.
+    Check,
     /// Loading the item's programs, one a turn ([`super::loads`]).
     Load,
     StageIn,
@@ -80,9 +90,10 @@ enum Phase {
     StageOut,
 }
 
-/// An item past its checks.
+/// An item that has started: its checks, then its batches.
 #[derive(Debug)]
 struct Progress {
+    /// One per link checked so far (all of them past [`Phase::Check`]).
     dispatches: Vec<Dispatch>,
     /// Links per doorbell batch, in order.
     batches: Vec<usize>,
@@ -124,6 +135,23 @@ impl Worker {
         loop {
             let p = r.progress.as_mut()?;
             match p.phase {
+                Phase::Check => match self.check_links(&r.item, p) {
+                    // The turn that checked the last slice ends there: loading and the first
+                    // batch come at the item's next turn.
+                    Ok(Step::Ready) => {
+                        p.phase = Phase::Load;
+                        p.yielded = true;
+                        return Some(r);
+                    }
+                    Ok(Step::Wait) => {
+                        p.yielded = true;
+                        return Some(r);
+                    }
+                    Err(e) => {
+                        self.reply(r.item, Err(e));
+                        return None;
+                    }
+                },
                 Phase::Load => match self.load_item(&r.item, p) {
                     Ok(Step::Ready) => {}
                     Ok(Step::Wait) => {
@@ -194,8 +222,9 @@ impl Worker {
         let _ = item.reply.send(result);
     }
 
-    /// The checks before anything runs: the deadline, the fault budget, every link's program
-    /// and arguments, loading the programs, and the doorbell plan.
+    /// What an item checks when it reaches the front: the deadline and the fault budget, and
+    /// the links of an item of at most [`CHECK_LINKS_PER_TURN`]; a longer item's links are
+    /// checked next, a slice a turn ([`Phase::Check`]).
     fn start(&mut self, item: &WorkItem) -> Result<Progress, NpudError> {
         let now = Instant::now();
         if !may_start(item.deadline, now) {
@@ -205,25 +234,56 @@ impl Worker {
             )));
         }
         self.budget.check(&item.who, "dispatch", now)?;
-        // Check every link before anything runs; field names are formatted only on failure.
-        let mut staged: Vec<(u64, u64, bool)> = Vec::new();
-        let mut resolved = Vec::with_capacity(item.links.len());
-        for (k, link) in item.links.iter().enumerate() {
-            let p = LinkPrefix {
+        let mut p = Progress {
+            dispatches: Vec::with_capacity(item.links.len()),
+            batches: Vec::new(),
+            batch: 0,
+            link: 0,
+            staged: Vec::new(),
+            cursor: (0, 0),
+            phase: Phase::Check,
+            yielded: false,
+            queue_ns: None,
+            device: Duration::ZERO,
+            doorbells: 0,
+            outcome: None,
+        };
+        // An item of one slice is checked at once.
+        if item.links.len() <= CHECK_LINKS_PER_TURN {
+            self.check_links(item, &mut p)?;
+            p.phase = Phase::Load;
+        }
+        Ok(p)
+    }
+
+    /// The Check phase: checks the next [`CHECK_LINKS_PER_TURN`] links (each link's program and
+    /// arguments; field names are formatted only on failure); `Ready` when every link is
+    /// checked. Nothing of the item runs before then, so a bad link refuses the whole item.
+    /// Device ids are filled in once the programs are loaded (the Load phase).
+    fn check_links(&mut self, item: &WorkItem, p: &mut Progress) -> Result<Step, NpudError> {
+        let first = p.dispatches.len();
+        let end = (first + CHECK_LINKS_PER_TURN).min(item.links.len());
+        // Consecutive links usually run one program: its store entry is looked up once.
+        let mut runnable: Option<u64> = None;
+        for (k, link) in item.links.iter().enumerate().take(end).skip(first) {
+            let prefix = LinkPrefix {
                 chain: item.chain,
                 k,
             };
-            self.check_runnable(&link.program, p)?;
+            if runnable != Some(link.program.id) {
+                self.check_runnable(&link.program, prefix)?;
+                runnable = Some(link.program.id);
+            }
             let mut args = Vec::with_capacity(link.args.len());
             let mut sizes = Vec::with_capacity(link.args.len());
             for (i, a) in link.args.iter().enumerate() {
                 let r = self
                     .tensors
-                    .resolve(item.session, a, format_args!("{p}args[{i}]"))?;
+                    .resolve(item.session, a, format_args!("{prefix}args[{i}]"))?;
                 if let Some(id) = r.staged {
-                    match staged.iter_mut().find(|(s, ..)| *s == id) {
+                    match p.staged.iter_mut().find(|(s, ..)| *s == id) {
                         Some(s) => s.2 |= !a.read_only,
-                        None => staged.push((
+                        None => p.staged.push((
                             id,
                             self.tensors.size(item.session, id, "tensor_id")?,
                             !a.read_only,
@@ -233,32 +293,17 @@ impl Worker {
                 sizes.push(r.len);
                 args.push(r.arg);
             }
-            link.program.check_args(&sizes, format_args!("{p}args"))?;
-            resolved.push(args);
-        }
-        // Device ids are filled in once the programs are loaded (the Load phase).
-        let dispatches = item
-            .links
-            .iter()
-            .zip(resolved)
-            .map(|(_, args)| Dispatch {
+            link.program
+                .check_args(&sizes, format_args!("{prefix}args"))?;
+            p.dispatches.push(Dispatch {
                 program: ProgramId(0),
                 args,
-            })
-            .collect();
-        Ok(Progress {
-            dispatches,
-            batches: Vec::new(),
-            batch: 0,
-            link: 0,
-            staged,
-            cursor: (0, 0),
-            phase: Phase::Load,
-            yielded: false,
-            queue_ns: None,
-            device: Duration::ZERO,
-            doorbells: 0,
-            outcome: None,
+            });
+        }
+        Ok(if end == item.links.len() {
+            Step::Ready
+        } else {
+            Step::Wait
         })
     }
 

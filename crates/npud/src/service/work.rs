@@ -5,7 +5,7 @@
 //! DDR patches before anything reaches the device. Statistics are recorded when the reply
 //! arrives.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -88,6 +88,10 @@ impl NpudService {
                 requests.len()
             )));
         }
+        // The links of a chain usually run one program, or a few in runs: each is looked up in
+        // the store (under its lock) once per request, not once per link.
+        let mut last: Option<Arc<crate::programs::Program>> = None;
+        let mut found: HashMap<u64, Arc<crate::programs::Program>> = HashMap::new();
         requests
             .into_iter()
             .enumerate()
@@ -99,11 +103,25 @@ impl NpudService {
                         d.args.len()
                     )));
                 }
-                let program = self.state.programs.for_dispatch(
-                    session,
-                    d.program_id,
-                    format_args!("{prefix}program_id"),
-                )?;
+                let program = match last.as_ref().filter(|p| p.id == d.program_id) {
+                    Some(p) => p.clone(),
+                    None => {
+                        let p = match found.get(&d.program_id) {
+                            Some(p) => p.clone(),
+                            None => {
+                                let p = self.state.programs.for_dispatch(
+                                    session,
+                                    d.program_id,
+                                    format_args!("{prefix}program_id"),
+                                )?;
+                                found.insert(d.program_id, p.clone());
+                                p
+                            }
+                        };
+                        last = Some(p.clone());
+                        p
+                    }
+                };
                 Ok(Link {
                     program,
                     args: d.args,
@@ -556,10 +574,12 @@ impl Drop for Pending {
     }
 }
 
+/// Links per program. A chain's links come in runs of one program: one map entry update per
+/// run, not per link.
 fn group(programs: &[u64]) -> BTreeMap<u64, u64> {
     let mut m = BTreeMap::new();
-    for p in programs {
-        *m.entry(*p).or_default() += 1;
+    for run in programs.chunk_by(|a, b| a == b) {
+        *m.entry(run[0]).or_default() += run.len() as u64;
     }
     m
 }
