@@ -224,6 +224,10 @@ pub struct Limits {
     pub handshake_timeout_ms: u64,
     /// How long a connection may stay without receiving a byte before it is closed, in ms.
     pub idle_timeout_ms: u64,
+    /// How long a gRPC connection may stay with no session attached and no call open before
+    /// it is closed (HTTP/2 PINGs or not), in ms: peers that never open a session cannot hold
+    /// a connection pool.
+    pub idle_connection_ms: u64,
     /// Device faults (failures and hangs) one uid may cause within `fault_window_ms` before it
     /// is cooled down (TCP clients, who have no uid, share one budget).
     pub fault_budget: u32,
@@ -265,6 +269,7 @@ impl Default for Limits {
             max_preauth_connections_per_prefix: 8,
             handshake_timeout_ms: 10_000,
             idle_timeout_ms: 300_000,
+            idle_connection_ms: 60_000,
             fault_budget: 3,
             fault_window_ms: 60_000,
             fault_cooldown_ms: 300_000,
@@ -610,6 +615,7 @@ impl Config {
             ),
             ("limits.handshake_timeout_ms", l.handshake_timeout_ms),
             ("limits.idle_timeout_ms", l.idle_timeout_ms),
+            ("limits.idle_connection_ms", l.idle_connection_ms),
             ("limits.fault_budget", u64::from(l.fault_budget)),
             ("limits.fault_window_ms", l.fault_window_ms),
             ("limits.fault_cooldown_ms", l.fault_cooldown_ms),

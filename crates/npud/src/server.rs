@@ -26,7 +26,7 @@ use crate::accept::{Accepted, Acceptor, Limiter, Listener};
 use crate::auth::Policy;
 use crate::budget::MemoryBudget;
 use crate::config::Config;
-use crate::conn::{Conn, Timeouts};
+use crate::conn::{Conn, CountCalls, Timeouts};
 use crate::drain::Drain;
 use crate::error::DocumentedCodes;
 use crate::executor::{Executor, Opened};
@@ -46,7 +46,8 @@ use crate::tls::Tls;
 /// The tower layers around every gRPC service: [`RpcMetrics`] outside, so that it counts the
 /// codes [`DocumentedCodes`] gives clients; [`Drain`] inside, so that both see the
 /// UNAVAILABLE it ends idle calls with at shutdown.
-type Layers = Stack<Drain, Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>>;
+type Layers =
+    Stack<Drain, Stack<CountCalls, Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>>>;
 
 /// How long shutdown waits, once the calls still open are ended, for their connections to
 /// close before it drops them (a connection that sent only its preface, a caller that does
@@ -313,7 +314,10 @@ pub async fn run(
     let timeouts = Timeouts {
         handshake: Duration::from_millis(cfg.limits.handshake_timeout_ms),
         idle: Duration::from_millis(cfg.limits.idle_timeout_ms),
+        unused: Duration::from_millis(cfg.limits.idle_connection_ms),
     };
+    // Whose TCP connections from this host are local users is decided by this socket's mode.
+    let socket_path: Arc<Path> = Arc::from(cfg.socket.as_path());
     let fd_task = tokio::spawn(fdsock::serve(
         Acceptor::new(Listener::Unix(fds), "fd socket", limiter.clone()),
         tickets,
@@ -350,6 +354,7 @@ pub async fn run(
             .layer(DocumentedCodes {
                 max_message_bytes: cfg.limits.max_message_bytes,
             })
+            .layer(CountCalls)
             .layer(drain.clone())
             .add_service(health.clone())
             .add_service(v1)
@@ -366,6 +371,7 @@ pub async fn run(
         None,
         sessions.clone(),
         timeouts,
+        socket_path.clone(),
         stop.clone(),
     );
     let uds_server = router(service.clone())?
@@ -379,6 +385,7 @@ pub async fn run(
             tls.clone(),
             sessions.clone(),
             timeouts,
+            socket_path.clone(),
             stop.clone(),
         );
         servers.push(tokio::spawn(
@@ -502,14 +509,16 @@ async fn drain_calls(
 
 /// The connections an acceptor admits (or accepts only to refuse), as tonic's incoming
 /// stream. The acceptor runs in its own task, one connection ahead of tonic, and drops its
-/// listener at shutdown. With `tls`, each TCP connection's handshake runs in a task of its own
-/// (bounded by the handshake timeout, holding the connection's slot), so a slow client delays
-/// no other.
+/// listener at shutdown. Each TCP connection's TLS handshake (with `tls`) and the lookup of
+/// the local user on its other end (`auth::local`, against the Unix socket at `socket`) run in
+/// a task of its own (bounded by the handshake timeout, holding the connection's slot), so a
+/// slow client delays no other.
 fn accepted(
     mut acceptor: Acceptor,
     tls: Option<Arc<Tls>>,
     sessions: Arc<Sessions>,
     timeouts: Timeouts,
+    socket: Arc<Path>,
     stop: CancellationToken,
 ) -> ReceiverStream<Result<Conn, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
@@ -519,22 +528,32 @@ fn accepted(
                 () = stop.cancelled() => break,
                 a = acceptor.next() => a,
             };
-            let (Some(tls), Accepted::Tcp(tcp)) = (&tls, &s) else {
-                let conn = Conn::new(s, admission, sessions.clone(), timeouts);
+            let Accepted::Tcp(tcp) = s else {
+                let conn = Conn::new(s, admission, sessions.clone(), timeouts, None);
                 if tx.send(Ok(conn)).await.is_err() {
                     break;
                 }
                 continue;
             };
             let peer = tcp.peer_addr().ok();
-            let Accepted::Tcp(tcp) = s else { continue };
-            let acceptor = tls.acceptor();
-            let (tx, sessions) = (tx.clone(), sessions.clone());
+            let ends = tcp.peer_addr().ok().zip(tcp.local_addr().ok());
+            let acceptor = tls.as_ref().map(|t| t.acceptor());
+            let (tx, sessions, socket) = (tx.clone(), sessions.clone(), socket.clone());
             tokio::spawn(async move {
-                match tokio::time::timeout(timeouts.handshake, acceptor.accept(tcp)).await {
-                    Ok(Ok(s)) => {
-                        let conn =
-                            Conn::new(Accepted::Tls(Box::new(s)), admission, sessions, timeouts);
+                let start = async {
+                    let local = match ends {
+                        Some((p, l)) => crate::auth::local::identify(p, l, socket).await,
+                        None => None,
+                    };
+                    let s = match acceptor {
+                        Some(a) => Accepted::Tls(Box::new(a.accept(tcp).await?)),
+                        None => Accepted::Tcp(tcp),
+                    };
+                    Ok::<_, std::io::Error>((s, local))
+                };
+                match tokio::time::timeout(timeouts.handshake, start).await {
+                    Ok(Ok((s, local))) => {
+                        let conn = Conn::new(s, admission, sessions, timeouts, local);
                         let _ = tx.send(Ok(conn)).await;
                     }
                     Ok(Err(e)) => tracing::info!(?peer, "TLS handshake failed: {e}"),
