@@ -15,10 +15,8 @@ use npu_artifacts::emu::EmuDesign;
 use npu_client::{Client, ConnectOptions, Operator};
 use npu_proto::v1 as pb;
 use npu_proto::v1::npud_client::NpudClient;
+use npud_e2e::certs::Ca;
 use npud_e2e::{Daemon, Options, Session, with_session};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-};
 use tonic::Code;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -29,82 +27,6 @@ async fn bounded<T>(f: impl Future<Output = T>) -> T {
     tokio::time::timeout(LIMIT, f)
         .await
         .expect("the test finished within its bound")
-}
-
-/// A CA and the certificates it signs, written as PEM files in `dir`.
-struct Ca {
-    issuer: Issuer<'static, KeyPair>,
-    pem: String,
-    dir: PathBuf,
-    name: String,
-}
-
-impl Ca {
-    fn new(dir: &Path, name: &str) -> Ca {
-        let key = KeyPair::generate().unwrap();
-        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.distinguished_name
-            .push(DnType::CommonName, format!("npud test {name}"));
-        let cert = p.self_signed(&key).unwrap();
-        let pem = cert.pem();
-        std::fs::write(dir.join(format!("{name}.pem")), &pem).unwrap();
-        Ca {
-            issuer: Issuer::new(p, key),
-            pem,
-            dir: dir.to_path_buf(),
-            name: name.to_owned(),
-        }
-    }
-
-    fn path(&self) -> PathBuf {
-        self.dir.join(format!("{}.pem", self.name))
-    }
-
-    /// A leaf certificate with these subject alternative names (none: only the common name
-    /// `cn`), as (cert, key) files named `file`.crt / `file`.key.
-    fn leaf(&self, file: &str, sans: &[&str], cn: &str, server: bool) -> (PathBuf, PathBuf) {
-        let names = sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-        let sans = CertificateParams::new(names).unwrap().subject_alt_names;
-        self.sign(file, sans, cn, server)
-    }
-
-    /// A client certificate with exactly these subject alternative names and common name
-    /// `file`.
-    fn leaf_with(&self, file: &str, sans: Vec<rcgen::SanType>) -> (PathBuf, PathBuf) {
-        self.sign(file, sans, file, false)
-    }
-
-    fn sign(
-        &self,
-        file: &str,
-        sans: Vec<rcgen::SanType>,
-        cn: &str,
-        server: bool,
-    ) -> (PathBuf, PathBuf) {
-        let key = KeyPair::generate().unwrap();
-        let mut p = CertificateParams::default();
-        p.subject_alt_names = sans;
-        p.distinguished_name = rcgen::DistinguishedName::new();
-        p.distinguished_name.push(DnType::CommonName, cn);
-        p.extended_key_usages = vec![if server {
-            ExtendedKeyUsagePurpose::ServerAuth
-        } else {
-            ExtendedKeyUsagePurpose::ClientAuth
-        }];
-        let cert = p.signed_by(&key, &self.issuer).unwrap();
-        let (c, k) = (
-            self.dir.join(format!("{file}.crt")),
-            self.dir.join(format!("{file}.key")),
-        );
-        std::fs::write(&c, cert.pem()).unwrap();
-        std::fs::write(&k, key.serialize_pem()).unwrap();
-        (c, k)
-    }
-
-    fn server(&self, file: &str) -> (PathBuf, PathBuf) {
-        self.leaf(file, &["localhost", "127.0.0.1"], "npud", true)
-    }
 }
 
 /// Writes `npud.toml` with `body` into `dir`; returns its path.
@@ -195,14 +117,16 @@ async fn a_client_with_the_right_ca_connects_and_one_with_another_ca_is_refused(
         let (cert, key) = ca.server("server");
         let d = start(&config(dir.path(), &tls_section(&cert, &key)));
 
-        // npu-client with the CA file: TLS, anonymous from loopback, allowed a session.
+        // npu-client with the CA file: TLS from this host without a client certificate, so the
+        // caller is the local user the kernel names, as on the Unix socket; allowed a session.
+        let me = format!("uid:{}", rustix::process::getuid().as_raw());
         let c = Client::connect_with(Some(&https(&d)), opts(&ca.path(), None))
             .await
             .unwrap();
         let info = c.device_info().await.unwrap();
         assert_eq!(info.tcp_security, "tls");
         assert_eq!(info.tcp_address, d.tcp.unwrap().to_string());
-        assert_eq!(info.caller_identity, "anonymous");
+        assert_eq!(info.caller_identity, me);
         let mut t = c.tensor_from(&[1i32, 2, 3]).await.unwrap();
         t.upload().await.unwrap();
         t.copy_from_slice(&[0, 0, 0]).unwrap();
@@ -210,7 +134,7 @@ async fn a_client_with_the_right_ca_connects_and_one_with_another_ca_is_refused(
         assert_eq!(t.to_vec(), vec![1, 2, 3]);
         let stats = c.statistics().await.unwrap();
         assert_eq!(stats.sessions.len(), 1);
-        assert_eq!(stats.sessions[0].identity, "anonymous");
+        assert_eq!(stats.sessions[0].identity, me);
 
         // Another CA: the server's certificate is not trusted.
         let e = Client::connect_with(Some(&https(&d)), opts(&other.path(), None))
@@ -819,18 +743,7 @@ async fn token_files_are_identities_until_removed_with_their_rules_quotas() {
 async fn the_kubernetes_configmaps_npud_toml_starts_a_daemon() {
     bounded(async {
         let dir = tempfile::tempdir().unwrap();
-        let yaml = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../deploy/kubernetes/configmap.yaml"
-        ))
-        .unwrap();
-        let shipped: String = yaml
-            .lines()
-            .skip_while(|l| l.trim() != "npud.toml: |")
-            .skip(1)
-            .take_while(|l| l.is_empty() || l.starts_with("    "))
-            .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
-            .collect();
+        let shipped = npud_e2e::kube::shipped_npud_toml();
         assert!(
             shipped.contains("[tls]") && shipped.contains("[auth]"),
             "{shipped}"
@@ -842,24 +755,13 @@ async fn the_kubernetes_configmaps_npud_toml_starts_a_daemon() {
         let secret = "k".repeat(48);
         std::fs::write(tokens.join("npu0-share-3"), format!("{secret}\n")).unwrap();
         let p = |s: &Path| s.display().to_string();
-        let body = shipped
-            .replace("/run/npud/", &format!("{}/", p(dir.path())))
-            .replace("/etc/npud/tls/tls.crt", &p(&cert))
-            .replace("/etc/npud/tls/tls.key", &p(&key))
-            .replace("/etc/npud/tls/ca.crt", &p(&ca.path()))
-            .replace("/var/lib/npud/tokens", &p(&tokens))
-            .replace("/var/lib/npud/state", &p(&dir.path().join("state")))
-            .replace("backend = \"hsa\"", "backend = \"emulator\"")
-            .replace("0.0.0.0:50051", "0.0.0.0:0")
-            .replace("0.0.0.0:9464", "127.0.0.1:0");
-        let values: String = body
-            .lines()
-            .map(|l| l.split('#').next().unwrap_or_default())
-            .collect::<Vec<_>>()
-            .join("\n");
-        for host_path in ["/run/npud", "/etc/npud", "/var/lib/npud", ":50051", ":9464"] {
-            assert!(!values.contains(host_path), "{host_path} left in:\n{body}");
-        }
+        let body = npud_e2e::kube::moved_npud_toml(&npud_e2e::kube::Paths {
+            dir: dir.path(),
+            cert: &cert,
+            key: &key,
+            client_ca: &ca.path(),
+            tokens: &tokens,
+        });
         let d = Daemon::start(
             Options::default()
                 .arg("--config")

@@ -102,7 +102,8 @@ impl Drop for CallGuard {
 pub struct ConnInfo {
     /// Unique for the life of the daemon.
     pub id: u64,
-    /// The peer's uid (`SO_PEERCRED`), on a Unix socket.
+    /// The peer's uid (`SO_PEERCRED`), on a Unix socket only (fd tickets are issued to it; a
+    /// TCP peer on this host is known by [`ConnInfo::local`]).
     pub uid: Option<u32>,
     /// The peer's pid, on a Unix socket.
     pub pid: Option<i32>,
@@ -216,7 +217,7 @@ impl Conn {
                 let addr = s.peer_addr().ok();
                 let info = ConnInfo {
                     id,
-                    uid: local.as_ref().and_then(Identity::local_uid),
+                    uid: None,
                     pid: None,
                     addr,
                     identity: local
@@ -241,7 +242,7 @@ impl Conn {
                     .unwrap_or_else(|| Identity::anonymous(addr.map(|a| a.ip())));
                 let info = ConnInfo {
                     id,
-                    uid: local.as_ref().and_then(Identity::local_uid),
+                    uid: None,
                     pid: None,
                     addr,
                     identity,
