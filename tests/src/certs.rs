@@ -82,4 +82,3 @@ impl Ca {
         self.leaf(file, &["localhost", "127.0.0.1"], "npud", true)
     }
 }
-

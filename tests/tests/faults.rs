@@ -42,7 +42,11 @@ impl Pods {
     }
 
     fn config(&self) -> String {
-        self.tokens.scratch().join("npud.toml").display().to_string()
+        self.tokens
+            .scratch()
+            .join("npud.toml")
+            .display()
+            .to_string()
     }
 }
 
@@ -58,10 +62,10 @@ fn budget(pods: &Pods, n: u32, window_ms: u64, cooldown_ms: u64) -> Options {
         .arg("--config")
         .arg(&pods.config())
         .env("NPUD_LIMITS__FAULT_BUDGET", &n.to_string())
-    .env("NPUD_LIMITS__FAULT_WINDOW_MS", &window_ms.to_string())
-    .env("NPUD_LIMITS__FAULT_COOLDOWN_MS", &cooldown_ms.to_string())
-    .arg("--emulator-timeout-ms")
-    .arg("300")
+        .env("NPUD_LIMITS__FAULT_WINDOW_MS", &window_ms.to_string())
+        .env("NPUD_LIMITS__FAULT_COOLDOWN_MS", &cooldown_ms.to_string())
+        .arg("--emulator-timeout-ms")
+        .arg("300")
 }
 
 async fn tensor(s: &mut Session, values: Option<&[i32]>) -> u64 {

@@ -71,8 +71,7 @@ async fn a_faulted_program_stays_quarantined_across_a_restart_until_npuctl_clear
     // The restarted daemon refuses the same bytes at registration, and says how to clear them.
     let tokens = npud_e2e::tokens::TokenDir::new(&["tenant"]);
     let d = Daemon::start(
-        with_state(state.path())
-            .env("NPUD_AUTH__TOKEN_DIR", &tokens.path().display().to_string()),
+        with_state(state.path()).env("NPUD_AUTH__TOKEN_DIR", &tokens.path().display().to_string()),
     );
     let mut s = Session::open(d.connect().await, "second").await.unwrap();
     let e = s.register(&fault).await.unwrap_err();

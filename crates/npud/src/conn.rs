@@ -24,9 +24,9 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -374,9 +374,7 @@ impl AsyncRead for Conn {
                 }
                 Poll::Ready(Ok(()))
             }
-            Poll::Pending
-                if !this.fixed && this.preface_left == 0 && this.poll_unused(cx) =>
-            {
+            Poll::Pending if !this.fixed && this.preface_left == 0 && this.poll_unused(cx) => {
                 let what = "no session and no call for limits.idle_connection_ms";
                 tracing::debug!(conn = this.info.id, "{what}");
                 Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, what)))

@@ -304,7 +304,11 @@ mod tests {
         assert!(!b.charge(1, &token, t));
         assert!(b.charge(2, &cert, t + MS), "uid:1000's second fault");
         let e = b.check(&token, "dispatch", t + 2 * MS).unwrap_err();
-        assert!(e.message().starts_with("uid:1000 faulted the device 2 times"), "{e}");
+        assert!(
+            e.message()
+                .starts_with("uid:1000 faulted the device 2 times"),
+            "{e}"
+        );
         b.check(&k("token:a"), "dispatch", t + 2 * MS).unwrap();
         assert_eq!(token.to_string(), "token:a");
     }

@@ -46,8 +46,7 @@ use crate::tls::Tls;
 /// The tower layers around every gRPC service: [`RpcMetrics`] outside, so that it counts the
 /// codes [`DocumentedCodes`] gives clients; [`Drain`] inside, so that both see the
 /// UNAVAILABLE it ends idle calls with at shutdown.
-type Layers =
-    Stack<Drain, Stack<CountCalls, Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>>>;
+type Layers = Stack<Drain, Stack<CountCalls, Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>>>;
 
 /// How long shutdown waits, once the calls still open are ended, for their connections to
 /// close before it drops them (a connection that sent only its preface, a caller that does

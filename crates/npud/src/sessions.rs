@@ -172,8 +172,7 @@ impl Sessions {
                 )));
             }
         }
-        let charged =
-            crate::faults::Charged::new(owner.key(), also.iter().map(|(w, _)| w.key()));
+        let charged = crate::faults::Charged::new(owner.key(), also.iter().map(|(w, _)| w.key()));
         let id = g.next_id;
         g.next_id += 1;
         g.opened += 1;
@@ -329,7 +328,10 @@ impl Sessions {
 
     /// Whether connection `conn` is attached to a session.
     pub fn has_connection(&self, conn: u64) -> bool {
-        self.lock().sessions.values().any(|s| s.conns.contains(&conn))
+        self.lock()
+            .sessions
+            .values()
+            .any(|s| s.conns.contains(&conn))
     }
 
     /// Looks up request id `id` of `session` for method `call`: [`Replay::First`] when the

@@ -17,6 +17,11 @@
 //!
 //! `npud-test-client foreign SOCKET FD_SOCKET SESSION TOKEN TICKET`: uses another process's
 //! session and export ticket (run under another uid) and prints what the daemon answered.
+//!
+//! `npud-test-client tcp-sessions ADDR N`: over plaintext TCP to ADDR (`127.0.0.1:PORT`), asks
+//! who it is and tries to open N sessions (left to end after their grace period); prints
+//! `{"identity":...,"opened":K,"code":...,"message":...}` with the first refusal's code and
+//! message ("OK" and "" when none).
 
 #![forbid(unsafe_code)]
 
@@ -43,12 +48,16 @@ async fn main() -> ExitCode {
             let seed = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0);
             churn(PathBuf::from(sock), seed).await
         }
+        (Some("tcp-sessions"), Some(addr)) => {
+            let n = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
+            tcp_sessions(addr, n).await
+        }
         (Some("foreign"), Some(sock)) if args.len() == 7 => {
             foreign(PathBuf::from(sock), &args[3], &args[4], &args[5], &args[6]).await
         }
         _ => Err(
             "usage: npud-test-client share SOCKET SEED | hold SOCKET | churn SOCKET SEED | \
-             foreign SOCKET FD_SOCKET SESSION TOKEN TICKET"
+             foreign SOCKET FD_SOCKET SESSION TOKEN TICKET | tcp-sessions ADDR N"
                 .into(),
         ),
     };
@@ -224,6 +233,42 @@ async fn reopen(mut s: Session, seed: i32) -> Result<Session, String> {
     Session::open(s.client.clone(), &format!("churn-{seed}"))
         .await
         .map_err(|e| e.to_string())
+}
+
+async fn tcp_sessions(addr: &str, n: u32) -> Result<serde_json::Value, String> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut client = npu_proto::v1::npud_client::NpudClient::new(ch);
+    let identity = client
+        .get_device_info(pb::GetDeviceInfoRequest {})
+        .await
+        .map_err(|e| e.to_string())?
+        .into_inner()
+        .caller_identity;
+    let mut opened = 0;
+    let (mut code, mut message) = ("OK".to_owned(), String::new());
+    for i in 0..n {
+        match client
+            .open_session(pb::OpenSessionRequest {
+                client_name: format!("tcp-{i}"),
+            })
+            .await
+        {
+            Ok(_) => opened += 1,
+            Err(s) => {
+                code = format!("{:?}", s.code());
+                message = s.message().to_owned();
+                break;
+            }
+        }
+    }
+    Ok(serde_json::json!({
+        "identity": identity, "opened": opened, "code": code, "message": message
+    }))
 }
 
 async fn foreign(

@@ -96,11 +96,7 @@ pub fn maybe_local(peer: SocketAddr, local: SocketAddr) -> bool {
 /// socket of this host and its user could connect to the Unix socket at `socket` (whose mode
 /// and group are read at each lookup). Runs the lookup in a blocking task bounded by
 /// [`LOOKUP_TIMEOUT`].
-pub async fn identify(
-    peer: SocketAddr,
-    local: SocketAddr,
-    socket: Arc<Path>,
-) -> Option<LocalUser> {
+pub async fn identify(peer: SocketAddr, local: SocketAddr, socket: Arc<Path>) -> Option<LocalUser> {
     if !maybe_local(peer, local) {
         return None;
     }
@@ -155,11 +151,7 @@ fn lookup(
 
 /// The `uid` of the row of a `/proc/net/tcp*` table whose local address is `peer` and whose
 /// remote address is `local`.
-fn find_owner(
-    table: impl BufRead,
-    peer: SocketAddr,
-    local: SocketAddr,
-) -> io::Result<Option<u32>> {
+fn find_owner(table: impl BufRead, peer: SocketAddr, local: SocketAddr) -> io::Result<Option<u32>> {
     let want = (canonical(peer), canonical(local));
     for line in table.lines().skip(1) {
         let line = line?;
@@ -262,7 +254,11 @@ mod tests {
     fn the_peer_is_the_row_whose_ends_are_the_connections_reversed() {
         let server = sa("127.0.0.1:50000");
         let owner = |t: &str, peer| find_owner(t.as_bytes(), sa(peer), server).unwrap();
-        assert_eq!(owner(TCP, "127.0.0.1:40000"), Some(1000), "not the daemon's row");
+        assert_eq!(
+            owner(TCP, "127.0.0.1:40000"),
+            Some(1000),
+            "not the daemon's row"
+        );
         assert_eq!(owner(TCP, "127.0.0.1:40001"), None);
         let v6 = |peer| find_owner(TCP6.as_bytes(), sa(peer), sa("[::1]:50000")).unwrap();
         assert_eq!(v6("[::1]:40001"), Some(1001));
@@ -318,9 +314,27 @@ mod tests {
                 gids: vec![1000, 44]
             })
         );
-        assert!(SocketAccess { mode: 0o666, ..access }.permits(1234, &[]));
-        assert!(SocketAccess { mode: 0o600, ..access }.permits(0, &[]));
-        assert!(!SocketAccess { mode: 0o600, ..access }.permits(1234, &[44]));
+        assert!(
+            SocketAccess {
+                mode: 0o666,
+                ..access
+            }
+            .permits(1234, &[])
+        );
+        assert!(
+            SocketAccess {
+                mode: 0o600,
+                ..access
+            }
+            .permits(0, &[])
+        );
+        assert!(
+            !SocketAccess {
+                mode: 0o600,
+                ..access
+            }
+            .permits(1234, &[44])
+        );
     }
 
     #[test]

@@ -486,7 +486,9 @@ mod tests {
         let token = Identity::token("pod-a");
         let anon = Identity::anonymous("127.0.0.1".parse().ok());
         let names = |v: Vec<(Identity, Arc<Grant>)>| {
-            v.into_iter().map(|(i, _)| i.to_string()).collect::<Vec<_>>()
+            v.into_iter()
+                .map(|(i, _)| i.to_string())
+                .collect::<Vec<_>>()
         };
         assert_eq!(
             names(p.charged(&token, &[&cert, &uid, &uid])),

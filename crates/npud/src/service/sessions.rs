@@ -71,8 +71,9 @@ impl NpudService {
         let (who, grant) = self.allowed(&req)?;
         // One principal: the identities this connection also proves are charged too.
         let also = conn.as_ref().map_or_else(Vec::new, |c| {
-            let proven: Vec<&crate::auth::Identity> =
-                std::iter::once(&c.identity).chain(c.local.as_ref()).collect();
+            let proven: Vec<&crate::auth::Identity> = std::iter::once(&c.identity)
+                .chain(c.local.as_ref())
+                .collect();
             self.state.policy.charged(&who, &proven)
         });
         let name = &req.get_ref().client_name;
