@@ -168,6 +168,11 @@ pub struct MetricsConfig {
     /// counted as `program="other"`, so the number of series stays bounded however many
     /// programs clients register.
     pub max_program_labels: u32,
+    /// Sessions shown one by one in `npud_session_pending_work` (labels `session` and the
+    /// client's own `client_name`), the rest summed as `session="other"`. 0 (the default):
+    /// no client-chosen text in any label, and no series per session; the gauge is summed by
+    /// the kind of identity that opened the session (`identity_kind`).
+    pub max_session_labels: u32,
 }
 
 impl Default for MetricsConfig {
@@ -175,6 +180,7 @@ impl Default for MetricsConfig {
         Self {
             listen: None,
             max_program_labels: 64,
+            max_session_labels: 0,
         }
     }
 }
@@ -514,6 +520,12 @@ impl Config {
             return Err(invalid(
                 "metrics.max_program_labels",
                 "must be at most 1024 (programs past it are counted as \"other\")",
+            ));
+        }
+        if self.metrics.max_session_labels > MAX_PROGRAM_LABELS {
+            return Err(invalid(
+                "metrics.max_session_labels",
+                "must be at most 1024 (sessions past it are summed as \"other\")",
             ));
         }
         if let Some(t) = &self.tcp

@@ -328,7 +328,7 @@ pub async fn run(
     let metrics_task = metrics_listener.map(|l| {
         let exporter = Arc::new(Exporter::new(
             &metrics,
-            StateCollector::new(Arc::downgrade(&state)),
+            StateCollector::new(Arc::downgrade(&state), cfg.metrics.max_session_labels),
         ));
         tracing::info!("npud serving metrics on http://{metrics_address}/metrics");
         tokio::spawn(crate::metrics::http::serve(l, exporter, stop.clone()))
