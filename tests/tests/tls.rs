@@ -493,6 +493,90 @@ async fn sighup_serves_a_new_certificate_to_new_connections_and_keeps_old_ones()
     .await;
 }
 
+/// Puts `files` (name, source) into a new directory `..<version>` of `dir` and points `..data`
+/// at it with one rename, as the kubelet updates a mounted Secret; the names in `dir` are
+/// symlinks through `..data`.
+fn kubelet_update(dir: &Path, version: &str, files: &[(&str, &Path)]) {
+    let new = dir.join(format!("..{version}"));
+    std::fs::create_dir(&new).unwrap();
+    for (name, from) in files {
+        std::fs::copy(from, new.join(name)).unwrap();
+        let link = dir.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(Path::new("..data").join(name), &link).unwrap();
+        }
+    }
+    let tmp = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(format!("..{version}"), &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+}
+
+/// Issue 20, finding 10: in Kubernetes nothing sends SIGHUP when a Secret rotates; the daemon
+/// sees the kubelet's symlink swap and serves the new certificate to new connections, and
+/// keeps the old one when the new files do not load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_rotated_as_the_kubelet_does_it_is_served_without_a_signal() {
+    bounded(async {
+        let dir = tempfile::tempdir().unwrap();
+        let ca1 = Ca::new(dir.path(), "ca1");
+        let ca2 = Ca::new(dir.path(), "ca2");
+        let ca3 = Ca::new(dir.path(), "ca3");
+        let (c1, k1) = ca1.server("server1");
+        let (c2, k2) = ca2.server("server2");
+        let (c3, _) = ca3.server("server3");
+        let mount = dir.path().join("secret");
+        std::fs::create_dir(&mount).unwrap();
+        kubelet_update(
+            &mount,
+            "2026_12_01_a",
+            &[("tls.crt", &c1), ("tls.key", &k1)],
+        );
+        let body = format!(
+            "{}reload_interval_ms = 100\n",
+            tls_section(&mount.join("tls.crt"), &mount.join("tls.key"))
+        );
+        let d = start(&config(dir.path(), &body));
+        let old = tls_channel(&d, &ca1.pem, None).await.unwrap();
+
+        // The Secret rotates to a certificate of another CA: new connections get it.
+        kubelet_update(
+            &mount,
+            "2026_12_01_b",
+            &[("tls.crt", &c2), ("tls.key", &k2)],
+        );
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        while tls_channel(&d, &ca2.pem, None).await.is_err() {
+            assert!(
+                std::time::Instant::now() < until,
+                "the rotated certificate was never served: {}",
+                d.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(tls_channel(&d, &ca1.pem, None).await.is_err());
+        // The connection made before still works.
+        NpudClient::new(old)
+            .get_device_info(pb::GetDeviceInfoRequest {})
+            .await
+            .unwrap();
+
+        // A rotation to files that do not fit (a certificate with another's key) keeps the
+        // certificate in use, and says why.
+        kubelet_update(
+            &mount,
+            "2026_12_01_c",
+            &[("tls.crt", &c3), ("tls.key", &k2)],
+        );
+        while !d.stderr().contains("reloading them failed") {
+            assert!(std::time::Instant::now() < until, "{}", d.stderr());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(tls_channel(&d, &ca2.pem, None).await.is_ok());
+        assert!(tls_channel(&d, &ca3.pem, None).await.is_err());
+    })
+    .await;
+}
+
 #[test]
 fn plaintext_off_loopback_is_refused_at_start_unless_allowed() {
     let e = Daemon::try_start(Options::default().arg("--tcp").arg("0.0.0.0:0")).unwrap_err();

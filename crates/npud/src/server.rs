@@ -275,6 +275,9 @@ pub async fn run(
         systemd::stopping();
         stop.cancel();
     }
+    if let Some(t) = &tls {
+        tokio::spawn(t.clone().watch(stop.clone()));
+    }
     let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(ServeError::Signal)?;
     {
