@@ -394,3 +394,54 @@ async fn the_kubernetes_configmap_serves_each_caller_as_one_principal() {
     })
     .await;
 }
+
+/// Issue 20, finding 10: a caller's supplementary groups are those of the task that connected,
+/// as the kernel recorded them at `connect` (`SO_PEERGROUPS`), not what `/proc/<pid>` says
+/// later (another thread's, or another process's after the pid is reused). The client
+/// connects from a thread whose only supplementary group is the one a rule requires; its
+/// process's main thread is not in it.
+#[cfg_attr(
+    not(as_root),
+    ignore = "needs root to set a thread's supplementary groups"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn supplementary_groups_are_those_the_connecting_task_had() {
+    assert!(
+        rustix::process::getuid().is_root(),
+        "built as root (tests/build.rs) but run as another user: rebuild as this user"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("npud.toml");
+    std::fs::write(
+        &cfg,
+        "[auth]\n[[auth.rules]]\nname = \"group-4242\"\nmatch = [\"gid:4242\"]\n",
+    )
+    .unwrap();
+    let d = Daemon::start(
+        Options::default()
+            .arg("--config")
+            .arg(&cfg.display().to_string()),
+    );
+    let socket = d.socket.clone();
+    let run = move |gid: &str| {
+        let out = std::process::Command::new(npud_e2e::binary("npud-test-client"))
+            .arg("groups-at-connect")
+            .arg(&socket)
+            .arg(gid)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str::<serde_json::Value>(text.trim()).unwrap()
+    };
+    let v = tokio::task::spawn_blocking(move || (run("4242"), run("4243")))
+        .await
+        .unwrap();
+    assert_eq!(v.0["code"], "OK", "{}", v.0);
+    assert_eq!(v.1["code"], "PermissionDenied", "{}", v.1);
+    assert_eq!(v.1["message"], "no rule in auth.rules allows uid:0");
+}
