@@ -206,7 +206,8 @@ pub struct Limits {
     pub max_message_bytes: u64,
     /// Largest PDI plus instruction stream a program may have, in bytes.
     pub max_program_bytes: u64,
-    /// Open sessions one uid may hold (TCP clients, who have no uid, share one count).
+    /// Open sessions one identity may hold (a session also counts against the other
+    /// identities its connection proves; see `auth`).
     pub max_sessions_per_uid: u32,
     /// Bytes of the programs one session references, each distinct content counted once.
     pub max_program_bytes_per_session: u64,
@@ -235,7 +236,8 @@ pub struct Limits {
     /// a connection pool.
     pub idle_connection_ms: u64,
     /// Device faults (failures and hangs) one uid may cause within `fault_window_ms` before it
-    /// is cooled down (TCP clients, who have no uid, share one budget).
+    /// is cooled down (a fault is charged to every identity the session's connection proved;
+    /// see `auth`).
     pub fault_budget: u32,
     /// The window the fault budget counts over, in ms.
     pub fault_window_ms: u64,

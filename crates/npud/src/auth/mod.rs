@@ -438,7 +438,7 @@ mod tests {
     }
 
     #[test]
-    fn the_defaults_allow_local_users_loopback_certificates_and_tokens_only() {
+    fn the_defaults_allow_local_users_certificates_and_tokens_only() {
         let p = policy("");
         for who in [
             Identity::uid(1000, [1000]),
