@@ -141,6 +141,9 @@ pub enum TlsError {
     Verifier(#[from] rustls::server::VerifierBuilderError),
 }
 
+/// What tells that a file changed: device, inode, size, modification and change times.
+type Stamp = (u64, u64, u64, i64, i64, i64, i64);
+
 /// The TCP listener's TLS configuration, swapped whole on reload.
 #[derive(Debug)]
 pub struct Tls {
@@ -177,7 +180,7 @@ impl Tls {
 
     /// The files' stamps: what changes when one is rewritten or a symlink on its path is
     /// swapped (`None` for a file that cannot be read).
-    fn stamps(&self) -> Vec<Option<(u64, u64, u64, i64, i64, i64, i64)>> {
+    fn stamps(&self) -> Vec<Option<Stamp>> {
         use std::os::unix::fs::MetadataExt;
         [&self.cfg.cert, &self.cfg.key, &self.cfg.client_ca]
             .into_iter()
@@ -332,6 +335,7 @@ mod tests {
             key: key.then(|| "k.pem".into()),
             client_ca: ca.then(|| "ca.pem".into()),
             client_auth: auth,
+            ..TlsConfig::default()
         }
     }
 
