@@ -32,7 +32,7 @@ impl Pods {
         std::fs::write(
             tokens.scratch().join("npud.toml"),
             format!(
-                "[auth]\ntoken_dir = {:?}\nadmins = [\"token:culprit\"]\n\
+                "[auth]\ntoken_dir = {:?}\nadmins = [\"token:culprit*\"]\n\
                  [[auth.rules]]\nname = \"pods\"\nmatch = [\"token:*\"]\n",
                 tokens.path().display().to_string()
             ),
@@ -297,7 +297,11 @@ async fn faults_and_hangs_hit_only_the_culprit() {
     let own = innocent.statistics().await.unwrap();
     assert_eq!(own.device_faults, u64::from(BUDGET));
     assert_eq!(own.sessions.len(), 1);
-    assert_eq!(own.sessions[0].identity, "token:innocent");
+    assert!(
+        own.sessions[0].identity.starts_with("token:innocent"),
+        "{:?}",
+        own.sessions[0]
+    );
     let stats = culprit.statistics().await.unwrap();
     let faults = |id: u64| {
         stats
