@@ -6,8 +6,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod certs;
 pub mod configmap;
 pub mod python;
+pub mod tokens;
 
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::OwnedFd;
@@ -617,6 +619,8 @@ pub struct Session {
     pub id: u64,
     pub token: String,
     pub fd_socket: Option<PathBuf>,
+    /// An `x-npud-token` secret every call carries (the session's identity is the token's).
+    pub identity_token: Option<String>,
 }
 
 /// Copies of `i32`s in and out of a shared mapping: tests read and write tensor memory the
@@ -674,11 +678,27 @@ impl Session {
     ///
     /// # Errors
     /// The daemon's status.
-    pub async fn open(mut client: NpudClient<Channel>, name: &str) -> Result<Session, Status> {
+    pub async fn open(client: NpudClient<Channel>, name: &str) -> Result<Session, Status> {
+        Self::open_as(client, name, None).await
+    }
+
+    /// Opens a session as the token identity whose secret is `secret` (when given): every
+    /// call of the session carries it.
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn open_as(
+        mut client: NpudClient<Channel>,
+        name: &str,
+        secret: Option<&str>,
+    ) -> Result<Session, Status> {
         let r = client
-            .open_session(pb::OpenSessionRequest {
-                client_name: name.to_owned(),
-            })
+            .open_session(with_identity_token(
+                pb::OpenSessionRequest {
+                    client_name: name.to_owned(),
+                },
+                secret,
+            ))
             .await?
             .into_inner();
         Ok(Session {
@@ -686,12 +706,20 @@ impl Session {
             id: r.session_id,
             token: r.token,
             fd_socket: None,
+            identity_token: secret.map(str::to_owned),
         })
     }
 
-    /// A request carrying this session's metadata.
+    /// A request carrying this session's metadata (and its identity token).
     pub fn req<T>(&self, msg: T) -> Request<T> {
-        with_session(msg, self.id, &self.token)
+        let mut r = with_session(msg, self.id, &self.token);
+        if let Some(secret) = &self.identity_token {
+            r.metadata_mut().insert(
+                npu_proto::IDENTITY_TOKEN_HEADER,
+                secret.parse().expect("a token secret is ASCII"),
+            );
+        }
+        r
     }
 
     /// The device's generation.
@@ -849,10 +877,25 @@ impl Session {
     pub async fn statistics(&mut self) -> Result<pb::Statistics, Status> {
         Ok(self
             .client
-            .get_statistics(pb::GetStatisticsRequest {})
+            .get_statistics(with_identity_token(
+                pb::GetStatisticsRequest {},
+                self.identity_token.as_deref(),
+            ))
             .await?
             .into_inner())
     }
+}
+
+/// `msg` carrying the identity token `secret`, when given.
+pub fn with_identity_token<T>(msg: T, secret: Option<&str>) -> Request<T> {
+    let mut r = Request::new(msg);
+    if let Some(secret) = secret {
+        r.metadata_mut().insert(
+            npu_proto::IDENTITY_TOKEN_HEADER,
+            secret.parse().expect("a token secret is ASCII"),
+        );
+    }
+    r
 }
 
 /// A request with session metadata.

@@ -2,8 +2,10 @@
 //! a uid past `limits.fault_budget` faults within the window may not register programs or
 //! dispatch until its cool-down ends, and the refusal says for how long. Changing one word of a
 //! hanging design (new bytes, so no quarantine applies) no longer lets one user stall everyone
-//! again and again. TCP clients are one identity of their own, so they stand in for "another
-//! user" here.
+//! again and again. The callers here are pods: token identities over the Unix socket, under a
+//! policy that serves only tokens (so the uid the test's process runs as, which every caller
+//! of one process shares, is not charged; `principal.rs` checks that it is where bare uids
+//! are served).
 
 #![forbid(unsafe_code)]
 
@@ -11,32 +13,59 @@ use std::time::{Duration, Instant};
 
 use npu_artifacts::emu::{DType, EmuDesign};
 use npu_proto::v1 as pb;
-use npu_proto::v1::npud_client::NpudClient;
+use npud_e2e::tokens::{TokenDir, secret};
 use npud_e2e::{Daemon, I32Copies, Options, Session, bytes_i32, i32_bytes};
 use tonic::Code;
 
 const N: u32 = 1024;
 const BYTES: u64 = N as u64 * 4;
 
-fn budget(n: u32, window_ms: u64, cooldown_ms: u64) -> Options {
-    Options {
-        tcp: true,
-        ..Options::default()
-    }
-    .env("NPUD_LIMITS__FAULT_BUDGET", &n.to_string())
-    .env("NPUD_LIMITS__FAULT_WINDOW_MS", &window_ms.to_string())
-    .env("NPUD_LIMITS__FAULT_COOLDOWN_MS", &cooldown_ms.to_string())
-    .arg("--emulator-timeout-ms")
-    .arg("300")
+/// Token identities, one file each, and a policy that serves only them; `token:culprit` is an
+/// admin.
+struct Pods {
+    tokens: TokenDir,
 }
 
-async fn tcp_session(d: &Daemon, name: &str) -> Session {
-    let ch = tonic::transport::Endpoint::try_from(format!("http://{}", d.tcp.unwrap()))
-        .unwrap()
-        .connect()
-        .await
+impl Pods {
+    fn new(names: &[&str]) -> Pods {
+        let tokens = TokenDir::new(names);
+        std::fs::write(
+            tokens.scratch().join("npud.toml"),
+            format!(
+                "[auth]\ntoken_dir = {:?}\nadmins = [\"token:culprit*\"]\n\
+                 [[auth.rules]]\nname = \"pods\"\nmatch = [\"token:*\"]\n",
+                tokens.path().display().to_string()
+            ),
+        )
         .unwrap();
-    Session::open(NpudClient::new(ch), name).await.unwrap()
+        Pods { tokens }
+    }
+
+    fn config(&self) -> String {
+        self.tokens
+            .scratch()
+            .join("npud.toml")
+            .display()
+            .to_string()
+    }
+}
+
+/// A session of token identity `name`, over the Unix socket.
+async fn pod_session(d: &Daemon, name: &str) -> Session {
+    Session::open_as(d.connect().await, name, Some(&secret(name)))
+        .await
+        .unwrap()
+}
+
+fn budget(pods: &Pods, n: u32, window_ms: u64, cooldown_ms: u64) -> Options {
+    Options::default()
+        .arg("--config")
+        .arg(&pods.config())
+        .env("NPUD_LIMITS__FAULT_BUDGET", &n.to_string())
+        .env("NPUD_LIMITS__FAULT_WINDOW_MS", &window_ms.to_string())
+        .env("NPUD_LIMITS__FAULT_COOLDOWN_MS", &cooldown_ms.to_string())
+        .arg("--emulator-timeout-ms")
+        .arg("300")
 }
 
 async fn tensor(s: &mut Session, values: Option<&[i32]>) -> u64 {
@@ -109,12 +138,13 @@ async fn session_faults(s: &mut Session) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_uid_past_its_fault_budget_is_cooled_down_and_no_one_else_is() {
+async fn an_identity_past_its_fault_budget_is_cooled_down_and_no_one_else_is() {
     const BUDGET: u32 = 2;
-    let d = Daemon::start(budget(BUDGET, 2000, 3000));
-    let mut culprit = Session::open(d.connect().await, "culprit").await.unwrap();
-    let mut same_uid = Session::open(d.connect().await, "same-uid").await.unwrap();
-    let mut remote = tcp_session(&d, "remote").await;
+    let pods = Pods::new(&["culprit", "other"]);
+    let d = Daemon::start(budget(&pods, BUDGET, 2000, 3000));
+    let mut culprit = pod_session(&d, "culprit").await;
+    let mut same_uid = pod_session(&d, "culprit").await;
+    let mut remote = pod_session(&d, "other").await;
     let good = EmuDesign::vector_scalar_add(N, DType::I32, 1);
     let good_id = culprit.register(&good).await.unwrap().program_id;
     let input: Vec<i32> = (0..N as i32).collect();
@@ -133,7 +163,7 @@ async fn a_uid_past_its_fault_budget_is_cooled_down_and_no_one_else_is() {
     assert_eq!(session_faults(&mut culprit).await, u64::from(BUDGET));
 
     // Fault BUDGET + 1 cannot happen: new programs and dispatches are refused, with the time
-    // left, for every session of the uid.
+    // left, for every session of the identity.
     let e = culprit
         .register(&culprit_design(true, 7))
         .await
@@ -167,7 +197,7 @@ async fn a_uid_past_its_fault_budget_is_cooled_down_and_no_one_else_is() {
     assert_eq!(read(&mut remote, rb).await[..3], [1, 2, 3]);
     assert_eq!(session_faults(&mut remote).await, 0);
 
-    // After the cool-down the uid works again.
+    // After the cool-down the identity works again.
     let until = Instant::now() + Duration::from_secs(20);
     loop {
         match culprit.dispatch(good_id, &[a, b]).await {
@@ -186,13 +216,14 @@ async fn a_uid_past_its_fault_budget_is_cooled_down_and_no_one_else_is() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_and_hangs_hit_only_the_culprit() {
     const BUDGET: u32 = 3;
-    let d = Daemon::start(budget(BUDGET, 600_000, 600_000));
-    let mut culprit = Session::open(d.connect().await, "culprit").await.unwrap();
+    let pods = Pods::new(&["culprit", "innocent"]);
+    let d = Daemon::start(budget(&pods, BUDGET, 600_000, 600_000));
+    let mut culprit = pod_session(&d, "culprit").await;
     let (ca, cb) = (
         tensor(&mut culprit, None).await,
         tensor(&mut culprit, None).await,
     );
-    let mut innocent = tcp_session(&d, "innocent").await;
+    let mut innocent = pod_session(&d, "innocent").await;
     let add = innocent
         .register(&EmuDesign::vector_scalar_add(N, DType::I32, 5))
         .await
@@ -262,12 +293,15 @@ async fn faults_and_hangs_hit_only_the_culprit() {
             Code::ResourceExhausted
         ]
     );
-    // The innocent client (anonymous over TCP) sees only its own session; the culprit (a
-    // local uid that is an admin: root, or the daemon's own) sees both.
+    // The innocent client sees only its own session; the culprit (an admin here) sees both.
     let own = innocent.statistics().await.unwrap();
     assert_eq!(own.device_faults, u64::from(BUDGET));
     assert_eq!(own.sessions.len(), 1);
-    assert_eq!(own.sessions[0].identity, "anonymous");
+    assert!(
+        own.sessions[0].identity.starts_with("token:innocent"),
+        "{:?}",
+        own.sessions[0]
+    );
     let stats = culprit.statistics().await.unwrap();
     let faults = |id: u64| {
         stats

@@ -39,28 +39,21 @@ async fn a_newline_in_a_client_name_forges_no_log_line_and_is_shown_escaped() {
 async fn non_admins_see_only_their_own_sessions_programs() {
     use npu_artifacts::emu::{DType, EmuDesign};
     use npu_proto::v1 as pb;
-    use npu_proto::v1::npud_client::NpudClient;
 
-    let d = Daemon::start(Options {
-        tcp: true,
-        ..Options::default()
-    });
+    let tokens = npud_e2e::tokens::TokenDir::new(&["stranger"]);
+    let d = Daemon::start(
+        Options::default().env("NPUD_AUTH__TOKEN_DIR", &tokens.path().display().to_string()),
+    );
     // The test runs as root: on the Unix socket it is uid:0, an admin by default.
     let mut admin = Session::open(d.connect().await, "admin").await.unwrap();
     let theirs = admin
         .register(&EmuDesign::vector_scalar_add(256, DType::I32, 7))
         .await
         .unwrap();
-    // A loopback TCP caller is `anonymous`, no admin.
-    let tcp = tonic::transport::Endpoint::from_shared(format!(
-        "http://{}",
-        d.tcp.expect("the daemon listens on TCP")
-    ))
-    .unwrap()
-    .connect()
-    .await
-    .unwrap();
-    let mut stranger = NpudClient::new(tcp.clone());
+    // A caller with a token is the token's identity, no admin.
+    let secret = npud_e2e::tokens::secret("stranger");
+    let as_stranger = |m| npud_e2e::with_identity_token(m, Some(&secret));
+    let mut stranger = d.connect().await;
     let seen = |l: &pb::ListProgramsResponse| {
         l.programs
             .iter()
@@ -68,12 +61,12 @@ async fn non_admins_see_only_their_own_sessions_programs() {
             .collect::<Vec<_>>()
     };
     let list = stranger
-        .list_programs(pb::ListProgramsRequest {})
+        .list_programs(as_stranger(pb::ListProgramsRequest {}))
         .await
         .unwrap()
         .into_inner();
     assert!(seen(&list).is_empty(), "another tenant's program: {list:?}");
-    let mut own = Session::open(NpudClient::new(tcp), "stranger")
+    let mut own = Session::open_as(d.connect().await, "stranger", Some(&secret))
         .await
         .unwrap();
     let mine = own
@@ -81,7 +74,7 @@ async fn non_admins_see_only_their_own_sessions_programs() {
         .await
         .unwrap();
     let list = stranger
-        .list_programs(pb::ListProgramsRequest {})
+        .list_programs(as_stranger(pb::ListProgramsRequest {}))
         .await
         .unwrap()
         .into_inner();

@@ -2,7 +2,9 @@
 //! chain, a device fault, a hang, RPC errors, fd-socket exchanges), scrape again, and check
 //! that every counter and histogram moved by exactly that work; the program label is capped;
 //! the text passes `promtool check metrics`; every metric the Grafana dashboard and the alert
-//! rules use is one the daemon exports, and the rules pass `promtool check rules`.
+//! rules use is one the daemon exports, and the rules pass `promtool check rules`. No label
+//! carries client-chosen text unless asked for, series per session are capped, and connections
+//! that say nothing cannot keep a scraper out (issue 20, finding 9).
 
 #![forbid(unsafe_code)]
 
@@ -216,7 +218,8 @@ async fn run(s: &mut Session, w: &Work, fd_socket: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_and_histograms_move_by_exactly_the_work_done() {
-    let d = Daemon::start(options());
+    // Per-session series, with the client's name, asked for.
+    let d = Daemon::start(options().env("NPUD_METRICS__MAX_SESSION_LABELS", "8"));
     let addr = metrics_addr(&d);
     let mut s = Session::open(d.connect().await, "metrics-e2e")
         .await
@@ -436,6 +439,123 @@ async fn program_labels_past_the_cap_are_other_and_other_paths_are_404() {
         .await
         .unwrap();
     assert_eq!(status, 405);
+}
+
+/// A connection to `addr` from `from` (any port) that sends `head` and then nothing.
+async fn silent_connection(
+    from: std::net::IpAddr,
+    addr: SocketAddr,
+    head: &[u8],
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(SocketAddr::new(from, 0)).unwrap();
+    let mut s = sock.connect(addr).await.unwrap();
+    s.write_all(head).await.unwrap();
+    s
+}
+
+/// One scrape on a new connection, or why it failed.
+fn try_scrape(addr: SocketAddr) -> Result<u16, String> {
+    let mut s =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).map_err(|e| e.to_string())?;
+    raw.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no HTTP response: {raw:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_connections_from_many_addresses_do_not_keep_a_scraper_out() {
+    let d = Daemon::start(options());
+    let addr = metrics_addr(&d);
+    let mut held = Vec::new();
+    let mut results = Vec::new();
+    for round in 0..15u8 {
+        // Before each scrape, 24 more connections that never finish a request: from eight
+        // loopback addresses, half of them with a request line and no end of headers.
+        for k in 0..24u8 {
+            let from = std::net::IpAddr::from([127, 0, 0, 2 + k % 8]);
+            let head: &[u8] = if k % 2 == 0 {
+                b""
+            } else {
+                b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+            };
+            held.push(silent_connection(from, addr, head).await);
+        }
+        let r = tokio::task::spawn_blocking(move || try_scrape(addr))
+            .await
+            .unwrap();
+        results.push((round, r));
+    }
+    let failed: Vec<_> = results.iter().filter(|(_, r)| *r != Ok(200)).collect();
+    assert!(failed.is_empty(), "scrapes that failed: {failed:?}");
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_label_carries_client_chosen_text_by_default_and_session_series_are_capped() {
+    let d = Daemon::start(options());
+    let addr = metrics_addr(&d);
+    let mut sessions = Vec::new();
+    for i in 0..3 {
+        let name = format!("client-chosen-{i}");
+        sessions.push(Session::open(d.connect().await, &name).await.unwrap());
+    }
+    let m = scrape(addr).await;
+    assert!(
+        !m.text.contains("client-chosen"),
+        "a client's name in the metrics:\n{}",
+        m.text
+    );
+    assert!(
+        m.samples.iter().all(|(_, l, _)| !l.contains_key("client")),
+        "{}",
+        m.text
+    );
+    let kinds: BTreeSet<&str> = m
+        .samples
+        .iter()
+        .filter(|(n, _, _)| n == "npud_session_pending_work")
+        .map(|(_, l, _)| l["identity_kind"].as_str())
+        .collect();
+    assert_eq!(kinds, BTreeSet::from(["anonymous", "cert", "token", "uid"]));
+    sessions.clear();
+
+    // Per-session series when asked for, at most metrics.max_session_labels of them.
+    let d = Daemon::start(options().env("NPUD_METRICS__MAX_SESSION_LABELS", "1"));
+    let addr = metrics_addr(&d);
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let s = Session::open(d.connect().await, &format!("c{i}"))
+            .await
+            .unwrap();
+        ids.push(s.id);
+        sessions.push(s);
+    }
+    let m = scrape(addr).await;
+    let series: BTreeSet<(String, String)> = m
+        .samples
+        .iter()
+        .filter(|(n, _, _)| n == "npud_session_pending_work")
+        .map(|(_, l, _)| (l["session"].clone(), l["client"].clone()))
+        .collect();
+    assert_eq!(
+        series,
+        BTreeSet::from([
+            (ids[0].to_string(), "c0".to_owned()),
+            ("other".to_owned(), "other".to_owned())
+        ])
+    );
 }
 
 #[test]

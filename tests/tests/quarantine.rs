@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use npu_artifacts::emu::{DType, EmuDesign};
 use npu_proto::v1 as pb;
-use npu_proto::v1::npud_client::NpudClient;
 use npud_e2e::{Daemon, I32Copies, Options, Session, npuctl_binary};
 
 const N: u32 = 1024;
@@ -70,10 +69,10 @@ async fn a_faulted_program_stays_quarantined_across_a_restart_until_npuctl_clear
     );
 
     // The restarted daemon refuses the same bytes at registration, and says how to clear them.
-    let d = Daemon::start(Options {
-        tcp: true,
-        ..with_state(state.path())
-    });
+    let tokens = npud_e2e::tokens::TokenDir::new(&["tenant"]);
+    let d = Daemon::start(
+        with_state(state.path()).env("NPUD_AUTH__TOKEN_DIR", &tokens.path().display().to_string()),
+    );
     let mut s = Session::open(d.connect().await, "second").await.unwrap();
     let e = s.register(&fault).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
@@ -101,16 +100,16 @@ async fn a_faulted_program_stays_quarantined_across_a_restart_until_npuctl_clear
     assert!(q["faulted_at"].as_str().unwrap().ends_with('Z'), "{q}");
     assert!(q["faulted_unix_s"].as_u64().unwrap() > 1_600_000_000, "{q}");
 
-    // A TCP peer (anonymous) may not clear it.
-    let tcp = tonic::transport::Endpoint::try_from(format!("http://{}", d.tcp.unwrap()))
-        .unwrap()
+    // A tenant (a token identity) may not clear it.
+    let e = d
         .connect()
         .await
-        .unwrap();
-    let e = NpudClient::new(tcp)
-        .clear_quarantine(pb::ClearQuarantineRequest {
-            content_hash: hash.clone(),
-        })
+        .clear_quarantine(npud_e2e::with_identity_token(
+            pb::ClearQuarantineRequest {
+                content_hash: hash.clone(),
+            },
+            Some(&npud_e2e::tokens::secret("tenant")),
+        ))
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
@@ -119,7 +118,7 @@ async fn a_faulted_program_stays_quarantined_across_a_restart_until_npuctl_clear
             .starts_with("ClearQuarantine is allowed only to admins (auth.admins: uid:0"),
         "{e:?}"
     );
-    assert!(e.message().ends_with("this caller is anonymous"), "{e:?}");
+    assert!(e.message().contains("this caller is token:tenant"), "{e:?}");
 
     // The operator clears it (this test runs as root or as the daemon's own user).
     let text = stdout(&npuctl(&d, &["programs", "--clear-quarantine", &hash]));

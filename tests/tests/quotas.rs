@@ -238,6 +238,76 @@ async fn an_idle_connection_is_closed_after_the_idle_timeout() {
     assert!(started.elapsed() >= Duration::from_millis(400));
 }
 
+/// Issue 20: a connection that never opens a session is closed after
+/// `limits.idle_connection_ms` even while it sends HTTP/2 PINGs (which keep it within
+/// `limits.idle_timeout_ms`), so peers that open no session cannot hold a connection pool; a
+/// connection with a session, or with a call open, is not idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_without_a_session_or_a_call_is_closed_even_while_it_pings() {
+    use tokio::io::AsyncWriteExt;
+    let d = Daemon::start(Options::default().env("NPUD_LIMITS__IDLE_CONNECTION_MS", "500"));
+    let s = Session::open(d.connect().await, "kept").await.unwrap();
+    let mut watch = tonic_health::pb::health_client::HealthClient::new(d.channel().await)
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(watch.message().await.unwrap().is_some(), "the first status");
+
+    let mut c = tokio::net::UnixStream::connect(&d.socket).await.unwrap();
+    c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let (mut rd, mut wr) = c.into_split();
+    let pings = tokio::spawn(async move {
+        // A PING every 100 ms: 8 bytes of payload on stream 0.
+        let ping = [0, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+        while wr.write_all(&ping).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut buf = [0_u8; 1024];
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    pings.abort();
+    assert!(
+        closed.is_ok(),
+        "a pinging connection without a session was still open after 5 s"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(400));
+
+    // By now the session's connection and the health watch's have been quiet as long: both
+    // are still open.
+    let stats = d
+        .connect()
+        .await
+        .get_statistics(pb::GetStatisticsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let mine = stats
+        .sessions
+        .iter()
+        .find(|x| x.session_id == s.id)
+        .expect("the session");
+    assert!(
+        mine.connected,
+        "the session's connection was closed: {mine:?}"
+    );
+    let next = tokio::time::timeout(Duration::from_millis(300), watch.message()).await;
+    assert!(next.is_err(), "the open watch ended: {next:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_file_descriptors_the_daemon_says_so_does_not_spin_and_recovers() {
     let mut d = Daemon::start(Options::default());

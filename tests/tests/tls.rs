@@ -16,11 +16,9 @@ use npu_artifacts::emu::EmuDesign;
 use npu_client::{Client, ConnectOptions, Operator};
 use npu_proto::v1 as pb;
 use npu_proto::v1::npud_client::NpudClient;
+use npud_e2e::certs::Ca;
 use npud_e2e::configmap::{Paths, configmap_npud_toml};
 use npud_e2e::{Daemon, Options, Session, with_session};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-};
 use tonic::Code;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -31,82 +29,6 @@ async fn bounded<T>(f: impl Future<Output = T>) -> T {
     tokio::time::timeout(LIMIT, f)
         .await
         .expect("the test finished within its bound")
-}
-
-/// A CA and the certificates it signs, written as PEM files in `dir`.
-struct Ca {
-    issuer: Issuer<'static, KeyPair>,
-    pem: String,
-    dir: PathBuf,
-    name: String,
-}
-
-impl Ca {
-    fn new(dir: &Path, name: &str) -> Ca {
-        let key = KeyPair::generate().unwrap();
-        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.distinguished_name
-            .push(DnType::CommonName, format!("npud test {name}"));
-        let cert = p.self_signed(&key).unwrap();
-        let pem = cert.pem();
-        std::fs::write(dir.join(format!("{name}.pem")), &pem).unwrap();
-        Ca {
-            issuer: Issuer::new(p, key),
-            pem,
-            dir: dir.to_path_buf(),
-            name: name.to_owned(),
-        }
-    }
-
-    fn path(&self) -> PathBuf {
-        self.dir.join(format!("{}.pem", self.name))
-    }
-
-    /// A leaf certificate with these subject alternative names (none: only the common name
-    /// `cn`), as (cert, key) files named `file`.crt / `file`.key.
-    fn leaf(&self, file: &str, sans: &[&str], cn: &str, server: bool) -> (PathBuf, PathBuf) {
-        let names = sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-        let sans = CertificateParams::new(names).unwrap().subject_alt_names;
-        self.sign(file, sans, cn, server)
-    }
-
-    /// A client certificate with exactly these subject alternative names and common name
-    /// `file`.
-    fn leaf_with(&self, file: &str, sans: Vec<rcgen::SanType>) -> (PathBuf, PathBuf) {
-        self.sign(file, sans, file, false)
-    }
-
-    fn sign(
-        &self,
-        file: &str,
-        sans: Vec<rcgen::SanType>,
-        cn: &str,
-        server: bool,
-    ) -> (PathBuf, PathBuf) {
-        let key = KeyPair::generate().unwrap();
-        let mut p = CertificateParams::default();
-        p.subject_alt_names = sans;
-        p.distinguished_name = rcgen::DistinguishedName::new();
-        p.distinguished_name.push(DnType::CommonName, cn);
-        p.extended_key_usages = vec![if server {
-            ExtendedKeyUsagePurpose::ServerAuth
-        } else {
-            ExtendedKeyUsagePurpose::ClientAuth
-        }];
-        let cert = p.signed_by(&key, &self.issuer).unwrap();
-        let (c, k) = (
-            self.dir.join(format!("{file}.crt")),
-            self.dir.join(format!("{file}.key")),
-        );
-        std::fs::write(&c, cert.pem()).unwrap();
-        std::fs::write(&k, key.serialize_pem()).unwrap();
-        (c, k)
-    }
-
-    fn server(&self, file: &str) -> (PathBuf, PathBuf) {
-        self.leaf(file, &["localhost", "127.0.0.1"], "npud", true)
-    }
 }
 
 /// Writes `npud.toml` with `body` into `dir`; returns its path.
@@ -197,14 +119,16 @@ async fn a_client_with_the_right_ca_connects_and_one_with_another_ca_is_refused(
         let (cert, key) = ca.server("server");
         let d = start(&config(dir.path(), &tls_section(&cert, &key)));
 
-        // npu-client with the CA file: TLS, anonymous from loopback, allowed a session.
+        // npu-client with the CA file: TLS from this host without a client certificate, so the
+        // caller is the local user the kernel names, as on the Unix socket; allowed a session.
+        let me = format!("uid:{}", rustix::process::getuid().as_raw());
         let c = Client::connect_with(Some(&https(&d)), opts(&ca.path(), None))
             .await
             .unwrap();
         let info = c.device_info().await.unwrap();
         assert_eq!(info.tcp_security, "tls");
         assert_eq!(info.tcp_address, d.tcp.unwrap().to_string());
-        assert_eq!(info.caller_identity, "anonymous");
+        assert_eq!(info.caller_identity, me);
         let mut t = c.tensor_from(&[1i32, 2, 3]).await.unwrap();
         t.upload().await.unwrap();
         t.copy_from_slice(&[0, 0, 0]).unwrap();
@@ -212,7 +136,7 @@ async fn a_client_with_the_right_ca_connects_and_one_with_another_ca_is_refused(
         assert_eq!(t.to_vec(), vec![1, 2, 3]);
         let stats = c.statistics().await.unwrap();
         assert_eq!(stats.sessions.len(), 1);
-        assert_eq!(stats.sessions[0].identity, "anonymous");
+        assert_eq!(stats.sessions[0].identity, me);
 
         // Another CA: the server's certificate is not trusted.
         let e = Client::connect_with(Some(&https(&d)), opts(&other.path(), None))
@@ -567,6 +491,90 @@ async fn sighup_serves_a_new_certificate_to_new_connections_and_keeps_old_ones()
         }
         assert!(d.stderr().contains("tls.key"), "{}", d.stderr());
         assert!(tls_channel(&d, &ca2.pem, None).await.is_ok());
+    })
+    .await;
+}
+
+/// Puts `files` (name, source) into a new directory `..<version>` of `dir` and points `..data`
+/// at it with one rename, as the kubelet updates a mounted Secret; the names in `dir` are
+/// symlinks through `..data`.
+fn kubelet_update(dir: &Path, version: &str, files: &[(&str, &Path)]) {
+    let new = dir.join(format!("..{version}"));
+    std::fs::create_dir(&new).unwrap();
+    for (name, from) in files {
+        std::fs::copy(from, new.join(name)).unwrap();
+        let link = dir.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(Path::new("..data").join(name), &link).unwrap();
+        }
+    }
+    let tmp = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(format!("..{version}"), &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+}
+
+/// Issue 20, finding 10: in Kubernetes nothing sends SIGHUP when a Secret rotates; the daemon
+/// sees the kubelet's symlink swap and serves the new certificate to new connections, and
+/// keeps the old one when the new files do not load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_rotated_as_the_kubelet_does_it_is_served_without_a_signal() {
+    bounded(async {
+        let dir = tempfile::tempdir().unwrap();
+        let ca1 = Ca::new(dir.path(), "ca1");
+        let ca2 = Ca::new(dir.path(), "ca2");
+        let ca3 = Ca::new(dir.path(), "ca3");
+        let (c1, k1) = ca1.server("server1");
+        let (c2, k2) = ca2.server("server2");
+        let (c3, _) = ca3.server("server3");
+        let mount = dir.path().join("secret");
+        std::fs::create_dir(&mount).unwrap();
+        kubelet_update(
+            &mount,
+            "2026_12_01_a",
+            &[("tls.crt", &c1), ("tls.key", &k1)],
+        );
+        let body = format!(
+            "{}reload_interval_ms = 100\n",
+            tls_section(&mount.join("tls.crt"), &mount.join("tls.key"))
+        );
+        let d = start(&config(dir.path(), &body));
+        let old = tls_channel(&d, &ca1.pem, None).await.unwrap();
+
+        // The Secret rotates to a certificate of another CA: new connections get it.
+        kubelet_update(
+            &mount,
+            "2026_12_01_b",
+            &[("tls.crt", &c2), ("tls.key", &k2)],
+        );
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        while tls_channel(&d, &ca2.pem, None).await.is_err() {
+            assert!(
+                std::time::Instant::now() < until,
+                "the rotated certificate was never served: {}",
+                d.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(tls_channel(&d, &ca1.pem, None).await.is_err());
+        // The connection made before still works.
+        NpudClient::new(old)
+            .get_device_info(pb::GetDeviceInfoRequest {})
+            .await
+            .unwrap();
+
+        // A rotation to files that do not fit (a certificate with another's key) keeps the
+        // certificate in use, and says why.
+        kubelet_update(
+            &mount,
+            "2026_12_01_c",
+            &[("tls.crt", &c3), ("tls.key", &k2)],
+        );
+        while !d.stderr().contains("reloading them failed") {
+            assert!(std::time::Instant::now() < until, "{}", d.stderr());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(tls_channel(&d, &ca2.pem, None).await.is_ok());
+        assert!(tls_channel(&d, &ca3.pem, None).await.is_err());
     })
     .await;
 }

@@ -11,6 +11,7 @@
 //!   another process or the device writes is not a slice).
 //! - [`client_memory`]: [`ClientMemory`], a client's own tensor memory, whose views are safe
 //!   because nothing else maps it and the daemon writes it only while it is lent.
+//! - [`peer`]: the supplementary groups of a Unix socket's peer (`SO_PEERGROUPS`).
 //! - [`wire`]: the fd socket, a Unix stream socket beside the gRPC socket that carries fds with
 //!   `SCM_RIGHTS` in fixed-size frames, each exchange bound to a one-time [`wire::Ticket`] that a
 //!   gRPC call issued.
@@ -40,6 +41,7 @@ pub mod client_memory;
 mod error;
 pub mod mapping;
 pub mod memfd;
+pub mod peer;
 pub mod wire;
 
 pub use client_memory::ClientMemory;

@@ -168,6 +168,11 @@ pub struct MetricsConfig {
     /// counted as `program="other"`, so the number of series stays bounded however many
     /// programs clients register.
     pub max_program_labels: u32,
+    /// Sessions shown one by one in `npud_session_pending_work` (labels `session` and the
+    /// client's own `client_name`), the rest summed as `session="other"`. 0 (the default):
+    /// no client-chosen text in any label, and no series per session; the gauge is summed by
+    /// the kind of identity that opened the session (`identity_kind`).
+    pub max_session_labels: u32,
 }
 
 impl Default for MetricsConfig {
@@ -175,6 +180,7 @@ impl Default for MetricsConfig {
         Self {
             listen: None,
             max_program_labels: 64,
+            max_session_labels: 0,
         }
     }
 }
@@ -200,7 +206,8 @@ pub struct Limits {
     pub max_message_bytes: u64,
     /// Largest PDI plus instruction stream a program may have, in bytes.
     pub max_program_bytes: u64,
-    /// Open sessions one uid may hold (TCP clients, who have no uid, share one count).
+    /// Open sessions one identity may hold (a session also counts against the other
+    /// identities its connection proves; see `auth`).
     pub max_sessions_per_uid: u32,
     /// Bytes of the programs one session references, each distinct content counted once.
     pub max_program_bytes_per_session: u64,
@@ -224,8 +231,13 @@ pub struct Limits {
     pub handshake_timeout_ms: u64,
     /// How long a connection may stay without receiving a byte before it is closed, in ms.
     pub idle_timeout_ms: u64,
+    /// How long a gRPC connection may stay with no session attached and no call open before
+    /// it is closed (HTTP/2 PINGs or not), in ms: peers that never open a session cannot hold
+    /// a connection pool.
+    pub idle_connection_ms: u64,
     /// Device faults (failures and hangs) one uid may cause within `fault_window_ms` before it
-    /// is cooled down (TCP clients, who have no uid, share one budget).
+    /// is cooled down (a fault is charged to every identity the session's connection proved;
+    /// see `auth`).
     pub fault_budget: u32,
     /// The window the fault budget counts over, in ms.
     pub fault_window_ms: u64,
@@ -265,6 +277,7 @@ impl Default for Limits {
             max_preauth_connections_per_prefix: 8,
             handshake_timeout_ms: 10_000,
             idle_timeout_ms: 300_000,
+            idle_connection_ms: 60_000,
             fault_budget: 3,
             fault_window_ms: 60_000,
             fault_cooldown_ms: 300_000,
@@ -511,6 +524,12 @@ impl Config {
                 "must be at most 1024 (programs past it are counted as \"other\")",
             ));
         }
+        if self.metrics.max_session_labels > MAX_PROGRAM_LABELS {
+            return Err(invalid(
+                "metrics.max_session_labels",
+                "must be at most 1024 (sessions past it are summed as \"other\")",
+            ));
+        }
         if let Some(t) = &self.tcp
             && let Ok(addr) = t.parse::<SocketAddr>()
             && !addr.ip().is_loopback()
@@ -610,6 +629,7 @@ impl Config {
             ),
             ("limits.handshake_timeout_ms", l.handshake_timeout_ms),
             ("limits.idle_timeout_ms", l.idle_timeout_ms),
+            ("limits.idle_connection_ms", l.idle_connection_ms),
             ("limits.fault_budget", u64::from(l.fault_budget)),
             ("limits.fault_window_ms", l.fault_window_ms),
             ("limits.fault_cooldown_ms", l.fault_cooldown_ms),

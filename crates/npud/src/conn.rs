@@ -3,26 +3,31 @@
 //! period.
 //!
 //! [`Conn`] is the IO type tonic serves; its [`ConnInfo`] (an id, the peer's uid and pid on a
-//! Unix socket or its address over TCP, and the identity its transport proves) is in every
-//! request's extensions. On the Unix socket the identity is `uid:<n>` with the groups of
-//! `SO_PEERCRED`'s gid and the supplementary groups the peer process had when it connected
-//! (read from `/proc/<pid>/status`: neither rustix nor nix offers `SO_PEERGROUPS`, and this
-//! crate has no unsafe code); over mTLS it is the client certificate's subject; otherwise
-//! anonymous. It holds the
-//! connection's [`Slot`] in the connection limits, and closes the connection (a read fails
-//! with `TimedOut`, which ends hyper's connection task) when the peer sends no bytes for
-//! `limits.idle_timeout_ms`, or has not sent the 24-byte HTTP/2 client preface within
-//! `limits.handshake_timeout_ms`. Bytes of any HTTP/2 frame count, PINGs included, so a client
-//! that keeps an idle channel open with HTTP/2 keepalive pings keeps it. A refused connection
-//! ([`ConnInfo::refused`]) is closed [`REFUSED_LIFETIME`] after it was accepted, whatever it
-//! sends.
+//! Unix socket or its address over TCP, the identity its transport proves, and the local user
+//! on the other end when there is one) is in every request's extensions. On the Unix socket
+//! the identity is `uid:<n>` with the groups of `SO_PEERCRED`'s gid and the supplementary
+//! groups the peer process had when it connected (`SO_PEERGROUPS`, read at accept through
+//! `npu_fd::peer`); over TCP from this host it is the same `uid:<n>` (see `auth::local`); over
+//! mTLS it is the client certificate's name; otherwise anonymous.
+//!
+//! It holds the connection's [`Slot`] in the connection limits, and closes the connection (a
+//! read fails with `TimedOut`, which ends hyper's connection task) when the peer sends no
+//! bytes for `limits.idle_timeout_ms`, or has not sent the 24-byte HTTP/2 client preface
+//! within `limits.handshake_timeout_ms`. Bytes of any HTTP/2 frame count, PINGs included, so a
+//! client that keeps an idle channel open with HTTP/2 keepalive pings keeps it, as long as it
+//! uses it: a connection that has had no session attached and no call open for
+//! `limits.idle_connection_ms` is closed too (PINGs or not), so that peers that never open a
+//! session cannot hold a connection pool. [`CountCalls`], a tower layer beside the server,
+//! counts each connection's open calls. A refused connection ([`ConnInfo::refused`]) is closed
+//! [`REFUSED_LIFETIME`] after it was accepted, whatever it sends.
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -32,25 +37,73 @@ use tokio::time::{Instant, Sleep};
 use tonic::transport::server::Connected;
 
 use crate::accept::{Accepted, Admission, REFUSED_LIFETIME, Slot};
-use crate::auth::Identity;
+use crate::auth::{Identity, LocalUser};
 use crate::sessions::Sessions;
 
 /// Length of the HTTP/2 client connection preface (`PRI * HTTP/2.0...`).
 const PREFACE_LEN: usize = 24;
 
-/// How long a connection may take to start, and stay silent after.
+/// How long a connection may take to start, stay silent after, and stay without a session
+/// or a call.
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
     pub handshake: Duration,
     pub idle: Duration,
+    pub unused: Duration,
+}
+
+/// A connection's open calls, and when the last one ended.
+#[derive(Debug)]
+pub struct Calls {
+    open: AtomicU32,
+    born: Instant,
+    /// When the last call ended, in ms since `born`.
+    ended_ms: AtomicU64,
+}
+
+impl Calls {
+    fn new(born: Instant) -> Self {
+        Self {
+            open: AtomicU32::new(0),
+            born,
+            ended_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts a call open until the returned guard is dropped.
+    pub fn enter(self: &Arc<Self>) -> CallGuard {
+        self.open.fetch_add(1, Ordering::AcqRel);
+        CallGuard(self.clone())
+    }
+
+    fn open(&self) -> u32 {
+        self.open.load(Ordering::Acquire)
+    }
+
+    fn last_ended(&self) -> Instant {
+        self.born + Duration::from_millis(self.ended_ms.load(Ordering::Acquire))
+    }
+}
+
+/// One open call of a connection (see [`Calls::enter`]).
+#[derive(Debug)]
+pub struct CallGuard(Arc<Calls>);
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        let ms = u64::try_from(self.0.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.ended_ms.fetch_max(ms, Ordering::AcqRel);
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Who is on the other end of a connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ConnInfo {
     /// Unique for the life of the daemon.
     pub id: u64,
-    /// The peer's uid (`SO_PEERCRED`), on a Unix socket.
+    /// The peer's uid (`SO_PEERCRED`), on a Unix socket only (fd tickets are issued to it; a
+    /// TCP peer on this host is known by [`ConnInfo::local`]).
     pub uid: Option<u32>,
     /// The peer's pid, on a Unix socket.
     pub pid: Option<i32>,
@@ -58,9 +111,31 @@ pub struct ConnInfo {
     pub addr: Option<SocketAddr>,
     /// Who the transport says the peer is (a call's `x-npud-token` may replace it).
     pub identity: Identity,
+    /// The local user the kernel says is on the other end (the Unix socket's peer, or a TCP
+    /// peer on this host), whatever else the connection presents: quotas and the fault
+    /// budget count against it too (see `auth`).
+    pub local: Option<Identity>,
+    /// The connection's open calls (for the idle policy).
+    pub calls: Arc<Calls>,
     /// Set when the connection was accepted only to be refused: why (naming the limit or the
     /// cause). Every request on it is answered RESOURCE_EXHAUSTED with this message.
     pub refused: Option<Arc<str>>,
+}
+
+impl ConnInfo {
+    /// Connection `id` proving `identity` alone: no uid, address or local user, not refused.
+    pub fn of(id: u64, identity: Identity) -> Self {
+        Self {
+            id,
+            uid: None,
+            pid: None,
+            addr: None,
+            identity,
+            local: None,
+            calls: Arc::new(Calls::new(Instant::now())),
+            refused: None,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -88,19 +163,30 @@ pub struct Conn {
     idle: Duration,
     /// A refused connection: the deadline is never extended.
     fixed: bool,
+    /// Fires when the connection may have been without a session or a call for
+    /// `limits.idle_connection_ms`.
+    unused_deadline: Pin<Box<Sleep>>,
+    unused: Duration,
+    /// When the HTTP/2 preface was complete.
+    started: Instant,
 }
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
 impl Conn {
-    /// Wraps an accepted stream, reading the peer's credentials on a Unix socket.
+    /// Wraps an accepted stream, reading the peer's credentials on a Unix socket; `local` is
+    /// the local user on the other end of a TCP connection from this host (`auth::local`).
     pub fn new(
         accepted: Accepted,
         admission: Admission,
         sessions: Arc<Sessions>,
         t: Timeouts,
+        local: Option<LocalUser>,
     ) -> Self {
         let id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let calls = Arc::new(Calls::new(now));
+        let local = local.map(|u| Identity::uid(u.uid, u.gids));
         let (stream, mut info) = match accepted {
             Accepted::Unix(s) => {
                 let cred = s.peer_cred().ok();
@@ -108,16 +194,20 @@ impl Conn {
                 // u32::MAX, which is no real user's uid, so it can use no other user's session.
                 let uid = cred.map_or(u32::MAX, |c| c.uid());
                 let pid = cred.and_then(|c| c.pid());
-                let gids = cred
-                    .map(|c| c.gid())
-                    .into_iter()
-                    .chain(pid.map(supplementary_groups).unwrap_or_default());
+                let supplementary = npu_fd::peer::groups(s.as_fd()).unwrap_or_else(|e| {
+                    tracing::debug!(conn = id, error = %e, "SO_PEERGROUPS failed; no supplementary groups");
+                    Vec::new()
+                });
+                let gids = cred.map(|c| c.gid()).into_iter().chain(supplementary);
+                let identity = Identity::uid(uid, gids);
                 let info = ConnInfo {
                     id,
                     uid: Some(uid),
                     pid,
                     addr: None,
-                    identity: Identity::uid(uid, gids),
+                    local: Some(identity.clone()),
+                    identity,
+                    calls,
                     refused: None,
                 };
                 (Stream::Unix(s), info)
@@ -130,7 +220,11 @@ impl Conn {
                     uid: None,
                     pid: None,
                     addr,
-                    identity: Identity::anonymous(addr.map(|a| a.ip())),
+                    identity: local
+                        .clone()
+                        .unwrap_or_else(|| Identity::anonymous(addr.map(|a| a.ip()))),
+                    local,
+                    calls,
                     refused: None,
                 };
                 (Stream::Tcp(s), info)
@@ -143,22 +237,22 @@ impl Conn {
                     .peer_certificates()
                     .and_then(|c| c.first())
                     .and_then(|c| crate::tls::certificate_subject(c))
-                    .map_or_else(
-                        || Identity::anonymous(addr.map(|a| a.ip())),
-                        |(kind, name)| Identity::cert(kind, &name),
-                    );
+                    .map(|(kind, name)| Identity::cert(kind, &name))
+                    .or_else(|| local.clone())
+                    .unwrap_or_else(|| Identity::anonymous(addr.map(|a| a.ip())));
                 let info = ConnInfo {
                     id,
                     uid: None,
                     pid: None,
                     addr,
                     identity,
+                    local,
+                    calls,
                     refused: None,
                 };
                 (Stream::Tls(s), info)
             }
         };
-        let now = Instant::now();
         let (slot, preauth, refusing, first, fixed) = match admission {
             Admission::Admitted { slot, preauth } => {
                 (Some(slot), preauth, None, t.handshake, false)
@@ -186,6 +280,29 @@ impl Conn {
             preface_left: PREFACE_LEN,
             idle: t.idle,
             fixed,
+            unused_deadline: Box::pin(tokio::time::sleep_until(now + t.unused)),
+            unused: t.unused,
+            started: now,
+        }
+    }
+
+    /// Whether the connection has been without a session and a call for
+    /// `limits.idle_connection_ms`; re-arms the timer otherwise.
+    fn poll_unused(&mut self, cx: &mut Context<'_>) -> bool {
+        loop {
+            if self.unused_deadline.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            let now = Instant::now();
+            if self.info.calls.open() > 0 || self.sessions.has_connection(self.info.id) {
+                self.unused_deadline.as_mut().reset(now + self.unused);
+                continue;
+            }
+            let due = self.started.max(self.info.calls.last_ended()) + self.unused;
+            if due <= now {
+                return true;
+            }
+            self.unused_deadline.as_mut().reset(due);
         }
     }
 
@@ -248,10 +365,19 @@ impl AsyncRead for Conn {
                             // handshake deadline no longer applies.
                             this.preauth = None;
                             this.deadline.as_mut().reset(this.last_read + this.idle);
+                            this.started = this.last_read;
+                            this.unused_deadline
+                                .as_mut()
+                                .reset(this.started + this.unused);
                         }
                     }
                 }
                 Poll::Ready(Ok(()))
+            }
+            Poll::Pending if !this.fixed && this.preface_left == 0 && this.poll_unused(cx) => {
+                let what = "no session and no call for limits.idle_connection_ms";
+                tracing::debug!(conn = this.info.id, "{what}");
+                Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, what)))
             }
             Poll::Pending if this.poll_expired(cx) => {
                 let what = if this.fixed {
@@ -319,19 +445,96 @@ impl AsyncWrite for Conn {
     }
 }
 
-/// The supplementary groups of process `pid` (the `Groups:` line of `/proc/<pid>/status`);
-/// empty when it cannot be read.
-fn supplementary_groups(pid: i32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("Groups:").map(|g| {
-                    g.split_whitespace()
-                        .filter_map(|n| n.parse().ok())
-                        .collect()
-                })
+/// A tower layer that counts each connection's open calls ([`ConnInfo::calls`]): a call is
+/// open from its request until both its request and its response bodies are gone.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CountCalls;
+
+impl<S> tower_layer::Layer<S> for CountCalls {
+    type Service = CountCallsService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        CountCallsService { inner }
+    }
+}
+
+/// [`CountCalls`] around a service.
+#[derive(Debug, Clone)]
+pub struct CountCallsService<S> {
+    inner: S,
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, R> tower_service::Service<http::Request<tonic::body::Body>> for CountCallsService<S>
+where
+    S: tower_service::Service<http::Request<tonic::body::Body>, Response = http::Response<R>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    R: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
+    R::Error: Into<tonic::codegen::StdError>,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let guard = req
+            .extensions()
+            .get::<ConnInfo>()
+            .map(|c| Arc::new(c.calls.enter()));
+        let req = req.map(|b| {
+            tonic::body::Body::new(Counted {
+                inner: b,
+                _guard: guard.clone(),
             })
+        });
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let resp = inner.call(req).await?;
+            Ok(resp.map(|b| {
+                tonic::body::Body::new(Counted {
+                    inner: b,
+                    _guard: guard,
+                })
+            }))
         })
-        .unwrap_or_default()
+    }
+}
+
+/// A body that keeps its call counted while it lives.
+struct Counted<B> {
+    inner: B,
+    _guard: Option<Arc<CallGuard>>,
+}
+
+impl<B> http_body::Body for Counted<B>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+{
+    type Data = bytes::Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, B::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }

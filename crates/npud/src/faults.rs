@@ -3,8 +3,9 @@
 //! Quarantine is keyed by a program's bytes, so a client that changes one word of a hanging
 //! design gets a fresh program that stalls every client again for the runtime's whole timeout.
 //! The budget bounds that by identity instead: every device fault (a failure or a hang) charges
-//! the session whose work faulted and the identity that opened it (`uid:1000`, `cert:...`,
-//! `token:...`, `anonymous`; see `auth`). When an identity's faults within the last
+//! the session whose work faulted and the identities it is charged to: the one that opened it
+//! (`uid:1000`, `cert:...`, `token:...`, `anonymous`) and every other identity its connection
+//! proved that could call alone (see `auth`'s "one principal"), each against its own budget. When an identity's faults within the last
 //! `window` reach `budget`, it is cooled down: it may not register programs or dispatch until
 //! the cool-down ends, which is `cooldown` after the fault that spent the budget, and never
 //! before the oldest of those `budget` faults leaves the window.
@@ -33,8 +34,34 @@ use hsa_core::sys::Status;
 use crate::config::Limits;
 use crate::error::NpudError;
 
-/// Who is charged: the name of the identity that opened the session (`auth::Identity::key`).
-pub type Charged = Arc<str>;
+/// Who is charged: the names (`auth::Identity::key`) of the identity that opened the session,
+/// first, and of the others its connection proved (see `auth`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Charged(Arc<[Arc<str>]>);
+
+impl Charged {
+    /// The principal `first`, then `also`.
+    pub fn new(first: Arc<str>, also: impl IntoIterator<Item = Arc<str>>) -> Self {
+        Self(std::iter::once(first).chain(also).collect())
+    }
+
+    /// Every charged name, the principal first.
+    pub fn names(&self) -> &[Arc<str>] {
+        &self.0
+    }
+}
+
+impl From<String> for Charged {
+    fn from(name: String) -> Self {
+        Self::new(name.into(), [])
+    }
+}
+
+impl std::fmt::Display for Charged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.first().map_or("", |n| n))
+    }
+}
 
 #[derive(Debug, Default)]
 struct Record {
@@ -48,7 +75,7 @@ struct Record {
 
 #[derive(Debug, Default)]
 struct Inner {
-    identities: HashMap<Charged, Record>,
+    identities: HashMap<Arc<str>, Record>,
     /// Faults per session since it opened.
     sessions: HashMap<u64, u64>,
 }
@@ -88,11 +115,19 @@ impl FaultBudget {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Charges one fault at `now` to `session` and `who`; returns whether this fault started a
-    /// cool-down.
+    /// Charges one fault at `now` to `session` and each of `who`'s identities; returns whether
+    /// this fault started a cool-down of any of them.
     pub fn charge(&self, session: u64, who: &Charged, now: Instant) -> bool {
         let mut g = self.lock();
         *g.sessions.entry(session).or_default() += 1;
+        let mut started = false;
+        for name in who.names() {
+            started |= self.charge_one(&mut g, name, now);
+        }
+        started
+    }
+
+    fn charge_one(&self, g: &mut Inner, who: &Arc<str>, now: Instant) -> bool {
         let r = g.identities.entry(who.clone()).or_default();
         r.total += 1;
         prune(&mut r.faults, self.window, now);
@@ -109,12 +144,27 @@ impl FaultBudget {
         started
     }
 
-    /// Whether `who` may use the device at `now` to `doing` (`dispatch`, `register programs`).
+    /// Whether `who` may use the device at `now` to `doing` (`dispatch`, `register programs`):
+    /// none of its identities is cooling down.
     ///
     /// # Errors
-    /// RESOURCE_EXHAUSTED during a cool-down, saying why and for how long.
+    /// RESOURCE_EXHAUSTED during a cool-down, naming the identity, saying why and for how
+    /// long.
     pub fn check(&self, who: &Charged, doing: &str, now: Instant) -> Result<(), NpudError> {
         let g = self.lock();
+        for name in who.names() {
+            self.check_one(&g, name, doing, now)?;
+        }
+        Ok(())
+    }
+
+    fn check_one(
+        &self,
+        g: &Inner,
+        who: &Arc<str>,
+        doing: &str,
+        now: Instant,
+    ) -> Result<(), NpudError> {
         let Some(r) = g.identities.get(who) else {
             return Ok(());
         };
@@ -242,7 +292,25 @@ mod tests {
     const MS: Duration = Duration::from_millis(1);
 
     fn k(name: &str) -> Charged {
-        Arc::from(name)
+        Charged::new(Arc::from(name), [])
+    }
+
+    #[test]
+    fn a_fault_charges_every_identity_and_any_cool_down_stops_the_session() {
+        let b = FaultBudget::new(2, 1000 * MS, 5000 * MS);
+        let t = Instant::now();
+        let token = Charged::new("token:a".into(), ["uid:1000".into()]);
+        let cert = Charged::new("cert:dns:a.example".into(), ["uid:1000".into()]);
+        assert!(!b.charge(1, &token, t));
+        assert!(b.charge(2, &cert, t + MS), "uid:1000's second fault");
+        let e = b.check(&token, "dispatch", t + 2 * MS).unwrap_err();
+        assert!(
+            e.message()
+                .starts_with("uid:1000 faulted the device 2 times"),
+            "{e}"
+        );
+        b.check(&k("token:a"), "dispatch", t + 2 * MS).unwrap();
+        assert_eq!(token.to_string(), "token:a");
     }
 
     #[test]

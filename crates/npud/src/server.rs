@@ -26,7 +26,7 @@ use crate::accept::{Accepted, Acceptor, Limiter, Listener};
 use crate::auth::Policy;
 use crate::budget::MemoryBudget;
 use crate::config::Config;
-use crate::conn::{Conn, Timeouts};
+use crate::conn::{Conn, CountCalls, Timeouts};
 use crate::drain::Drain;
 use crate::error::DocumentedCodes;
 use crate::executor::{Executor, Opened};
@@ -46,9 +46,13 @@ use crate::token_layer::TokenLayer;
 
 /// The tower layers around every gRPC service: [`RpcMetrics`] outside, so that it counts the
 /// codes [`DocumentedCodes`] gives clients; [`Drain`] inside, so that both see the
-/// UNAVAILABLE it ends idle calls with at shutdown; [`TokenLayer`] innermost, around the
-/// handlers whose calls it holds to their token.
-type Layers = Stack<TokenLayer, Stack<Drain, Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>>>;
+/// UNAVAILABLE it ends idle calls with at shutdown; [`CountCalls`] counts each connection's open
+/// calls for its idle timer; [`TokenLayer`] innermost, around the handlers whose calls it holds
+/// to their token.
+type Layers = Stack<
+    TokenLayer,
+    Stack<Drain, Stack<CountCalls, Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>>>,
+>;
 
 /// How long shutdown waits, once the calls still open are ended, for their connections to
 /// close before it drops them (a connection that sent only its preface, a caller that does
@@ -278,6 +282,9 @@ pub async fn run(
         systemd::stopping();
         stop.cancel();
     }
+    if let Some(t) = &tls {
+        tokio::spawn(t.clone().watch(stop.clone()));
+    }
     let mut sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(ServeError::Signal)?;
     {
@@ -316,7 +323,10 @@ pub async fn run(
     let timeouts = Timeouts {
         handshake: Duration::from_millis(cfg.limits.handshake_timeout_ms),
         idle: Duration::from_millis(cfg.limits.idle_timeout_ms),
+        unused: Duration::from_millis(cfg.limits.idle_connection_ms),
     };
+    // Whose TCP connections from this host are local users is decided by this socket's mode.
+    let socket_path: Arc<Path> = Arc::from(cfg.socket.as_path());
     let fd_task = tokio::spawn(fdsock::serve(
         Acceptor::new(Listener::Unix(fds), "fd socket", limiter.clone()),
         tickets,
@@ -328,7 +338,7 @@ pub async fn run(
     let metrics_task = metrics_listener.map(|l| {
         let exporter = Arc::new(Exporter::new(
             &metrics,
-            StateCollector::new(Arc::downgrade(&state)),
+            StateCollector::new(Arc::downgrade(&state), cfg.metrics.max_session_labels),
         ));
         tracing::info!("npud serving metrics on http://{metrics_address}/metrics");
         tokio::spawn(crate::metrics::http::serve(l, exporter, stop.clone()))
@@ -353,6 +363,7 @@ pub async fn run(
             .layer(DocumentedCodes {
                 max_message_bytes: cfg.limits.max_message_bytes,
             })
+            .layer(CountCalls)
             .layer(drain.clone())
             .layer(token_layer.clone())
             .add_service(health.clone())
@@ -370,6 +381,7 @@ pub async fn run(
         None,
         sessions.clone(),
         timeouts,
+        socket_path.clone(),
         stop.clone(),
     );
     let uds_server = router(service.clone())?
@@ -383,6 +395,7 @@ pub async fn run(
             tls.clone(),
             sessions.clone(),
             timeouts,
+            socket_path.clone(),
             stop.clone(),
         );
         servers.push(tokio::spawn(
@@ -506,14 +519,16 @@ async fn drain_calls(
 
 /// The connections an acceptor admits (or accepts only to refuse), as tonic's incoming
 /// stream. The acceptor runs in its own task, one connection ahead of tonic, and drops its
-/// listener at shutdown. With `tls`, each TCP connection's handshake runs in a task of its own
-/// (bounded by the handshake timeout, holding the connection's slot), so a slow client delays
-/// no other.
+/// listener at shutdown. Each TCP connection's TLS handshake (with `tls`) and the lookup of
+/// the local user on its other end (`auth::local`, against the Unix socket at `socket`) run in
+/// a task of its own (bounded by the handshake timeout, holding the connection's slot), so a
+/// slow client delays no other.
 fn accepted(
     mut acceptor: Acceptor,
     tls: Option<Arc<Tls>>,
     sessions: Arc<Sessions>,
     timeouts: Timeouts,
+    socket: Arc<Path>,
     stop: CancellationToken,
 ) -> ReceiverStream<Result<Conn, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
@@ -523,22 +538,32 @@ fn accepted(
                 () = stop.cancelled() => break,
                 a = acceptor.next() => a,
             };
-            let (Some(tls), Accepted::Tcp(tcp)) = (&tls, &s) else {
-                let conn = Conn::new(s, admission, sessions.clone(), timeouts);
+            let Accepted::Tcp(tcp) = s else {
+                let conn = Conn::new(s, admission, sessions.clone(), timeouts, None);
                 if tx.send(Ok(conn)).await.is_err() {
                     break;
                 }
                 continue;
             };
             let peer = tcp.peer_addr().ok();
-            let Accepted::Tcp(tcp) = s else { continue };
-            let acceptor = tls.acceptor();
-            let (tx, sessions) = (tx.clone(), sessions.clone());
+            let ends = tcp.peer_addr().ok().zip(tcp.local_addr().ok());
+            let acceptor = tls.as_ref().map(|t| t.acceptor());
+            let (tx, sessions, socket) = (tx.clone(), sessions.clone(), socket.clone());
             tokio::spawn(async move {
-                match tokio::time::timeout(timeouts.handshake, acceptor.accept(tcp)).await {
-                    Ok(Ok(s)) => {
-                        let conn =
-                            Conn::new(Accepted::Tls(Box::new(s)), admission, sessions, timeouts);
+                let start = async {
+                    let local = match ends {
+                        Some((p, l)) => crate::auth::local::identify(p, l, socket).await,
+                        None => None,
+                    };
+                    let s = match acceptor {
+                        Some(a) => Accepted::Tls(Box::new(a.accept(tcp).await?)),
+                        None => Accepted::Tcp(tcp),
+                    };
+                    Ok::<_, std::io::Error>((s, local))
+                };
+                match tokio::time::timeout(timeouts.handshake, start).await {
+                    Ok(Ok((s, local))) => {
+                        let conn = Conn::new(s, admission, sessions, timeouts, local);
                         let _ = tx.send(Ok(conn)).await;
                     }
                     Ok(Err(e)) => tracing::info!(?peer, "TLS handshake failed: {e}"),

@@ -29,6 +29,9 @@ struct Session {
     client_name: String,
     uid: Option<u32>,
     owner: Identity,
+    /// The owner and the other identities its connection proved, which the session counts
+    /// against (see `auth`).
+    charged: crate::faults::Charged,
     grant: Arc<Grant>,
     /// Dispatches and chains of this session waiting or running (for a rule's
     /// `max_pending_per_session`).
@@ -117,18 +120,20 @@ impl Sessions {
         self.grace
     }
 
-    /// Opens a session bound to `owner`, with the quotas of `grant`.
+    /// Opens a session bound to `owner`, with the quotas of `grant`, also counted against
+    /// each identity of `also` (with its own grant's session quota).
     ///
     /// # Errors
     /// INVALID_ARGUMENT for a name over 128 bytes; RESOURCE_EXHAUSTED at `max_sessions`, or
-    /// when `owner` holds its rule's number of sessions (`limits.max_sessions_per_uid` unless
-    /// the rule lowers it).
+    /// when `owner` or one of `also` holds its rule's number of sessions
+    /// (`limits.max_sessions_per_uid` unless the rule lowers it).
     pub fn open(
         &self,
         client_name: &str,
         conn: Option<&ConnInfo>,
         owner: &Identity,
         grant: &Arc<Grant>,
+        also: &[(Identity, Arc<Grant>)],
     ) -> Result<(u64, String), NpudError> {
         if client_name.len() > MAX_NAME_BYTES {
             return Err(NpudError::InvalidArgument(format!(
@@ -145,15 +150,29 @@ impl Sessions {
             )));
         }
         let uid = conn.and_then(|c| c.uid);
-        let mine = g.sessions.values().filter(|s| s.owner == *owner).count();
-        let quota = &grant.quotas.sessions;
-        if mine >= quota.max as usize {
-            return Err(NpudError::ResourceExhausted(format!(
-                "{owner} already has {mine} sessions ({}); close one, or let an abandoned one \
-                 end after its grace period",
-                quota.key
-            )));
+        for (who, grant) in std::iter::once((owner, grant)).chain(also.iter().map(|(w, g)| (w, g)))
+        {
+            let key = who.key();
+            let mine = g
+                .sessions
+                .values()
+                .filter(|s| s.charged.names().contains(&key))
+                .count();
+            let quota = &grant.quotas.sessions;
+            if mine >= quota.max as usize {
+                let via = if who == owner {
+                    String::new()
+                } else {
+                    format!(" (this {owner} connection is also {who}, and counts as it)")
+                };
+                return Err(NpudError::ResourceExhausted(format!(
+                    "{who} already has {mine} sessions ({}){via}; close one, or let an \
+                     abandoned one end after its grace period",
+                    quota.key
+                )));
+            }
         }
+        let charged = crate::faults::Charged::new(owner.key(), also.iter().map(|(w, _)| w.key()));
         let id = g.next_id;
         g.next_id += 1;
         g.opened += 1;
@@ -169,6 +188,7 @@ impl Sessions {
                 client_name: crate::auth::escape_controls(client_name),
                 uid,
                 owner: owner.clone(),
+                charged,
                 grant: grant.clone(),
                 pending: Arc::new(AtomicU32::new(0)),
                 conns,
@@ -297,13 +317,21 @@ impl Sessions {
         }
     }
 
-    /// The identity a session is bound to, as the fault budget's key ("" for a session that
-    /// has ended).
-    pub fn owner_key(&self, id: u64) -> Arc<str> {
+    /// The identities a session is charged to, as the fault budget's keys ("" for a session
+    /// that has ended).
+    pub fn charged(&self, id: u64) -> crate::faults::Charged {
         self.lock()
             .sessions
             .get(&id)
-            .map_or_else(|| Arc::from(""), |s| s.owner.key())
+            .map_or_else(|| String::new().into(), |s| s.charged.clone())
+    }
+
+    /// Whether connection `conn` is attached to a session.
+    pub fn has_connection(&self, conn: u64) -> bool {
+        self.lock()
+            .sessions
+            .values()
+            .any(|s| s.conns.contains(&conn))
     }
 
     /// Looks up request id `id` of `session` for method `call`: [`Replay::First`] when the
@@ -411,12 +439,8 @@ mod tests {
 
     fn conn(id: u64, uid: u32) -> ConnInfo {
         ConnInfo {
-            id,
             uid: Some(uid),
-            pid: None,
-            addr: None,
-            identity: Identity::uid(uid, [uid]),
-            refused: None,
+            ..ConnInfo::of(id, Identity::uid(uid, [uid]))
         }
     }
 
@@ -437,7 +461,7 @@ mod tests {
         max: u32,
     ) -> Result<(u64, String), NpudError> {
         let who = c.map_or_else(|| Identity::anonymous(None), |c| c.identity.clone());
-        s.open(name, c, &who, &grant(max))
+        s.open(name, c, &who, &grant(max), &[])
     }
 
     fn auth(s: &Sessions, m: &MetadataMap, c: Option<&ConnInfo>) -> Result<u64, NpudError> {
@@ -478,14 +502,7 @@ mod tests {
             e.message(),
             format!("session {id} belongs to uid:1000; this caller is uid:1001")
         );
-        let tcp = ConnInfo {
-            id: 3,
-            uid: None,
-            pid: None,
-            addr: None,
-            identity: Identity::anonymous(None),
-            refused: None,
-        };
+        let tcp = ConnInfo::of(3, Identity::anonymous(None));
         let e = auth(&s, &md(id, &token), Some(&tcp)).unwrap_err();
         assert!(matches!(e, NpudError::PermissionDenied(_)), "{e}");
     }

@@ -7,6 +7,12 @@
 //! config only when all of them load: connections already established keep the session they
 //! negotiated, new connections get the new certificate, and a reload that fails keeps the old
 //! config and says why.
+//!
+//! In Kubernetes nothing sends SIGHUP when a Secret rotates: the kubelet writes the new files
+//! into a new directory and swaps the `..data` symlink the mounted names point through. So
+//! [`Tls::watch`] also looks at the files every `tls.reload_interval_ms` (their metadata,
+//! symlinks followed: device, inode, size, modification and change times) and reloads as
+//! SIGHUP does when any of them changed. Cost: three `stat`s per interval, in a blocking task.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -35,7 +41,7 @@ pub enum ClientAuth {
 }
 
 /// `[tls]`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TlsConfig {
     /// PEM certificate chain the TCP listener presents (leaf first).
@@ -45,6 +51,20 @@ pub struct TlsConfig {
     /// PEM bundle of the CAs client certificates must chain to.
     pub client_ca: Option<PathBuf>,
     pub client_auth: ClientAuth,
+    /// How often the files are looked at for changes, in ms (0: only SIGHUP reloads them).
+    pub reload_interval_ms: u64,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        Self {
+            cert: None,
+            key: None,
+            client_ca: None,
+            client_auth: ClientAuth::Off,
+            reload_interval_ms: 5_000,
+        }
+    }
 }
 
 impl TlsConfig {
@@ -121,6 +141,9 @@ pub enum TlsError {
     Verifier(#[from] rustls::server::VerifierBuilderError),
 }
 
+/// What tells that a file changed: device, inode, size, modification and change times.
+type Stamp = (u64, u64, u64, i64, i64, i64, i64);
+
 /// The TCP listener's TLS configuration, swapped whole on reload.
 #[derive(Debug)]
 pub struct Tls {
@@ -153,6 +176,65 @@ impl Tls {
         let sc = Arc::new(server_config(&self.cfg)?);
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = sc;
         Ok(())
+    }
+
+    /// The files' stamps: what changes when one is rewritten or a symlink on its path is
+    /// swapped (`None` for a file that cannot be read).
+    fn stamps(&self) -> Vec<Option<Stamp>> {
+        use std::os::unix::fs::MetadataExt;
+        [&self.cfg.cert, &self.cfg.key, &self.cfg.client_ca]
+            .into_iter()
+            .flatten()
+            .map(|p| {
+                std::fs::metadata(p).ok().map(|m| {
+                    (
+                        m.dev(),
+                        m.ino(),
+                        m.size(),
+                        m.mtime(),
+                        m.mtime_nsec(),
+                        m.ctime(),
+                        m.ctime_nsec(),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Reloads the files whenever they change (see the module docs), until `stop`; does
+    /// nothing when `tls.reload_interval_ms` is 0.
+    pub async fn watch(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
+        if self.cfg.reload_interval_ms == 0 {
+            return;
+        }
+        let every = std::time::Duration::from_millis(self.cfg.reload_interval_ms);
+        let look = |t: Arc<Self>| async move {
+            tokio::task::spawn_blocking(move || t.stamps()).await.ok()
+        };
+        let mut seen = look(self.clone()).await;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+            let now = look(self.clone()).await;
+            if now.is_none() || now == seen {
+                continue;
+            }
+            seen = now;
+            let t = self.clone();
+            match tokio::task::spawn_blocking(move || t.reload()).await {
+                Ok(Ok(())) => tracing::info!(
+                    "tls files changed: reloaded tls.cert, tls.key and tls.client_ca; new \
+                     connections use them, established ones keep theirs"
+                ),
+                Ok(Err(e)) => tracing::error!(
+                    "tls files changed, but reloading them failed; still serving the previous \
+                     certificate: {e}"
+                ),
+                Err(e) => tracing::error!("reloading the tls files panicked: {e}"),
+            }
+        }
     }
 
     /// An acceptor for one connection, with the config current now.
@@ -253,6 +335,7 @@ mod tests {
             key: key.then(|| "k.pem".into()),
             client_ca: ca.then(|| "ca.pem".into()),
             client_auth: auth,
+            ..TlsConfig::default()
         }
     }
 

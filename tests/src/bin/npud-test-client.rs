@@ -17,6 +17,15 @@
 //!
 //! `npud-test-client foreign SOCKET FD_SOCKET SESSION TOKEN TICKET`: uses another process's
 //! session and export ticket (run under another uid) and prints what the daemon answered.
+//!
+//! `npud-test-client tcp-sessions ADDR N`: over plaintext TCP to ADDR (`127.0.0.1:PORT`), asks
+//! who it is and tries to open N sessions (left to end after their grace period); prints
+//! `{"identity":...,"opened":K,"code":...,"message":...}` with the first refusal's code and
+//! message ("OK" and "" when none).
+//!
+//! `npud-test-client groups-at-connect SOCKET GID` (as root): connects to the gRPC socket from a
+//! thread whose supplementary groups are only GID (the process's main thread keeps its own),
+//! then tries to open a session over that connection; prints `{"code":...,"message":...}`.
 
 #![forbid(unsafe_code)]
 
@@ -43,12 +52,20 @@ async fn main() -> ExitCode {
             let seed = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0);
             churn(PathBuf::from(sock), seed).await
         }
+        (Some("tcp-sessions"), Some(addr)) => {
+            let n = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
+            tcp_sessions(addr, n).await
+        }
+        (Some("groups-at-connect"), Some(sock)) => {
+            let gid = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0);
+            groups_at_connect(PathBuf::from(sock), gid).await
+        }
         (Some("foreign"), Some(sock)) if args.len() == 7 => {
             foreign(PathBuf::from(sock), &args[3], &args[4], &args[5], &args[6]).await
         }
         _ => Err(
             "usage: npud-test-client share SOCKET SEED | hold SOCKET | churn SOCKET SEED | \
-             foreign SOCKET FD_SOCKET SESSION TOKEN TICKET"
+             foreign SOCKET FD_SOCKET SESSION TOKEN TICKET | tcp-sessions ADDR N | groups-at-connect SOCKET GID"
                 .into(),
         ),
     };
@@ -224,6 +241,101 @@ async fn reopen(mut s: Session, seed: i32) -> Result<Session, String> {
     Session::open(s.client.clone(), &format!("churn-{seed}"))
         .await
         .map_err(|e| e.to_string())
+}
+
+/// A connector that hands tonic one stream connected beforehand.
+#[derive(Clone)]
+struct OneStream(std::sync::Arc<std::sync::Mutex<Option<tokio::net::UnixStream>>>);
+
+impl tonic::codegen::Service<tonic::codegen::http::Uri> for OneStream {
+    type Response = hyper_util::rt::TokioIo<tokio::net::UnixStream>;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: tonic::codegen::http::Uri) -> Self::Future {
+        let s = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        std::future::ready(
+            s.map(hyper_util::rt::TokioIo::new)
+                .ok_or_else(|| std::io::Error::other("the one connection was used")),
+        )
+    }
+}
+
+async fn groups_at_connect(sock: PathBuf, gid: u32) -> Result<serde_json::Value, String> {
+    let std_stream = std::thread::spawn(move || {
+        rustix::thread::set_thread_groups(&[rustix::process::Gid::from_raw(gid)])
+            .map_err(|e| format!("setgroups: {e}"))?;
+        std::os::unix::net::UnixStream::connect(&sock).map_err(|e| e.to_string())
+    })
+    .join()
+    .map_err(|_| "the connecting thread panicked".to_owned())??;
+    std_stream
+        .set_nonblocking(true)
+        .map_err(|e| e.to_string())?;
+    let stream = tokio::net::UnixStream::from_std(std_stream).map_err(|e| e.to_string())?;
+    let ch = tonic::transport::Endpoint::from_static("http://npud.invalid")
+        .connect_with_connector(OneStream(std::sync::Arc::new(std::sync::Mutex::new(Some(
+            stream,
+        )))))
+        .await
+        .map_err(|e| e.to_string())?;
+    let r = npu_proto::v1::npud_client::NpudClient::new(ch)
+        .open_session(pb::OpenSessionRequest {
+            client_name: "groups".into(),
+        })
+        .await;
+    let (code, message) = match r {
+        Ok(_) => ("OK".to_owned(), String::new()),
+        Err(s) => (format!("{:?}", s.code()), s.message().to_owned()),
+    };
+    Ok(serde_json::json!({ "code": code, "message": message }))
+}
+
+async fn tcp_sessions(addr: &str, n: u32) -> Result<serde_json::Value, String> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut client = npu_proto::v1::npud_client::NpudClient::new(ch);
+    let identity = client
+        .get_device_info(pb::GetDeviceInfoRequest {})
+        .await
+        .map_err(|e| e.to_string())?
+        .into_inner()
+        .caller_identity;
+    let mut opened = 0;
+    let (mut code, mut message) = ("OK".to_owned(), String::new());
+    for i in 0..n {
+        match client
+            .open_session(pb::OpenSessionRequest {
+                client_name: format!("tcp-{i}"),
+            })
+            .await
+        {
+            Ok(_) => opened += 1,
+            Err(s) => {
+                code = format!("{:?}", s.code());
+                message = s.message().to_owned();
+                break;
+            }
+        }
+    }
+    Ok(serde_json::json!({
+        "identity": identity, "opened": opened, "code": code, "message": message
+    }))
 }
 
 async fn foreign(

@@ -2,11 +2,27 @@
 //! token identities.
 //!
 //! Every call has an identity (see [`Identity`]): `uid:<n>` (with groups `gid:<n>`) on the Unix
-//! socket, `cert:dns:<name>` (or `cert:uri:`, `cert:email:`, `cert:cn:`) over mTLS, `anonymous` over plaintext loopback TCP (and
-//! `anonymous@<address>` from any other address without credentials), or
+//! socket and over TCP from this host (the kernel's socket table names the peer's user; see
+//! [`local`]), `cert:dns:<name>` (or `cert:uri:`, `cert:email:`, `cert:cn:`) over mTLS,
+//! `anonymous` over loopback TCP when the peer's user is unknown or may not use the Unix
+//! socket (and `anonymous@<address>` from any other address without credentials), or
 //! `token:<file>@<allocation>` when the call carries an `x-npud-token` secret from
 //! `auth.token_dir`, which replaces the transport's identity (see `tokens`; on the listeners
-//! `auth.require_token` names, a caller without one may call only GetDeviceInfo and health).
+//! `auth.require_token` names, a local caller without one may call only GetDeviceInfo and
+//! health).
+//!
+//! **A caller is one principal.** A connection can prove several things at once: the local
+//! user on its other end (Unix socket, or TCP from this host), a client certificate, and a
+//! call's token. The principal, which owns the sessions it opens and whose rule sets their
+//! quotas, is the strongest of them: the token, else the certificate, else the local user,
+//! else anonymous. Every other identity the connection proves that the policy would serve on
+//! its own ([`Policy::charged`]) is charged as well: each session counts against its session
+//! quota, and each device fault against its fault budget, and a cool-down of any of them
+//! stops the session's work. So a process cannot hold more sessions or cause more faults by
+//! presenting, on one listener or another, credentials it can get on its own: it can hold at
+//! most what the one identity the kernel knows it by may hold. (Where the policy serves no
+//! bare uid, e.g. pods that share a uid and carry tokens, the uid is not charged, and each
+//! token is a principal of its own.)
 //!
 //! `auth.rules` is an ordered list; the first rule one of whose `match` patterns matches the
 //! identity's name or one of its groups decides: `allow = false` refuses, otherwise the caller
@@ -14,15 +30,17 @@
 //! rule can lower a limit, never raise it). An identity no rule matches is refused. Refusals
 //! name the rule: PERMISSION_DENIED for a known identity, UNAUTHENTICATED for an anonymous one.
 //!
-//! The default rules allow `uid:*` (any local user), `anonymous` (loopback only), `cert:*`
-//! (any client certificate `tls.client_ca` signed) and `token:*` (any file in
-//! `auth.token_dir`): what a remote caller may do without credentials is nothing but
-//! `GetDeviceInfo` and health checks.
+//! The default rules allow `uid:*` (any local user, on the Unix socket or over TCP from this
+//! host), `cert:*` (any client certificate `tls.client_ca` signed) and `token:*` (any file in
+//! `auth.token_dir`): what a caller without credentials may do (remote, or a local user the
+//! Unix socket's mode keeps out) is nothing but `GetDeviceInfo` and health checks. A rule
+//! matching `anonymous` serves loopback callers without a known user, all as one identity.
 //!
 //! Admins (`auth.admins`; default `uid:0`, `user:npud` and `self`, the uid the daemon runs as)
 //! may see every session's statistics and clear quarantines.
 
 mod identity;
+pub mod local;
 mod token_dir;
 mod tokens;
 
@@ -32,6 +50,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub use identity::{CertName, Identity, Kind, check_pattern, escape_controls, glob};
+pub use local::{LocalUser, SocketAccess};
 pub use tokens::{TokenTransport, Tokens};
 
 use crate::config::{ConfigError, Limits};
@@ -109,7 +128,6 @@ impl Default for AuthConfig {
             admins: vec!["uid:0".into(), "user:npud".into(), "self".into()],
             rules: vec![
                 allow("local", "uid:*"),
-                allow("loopback", "anonymous"),
                 allow("certificates", "cert:*"),
                 allow("tokens", "token:*"),
             ],
@@ -413,6 +431,33 @@ impl Policy {
         })
     }
 
+    /// The identities charged for the sessions and device faults of `principal`, on a
+    /// connection that also proves `proven` (its transport's identity and the local user on
+    /// its other end): the principal first, then each other proven identity the policy would
+    /// serve on its own (not an anonymous one), with the grant that sets its session quota.
+    pub fn charged(
+        &self,
+        principal: &Identity,
+        proven: &[&Identity],
+    ) -> Vec<(Identity, Arc<Grant>)> {
+        let mut out: Vec<(Identity, Arc<Grant>)> = Vec::new();
+        for who in proven {
+            if *who == principal
+                || who.kind() == Kind::Anonymous
+                || out.iter().any(|(x, _)| x == *who)
+                // A uid that must present a token (`auth.require_token`) cannot call alone:
+                // pods sharing it would otherwise share its quotas and fault budget.
+                || tokens::require_token(&self.require_token, who, false).is_err()
+            {
+                continue;
+            }
+            if let Ok(g) = self.decide(who) {
+                out.push(((*who).clone(), g));
+            }
+        }
+        out
+    }
+
     /// Whether `who` is an admin.
     pub fn is_admin(&self, who: &Identity) -> bool {
         Self::matches(&self.admins, who)
@@ -455,17 +500,20 @@ mod tests {
     }
 
     #[test]
-    fn the_defaults_allow_local_users_loopback_certificates_and_tokens_only() {
+    fn the_defaults_allow_local_users_certificates_and_tokens_only() {
         let p = policy("");
         for who in [
             Identity::uid(1000, [1000]),
-            Identity::anonymous("127.0.0.1".parse().ok()),
             Identity::cert(CertName::Dns, "a.example"),
             Identity::token("pod-a"),
         ] {
             let g = p.decide(&who).unwrap();
             assert_eq!(g.quotas, Quotas::of_limits(&Limits::default()), "{who}");
         }
+        let e = p
+            .decide(&Identity::anonymous("127.0.0.1".parse().ok()))
+            .unwrap_err();
+        assert_eq!(e.code_name(), "UNAUTHENTICATED");
         let e = p
             .decide(&Identity::anonymous("10.0.0.7".parse().ok()))
             .unwrap_err();
@@ -489,6 +537,42 @@ mod tests {
             e.message(),
             "ClearQuarantine is allowed only to admins (auth.admins: uid:0, uid:991, uid:990); \
              this caller is cert:dns:a.example"
+        );
+    }
+
+    #[test]
+    fn every_identity_a_connection_proves_that_could_call_alone_is_charged() {
+        let p = policy("");
+        let uid = Identity::uid(1000, [1000]);
+        let cert = Identity::cert(CertName::Dns, "a.example");
+        let token = Identity::token("pod-a");
+        let anon = Identity::anonymous("127.0.0.1".parse().ok());
+        let names = |v: Vec<(Identity, Arc<Grant>)>| {
+            v.into_iter()
+                .map(|(i, _)| i.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(p.charged(&token, &[&cert, &uid, &uid])),
+            ["cert:dns:a.example", "uid:1000"]
+        );
+        assert!(p.charged(&uid, &[&uid, &anon]).is_empty());
+        // Where the policy serves no bare uid (tokens required), the uid is not charged.
+        let p = policy(
+            r#"
+            [[rules]]
+            name = "pods"
+            match = ["token:*"]
+            "#,
+        );
+        assert!(p.charged(&token, &[&uid]).is_empty());
+        // Nor where the rules serve uids but the Unix socket (and local users over TCP)
+        // must present tokens: pods that share a uid must not share its quotas.
+        let p = policy(r#"require_token = ["unix"]"#);
+        assert!(p.charged(&token, &[&uid]).is_empty());
+        assert_eq!(
+            names(p.charged(&token, &[&cert, &uid])),
+            ["cert:dns:a.example"]
         );
     }
 

@@ -36,7 +36,8 @@ use crate::error::NpudError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TokenTransport {
-    /// The Unix socket (`uid:` identities).
+    /// Local users: the Unix socket, and TCP from this host, whose callers the kernel's socket
+    /// table names (`uid:` identities either way, so that the TCP port is no way around it).
     Unix,
     /// The TCP listener (certificates and anonymous callers).
     Tcp,

@@ -20,18 +20,82 @@ use crate::service::State;
 pub struct StateCollector {
     state: Weak<State>,
     started_unix_s: f64,
+    /// `metrics.max_session_labels`.
+    max_session_labels: usize,
 }
 
 impl StateCollector {
-    pub fn new(state: Weak<State>) -> Self {
+    pub fn new(state: Weak<State>, max_session_labels: u32) -> Self {
         let started_unix_s = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
         Self {
             state,
             started_unix_s,
+            max_session_labels: max_session_labels as usize,
         }
     }
+}
+
+/// The `identity_kind` label of a session's owner.
+fn identity_kind(who: &crate::auth::Identity) -> &'static str {
+    match who.kind() {
+        crate::auth::Kind::Uid(_) => "uid",
+        crate::auth::Kind::Cert => "cert",
+        crate::auth::Kind::Token => "token",
+        crate::auth::Kind::Anonymous => "anonymous",
+    }
+}
+
+/// `npud_session_pending_work`'s series: (labels, value). At most 4 series by identity kind
+/// (`max == 0`), or `max` sessions (the oldest, by id) with their client names and one
+/// `other` series for the rest.
+fn pending_series(
+    sessions: &[crate::sessions::SessionSnapshot],
+    max: usize,
+) -> Vec<(Vec<(&'static str, String)>, u64)> {
+    if max == 0 {
+        let mut by_kind: Vec<(&'static str, u64)> = ["uid", "cert", "token", "anonymous"]
+            .into_iter()
+            .map(|k| (k, 0))
+            .collect();
+        for x in sessions {
+            let k = identity_kind(&x.owner);
+            if let Some(e) = by_kind.iter_mut().find(|(n, _)| *n == k) {
+                e.1 += u64::from(x.pending);
+            }
+        }
+        return by_kind
+            .into_iter()
+            .map(|(k, n)| (vec![("identity_kind", k.to_owned())], n))
+            .collect();
+    }
+    let mut sorted: Vec<&crate::sessions::SessionSnapshot> = sessions.iter().collect();
+    sorted.sort_by_key(|x| x.id);
+    let mut out: Vec<(Vec<(&'static str, String)>, u64)> = sorted
+        .iter()
+        .take(max)
+        .map(|x| {
+            (
+                vec![
+                    ("session", x.id.to_string()),
+                    ("client", x.client_name.clone()),
+                ],
+                u64::from(x.pending),
+            )
+        })
+        .collect();
+    if sorted.len() > max {
+        let rest = sorted[max..].iter().map(|x| u64::from(x.pending)).sum();
+        out.push((
+            vec![
+                ("session", super::OTHER.to_owned()),
+                ("client", super::OTHER.to_owned()),
+            ],
+            rest,
+        ));
+    }
+    out
 }
 
 fn gauge(
@@ -125,18 +189,15 @@ impl Collector for StateCollector {
         {
             let mut m = e.encode_descriptor(
                 "session_pending_work",
-                "Dispatches and chains a session has admitted that are not answered yet (queued \
-                 or on the device); a session's series leaves with it",
+                "Dispatches and chains sessions have admitted that are not answered yet (queued \
+                 or on the device), by the kind of identity that opened them (or, with \
+                 metrics.max_session_labels, per session)",
                 None,
                 MetricType::Gauge,
             )?;
-            for x in &sessions {
-                let n = x.pending;
-                let labels = [
-                    ("session", x.id.to_string()),
-                    ("client", x.client_name.clone()),
-                ];
-                ConstGauge::new(i64::from(n)).encode(m.encode_family(&labels)?)?;
+            for (labels, n) in pending_series(&sessions, self.max_session_labels) {
+                ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX))
+                    .encode(m.encode_family(&labels)?)?;
             }
         }
         let (tensors, bytes) = snap

@@ -10,9 +10,11 @@
 //!
 //! Label values are bounded: programs by name (or, unnamed, by the first 12 hex digits of
 //! their content hash), at most `metrics.max_program_labels` of them, the rest as `other`;
-//! RPC methods by the API's own method names, anything else as `other`; sessions by id, of
-//! which there are at most `limits.max_sessions`, a session's series leaving with it. No label
-//! carries a request's own values.
+//! RPC methods by the API's own method names, anything else as `other`; work pending in
+//! sessions by the kind of identity that opened them (`uid`, `cert`, `token`, `anonymous`).
+//! No label carries a request's own values or text a client chose, unless the operator asks
+//! for per-session series (`metrics.max_session_labels`): then at most that many sessions are
+//! shown by id and `client_name` (control characters escaped), the rest as `other`.
 
 pub mod collect;
 pub mod http;

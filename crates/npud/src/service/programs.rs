@@ -29,7 +29,7 @@ impl NpudService {
     ) -> Result<pb::RegisterProgramResponse, NpudError> {
         let caller = self.caller(&req)?;
         self.state.exec.fault_budget().check(
-            &self.state.sessions.owner_key(caller.session),
+            &self.state.sessions.charged(caller.session),
             "register programs",
             std::time::Instant::now(),
         )?;

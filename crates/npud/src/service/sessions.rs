@@ -70,16 +70,24 @@ impl NpudService {
     ) -> Result<pb::OpenSessionResponse, NpudError> {
         let conn = req.extensions().get::<ConnInfo>().cloned();
         let (who, grant) = self.allowed(&req)?;
+        // One principal: the identities this connection also proves are charged too.
+        let also = conn.as_ref().map_or_else(Vec::new, |c| {
+            let proven: Vec<&crate::auth::Identity> = std::iter::once(&c.identity)
+                .chain(c.local.as_ref())
+                .collect();
+            self.state.policy.charged(&who, &proven)
+        });
         let name = &req.get_ref().client_name;
-        let (session_id, token) = self
-            .state
-            .sessions
-            .open(name, conn.as_ref(), &who, &grant)?;
+        let (session_id, token) =
+            self.state
+                .sessions
+                .open(name, conn.as_ref(), &who, &grant, &also)?;
         tracing::info!(
             session = session_id,
             // A newline in a client's name must not forge a log line.
             client = %crate::auth::escape_controls(name),
             identity = %who,
+            also = ?also.iter().map(|(w, _)| w.to_string()).collect::<Vec<_>>(),
             rule = %grant.rule,
             uid = ?conn.as_ref().and_then(|c| c.uid),
             pid = ?conn.as_ref().and_then(|c| c.pid),

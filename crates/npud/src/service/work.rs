@@ -139,7 +139,7 @@ impl NpudService {
     ) -> Result<Admitted, NpudError> {
         self.check_serving()?;
         let slot = self.pending_slot(session)?;
-        let who = self.state.sessions.owner_key(session);
+        let who = self.state.sessions.charged(session);
         self.state
             .exec
             .fault_budget()
