@@ -568,7 +568,16 @@ mod tests {
         assert!(p.charged(&token, &[&uid]).is_empty());
         // Nor where the rules serve uids but the Unix socket (and local users over TCP)
         // must present tokens: pods that share a uid must not share its quotas.
-        let p = policy(r#"require_token = ["unix"]"#);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .unwrap();
+        let p = policy(&format!(
+            "token_dir = {:?}\nrequire_token = [\"unix\"]",
+            dir.path().display().to_string()
+        ));
         assert!(p.charged(&token, &[&uid]).is_empty());
         assert_eq!(
             names(p.charged(&token, &[&cert, &uid])),
