@@ -76,6 +76,28 @@ impl Program {
             .map_err(|e| artifact_err(py, e))
     }
 
+    /// A full ELF (PDIs plus control code, as aiecc's `--get-full-elf` writes it), packed as
+    /// an hsaco of FullElf kernels; `kernel` may be empty when it has one, and `num_cols` is
+    /// needed only when the ELF does not record its column count.
+    #[staticmethod]
+    #[pyo3(signature = (elf, kernel="", num_cols=None))]
+    fn from_full_elf(
+        py: Python<'_>,
+        elf: &[u8],
+        kernel: &str,
+        num_cols: Option<u32>,
+    ) -> PyResult<Self> {
+        let mut b = npu_artifacts::hsaco::HsacoBuilder::new();
+        b.full_elf(elf, num_cols)
+            .map_err(|e| artifact_err(py, ClientError::from(e)))?;
+        let bytes = b
+            .build()
+            .map_err(|e| artifact_err(py, ClientError::from(e)))?;
+        NativeProgram::from_hsaco(npu_client::HsacoSource::Bytes(bytes), kernel)
+            .map(|program| Self { program })
+            .map_err(|e| artifact_err(py, e))
+    }
+
     #[staticmethod]
     #[pyo3(signature = (kernel, n, generation, dtype=None, scalar=None))]
     fn emulated(

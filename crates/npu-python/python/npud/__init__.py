@@ -29,9 +29,11 @@ The package is the Rust client library (npu-client) with a Python face::
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import json
 import os
+import pathlib
 import weakref
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
@@ -262,6 +264,21 @@ class Program:
         return Program(_npud.Program.from_hsaco(os.fspath(source), kernel))
 
     @staticmethod
+    def from_full_elf(source: str | os.PathLike[str] | bytes, kernel: str = "", *,
+                      num_cols: int | None = None) -> Program:
+        """Kernel ``kernel`` of a full ELF (PDIs plus control code, as aiecc's
+        ``--get-full-elf`` writes it and IRON's ``NPUKernel(elf_path=...)`` runs), from a path
+        or bytes; ``num_cols`` only when the ELF does not record its column count. It runs
+        where the runtime loads code objects.
+
+        Raises:
+            ArtifactError, InvalidRequest: the ELF is malformed or lacks the kernel.
+        """
+        data = bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) \
+            else pathlib.Path(source).read_bytes()
+        return Program(_npud.Program.from_full_elf(data, kernel, num_cols))
+
+    @staticmethod
     def emulated(kernel: str, n: int, *, generation: str = "npu2", dtype: Any = None,
                  scalar: int | None = None) -> Program:
         """An emulated design for the daemon's emulator: ``kernel`` is one of passthrough,
@@ -298,6 +315,21 @@ class Program:
         return repr(self._p)
 
 
+# Every client of this process, closed at interpreter exit: a session left open would hold its
+# place on the daemon through the grace period (meant for a client that reconnects), and a
+# short script run again and again would fill the daemon's session limit.
+_OPEN: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for c in list(_OPEN):
+        try:
+            c.close()
+        except Exception:  # noqa: BLE001 - the daemon has gone, or the process forked: nothing to do
+            pass
+
+
 class Client:
     """A session on npud. Cheap to share between threads; not across ``fork`` (make a new one
     in the child).
@@ -327,6 +359,7 @@ class Client:
         self._c = _native if _native is not None else _npud.Client(
             addr, ca=ca, cert=cert, key=key, tls_server_name=tls_server_name,
             token_file=token_file, token=token)
+        _OPEN.add(self)
 
     @classmethod
     async def connect(cls, addr: str | None = None, *, ca: str | os.PathLike[str] | None = None,
@@ -436,6 +469,7 @@ class Client:
     def close(self) -> None:
         """Ends the session: the daemon frees its tensors (arrays over them keep their
         memory mapped, but the device no longer uses it)."""
+        _OPEN.discard(self)
         self._c.close()
 
 
