@@ -81,8 +81,10 @@ def test_client_side_errors():
     with pytest.raises(npud.ConnectError) as e:
         npud.Client("unix:/nonexistent/npud.sock")
     assert e.value.code is None
-    with pytest.raises(npud.ArtifactError, match="insts.bin"):
+    with pytest.raises(npud.ArtifactError, match="insts.bin") as e:
         npud.Program.from_dir("/nonexistent-design")
+    # What makes a design, for a newcomer who has none yet.
+    assert "npuctl emu-design vector_scalar_add --out /nonexistent-design" in str(e.value)
 
 
 def test_arrays_that_are_not_tensors(client):

@@ -172,6 +172,32 @@ def test_device_checks_insts_and_fewer_buffers(tmp_path, daemon, client):
         """, daemon)
 
 
+def test_subviews_as_dispatch_arguments(design, daemon):
+    # A sub-view dispatches as a byte range of its owner's tensor (no copy) where the package
+    # has byte ranges; where it has none, the refusal says so rather than running the whole.
+    run_py(f"""
+        import numpy as np
+        import aie.utils as u
+        from aie.utils import NPUKernel
+        from aie.utils.hostruntime.hostruntime import HostRuntimeError
+        import npud, npud.iron
+        npud.iron.install()
+        k = NPUKernel("{design}/final.xclbin", "{design}/insts.bin")
+        big = u.tensor(np.arange(2 * {N}, dtype=np.int32), dtype=np.int32)
+        out = u.zeros((2 * {N},), dtype=np.int32)
+        a, b = big.subview(4 * {N}, ({N},)), out.subview(0, ({N},))
+        try:
+            k(a, b)
+        except HostRuntimeError as e:
+            assert not hasattr(npud, "span"), e
+            assert "sub-view" in str(e) and "npud.span" in str(e), e
+        else:
+            assert (out.numpy()[:{N}] == np.arange({N}, 2 * {N}) + 1).all()
+            assert (out.numpy()[{N}:] == 0).all()
+        print("ok")
+        """, daemon)
+
+
 def test_verify_results_counts_references(daemon):
     # Row 12: IRON counts one error per reference that does not match, not per element.
     run_py("""
@@ -220,9 +246,11 @@ def test_load_and_run_keywords_and_scalars(design, daemon):
 def test_full_elf_kernels(tmp_path, npud_bin):
     # Row 10: NPUKernel(elf_path=...) with no xclbin or insts, on a runtime that loads code
     # objects (the emulator's kernel-object profile; an aie2p device).
-    npuctl = pathlib.Path(npud_bin).with_name("npuctl")
+    npuctl = pathlib.Path(os.environ.get("NPUCTL_BIN") or
+                          pathlib.Path(npud_bin).with_name("npuctl"))
     if not npuctl.is_file():
-        pytest.skip("npuctl is not built beside npud (cargo build -p npu-client)")
+        pytest.skip("no npuctl: set NPUCTL_BIN, or build it beside npud "
+                    "(cargo build -p npu-client --bin npuctl)")
     d = npud.LocalDaemon(npud_bin, tcp=False, args=["--emulator-profile", "kernel-object"])
     try:
         elf = tmp_path / "design.elf"

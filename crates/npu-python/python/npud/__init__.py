@@ -41,7 +41,7 @@ import numpy as np
 
 from . import _npud
 from ._errors import *  # noqa: F401,F403 - the exception classes are part of the API
-from ._errors import NpudError, InvalidRequest
+from ._errors import ArtifactError, InvalidRequest, NpudError
 
 __version__ = _npud.__version__
 
@@ -240,9 +240,20 @@ class Program:
         """Reads ``path/main.pdi`` and ``path/insts.bin`` (or the same under ``path/build``).
 
         Raises:
-            ArtifactError: a file is missing (naming every path tried) or malformed.
+            ArtifactError: a file is missing (naming every path tried, and how to make a
+                design) or malformed.
         """
-        return Program(_npud.Program.from_dir(os.fspath(path)))
+        try:
+            return Program(_npud.Program.from_dir(os.fspath(path)))
+        except ArtifactError as e:
+            p = pathlib.Path(path)
+            if any((d / "main.pdi").is_file() and (d / "insts.bin").is_file()
+                   for d in (p, p / "build")):
+                raise
+            raise ArtifactError(
+                f"{e}. A design directory holds the main.pdi and insts.bin aiecc writes; for the "
+                f"emulator, `npuctl emu-design vector_scalar_add --out {p}` makes one (or "
+                "npud.Program.write_emulated from Python)", message=e.message) from None
 
     @staticmethod
     def from_bytes(name: str, pdi: bytes, insts: bytes) -> Program:
