@@ -576,17 +576,14 @@ class _TensorCore:
         return view
 
     def _dispatch_arg(self) -> Any:
-        """What a dispatch takes for this tensor: its array, or (for a view) a span of its
-        owner's tensor."""
-        if self._parent is None:
-            return self._data
-        span = getattr(_npud_pkg(), "span", None)
-        if span is None:
+        """What a dispatch takes for this tensor: its array, which for a view is a contiguous
+        slice of its owner's memory (the dispatch passes that byte range in place)."""
+        if self._parent is not None and not hasattr(_npud_pkg(), "view_of"):
             raise HostRuntimeError(
                 f"a sub-view (bytes {self._offset_bytes}..{self._offset_bytes + self.nbytes} of "
-                f"its tensor) as a dispatch argument needs a npud package with sub-view "
-                f"arguments (npud.span); this one has none: pass the whole tensor")
-        return span(self._owner_array(), self._offset_bytes, self.nbytes)
+                f"its tensor) as a dispatch argument needs a npud package that dispatches byte "
+                f"ranges (npud.view_of); this one has none: pass the whole tensor")
+        return self._data
 
 
 def _npud_pkg() -> Any:
@@ -874,6 +871,13 @@ def _arg(a: Any, i: int) -> Any:
         tensor_of(a)
         return a
     except (TypeError, ValueError) as e:
+        view_of = getattr(_npud_pkg(), "view_of", None)
+        if view_of is not None and not isinstance(e, TypeError):
+            try:
+                view_of(a)
+                return a
+            except (TypeError, ValueError):
+                pass
         raise HostRuntimeError(
             f"args[{i}]: the npud runtime takes NpudTensor (or arrays from npud.Client.alloc); "
             f"got {type(a).__name__}: {e}") from None

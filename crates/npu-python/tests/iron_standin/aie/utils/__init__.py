@@ -1,5 +1,7 @@
 """IRON's aie.utils as scripts and IRON's JIT use it."""
 
+import os
+
 from . import hostruntime
 from .hostruntime import set_current_device
 from .hostruntime.hostruntime import HostRuntime
@@ -42,6 +44,13 @@ def zeros_like(*a, **k):
 
 
 def _get_default_npu_runtime():
+    # IRON makes its XRT runtime on first use where pyxrt imports; the stand-in's, when
+    # IRON_STANDIN_XRT=1, can run nothing.
+    global _DefaultNPURuntime
+    if _DefaultNPURuntime is None and os.environ.get("IRON_STANDIN_XRT") == "1":
+        from .hostruntime.xrtruntime import CachedXRTRuntime
+
+        _DefaultNPURuntime = CachedXRTRuntime()
     return _DefaultNPURuntime
 
 
