@@ -68,7 +68,14 @@ pub(crate) enum Lent<'a> {
     Write(Option<&'a mut Tensor<u8>>),
 }
 
-/// Runs submissions from the front of `backlog` on one `Submit` stream: as many as `depth`,
+/// How many times `depth` one `Submit` stream carries before it is drained and a new one opened:
+/// the stream keeps at most `depth` in flight as it goes (npu-client's pipeline waits for a
+/// completion before sending past it), so a batch of several windows pays for opening and
+/// draining a stream once rather than once per window.
+pub(crate) const WINDOWS_PER_BATCH: usize = 8;
+
+/// Runs submissions from the front of `backlog` on one `Submit` stream: as many as
+/// `depth` × [`WINDOWS_PER_BATCH`] (at most `depth` in flight at once),
 /// stopping before one that writes a tensor an earlier one of the batch uses (or uses one it
 /// writes), so that every tensor is locked once for the whole batch, in id order. Their
 /// completions go to `done` in submission order.
@@ -83,7 +90,7 @@ pub(crate) async fn run_batch(
         std::collections::HashSet::new(),
         std::collections::HashSet::new(),
     );
-    while batch.len() < depth {
+    while batch.len() < depth.saturating_mul(WINDOWS_PER_BATCH) {
         let Some(next) = backlog.front() else { break };
         let (r, w) = match next.access() {
             Ok(rw) => rw,

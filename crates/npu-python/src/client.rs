@@ -226,7 +226,12 @@ impl Client {
     fn pipeline(&self, py: Python<'_>, depth: usize) -> PyResult<Pipeline> {
         let c = self.get()?;
         let rt = runtime()?;
-        let (tx, rx) = mpsc::channel(depth.clamp(1, 1024));
+        // Room for a whole batch waiting to be sent while the previous one runs.
+        let (tx, rx) = mpsc::channel(
+            depth
+                .saturating_mul(crate::batch::WINDOWS_PER_BATCH)
+                .clamp(1, 8192),
+        );
         let (opened_tx, opened) = oneshot::channel();
         drop(rt.spawn(pipeline_task(c, depth, rx, opened_tx)));
         let depth = wait(py, async move {

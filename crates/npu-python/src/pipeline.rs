@@ -118,8 +118,8 @@ impl Pipeline {
         self.depth
     }
 
-    /// Sends a dispatch and returns its request id; waits only while `depth` dispatches wait
-    /// to be sent.
+    /// Sends a dispatch and returns its request id; waits only while `depth` ×
+    /// [`crate::batch::WINDOWS_PER_BATCH`] dispatches wait to be sent.
     fn submit(
         &self,
         py: Python<'_>,

@@ -532,7 +532,9 @@ class Pipeline:
     other tensors overlaps.
 
     :meth:`submit` returns a request id at once (it waits only while ``depth`` dispatches are
-    in flight and ``depth`` more wait to be sent); a dispatch refused by the daemon, or by the
+    in flight and eight times ``depth`` more wait to be sent: one stream carries that many
+    before it is drained, so opening and draining it is paid once per eight windows); a
+    dispatch refused by the daemon, or by the
     client after it was numbered (a tensor of another session), comes back as a completion with
     ``error`` set. Completions come back in submission order, a refused or failed
     dispatch as a :class:`Completion` with ``error`` set, and the stream goes on. Used as a
