@@ -232,9 +232,10 @@ def test_verify_results_counts_references(daemon):
         """, daemon)
 
 
-def test_load_and_run_keywords_and_scalars(design, daemon):
-    # Row 13: keywords reach load as in IRON; runtime scalars reach the dispatch, or, with a
-    # package that passes none, are refused by name rather than dropped.
+def test_load_and_run_keywords_scalars_and_per_call_insts(design, daemon):
+    # Row 13: keywords reach load as in IRON; runtime scalars are refused by name, never
+    # dropped (a dispatch carries buffers only); a per-call instruction stream (dispatch_insts,
+    # where IRON's DispatchTime values are written) runs with the design's PDI.
     run_py(f"""
         import numpy as np
         import aie.utils as u
@@ -253,11 +254,22 @@ def test_load_and_run_keywords_and_scalars(design, daemon):
         b = u.zeros(({N},), dtype=np.int32)
         try:
             rt.load_and_run(k, [a, b], dispatch_scalars=[5])
-            assert hasattr(npud.Client, "dispatch_with")
         except HostRuntimeError as e:
-            assert not hasattr(npud.Client, "dispatch_with"), e
-            assert "runtime scalar arguments [5]" in str(e), e
+            assert "runtime scalar arguments [5]" in str(e) and "dispatch_insts" in str(e), e
+        else:
+            raise AssertionError("scalars were dropped")
         assert seen == {{"dispatch_scalars": [5]}}, seen
+        try:
+            k(a, b, factor=3)
+        except HostRuntimeError as e:
+            assert "[3]" in str(e), e
+        else:
+            raise AssertionError("a named scalar was dropped")
+        h = rt.load(k)
+        other = npud.Program.emulated("vector_scalar_add", {N}, generation=rt.client.generation,
+                                      dtype="i32", scalar=7)
+        r = rt.run(h, [a, b], dispatch_insts=np.frombuffer(other.insts, dtype=np.uint32))
+        assert r.is_success()
         print("ok")
         """, daemon)
 

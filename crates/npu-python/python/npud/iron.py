@@ -30,6 +30,7 @@ listed in ``crates/npu-python/README.md``.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import importlib.abc
 import importlib.util
 import math
@@ -758,28 +759,28 @@ class _RuntimeCore:
             fail_on_error: bool = True, only_if_loaded: bool = False,
             **kwargs: Any) -> Any:
         """Dispatches the design over ``args`` (callables in ``args`` are skipped, as IRON's
-        runtimes do; trailing buffers left out are scratch) and waits. Runtime scalar
-        arguments come as ``dispatch_scalars=[...]`` or as named keywords.
+        runtimes do; trailing buffers left out are scratch) and waits. ``dispatch_insts`` (a
+        per-call instruction stream: bytes, a uint32 array or a path) runs the design's PDI
+        with it instead of insts.bin. Runtime scalars (``dispatch_scalars=[...]`` or named
+        keywords) are refused by name: the dispatch carries buffers only.
         ``fail_on_error=False`` returns a failed result instead of raising."""
         if trace_config is not None:
             raise HostRuntimeError("trace capture is not supported by the npud runtime")
-        if kwargs.get("dispatch_insts") is not None:
-            raise HostRuntimeError("per-call instruction streams (DispatchTime designs) are not "
-                                   "supported by the npud runtime")
+        insts = kwargs.pop("dispatch_insts", None)
         scalars = _scalars(kwargs)
         try:
+            program = kernel_handle.program if insts is None else \
+                self._with_insts(kernel_handle, insts)
             kept = self._args(kernel_handle, args)
             c = self.client
             if scalars:
-                dispatch = getattr(c, "dispatch_with", None)
-                if dispatch is None:
-                    raise HostRuntimeError(
-                        f"runtime scalar arguments {scalars!r}: this npud package passes none "
-                        "(it lacks Client.dispatch_with); compile the values into the design "
-                        "or use a npud with scalar arguments")
-                t = dispatch(kernel_handle.program, kept, scalars=scalars)
-            else:
-                t = c.dispatch(kernel_handle.program, *kept)
+                raise HostRuntimeError(
+                    f"runtime scalar arguments {scalars!r}: an NPU dispatch carries buffer "
+                    "arguments only, so npud passes none; a DispatchTime value reaches the "
+                    "device in the instruction stream IRON's dispatch library builds for the "
+                    "call (pass that stream as dispatch_insts=), or compile the value into the "
+                    "design")
+            t = c.dispatch(program, *kept)
         except NpudError as e:
             err = _as_iron(e)
             if fail_on_error:
@@ -789,6 +790,31 @@ class _RuntimeCore:
             if isinstance(a, _TensorCore):
                 a.device = "npu"
         return NpudKernelResult(t.device_ns, t.queue_ns)
+
+    @staticmethod
+    def _with_insts(handle: Any, insts: Any) -> Any:
+        """The design's PDI with a per-call instruction stream (``dispatch_insts``: IRON's
+        DispatchTime values are written into the stream its dispatch library builds for each
+        call), as a program of its own; a stream seen before is the same program (and the
+        daemon stores equal bytes once)."""
+        if isinstance(insts, (str, os.PathLike)):
+            data = pathlib.Path(insts).read_bytes()
+        elif isinstance(insts, np.ndarray):
+            data = np.ascontiguousarray(insts).tobytes()
+        else:
+            data = bytes(insts)
+        pdi = handle.program.pdi
+        if not pdi:
+            raise HostRuntimeError("dispatch_insts needs a design loaded from a PDI and "
+                                   "insts.bin; a full-ELF kernel carries its own control code")
+        key = hashlib.sha256(data).digest()
+        programs = handle.__dict__.setdefault("_insts_programs", {})
+        p = programs.get(key)
+        if p is None:
+            if len(programs) >= 256:
+                programs.clear()  # bounded: a design whose every call differs
+            p = programs[key] = Program.from_bytes(handle.program.name, pdi, data)
+        return p
 
     def run_chain(self, runs: Iterable[tuple[Any, Sequence[Any]]],
                   fail_on_error: bool = True) -> Any:
@@ -850,8 +876,10 @@ class _RuntimeCore:
 
 
 def _scalars(kwargs: dict[str, Any]) -> list[int | float]:
-    """Runtime scalar arguments: ``dispatch_scalars=[...]`` (newer IRON), then any other
-    keyword IRON's JIT passes by name, in order."""
+    """Runtime scalar arguments: ``dispatch_scalars=[...]``, then any other keyword IRON's JIT
+    passes by name, in order. The AIE packet carries buffers only: a scalar reaches the device
+    in the instruction stream (``dispatch_insts``), so the runtime refuses these by name rather
+    than drop them."""
     out: list[Any] = list(kwargs.pop("dispatch_scalars", None) or [])
     for k in list(kwargs):
         if k in _CONFIG_KWARGS or k == "dispatch_insts":
