@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use npu_proto::v1::npud_server::NpudServer;
+use tonic::codec::CompressionEncoding;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio_stream::wrappers::ReceiverStream;
@@ -355,7 +356,12 @@ pub async fn run(
             .add_service(v1)
             .add_service(v1alpha)
             .add_service(
+                // Compressed requests are accepted as gRPC clients may send them (grpcurl,
+                // grpcio and buf curl offer gzip); the size limit holds for the decompressed
+                // message, so a small compressed one cannot inflate past it.
                 NpudServer::new(svc)
+                    .accept_compressed(CompressionEncoding::Gzip)
+                    .accept_compressed(CompressionEncoding::Deflate)
                     .max_decoding_message_size(max.saturating_mul(2))
                     .max_encoding_message_size(max.saturating_mul(2)),
             ))
