@@ -183,7 +183,10 @@ async fn a_closed_session_says_it_was_closed_not_that_its_grace_period_passed() 
         match e {
             Err(e) if e.code() == tonic::Code::Unauthenticated => break e,
             _ => {
-                assert!(std::time::Instant::now() < deadline, "the session never ended");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the session never ended"
+                );
                 // A connection that uses the session keeps it: use a fresh one each try.
                 c = d.connect().await;
                 tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
@@ -191,8 +194,9 @@ async fn a_closed_session_says_it_was_closed_not_that_its_grace_period_passed() 
         }
     };
     assert!(
-        e.message()
-            .starts_with(&format!("session {id} ended after 300 ms without a connection")),
+        e.message().starts_with(&format!(
+            "session {id} ended after 300 ms without a connection"
+        )),
         "{e:?}"
     );
 }

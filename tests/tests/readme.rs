@@ -77,7 +77,9 @@ fn runnable(cmd: &str) -> Option<(&'static str, Vec<String>)> {
         _ => {
             !placeholder
                 && args.first().is_some_and(|a| RUNNABLE.contains(&a.as_str()))
-                && !args.iter().any(|a| a.contains("fleet") || a.contains("://"))
+                && !args
+                    .iter()
+                    .any(|a| a.contains("fleet") || a.contains("://"))
         }
     };
     ok.then_some((bin, args))
@@ -108,7 +110,10 @@ fn the_readme_commands_run_as_written() {
     eprintln!("the README's commands run here: {shown:?}");
     // The quick start is there to run.
     for want in ["npuctl demo", "npud --backend emulator", "npuctl status"] {
-        assert!(shown.iter().any(|s| s == want), "{want:?} not in the README: {shown:?}");
+        assert!(
+            shown.iter().any(|s| s == want),
+            "{want:?} not in the README: {shown:?}"
+        );
     }
 
     let dir = tempfile::tempdir().unwrap();

@@ -14,11 +14,12 @@ use npud_e2e::{Daemon, I32Copies, Options, Runtime, Session};
 use tokio_stream::StreamExt;
 
 const N: usize = 256;
+const NI: i32 = 256;
 const B: u64 = (N * 4) as u64;
 const SENTINEL: i32 = -7;
 
 fn add_one() -> EmuDesign {
-    EmuDesign::vector_scalar_add(N as u32, DType::I32, 1)
+    EmuDesign::vector_scalar_add(256, DType::I32, 1)
 }
 
 async fn client(d: &Daemon, remote: bool) -> Client {
@@ -32,7 +33,7 @@ async fn client(d: &Daemon, remote: bool) -> Client {
 /// `out[N..2N] = a[N..2N] + 1` through views, and nothing else of `out` touched.
 async fn one_view_dispatch(c: &Client) {
     let p = Program::emulated(&add_one(), c.generation()).unwrap();
-    let input: Vec<i32> = (0..2 * N as i32).map(|i| 3 * i - 100).collect();
+    let input: Vec<i32> = (0..2 * NI).map(|i| 3 * i - 100).collect();
     let a = c.tensor_from(&input).await.unwrap();
     let mut out = c.tensor_from(&vec![SENTINEL; 3 * N]).await.unwrap();
     c.dispatch_args(
@@ -46,7 +47,11 @@ async fn one_view_dispatch(c: &Client) {
     .unwrap();
     let got = out.to_vec();
     assert!(got[..N].iter().all(|v| *v == SENTINEL), "{:?}", &got[..4]);
-    assert!(got[2 * N..].iter().all(|v| *v == SENTINEL), "{:?}", &got[2 * N..][..4]);
+    assert!(
+        got[2 * N..].iter().all(|v| *v == SENTINEL),
+        "{:?}",
+        &got[2 * N..][..4]
+    );
     let want: Vec<i32> = input[N..].iter().map(|v| v + 1).collect();
     assert_eq!(&got[N..2 * N], &want[..]);
 
@@ -62,8 +67,10 @@ async fn one_view_dispatch(c: &Client) {
         .await
         .unwrap_err();
     assert!(
-        e.to_string()
-            .contains(&format!("args[0]: bytes {B}..{} are outside tensor", 2 * B + 4)),
+        e.to_string().contains(&format!(
+            "args[0]: bytes {B}..{} are outside tensor",
+            2 * B + 4
+        )),
         "{e}"
     );
 }
@@ -100,7 +107,7 @@ async fn a_chain_passes_views_between_links() {
     let d = Daemon::start(Options::default());
     let c = client(&d, false).await;
     let p = Program::emulated(&add_one(), c.generation()).unwrap();
-    let input: Vec<i32> = (0..N as i32).collect();
+    let input: Vec<i32> = (0..NI).collect();
     let a = c.tensor_from(&input).await.unwrap();
     let mut mid = c.tensor_from(&vec![SENTINEL; 2 * N]).await.unwrap();
     let mut out = c.tensor_from(&vec![SENTINEL; N]).await.unwrap();
@@ -114,7 +121,10 @@ async fn a_chain_passes_views_between_links() {
     assert_eq!(out.to_vec(), want);
     let mid = mid.to_vec();
     assert!(mid[..N].iter().all(|v| *v == SENTINEL));
-    assert_eq!(mid[N..].to_vec(), input.iter().map(|v| v + 1).collect::<Vec<_>>());
+    assert_eq!(
+        mid[N..].to_vec(),
+        input.iter().map(|v| v + 1).collect::<Vec<_>>()
+    );
 }
 
 fn view(tensor: u64, offset: u64, length: u64, read_only: bool) -> pb::TensorArg {
@@ -138,7 +148,7 @@ async fn the_daemon_honours_views_on_the_fd_path_and_in_submit_and_refuses_bad_o
     // An imported memfd of 2N: the input is its second half.
     let in_fd = npu_fd::memfd::create("in", 2 * B).unwrap();
     let mut in_map = npu_fd::Mapping::new(in_fd.as_fd(), 0, 2 * N * 4).unwrap();
-    let input: Vec<i32> = (0..2 * N as i32).map(|i| 1000 - i).collect();
+    let input: Vec<i32> = (0..2 * NI).map(|i| 1000 - i).collect();
     in_map.set_i32s(&input).unwrap();
     let (tin, sent) = s.import(in_fd.as_fd(), 2 * B).await.unwrap();
     sent.unwrap();

@@ -185,11 +185,23 @@ mod tests {
             .filter(|(_, v)| v.is_none())
             .map(|(k, _)| k.to_string_lossy().into_owned())
             .collect();
-        for k in ["CARGO_MANIFEST_DIR", "CARGO_PKG_NAME", "CARGO_PKG_VERSION", "CARGO_CRATE_NAME"] {
-            assert!(removed.iter().any(|r| r == k), "{k} is inherited: {removed:?}");
+        for k in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION",
+            "CARGO_CRATE_NAME",
+        ] {
+            assert!(
+                removed.iter().any(|r| r == k),
+                "{k} is inherited: {removed:?}"
+            );
         }
         // Configuration a user set stays.
-        assert!(!removed.iter().any(|r| r == "CARGO_HOME" || r == "CARGO_TARGET_DIR"));
+        assert!(
+            !removed
+                .iter()
+                .any(|r| r == "CARGO_HOME" || r == "CARGO_TARGET_DIR")
+        );
         let args: Vec<_> = cmd.get_args().collect();
         assert_eq!(args, ["build", "-p", "npud", "--bin", "npud", "--release"]);
     }

@@ -378,7 +378,9 @@ impl<'a> ChainBuilder<'a> {
 pub(crate) fn link(program_id: u64, raws: &[&RawTensor], reads: usize) -> pb::DispatchRequest {
     link_marked(
         program_id,
-        raws.iter().enumerate().map(|(i, r)| (*r, i < reads, (0, 0))),
+        raws.iter()
+            .enumerate()
+            .map(|(i, r)| (*r, i < reads, (0, 0))),
     )
 }
 

@@ -531,7 +531,10 @@ mod tests {
         );
         // Without its token, a caller learns nothing of how a session ended.
         let e = auth(&s, &md(closed, &t2), Some(&c)).unwrap_err();
-        assert!(e.message().contains("unknown session or wrong token"), "{e}");
+        assert!(
+            e.message().contains("unknown session or wrong token"),
+            "{e}"
+        );
     }
 
     #[test]

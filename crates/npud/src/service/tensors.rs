@@ -259,14 +259,13 @@ impl NpudService {
             .state
             .limits
             .max_message_bytes
-            .saturating_sub(CHUNK_OVERHEAD);
+            .saturating_sub(CHUNK_OVERHEAD)
+            .clamp(1, MAX_CHUNK);
         let chunk = match u64::from(r.chunk_bytes) {
             0 => DEFAULT_CHUNK,
             c => c,
         }
-        .min(cap)
-        .min(MAX_CHUNK)
-        .max(1);
+        .clamp(1, cap);
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let exec = self.state.exec.clone();
         let start = r.offset;
