@@ -12,7 +12,7 @@ use crate::pipeline::Pipeline;
 use crate::program::Program;
 use crate::runtime::{pid, runtime, start, wait};
 use crate::tensor::{RawTensor, tensors};
-use crate::work::{ChainTiming, Links, Timing, chain, dispatch, links};
+use crate::work::{ChainTiming, Links, Timing, chain, dispatch, dispatch_views, links};
 
 /// A session on npud (npu-client's `Client`).
 #[pyclass(frozen, module = "npud._npud")]
@@ -197,6 +197,23 @@ impl Client {
         let c = self.get()?;
         let fut = dispatch(c, program.program.clone(), tensors(&args)?);
         wait(py, fut)
+    }
+
+    /// One dispatch over byte ranges of tensors: `(tensor, offset, nbytes)` each, in the
+    /// design's order (`nbytes` 0: to the end); a tensor may stand at several positions.
+    fn dispatch_views(
+        &self,
+        py: Python<'_>,
+        program: &Program,
+        args: Vec<(Bound<'_, RawTensor>, u64, u64)>,
+    ) -> PyResult<Timing> {
+        let c = self.get()?;
+        let mut views = Vec::with_capacity(args.len());
+        for (t, offset, len) in &args {
+            let shared = tensors(std::slice::from_ref(t))?.remove(0);
+            views.push((shared, *offset, *len));
+        }
+        wait(py, dispatch_views(c, program.program.clone(), views))
     }
 
     fn dispatch_start(

@@ -117,6 +117,54 @@ pub(crate) async fn dispatch(
     dispatch_locked(&client, &program, l).await
 }
 
+/// Runs one dispatch whose arguments are byte ranges of tensors, `(tensor, offset, length)`
+/// (length 0: to the end), in the design's order; one tensor may stand at several positions
+/// (sub-views of one buffer, as IRON's `subview`). Sent as a one-link chain, which the daemon
+/// runs as a dispatch: a chain names each tensor once, and its links take views of it.
+pub(crate) async fn dispatch_views(
+    client: npu_client::Client,
+    program: NativeProgram,
+    args: Vec<(Arc<Shared>, u64, u64)>,
+) -> Result<Timing, ClientError> {
+    let ro = program.read_only_args();
+    let mut order: Vec<Arc<Shared>> = Vec::new();
+    let mut written: Vec<u64> = Vec::new();
+    for (i, (t, ..)) in args.iter().enumerate() {
+        if i >= ro {
+            written.push(t.id);
+        }
+        if !order.iter().any(|o| o.id == t.id) {
+            order.push(Arc::clone(t));
+        }
+    }
+    order.sort_by_key(|t| written.contains(&t.id));
+    let reads = order.iter().filter(|t| !written.contains(&t.id)).count();
+    let mut l = lock_args(&order, reads).await;
+    upload_staged(&l).await?;
+    let mut b = client.chain();
+    let handles: Vec<npu_client::ChainArg> = l
+        .held
+        .iter_mut()
+        .map(|h| match h {
+            Held::Read(g) => b.read(&**g),
+            Held::Write(g) => b.write(&mut **g),
+        })
+        .collect();
+    let link: Vec<npu_client::ChainArg> = args
+        .iter()
+        .map(|(t, offset, len)| {
+            let at = order.iter().position(|o| o.id == t.id).unwrap_or(0);
+            handles[l.index[at]].view(*offset, *len)
+        })
+        .collect();
+    b.then(&program, &link);
+    let r = b.run().await?.ok()?;
+    Ok((
+        u64::try_from(r.queue.as_nanos()).unwrap_or(u64::MAX),
+        u64::try_from(r.device.as_nanos()).unwrap_or(u64::MAX),
+    ))
+}
+
 /// (completed, queue_ns, device_ns, doorbells).
 pub(crate) type ChainTiming = (u32, u64, u64, u32);
 

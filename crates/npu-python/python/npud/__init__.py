@@ -172,6 +172,31 @@ def tensor_of(a: Any) -> RawTensor:
     return base
 
 
+def view_of(a: Any) -> tuple[RawTensor, int, int]:
+    """The npud tensor under the array ``a``, and the byte range of it that ``a`` is:
+    ``(tensor, offset, nbytes)``. ``a`` may be a contiguous slice of a tensor's array (a
+    sub-view, as IRON's ``subview``); a dispatch then passes the program those bytes in place.
+
+    Raises:
+        TypeError: ``a`` is not npud memory.
+        ValueError: ``a`` is not one contiguous range of its tensor.
+    """
+    try:
+        raw = tensor_of(a)
+        return raw, 0, raw.nbytes
+    except ValueError:
+        pass
+    base: Any = a.base
+    while base is not None and type(base) is not RawTensor:
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    assert base is not None
+    offset = a.__array_interface__["data"][0] - base.address
+    if not a.flags.c_contiguous or offset < 0 or offset + a.nbytes > base.nbytes:
+        raise ValueError(f"the array is not one contiguous range of tensor {base.id}: "
+                         "pass a contiguous slice (np.ascontiguousarray copies out of npud memory)")
+    return base, offset, a.nbytes
+
+
 # Arrays already resolved to their tensor, by id, each with a weak reference that drops the
 # entry when the array goes (an array's memory and size never change, so the answer holds).
 _KNOWN: dict[int, tuple[weakref.ref[np.ndarray], RawTensor]] = {}
@@ -457,13 +482,26 @@ class Client:
 
     def dispatch(self, program: Program, *args: Any) -> Timing:
         """Runs ``program`` once over the tensors ``args`` (in the design's order: inputs,
-        then outputs) and waits for the device, with the GIL released.
+        then outputs) and waits for the device, with the GIL released. An argument may be a
+        contiguous slice of a tensor's array (``buf[256:512]``): the program gets those bytes
+        of the tensor in place, and one tensor may give several arguments.
 
         Raises:
             InvalidArgument: too few or too small arguments (the message names the argument).
             NotFound, FailedPrecondition, Internal, ...: the daemon's refusal, with its message.
         """
-        return Timing(*self._c.dispatch(program._p, _raws(args)))
+        try:
+            raws = _raws(args)
+        except ValueError:
+            # Sub-views (contiguous slices of a tensor's array): their byte ranges, in place.
+            views = []
+            for i, a in enumerate(args):
+                try:
+                    views.append(view_of(a))
+                except (TypeError, ValueError) as e:
+                    raise type(e)(f"args[{i}]: {e}") from None
+            return Timing(*self._c.dispatch_views(program._p, views))
+        return Timing(*self._c.dispatch(program._p, raws))
 
     async def dispatch_async(self, program: Program, *args: Any) -> Timing:
         return Timing(*await _future(self._c.dispatch_start, program._p, _raws(args)))
