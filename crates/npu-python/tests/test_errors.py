@@ -92,7 +92,11 @@ def test_arrays_that_are_not_tensors(client):
     a = client.alloc(N)
     with pytest.raises(TypeError, match="args\\[1\\].*not npud tensor memory"):
         client.dispatch(p, a, np.zeros(N, np.int32))
-    with pytest.raises(ValueError, match="args\\[0\\].*part of tensor"):
+    with pytest.raises(ValueError, match="args\\[0\\].*not one contiguous range"):
+        client.dispatch(p, a[::2], a)
+    # A contiguous slice is a sub-view: its bytes in place, refused when shorter than the
+    # design's argument.
+    with pytest.raises(npud.InvalidArgument, match="args\\[0\\]: 4092 bytes"):
         client.dispatch(p, a[1:], a)
     other = npud.Client(client.address)
     with pytest.raises(npud.InvalidRequest, match="another session"):
