@@ -7,11 +7,12 @@ It needs nothing but ``pip install grpcio``: the few messages it sends are encod
 protobuf codec below, so there is no code generation step. (For real work, use the ``npud``
 package: it is the Rust client, with numpy arrays and several times less overhead a call.)
 
-    python3 raw_client.py --socket $XDG_RUNTIME_DIR/npud/npud.sock --design DIR [--n 1024]
+    python3 raw_client.py --design DIR [--socket PATH] [--n 1024]
 
 runs DIR's vector_scalar_add (``main.pdi`` + ``insts.bin``, int32, ``out = in + scalar``) on
 tensors shared by fd: AllocateTensor -> redeem the ticket on the fd socket (SCM_RIGHTS) ->
-mmap -> Dispatch -> read the result from the mapping.
+mmap -> Dispatch -> read the result from the mapping. The socket is ``--socket``, else
+``NPUD_ADDR`` (a path or ``unix:PATH``), else where npud binds by default (:func:`default_socket`).
 
 Note on grpcio over a Unix socket: grpcio sends the socket *path* as the HTTP/2 ``:authority``
 unless told otherwise, and a path is not a valid authority, so npud's HTTP/2 server refuses the
@@ -259,9 +260,35 @@ def shared_tensor(session: Session, size: int) -> tuple[int, Mapped]:
     return tid, Mapped(fd, offset, got)
 
 
+def default_socket() -> str:
+    """Where npud binds by default: ``/run/npud/npud.sock`` for root (a system service),
+    ``$XDG_RUNTIME_DIR/npud/npud.sock`` for another user, ``/tmp/npud-<uid>/npud.sock`` when
+    ``XDG_RUNTIME_DIR`` is unset or empty."""
+    uid = os.getuid()
+    if uid == 0:
+        return "/run/npud/npud.sock"
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return os.path.join(xdg, "npud", "npud.sock")
+    return f"/tmp/npud-{uid}/npud.sock"
+
+
+def socket_from_env() -> str:
+    """``NPUD_ADDR`` when it names a Unix socket, else :func:`default_socket`."""
+    addr = os.environ.get("NPUD_ADDR", "")
+    if addr.startswith("unix:"):
+        return addr.removeprefix("unix:")
+    if addr.startswith("/"):
+        return addr
+    return default_socket()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--socket", required=True, help="npud's gRPC socket")
+    ap.add_argument("--socket", default=None,
+                    help="npud's gRPC socket (default: NPUD_ADDR, else npud's default socket: "
+                         "/run/npud/npud.sock for root, $XDG_RUNTIME_DIR/npud/npud.sock "
+                         "otherwise)")
     ap.add_argument("--design", required=True, help="a vector_scalar_add design directory")
     ap.add_argument("--n", type=int, default=1024, help="int32 elements")
     ap.add_argument("--scalar", type=int, default=1, help="the design's addend")
@@ -270,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         pdi = f.read()
     with open(os.path.join(a.design, "insts.bin"), "rb") as f:
         insts = f.read()
-    s = Session(a.socket)
+    s = Session(a.socket or socket_from_env())
     program = s.register_program(pdi, insts, "vector_scalar_add")
     tin, min_ = shared_tensor(s, 4 * a.n)
     tout, mout = shared_tensor(s, 4 * a.n)

@@ -60,6 +60,11 @@ async fn grpcio_calls_npud_on_the_unix_socket_with_default_authority_set_and_get
     assert_eq!(hints.len(), 1, "one hint, logged once: {log}");
     assert!(hints[0].contains("WARN"), "{}", hints[0]);
     assert!(
+        hints[0].contains("grpcurl: -authority localhost"),
+        "the hint names grpcurl's flag too: {}",
+        hints[0]
+    );
+    assert!(
         hints[0].contains("%2F"),
         "the refused authority: {}",
         hints[0]

@@ -83,6 +83,7 @@ fn the_python_package_passes_its_suite() {
             .args(["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"])
             .arg(repo().join("crates/npu-python/tests"))
             .env("NPUD_BIN", binary("npud"))
+            .env("NPUCTL_BIN", npud_e2e::npuctl_binary())
             .env("NPUD_TEST_PKI", pki.path())
             .env_remove("NPUD_ADDR")
             .current_dir(repo()),

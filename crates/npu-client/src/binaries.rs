@@ -81,6 +81,45 @@ pub fn find_binary(bin: &Binary, explicit: Option<&Path>) -> Result<PathBuf, Cli
     build(bin)
 }
 
+/// Variables cargo sets for the program it runs (`cargo run`), which a build started from that
+/// program must not inherit: build scripts track some of them (ring's tracks
+/// `CARGO_MANIFEST_DIR`), so a build that sees them rebuilds what a plain `cargo build` built,
+/// and the next plain one rebuilds it again (for npud in release, about 50 s each time).
+const RUN_VARIABLES: &[&str] = &[
+    "CARGO_MANIFEST_DIR",
+    "CARGO_MANIFEST_PATH",
+    "CARGO_MANIFEST_LINKS",
+    "CARGO_CRATE_NAME",
+    "CARGO_BIN_NAME",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_TARGET_TMPDIR",
+    "CARGO_RUSTC_CURRENT_DIR",
+    "OUT_DIR",
+];
+/// Prefixes of such variables.
+const RUN_PREFIXES: &[&str] = &["CARGO_PKG_", "CARGO_BIN_EXE_"];
+
+/// `cargo build -p PACKAGE --bin NAME [--release]` in `root`, with the environment a user's
+/// own `cargo build` there would have: without what `cargo run` set for this program.
+fn cargo_build(bin: &Binary, root: &Path, release: bool) -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args(["build", "-p", bin.package, "--bin", bin.name])
+        .current_dir(root);
+    if release {
+        cmd.arg("--release");
+    }
+    for (k, _) in std::env::vars_os() {
+        let Some(k) = k.to_str() else { continue };
+        if RUN_VARIABLES.contains(&k) || RUN_PREFIXES.iter().any(|p| k.starts_with(p)) {
+            cmd.env_remove(k);
+        }
+    }
+    for k in RUN_VARIABLES {
+        cmd.env_remove(k);
+    }
+    cmd
+}
+
 fn build(bin: &Binary) -> Result<PathBuf, ClientError> {
     let cwd = std::env::current_dir().map_err(|e| err(format!("the current directory: {e}")))?;
     let root = cwd
@@ -98,12 +137,7 @@ fn build(bin: &Binary) -> Result<PathBuf, ClientError> {
     let release = sibling(bin.name)
         .and_then(|p| p.parent().map(Path::to_path_buf))
         .is_some_and(|d| d.ends_with("release"));
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.args(["build", "-p", bin.package, "--bin", bin.name])
-        .current_dir(root);
-    if release {
-        cmd.arg("--release");
-    }
+    let mut cmd = cargo_build(bin, root, release);
     eprintln!(
         "building {} first (cargo build{} -p {} in {})",
         bin.name,
@@ -134,4 +168,41 @@ fn build(bin: &Binary) -> Result<PathBuf, ClientError> {
             bin.name
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_build_does_not_inherit_what_cargo_run_set() {
+        // Under `cargo test`, as under `cargo run`, cargo set these for this process.
+        assert!(std::env::var_os("CARGO_MANIFEST_DIR").is_some());
+        assert!(std::env::var_os("CARGO_PKG_NAME").is_some());
+        let cmd = cargo_build(&NPUD, Path::new("/"), true);
+        let removed: Vec<String> = cmd
+            .get_envs()
+            .filter(|(_, v)| v.is_none())
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        for k in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION",
+            "CARGO_CRATE_NAME",
+        ] {
+            assert!(
+                removed.iter().any(|r| r == k),
+                "{k} is inherited: {removed:?}"
+            );
+        }
+        // Configuration a user set stays.
+        assert!(
+            !removed
+                .iter()
+                .any(|r| r == "CARGO_HOME" || r == "CARGO_TARGET_DIR")
+        );
+        let args: Vec<_> = cmd.get_args().collect();
+        assert_eq!(args, ["build", "-p", "npud", "--bin", "npud", "--release"]);
+    }
 }

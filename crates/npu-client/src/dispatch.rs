@@ -165,7 +165,7 @@ pub(crate) fn check_reads(program: &Program, reads: usize) -> Result<(), ClientE
 }
 
 /// What the library knows of the arguments `program` only reads, for error messages.
-fn only_reads(program: &Program) -> String {
+pub(crate) fn only_reads(program: &Program) -> String {
     if program.emulated_design().is_some() {
         format!(
             "it only reads its first {}, pass the rest as written",
@@ -182,10 +182,28 @@ static NEXT_CHAIN: AtomicU64 = AtomicU64::new(1);
 
 /// A tensor added to a chain with [`ChainBuilder::read`] or [`ChainBuilder::write`], for use in
 /// its links.
+///
+/// [`ChainArg::view`] narrows one to a byte range of its tensor for a link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChainArg {
     chain: u64,
     index: usize,
+    /// Byte offset and length in the tensor (length 0: to its end).
+    range: (u64, u64),
+}
+
+impl ChainArg {
+    /// The same tensor as `len` bytes from byte `offset` (a sub-view, as IRON's
+    /// `tensor.subview`): the link's program sees only those bytes, in place. The daemon
+    /// refuses a range outside the tensor (`INVALID_ARGUMENT`) and one shorter than the
+    /// program's argument needs.
+    #[must_use]
+    pub fn view(self, offset: u64, len: u64) -> ChainArg {
+        ChainArg {
+            range: (offset, len),
+            ..self
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -245,6 +263,7 @@ impl<'a> ChainBuilder<'a> {
         ChainArg {
             chain: self.key,
             index: self.tensors.len() - 1,
+            range: (0, 0),
         }
     }
 
@@ -312,7 +331,7 @@ impl<'a> ChainBuilder<'a> {
                 }
                 raws.push(slot.raw());
                 // A tensor added with `read` is not lent: it must never be written back.
-                marked.push((slot.raw(), matches!(slot, Slot::Read(_))));
+                marked.push((slot.raw(), matches!(slot, Slot::Read(_)), a.range));
             }
             client.check_owned(&raws)?;
             let id = client.register(program).await?.id;
@@ -359,21 +378,25 @@ impl<'a> ChainBuilder<'a> {
 pub(crate) fn link(program_id: u64, raws: &[&RawTensor], reads: usize) -> pb::DispatchRequest {
     link_marked(
         program_id,
-        raws.iter().enumerate().map(|(i, r)| (*r, i < reads)),
+        raws.iter()
+            .enumerate()
+            .map(|(i, r)| (*r, i < reads, (0, 0))),
     )
 }
 
-fn link_marked<'r>(
+/// A link over `args`: each tensor, whether it is only read, and its byte range (offset,
+/// length; 0 length: to the end).
+pub(crate) fn link_marked<'r>(
     program_id: u64,
-    args: impl Iterator<Item = (&'r RawTensor, bool)>,
+    args: impl Iterator<Item = (&'r RawTensor, bool, (u64, u64))>,
 ) -> pb::DispatchRequest {
     pb::DispatchRequest {
         program_id,
         args: args
-            .map(|(r, read_only)| pb::TensorArg {
+            .map(|(r, read_only, (offset, length))| pb::TensorArg {
                 tensor_id: r.id,
-                offset: 0,
-                length: 0,
+                offset,
+                length,
                 read_only,
             })
             .collect(),
@@ -382,7 +405,7 @@ fn link_marked<'r>(
 
 /// Runs `call` with `writes` lent to the daemon, and takes them back only when the daemon
 /// answered it (see [`answered`]); otherwise they stay lent.
-async fn lent_during<R>(
+pub(crate) async fn lent_during<R>(
     writes: &mut [&mut RawTensor],
     call: impl Future<Output = Result<R, ClientError>>,
 ) -> Result<R, ClientError> {
@@ -418,14 +441,14 @@ fn unique<'a>(raws: &[&'a RawTensor]) -> Vec<&'a RawTensor> {
     raws.iter().copied().filter(|r| seen.insert(r.id)).collect()
 }
 
-async fn upload_dirty(raws: &[&RawTensor]) -> Result<(), ClientError> {
+pub(crate) async fn upload_dirty(raws: &[&RawTensor]) -> Result<(), ClientError> {
     for r in unique(raws) {
         r.upload(false).await?;
     }
     Ok(())
 }
 
-async fn download_written(writes: &mut [&mut RawTensor]) -> Result<(), ClientError> {
+pub(crate) async fn download_written(writes: &mut [&mut RawTensor]) -> Result<(), ClientError> {
     for w in writes.iter_mut() {
         w.download().await?;
     }

@@ -60,6 +60,7 @@ mod pipeline;
 mod program;
 mod session;
 pub mod tensor;
+mod view;
 
 pub use client::{Client, Operator};
 pub use connect::{Address, ConnectOptions};
@@ -69,6 +70,7 @@ pub use fleet::{Fleet, FleetOptions, FleetSpec, HostHealth, HostStatus};
 pub use pipeline::{Completion, Pipeline};
 pub use program::{HsacoSource, Program, ProgramInfo};
 pub use tensor::{Element, Tensor, TensorArg};
+pub use view::DispatchArg;
 
 /// The generated API types (`DeviceInfo`, `Statistics`, ...), as the daemon sends them.
 pub use npu_proto::v1 as proto;

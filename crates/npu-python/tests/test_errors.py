@@ -81,8 +81,10 @@ def test_client_side_errors():
     with pytest.raises(npud.ConnectError) as e:
         npud.Client("unix:/nonexistent/npud.sock")
     assert e.value.code is None
-    with pytest.raises(npud.ArtifactError, match="insts.bin"):
+    with pytest.raises(npud.ArtifactError, match="insts.bin") as e:
         npud.Program.from_dir("/nonexistent-design")
+    # What makes a design, for a newcomer who has none yet.
+    assert "npuctl emu-design vector_scalar_add --out /nonexistent-design" in str(e.value)
 
 
 def test_arrays_that_are_not_tensors(client):
@@ -90,7 +92,11 @@ def test_arrays_that_are_not_tensors(client):
     a = client.alloc(N)
     with pytest.raises(TypeError, match="args\\[1\\].*not npud tensor memory"):
         client.dispatch(p, a, np.zeros(N, np.int32))
-    with pytest.raises(ValueError, match="args\\[0\\].*part of tensor"):
+    with pytest.raises(ValueError, match="args\\[0\\].*not one contiguous range"):
+        client.dispatch(p, a[::2], a)
+    # A contiguous slice is a sub-view: its bytes in place, refused when shorter than the
+    # design's argument.
+    with pytest.raises(npud.InvalidArgument, match="args\\[0\\]: 4092 bytes"):
         client.dispatch(p, a[1:], a)
     other = npud.Client(client.address)
     with pytest.raises(npud.InvalidRequest, match="another session"):

@@ -35,6 +35,34 @@ def test_the_example_runs(daemon, tmp_path):
     assert "PASS" in r.stdout
 
 
+def test_the_example_finds_the_socket_itself(daemon, tmp_path):
+    # Without --socket: NPUD_ADDR, as every npud client reads it.
+    npud.Program.write_emulated(tmp_path, "vector_scalar_add", 1024, generation="npu2",
+                                dtype="i32", scalar=2)
+    env = dict(os.environ, NPUD_ADDR=daemon.address)
+    r = subprocess.run([sys.executable, str(REPO / "examples/python/raw_client.py"),
+                        "--design", str(tmp_path), "--scalar", "2"], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "PASS" in r.stdout
+
+
+def test_the_default_socket_is_npuds(monkeypatch):
+    # npud binds /run/npud for root whatever XDG_RUNTIME_DIR says (crates/npud/src/config.rs).
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/0")
+    monkeypatch.setattr(raw.os, "getuid", lambda: 0)
+    assert raw.default_socket() == "/run/npud/npud.sock"
+    monkeypatch.setattr(raw.os, "getuid", lambda: 1000)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+    assert raw.default_socket() == "/run/user/1000/npud/npud.sock"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "")
+    assert raw.default_socket() == "/tmp/npud-1000/npud.sock"
+    monkeypatch.delenv("NPUD_ADDR", raising=False)
+    assert raw.socket_from_env() == "/tmp/npud-1000/npud.sock"
+    monkeypatch.setenv("NPUD_ADDR", "unix:/x/npud.sock")
+    assert raw.socket_from_env() == "/x/npud.sock"
+
+
 def test_allocate_redeem_map_dispatch_read(daemon):
     s = raw.Session(socket_path(daemon))
     p = npud.Program.emulated("vector_scalar_add", 256, generation="npu2", dtype="i32", scalar=1)

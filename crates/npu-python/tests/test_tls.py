@@ -1,8 +1,8 @@
 """Connecting over TLS with a CA, a client certificate and key (mTLS), and an identity token.
 
-tests/tests/python.rs makes the certificates (rcgen) and names their directory in
-NPUD_TEST_PKI: ca.pem, server.crt/.key (localhost, 127.0.0.1), client.crt/.key
-(python-client.example).
+The certificates: ca.pem, server.crt/.key (localhost, 127.0.0.1), client.crt/.key
+(python-client.example). tests/tests/python.rs makes them (rcgen) and names their directory in
+NPUD_TEST_PKI; run by hand without it, the suite makes them with the ``openssl`` command.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -19,12 +21,35 @@ import npud
 N = 1024
 
 
+def make_pki(d: pathlib.Path) -> None:
+    """The certificates tests/tests/python.rs makes, with the openssl command."""
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
+
+    ssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=npud python test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign")
+    for name, san, usage in (("server", "DNS:localhost,IP:127.0.0.1", "serverAuth"),
+                             ("client", "DNS:python-client.example", "clientAuth")):
+        ssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        (d / f"{name}.ext").write_text(f"subjectAltName={san}\nextendedKeyUsage={usage}\n")
+        ssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "2", "-out", f"{name}.crt", "-extfile", f"{name}.ext")
+
+
 @pytest.fixture(scope="module")
-def pki() -> pathlib.Path:
+def pki(tmp_path_factory) -> pathlib.Path:
     p = os.environ.get("NPUD_TEST_PKI")
-    if not p:
-        pytest.fail("NPUD_TEST_PKI is not set: run this suite through tests/tests/python.rs")
-    return pathlib.Path(p)
+    if p:
+        return pathlib.Path(p)
+    if shutil.which("openssl") is None:
+        pytest.skip("the TLS tests need certificates: set NPUD_TEST_PKI to a directory holding "
+                    "them (tests/tests/python.rs does), or install the openssl command")
+    d = tmp_path_factory.mktemp("pki")
+    make_pki(d)
+    return d
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,8 @@ const MALFORMED_AUTHORITY: &str = "malformed authority";
 /// The hint logged at the first request refused for its `:authority`.
 pub const AUTHORITY_HINT: &str = "a request was refused because its HTTP/2 :authority is not a host name; \
 gRPC C-core clients (grpcio, Ruby, C++, C#) send the Unix socket's path there: set the channel \
-option grpc.default_authority to \"localhost\"";
+option grpc.default_authority to \"localhost\" (grpcurl: -authority localhost, before the \
+address; grpc-go: grpc.WithAuthority(\"localhost\"))";
 
 /// Installs the global subscriber: `RUST_LOG`, else `log.level`, in `log.format`, to stderr,
 /// with [`AuthorityHint`] beside it. Run [`Hints::log`] on the runtime to log its hint.

@@ -18,6 +18,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tonic::codec::CompressionEncoding;
 use tonic::transport::Server;
 use tonic::transport::server::Router;
 use tower_layer::{Identity, Stack};
@@ -370,7 +371,12 @@ pub async fn run(
             .add_service(v1)
             .add_service(v1alpha)
             .add_service(
+                // Compressed requests are accepted as gRPC clients may send them (grpcurl,
+                // grpcio and buf curl offer gzip); the size limit holds for the decompressed
+                // message, so a small compressed one cannot inflate past it.
                 NpudServer::new(svc)
+                    .accept_compressed(CompressionEncoding::Gzip)
+                    .accept_compressed(CompressionEncoding::Deflate)
                     .max_decoding_message_size(max.saturating_mul(2))
                     .max_encoding_message_size(max.saturating_mul(2)),
             ))

@@ -74,6 +74,30 @@ struct Inner {
     next_id: u64,
     opened: u64,
     ended: u64,
+    /// The last [`ENDED_WINDOW`] sessions that ended, oldest first, with their token and how
+    /// they ended, so that a caller still holding the token is told which it was.
+    gone: VecDeque<(u64, String, Ended)>,
+}
+
+/// Ended sessions remembered for their callers' error messages (about 64 bytes each).
+pub const ENDED_WINDOW: usize = 1024;
+
+/// How a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// CloseSession.
+    Closed,
+    /// No connection for the grace period.
+    Expired,
+}
+
+impl Inner {
+    fn remember_gone(&mut self, id: u64, token: String, how: Ended) {
+        while self.gone.len() >= ENDED_WINDOW {
+            self.gone.pop_front();
+        }
+        self.gone.push_back((id, token, how));
+    }
 }
 
 /// What statistics report of one session.
@@ -245,12 +269,32 @@ impl Sessions {
         who: &Identity,
     ) -> Result<u64, NpudError> {
         let mut g = self.lock();
+        let grace = self.grace.as_millis();
         let bad = || {
             NpudError::Unauthenticated(format!(
-                "session {id}: unknown session or wrong token (sessions end after their grace \
-                 period without a connection)"
+                "session {id}: unknown session or wrong token (a session ends when it is closed, \
+                 or after {grace} ms without a connection: open a new one)"
             ))
         };
+        if !g.sessions.contains_key(&id) {
+            let how = g
+                .gone
+                .iter()
+                .rev()
+                .find(|(gone, t, _)| *gone == id && same_token(t, token))
+                .map(|(.., how)| *how);
+            return Err(match how {
+                Some(Ended::Closed) => NpudError::Unauthenticated(format!(
+                    "session {id} was closed (CloseSession): open a new one"
+                )),
+                Some(Ended::Expired) => NpudError::Unauthenticated(format!(
+                    "session {id} ended after {grace} ms without a connection (the grace \
+                     period, DeviceInfo.session_grace_ms): open a new one, and keep a \
+                     connection open between calls"
+                )),
+                None => bad(),
+            });
+        }
         let s = g.sessions.get_mut(&id).ok_or_else(bad)?;
         if !same_token(&s.token, token) {
             return Err(bad());
@@ -272,11 +316,12 @@ impl Sessions {
     /// Removes a session; returns whether it existed.
     pub fn close(&self, id: u64) -> bool {
         let mut g = self.lock();
-        let existed = g.sessions.remove(&id).is_some();
-        if existed {
-            g.ended += 1;
-        }
-        existed
+        let Some(s) = g.sessions.remove(&id) else {
+            return false;
+        };
+        g.ended += 1;
+        g.remember_gone(id, s.token, Ended::Closed);
+        true
     }
 
     /// A connection closed: sessions it was the last connection of start their grace period.
@@ -304,8 +349,10 @@ impl Sessions {
             .map(|(id, _)| *id)
             .collect();
         for id in &expired {
-            g.sessions.remove(id);
-            g.ended += 1;
+            if let Some(s) = g.sessions.remove(id) {
+                g.ended += 1;
+                g.remember_gone(*id, s.token, Ended::Expired);
+            }
         }
         expired
     }
@@ -480,6 +527,38 @@ mod tests {
             MetadataValue::try_from(token).unwrap(),
         );
         m
+    }
+
+    #[test]
+    fn a_gone_session_says_whether_it_was_closed_or_expired() {
+        let s = Sessions::new(Duration::from_millis(1500), 4);
+        let c = conn(1, 1000);
+        let (closed, t1) = open(&s, "a", Some(&c), 4).unwrap();
+        let (expired, t2) = open(&s, "b", Some(&c), 4).unwrap();
+        assert!(s.close(closed));
+        let e = auth(&s, &md(closed, &t1), Some(&c)).unwrap_err();
+        assert!(matches!(e, NpudError::Unauthenticated(_)), "{e}");
+        assert_eq!(
+            e.message(),
+            format!("session {closed} was closed (CloseSession): open a new one")
+        );
+        assert!(!e.message().contains("grace"), "{e}");
+        s.connection_closed(1);
+        let later = Instant::now() + Duration::from_secs(2);
+        assert_eq!(s.take_expired(later), vec![expired]);
+        let e = auth(&s, &md(expired, &t2), Some(&c)).unwrap_err();
+        assert!(
+            e.message().starts_with(&format!(
+                "session {expired} ended after 1500 ms without a connection (the grace period"
+            )),
+            "{e}"
+        );
+        // Without its token, a caller learns nothing of how a session ended.
+        let e = auth(&s, &md(closed, &t2), Some(&c)).unwrap_err();
+        assert!(
+            e.message().contains("unknown session or wrong token"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -72,9 +72,11 @@ pub(crate) fn prove(
             drop(v);
             return Ok((
                 PacketAbi::G2,
-                "auto: the runtime loads no AIE code object but maps a vmem handle of the AIE \
-                 data pool, which only the 2026 (G2) releases do"
-                    .into(),
+                format!(
+                    "auto: the runtime loads no AIE code object but maps a vmem handle of the \
+                     AIE data pool, which only the 2026 (G2) releases do (the code object: \
+                     {code_object})"
+                ),
             ));
         }
         Err(e) => e,

@@ -29,9 +29,11 @@ The package is the Rust client library (npu-client) with a Python face::
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import json
 import os
+import pathlib
 import weakref
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
@@ -39,7 +41,7 @@ import numpy as np
 
 from . import _npud
 from ._errors import *  # noqa: F401,F403 - the exception classes are part of the API
-from ._errors import NpudError, InvalidRequest
+from ._errors import ArtifactError, InvalidRequest, NpudError
 
 __version__ = _npud.__version__
 
@@ -170,6 +172,31 @@ def tensor_of(a: Any) -> RawTensor:
     return base
 
 
+def view_of(a: Any) -> tuple[RawTensor, int, int]:
+    """The npud tensor under the array ``a``, and the byte range of it that ``a`` is:
+    ``(tensor, offset, nbytes)``. ``a`` may be a contiguous slice of a tensor's array (a
+    sub-view, as IRON's ``subview``); a dispatch then passes the program those bytes in place.
+
+    Raises:
+        TypeError: ``a`` is not npud memory.
+        ValueError: ``a`` is not one contiguous range of its tensor.
+    """
+    try:
+        raw = tensor_of(a)
+        return raw, 0, raw.nbytes
+    except ValueError:
+        pass
+    base: Any = a.base
+    while base is not None and type(base) is not RawTensor:
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    assert base is not None
+    offset = a.__array_interface__["data"][0] - base.address
+    if not a.flags.c_contiguous or offset < 0 or offset + a.nbytes > base.nbytes:
+        raise ValueError(f"the array is not one contiguous range of tensor {base.id}: "
+                         "pass a contiguous slice (np.ascontiguousarray copies out of npud memory)")
+    return base, offset, a.nbytes
+
+
 # Arrays already resolved to their tensor, by id, each with a weak reference that drops the
 # entry when the array goes (an array's memory and size never change, so the answer holds).
 _KNOWN: dict[int, tuple[weakref.ref[np.ndarray], RawTensor]] = {}
@@ -238,9 +265,20 @@ class Program:
         """Reads ``path/main.pdi`` and ``path/insts.bin`` (or the same under ``path/build``).
 
         Raises:
-            ArtifactError: a file is missing (naming every path tried) or malformed.
+            ArtifactError: a file is missing (naming every path tried, and how to make a
+                design) or malformed.
         """
-        return Program(_npud.Program.from_dir(os.fspath(path)))
+        try:
+            return Program(_npud.Program.from_dir(os.fspath(path)))
+        except ArtifactError as e:
+            p = pathlib.Path(path)
+            if any((d / "main.pdi").is_file() and (d / "insts.bin").is_file()
+                   for d in (p, p / "build")):
+                raise
+            raise ArtifactError(
+                f"{e}. A design directory holds the main.pdi and insts.bin aiecc writes; for the "
+                f"emulator, `npuctl emu-design vector_scalar_add --out {p}` makes one (or "
+                "npud.Program.write_emulated from Python)", message=e.message) from None
 
     @staticmethod
     def from_bytes(name: str, pdi: bytes, insts: bytes) -> Program:
@@ -260,6 +298,21 @@ class Program:
         if isinstance(source, (bytes, bytearray, memoryview)):
             return Program(_npud.Program.from_hsaco(bytes(source), kernel))
         return Program(_npud.Program.from_hsaco(os.fspath(source), kernel))
+
+    @staticmethod
+    def from_full_elf(source: str | os.PathLike[str] | bytes, kernel: str = "", *,
+                      num_cols: int | None = None) -> Program:
+        """Kernel ``kernel`` of a full ELF (PDIs plus control code, as aiecc's
+        ``--get-full-elf`` writes it and IRON's ``NPUKernel(elf_path=...)`` runs), from a path
+        or bytes; ``num_cols`` only when the ELF does not record its column count. It runs
+        where the runtime loads code objects.
+
+        Raises:
+            ArtifactError, InvalidRequest: the ELF is malformed or lacks the kernel.
+        """
+        data = bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) \
+            else pathlib.Path(source).read_bytes()
+        return Program(_npud.Program.from_full_elf(data, kernel, num_cols))
 
     @staticmethod
     def emulated(kernel: str, n: int, *, generation: str = "npu2", dtype: Any = None,
@@ -298,6 +351,21 @@ class Program:
         return repr(self._p)
 
 
+# Every client of this process, closed at interpreter exit: a session left open would hold its
+# place on the daemon through the grace period (meant for a client that reconnects), and a
+# short script run again and again would fill the daemon's session limit.
+_OPEN: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for c in list(_OPEN):
+        try:
+            c.close()
+        except Exception:  # noqa: BLE001 - the daemon has gone, or the process forked: nothing to do
+            pass
+
+
 class Client:
     """A session on npud. Cheap to share between threads; not across ``fork`` (make a new one
     in the child).
@@ -327,6 +395,7 @@ class Client:
         self._c = _native if _native is not None else _npud.Client(
             addr, ca=ca, cert=cert, key=key, tls_server_name=tls_server_name,
             token_file=token_file, token=token)
+        _OPEN.add(self)
 
     @classmethod
     async def connect(cls, addr: str | None = None, *, ca: str | os.PathLike[str] | None = None,
@@ -413,13 +482,26 @@ class Client:
 
     def dispatch(self, program: Program, *args: Any) -> Timing:
         """Runs ``program`` once over the tensors ``args`` (in the design's order: inputs,
-        then outputs) and waits for the device, with the GIL released.
+        then outputs) and waits for the device, with the GIL released. An argument may be a
+        contiguous slice of a tensor's array (``buf[256:512]``): the program gets those bytes
+        of the tensor in place, and one tensor may give several arguments.
 
         Raises:
             InvalidArgument: too few or too small arguments (the message names the argument).
             NotFound, FailedPrecondition, Internal, ...: the daemon's refusal, with its message.
         """
-        return Timing(*self._c.dispatch(program._p, _raws(args)))
+        try:
+            raws = _raws(args)
+        except ValueError:
+            # Sub-views (contiguous slices of a tensor's array): their byte ranges, in place.
+            views = []
+            for i, a in enumerate(args):
+                try:
+                    views.append(view_of(a))
+                except (TypeError, ValueError) as e:
+                    raise type(e)(f"args[{i}]: {e}") from None
+            return Timing(*self._c.dispatch_views(program._p, views))
+        return Timing(*self._c.dispatch(program._p, raws))
 
     async def dispatch_async(self, program: Program, *args: Any) -> Timing:
         return Timing(*await _future(self._c.dispatch_start, program._p, _raws(args)))
@@ -436,6 +518,7 @@ class Client:
     def close(self) -> None:
         """Ends the session: the daemon frees its tensors (arrays over them keep their
         memory mapped, but the device no longer uses it)."""
+        _OPEN.discard(self)
         self._c.close()
 
 
@@ -487,7 +570,9 @@ class Pipeline:
     other tensors overlaps.
 
     :meth:`submit` returns a request id at once (it waits only while ``depth`` dispatches are
-    in flight and ``depth`` more wait to be sent); a dispatch refused by the daemon, or by the
+    in flight and eight times ``depth`` more wait to be sent: one stream carries that many
+    before it is drained, so opening and draining it is paid once per eight windows); a
+    dispatch refused by the daemon, or by the
     client after it was numbered (a tensor of another session), comes back as a completion with
     ``error`` set. Completions come back in submission order, a refused or failed
     dispatch as a :class:`Completion` with ``error`` set, and the stream goes on. Used as a

@@ -14,6 +14,10 @@ use crate::fdsock::Grant;
 const DEFAULT_CHUNK: u64 = 1 << 20;
 /// Room for a chunk's framing within the message limit.
 const CHUNK_OVERHEAD: u64 = 1 << 10;
+/// The largest ReadTensor chunk sent, whatever `chunk_bytes` asks: a chunk and its framing
+/// stay under the 4 MiB that gRPC clients (grpc-go, grpcio, grpc-js, tonic) accept by
+/// default, so a client that asks for bigger chunks still receives them.
+const MAX_CHUNK: u64 = (4 << 20) - CHUNK_OVERHEAD;
 
 impl NpudService {
     pub(super) async fn allocate_tensor(
@@ -255,13 +259,13 @@ impl NpudService {
             .state
             .limits
             .max_message_bytes
-            .saturating_sub(CHUNK_OVERHEAD);
+            .saturating_sub(CHUNK_OVERHEAD)
+            .clamp(1, MAX_CHUNK);
         let chunk = match u64::from(r.chunk_bytes) {
             0 => DEFAULT_CHUNK,
             c => c,
         }
-        .min(cap)
-        .max(1);
+        .clamp(1, cap);
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let exec = self.state.exec.clone();
         let start = r.offset;

@@ -1,0 +1,272 @@
+//! `npud._npud.Client`: a session on npud.
+
+use std::path::PathBuf;
+
+use npu_client::ClientError;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::batch::pipeline_task;
+use crate::pipeline::Pipeline;
+use crate::program::Program;
+use crate::runtime::{pid, runtime, start, wait};
+use crate::tensor::{RawTensor, tensors};
+use crate::work::{ChainTiming, Links, Timing, chain, dispatch, dispatch_views, links};
+
+/// A session on npud (npu-client's `Client`).
+#[pyclass(frozen, module = "npud._npud")]
+pub(crate) struct Client {
+    pub(crate) client: npu_client::Client,
+    /// The process that connected: the connection does not survive a fork.
+    pub(crate) pid: u32,
+}
+
+impl Client {
+    fn get(&self) -> PyResult<npu_client::Client> {
+        if self.pid != pid() {
+            return Err(PyRuntimeError::new_err(
+                "this npud.Client was made before the process forked; its connection belongs \
+                 to the parent: make a new npud.Client in this process",
+            ));
+        }
+        Ok(self.client.clone())
+    }
+}
+
+/// Connect options from the keyword arguments: TLS files, the server name, an identity token.
+pub(crate) fn connect_options(
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    tls_server_name: Option<String>,
+    token_file: Option<PathBuf>,
+    token: Option<String>,
+) -> npu_client::ConnectOptions {
+    npu_client::ConnectOptions {
+        tls_ca: ca,
+        tls_cert: cert,
+        tls_key: key,
+        tls_domain: tls_server_name,
+        token_file,
+        token,
+        ..npu_client::ConnectOptions::default()
+    }
+}
+
+#[pymethods]
+impl Client {
+    /// Connects to npud and opens a session (the GIL is released while it connects).
+    #[new]
+    #[pyo3(signature = (addr=None, *, ca=None, cert=None, key=None, tls_server_name=None, token_file=None, token=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        addr: Option<String>,
+        ca: Option<PathBuf>,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        tls_server_name: Option<String>,
+        token_file: Option<PathBuf>,
+        token: Option<String>,
+    ) -> PyResult<Self> {
+        let opts = connect_options(ca, cert, key, tls_server_name, token_file, token);
+        let client = wait(py, async move {
+            npu_client::Client::connect_with(addr.as_deref(), opts).await
+        })?;
+        Ok(Self { client, pid: pid() })
+    }
+
+    #[staticmethod]
+    #[pyo3(signature = (addr, callback, *, ca=None, cert=None, key=None, tls_server_name=None, token_file=None, token=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn connect_start(
+        addr: Option<String>,
+        callback: Py<PyAny>,
+        ca: Option<PathBuf>,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        tls_server_name: Option<String>,
+        token_file: Option<PathBuf>,
+        token: Option<String>,
+    ) -> PyResult<()> {
+        let opts = connect_options(ca, cert, key, tls_server_name, token_file, token);
+        start(
+            async move {
+                let client = npu_client::Client::connect_with(addr.as_deref(), opts).await?;
+                Ok(Client { client, pid: pid() })
+            },
+            callback,
+        )
+    }
+
+    #[getter]
+    fn session_id(&self) -> u64 {
+        self.client.session_id()
+    }
+
+    #[getter]
+    fn address(&self) -> String {
+        self.client.address().to_string()
+    }
+
+    #[getter]
+    fn is_local(&self) -> bool {
+        self.client.is_local()
+    }
+
+    #[getter]
+    fn generation(&self) -> &'static str {
+        match self.client.generation() {
+            npu_client::NpuGen::Npu1 => "npu1",
+            npu_client::NpuGen::Npu2 => "npu2",
+        }
+    }
+
+    #[getter]
+    fn reconnects(&self) -> u64 {
+        self.client.reconnects()
+    }
+
+    fn device_info_json(&self, py: Python<'_>) -> PyResult<String> {
+        let c = self.get()?;
+        wait(py, async move { c.device_info().await })
+            .map(|d| npu_client::json::device_json(&d).to_string())
+    }
+
+    fn device_info_start(&self, callback: Py<PyAny>) -> PyResult<()> {
+        let c = self.get()?;
+        start(
+            async move {
+                c.device_info()
+                    .await
+                    .map(|d| npu_client::json::device_json(&d).to_string())
+            },
+            callback,
+        )
+    }
+
+    fn statistics_json(&self, py: Python<'_>) -> PyResult<String> {
+        let c = self.get()?;
+        wait(py, async move { c.statistics().await })
+            .map(|s| npu_client::json::statistics_json(&s).to_string())
+    }
+
+    fn statistics_start(&self, callback: Py<PyAny>) -> PyResult<()> {
+        let c = self.get()?;
+        start(
+            async move {
+                c.statistics()
+                    .await
+                    .map(|s| npu_client::json::statistics_json(&s).to_string())
+            },
+            callback,
+        )
+    }
+
+    /// Registers `program` (once per session); returns (program_id, content_hash, newly_stored).
+    fn register(&self, py: Python<'_>, program: &Program) -> PyResult<(u64, String, bool)> {
+        let c = self.get()?;
+        let p = program.program.clone();
+        let info = wait(py, async move { c.register(&p).await })?;
+        Ok((info.id, info.content_hash, info.newly_stored))
+    }
+
+    fn alloc(&self, py: Python<'_>, nbytes: usize, name: &str) -> PyResult<RawTensor> {
+        let c = self.get()?;
+        let name = name.to_owned();
+        let t = wait(py, async move { c.alloc_named::<u8>(&name, nbytes).await })?;
+        Ok(RawTensor::new(t))
+    }
+
+    fn alloc_start(&self, nbytes: usize, name: &str, callback: Py<PyAny>) -> PyResult<()> {
+        let c = self.get()?;
+        let name = name.to_owned();
+        start(
+            async move { c.alloc_named::<u8>(&name, nbytes).await.map(RawTensor::new) },
+            callback,
+        )
+    }
+
+    fn dispatch(
+        &self,
+        py: Python<'_>,
+        program: &Program,
+        args: Vec<Bound<'_, RawTensor>>,
+    ) -> PyResult<Timing> {
+        let c = self.get()?;
+        let fut = dispatch(c, program.program.clone(), tensors(&args)?);
+        wait(py, fut)
+    }
+
+    /// One dispatch over byte ranges of tensors: `(tensor, offset, nbytes)` each, in the
+    /// design's order (`nbytes` 0: to the end); a tensor may stand at several positions.
+    fn dispatch_views(
+        &self,
+        py: Python<'_>,
+        program: &Program,
+        args: Vec<(Bound<'_, RawTensor>, u64, u64)>,
+    ) -> PyResult<Timing> {
+        let c = self.get()?;
+        let mut views = Vec::with_capacity(args.len());
+        for (t, offset, len) in &args {
+            let shared = tensors(std::slice::from_ref(t))?.remove(0);
+            views.push((shared, *offset, *len));
+        }
+        wait(py, dispatch_views(c, program.program.clone(), views))
+    }
+
+    fn dispatch_start(
+        &self,
+        program: &Program,
+        args: Vec<Bound<'_, RawTensor>>,
+        callback: Py<PyAny>,
+    ) -> PyResult<()> {
+        let c = self.get()?;
+        start(
+            dispatch(c, program.program.clone(), tensors(&args)?),
+            callback,
+        )
+    }
+
+    fn chain(&self, py: Python<'_>, links: Links<'_>) -> PyResult<ChainTiming> {
+        let c = self.get()?;
+        let fut = chain(c, self::links(&links)?);
+        wait(py, fut)
+    }
+
+    fn chain_start(&self, links: Links<'_>, callback: Py<PyAny>) -> PyResult<()> {
+        let c = self.get()?;
+        start(chain(c, self::links(&links)?), callback)
+    }
+
+    fn pipeline(&self, py: Python<'_>, depth: usize) -> PyResult<Pipeline> {
+        let c = self.get()?;
+        let rt = runtime()?;
+        // Room for a whole batch waiting to be sent while the previous one runs.
+        let (tx, rx) = mpsc::channel(
+            depth
+                .saturating_mul(crate::batch::WINDOWS_PER_BATCH)
+                .clamp(1, 8192),
+        );
+        let (opened_tx, opened) = oneshot::channel();
+        drop(rt.spawn(pipeline_task(c, depth, rx, opened_tx)));
+        let depth = wait(py, async move {
+            opened
+                .await
+                .unwrap_or_else(|_| Err(ClientError::Invalid("the pipeline task ended".into())))
+        })?;
+        Ok(Pipeline {
+            tx,
+            depth,
+            client: self.get()?,
+            next_id: std::sync::atomic::AtomicU64::new(0),
+            pid: pid(),
+        })
+    }
+
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let c = self.get()?;
+        wait(py, async move { c.close().await })
+    }
+}

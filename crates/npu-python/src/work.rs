@@ -1,0 +1,229 @@
+//! One dispatch and one chain over Python's tensors: lock the arguments, upload the staged
+//! ones, run.
+
+use std::sync::Arc;
+
+use npu_client::{ClientError, Program as NativeProgram, TensorArg};
+use pyo3::prelude::*;
+
+use crate::program::Program;
+use crate::tensor::{Held, RawTensor, Shared, tensors};
+
+/// Timing of one dispatch: (queue_ns, device_ns).
+pub(crate) type Timing = (u64, u64);
+
+pub(crate) fn timing(r: npu_client::DispatchResult) -> Timing {
+    (
+        u64::try_from(r.queue.as_nanos()).unwrap_or(u64::MAX),
+        u64::try_from(r.device.as_nanos()).unwrap_or(u64::MAX),
+    )
+}
+
+/// The locks one call holds: each distinct tensor once, and for each argument the index of
+/// its lock.
+pub(crate) struct Locked {
+    pub(crate) held: Vec<Held>,
+    pub(crate) index: Vec<usize>,
+}
+
+/// Locks the distinct tensors of `args` (`args[i]` for `i < reads` only read), in id order so
+/// that concurrent calls cannot deadlock. A tensor read at one position and written at another
+/// is locked for writing.
+pub(crate) async fn lock_args(args: &[Arc<Shared>], reads: usize) -> Locked {
+    let mut distinct: Vec<(&Arc<Shared>, bool)> = Vec::new();
+    for (i, a) in args.iter().enumerate() {
+        let write = i >= reads;
+        match distinct.iter_mut().find(|(d, _)| d.id == a.id) {
+            Some((_, w)) => *w |= write,
+            None => distinct.push((a, write)),
+        }
+    }
+    distinct.sort_by_key(|(d, _)| d.id);
+    let mut held = Vec::with_capacity(distinct.len());
+    for (d, write) in &distinct {
+        let lock = Arc::clone(&d.tensor);
+        held.push(if *write {
+            Held::Write(lock.write_owned().await)
+        } else {
+            Held::Read(lock.read_owned().await)
+        });
+    }
+    let index = args
+        .iter()
+        .map(|a| distinct.iter().position(|(d, _)| d.id == a.id).unwrap_or(0))
+        .collect();
+    Locked { held, index }
+}
+
+/// Uploads every staged argument: Python writes a numpy view without the dirty mark the Rust
+/// API sets, so a staged argument is always uploaded before the work (and, as in the Rust
+/// client, every written one is downloaded after it).
+pub(crate) async fn upload_staged(l: &Locked) -> Result<(), ClientError> {
+    for h in &l.held {
+        let t = h.tensor();
+        if !t.is_shared() {
+            t.upload().await?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs one dispatch over locked arguments.
+pub(crate) async fn dispatch_locked(
+    client: &npu_client::Client,
+    program: &NativeProgram,
+    mut l: Locked,
+) -> Result<Timing, ClientError> {
+    upload_staged(&l).await?;
+    let n = l.index.len();
+    let mut slots: Vec<Option<Held>> = l.held.drain(..).map(Some).collect();
+    // Each position takes its tensor's lock; a distinct tensor stands at one position only
+    // (checked by the caller), so every slot is taken once.
+    let mut args: Vec<Held> = Vec::with_capacity(n);
+    for &i in &l.index {
+        args.push(slots[i].take().ok_or_else(|| {
+            ClientError::Invalid(
+                "one tensor stands at two argument positions of one dispatch; npud's client \
+                 lends each tensor to one position: use separate tensors, or a chain"
+                    .into(),
+            )
+        })?);
+    }
+    let mut reads: Vec<&dyn TensorArg> = Vec::new();
+    let mut writes: Vec<&mut dyn TensorArg> = Vec::new();
+    for h in &mut args {
+        match h {
+            Held::Read(g) if writes.is_empty() => reads.push(&**g as &dyn TensorArg),
+            Held::Read(_) => {
+                return Err(ClientError::Invalid(
+                    "a read-only argument after a written one".into(),
+                ));
+            }
+            Held::Write(g) => writes.push(&mut **g as &mut dyn TensorArg),
+        }
+    }
+    client
+        .dispatch(program, &reads, &mut writes)
+        .await
+        .map(timing)
+}
+
+pub(crate) async fn dispatch(
+    client: npu_client::Client,
+    program: NativeProgram,
+    args: Vec<Arc<Shared>>,
+) -> Result<Timing, ClientError> {
+    let l = lock_args(&args, program.read_only_args()).await;
+    dispatch_locked(&client, &program, l).await
+}
+
+/// Runs one dispatch whose arguments are byte ranges of tensors, `(tensor, offset, length)`
+/// (length 0: to the end), in the design's order; one tensor may stand at several positions
+/// (sub-views of one buffer, as IRON's `subview`). Sent as a one-link chain, which the daemon
+/// runs as a dispatch: a chain names each tensor once, and its links take views of it.
+pub(crate) async fn dispatch_views(
+    client: npu_client::Client,
+    program: NativeProgram,
+    args: Vec<(Arc<Shared>, u64, u64)>,
+) -> Result<Timing, ClientError> {
+    let ro = program.read_only_args();
+    let mut order: Vec<Arc<Shared>> = Vec::new();
+    let mut written: Vec<u64> = Vec::new();
+    for (i, (t, ..)) in args.iter().enumerate() {
+        if i >= ro {
+            written.push(t.id);
+        }
+        if !order.iter().any(|o| o.id == t.id) {
+            order.push(Arc::clone(t));
+        }
+    }
+    order.sort_by_key(|t| written.contains(&t.id));
+    let reads = order.iter().filter(|t| !written.contains(&t.id)).count();
+    let mut l = lock_args(&order, reads).await;
+    upload_staged(&l).await?;
+    let mut b = client.chain();
+    let handles: Vec<npu_client::ChainArg> = l
+        .held
+        .iter_mut()
+        .map(|h| match h {
+            Held::Read(g) => b.read(&**g),
+            Held::Write(g) => b.write(&mut **g),
+        })
+        .collect();
+    let link: Vec<npu_client::ChainArg> = args
+        .iter()
+        .map(|(t, offset, len)| {
+            let at = order.iter().position(|o| o.id == t.id).unwrap_or(0);
+            handles[l.index[at]].view(*offset, *len)
+        })
+        .collect();
+    b.then(&program, &link);
+    let r = b.run().await?.ok()?;
+    Ok((
+        u64::try_from(r.queue.as_nanos()).unwrap_or(u64::MAX),
+        u64::try_from(r.device.as_nanos()).unwrap_or(u64::MAX),
+    ))
+}
+
+/// (completed, queue_ns, device_ns, doorbells).
+pub(crate) type ChainTiming = (u32, u64, u64, u32);
+
+pub(crate) async fn chain(
+    client: npu_client::Client,
+    links: Vec<(NativeProgram, Vec<Arc<Shared>>)>,
+) -> Result<ChainTiming, ClientError> {
+    // A tensor only read by every link that names it is shared; any other is written.
+    let mut all: Vec<Arc<Shared>> = Vec::new();
+    let mut written: Vec<u64> = Vec::new();
+    for (p, a) in &links {
+        for (i, t) in a.iter().enumerate() {
+            if i >= p.read_only_args() {
+                written.push(t.id);
+            }
+            all.push(Arc::clone(t));
+        }
+    }
+    let mut order: Vec<Arc<Shared>> = all
+        .iter()
+        .filter(|t| !written.contains(&t.id))
+        .cloned()
+        .collect();
+    let reads = order.len();
+    order.extend(all.iter().filter(|t| written.contains(&t.id)).cloned());
+    let mut l = lock_args(&order, reads).await;
+    upload_staged(&l).await?;
+    let mut b = client.chain();
+    let handles: Vec<npu_client::ChainArg> = l
+        .held
+        .iter_mut()
+        .map(|h| match h {
+            Held::Read(g) => b.read(&**g),
+            Held::Write(g) => b.write(&mut **g),
+        })
+        .collect();
+    for (p, a) in &links {
+        let args: Vec<npu_client::ChainArg> = a
+            .iter()
+            .map(|t| {
+                let at = order.iter().position(|o| o.id == t.id).unwrap_or(0);
+                handles[l.index[at]]
+            })
+            .collect();
+        b.then(p, &args);
+    }
+    let r = b.run().await?.ok()?;
+    Ok((
+        r.completed,
+        u64::try_from(r.queue.as_nanos()).unwrap_or(u64::MAX),
+        u64::try_from(r.device.as_nanos()).unwrap_or(u64::MAX),
+        r.doorbells,
+    ))
+}
+
+pub(crate) type Links<'py> = Vec<(Bound<'py, Program>, Vec<Bound<'py, RawTensor>>)>;
+
+pub(crate) fn links(l: &Links<'_>) -> PyResult<Vec<(NativeProgram, Vec<Arc<Shared>>)>> {
+    l.iter()
+        .map(|(p, a)| Ok((p.get().program.clone(), tensors(a)?)))
+        .collect()
+}

@@ -1,0 +1,1 @@
+"""IRON's design API: only what the host runtime asks of it (devices)."""
