@@ -56,7 +56,9 @@ def pki(tmp_path_factory) -> pathlib.Path:
 def tls_daemon(npud_bin, pki, tmp_path_factory):
     d = tmp_path_factory.mktemp("tls")
     tokens = d / "tokens"
-    tokens.mkdir()
+    # npud refuses a token directory others can enter (token files are secrets).
+    tokens.mkdir(mode=0o700)
+    tokens.chmod(0o700)
     (tokens / "py-token").write_text("p" * 40 + "\n")
     cfg = d / "npud.toml"
     cfg.write_text(
@@ -100,7 +102,8 @@ def test_tls_asyncio_and_a_token(tls_daemon, pki):
         finally:
             c.close()
 
-    assert asyncio.run(main()) == "token:py-token"
+    # One identity per allocation: the file's name and the digest of its secret.
+    assert asyncio.run(main()).startswith("token:py-token@")
 
 
 def test_tls_with_another_ca_is_refused(tls_daemon, pki):
