@@ -189,6 +189,17 @@ pub fn check_pattern(pattern: &str) -> Result<(), String> {
              the common name"
         ));
     }
+    // Token identities are `token:<file>@<allocation>`: a pattern naming a file without
+    // `@` or `*` would silently match nothing.
+    if let Some(rest) = pattern.strip_prefix("token:")
+        && !rest.contains('@')
+        && !rest.contains('*')
+    {
+        return Err(format!(
+            "{pattern:?} matches no token identity: they are token:<file>@<allocation> (one per \
+             secret the file held); write token:{rest}@* for every allocation of that file"
+        ));
+    }
     Ok(())
 }
 
@@ -215,6 +226,20 @@ pub fn glob(pattern: &str, text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_pattern_without_an_allocation_is_refused_naming_the_form() {
+        let e = check_pattern("token:npu0-share-3").unwrap_err();
+        assert!(e.contains("token:npu0-share-3@*"), "{e}");
+        for ok in [
+            "token:*",
+            "token:npu0-*",
+            "token:admin@*",
+            "token:a@5f1c09ab",
+        ] {
+            check_pattern(ok).unwrap();
+        }
+    }
 
     #[test]
     fn names_and_globs() {
