@@ -83,6 +83,10 @@ pub struct WorkItem {
     pub chain: bool,
     pub admitted: Instant,
     pub deadline: Option<Instant>,
+    /// Admitted from a `Submit` stream, whose window already bounds what it has queued: it
+    /// waits behind the session's queue instead of being refused when unary calls filled it,
+    /// so that a flow-controlled stream never sees RESOURCE_EXHAUSTED for a full queue.
+    pub flow_controlled: bool,
     pub reply: Reply<WorkDone>,
 }
 

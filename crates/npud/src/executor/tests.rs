@@ -132,6 +132,7 @@ impl Fixture {
             chain,
             admitted: Instant::now(),
             deadline: None,
+            flow_controlled: false,
             reply,
         }));
         rx

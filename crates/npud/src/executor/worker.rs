@@ -160,7 +160,12 @@ impl Worker {
                     return;
                 }
                 let session = item.session;
-                if let Err(job) = self
+                if item.flow_controlled {
+                    // Bounded by the stream's window (and the daemon's queued-bytes budget);
+                    // queued in order behind whatever the session has queued.
+                    self.rr
+                        .push_unbounded(session, Job::Work(Box::new(Running::new(item))));
+                } else if let Err(job) = self
                     .rr
                     .push(session, Job::Work(Box::new(Running::new(item))))
                 {

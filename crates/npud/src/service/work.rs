@@ -57,6 +57,7 @@ impl NpudService {
         session: u64,
         work: Work,
         deadline: Option<Instant>,
+        flow_controlled: bool,
     ) -> Result<Admitted, NpudError> {
         let (requests, chain) = match work {
             Work::Dispatch(d) => (vec![d], false),
@@ -64,7 +65,10 @@ impl NpudService {
         };
         let asked = requests.len().max(1) as u64;
         let admitted = match self.links(session, requests, chain) {
-            Ok(links) => self.admit(session, links, chain, deadline).await,
+            Ok(links) => {
+                self.admit(session, links, chain, deadline, flow_controlled)
+                    .await
+            }
             Err(e) => Err(e),
         };
         admitted.inspect_err(|e| self.refused(session, asked, chain, e))
@@ -136,9 +140,10 @@ impl NpudService {
         links: Vec<Link>,
         chain: bool,
         deadline: Option<Instant>,
+        flow_controlled: bool,
     ) -> Result<Admitted, NpudError> {
         self.check_serving()?;
-        let slot = self.pending_slot(session)?;
+        let slot = self.pending_slot(session, flow_controlled)?;
         let who = self.state.sessions.charged(session);
         self.state
             .exec
@@ -156,6 +161,7 @@ impl NpudService {
                 chain,
                 admitted: Instant::now(),
                 deadline,
+                flow_controlled,
                 reply: tx,
             }))
             .await?;
@@ -171,12 +177,18 @@ impl NpudService {
     /// A place for one more item in `session`'s pending count, refused when its rule lowers
     /// `limits.max_pending_per_session` and the session is at it (the executor enforces
     /// the limit itself otherwise).
-    fn pending_slot(&self, session: u64) -> Result<Option<PendingSlot>, NpudError> {
+    fn pending_slot(
+        &self,
+        session: u64,
+        flow_controlled: bool,
+    ) -> Result<Option<PendingSlot>, NpudError> {
         let Some((grant, count)) = self.state.sessions.grant(session) else {
             return Ok(None);
         };
         let q = &grant.quotas.pending;
-        if q.max >= self.state.limits.max_pending_per_session {
+        // A Submit item is counted but not refused: its stream's window (the rule's quota at
+        // most) already bounds it.
+        if flow_controlled || q.max >= self.state.limits.max_pending_per_session {
             count.fetch_add(1, Ordering::AcqRel);
             return Ok(Some(PendingSlot(count)));
         }
@@ -308,7 +320,7 @@ impl NpudService {
         let work = Work::Dispatch(req.into_inner());
         let (svc, session) = (self.clone(), caller.session);
         self.once(session, id, "Dispatch", async move {
-            let a = svc.admit_work(session, work, deadline).await?;
+            let a = svc.admit_work(session, work, deadline, false).await?;
             dispatch_response(svc.complete(session, a).await?)
         })
         .await
@@ -324,7 +336,7 @@ impl NpudService {
         let work = Work::Chain(req.into_inner().links);
         let (svc, session) = (self.clone(), caller.session);
         self.once(session, id, "Chain", async move {
-            let a = svc.admit_work(session, work, deadline).await?;
+            let a = svc.admit_work(session, work, deadline, false).await?;
             let count = a.programs.len();
             Ok(chain_response(svc.complete(session, a).await?, count))
         })
@@ -446,7 +458,7 @@ impl NpudService {
                 return Err(e);
             }
         };
-        self.admit_work(session, work, deadline).await
+        self.admit_work(session, work, deadline, true).await
     }
 }
 
