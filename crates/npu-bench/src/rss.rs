@@ -3,7 +3,9 @@
 //! pending allowance (`limits.max_pending_per_session`) of the longest chains allowed
 //! (`limits.max_chain_links`) in flight at once. Read from `/proc/<pid>/status` (VmRSS):
 //! before, at the peak while they are queued, when the last is answered, 15 s later (memory
-//! the daemon keeps after work ends), and after the sessions are closed.
+//! the daemon keeps after work ends), and after the sessions are closed. The last two show
+//! whether the allocator gives a load's memory back once the daemon is idle (npud's
+//! `collect_freed`): they should be near `before`, not near `answered`.
 
 use std::path::Path;
 use std::sync::Arc;
