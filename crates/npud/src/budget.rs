@@ -16,7 +16,9 @@
 //!   counted.
 //!
 //! What is freed goes back to the kernel: the daemon's allocator is mimalloc (see `main.rs`),
-//! which returns freed pages after a short delay, where glibc's malloc kept the peak of a
+//! which returns freed pages once the threads that own them collect (`main.rs` makes idle I/O
+//! threads collect at most once a second; without that they kept ~200 MiB after a load), where
+//! glibc's malloc kept the peak of a
 //! load (its heap is trimmed only from the top, and its mmap threshold rises after the first
 //! large frees), so RSS returns near its baseline once work ends.
 
