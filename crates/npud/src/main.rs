@@ -1,7 +1,6 @@
 //! The `npud` binary: parse flags, load the configuration, start logging, open the device, serve.
 
-// One unsafe call, `collect_freed`: mimalloc's collection has no safe wrapper.
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use std::cell::Cell;
 use std::path::PathBuf;
@@ -18,7 +17,7 @@ use npud::config::{
 /// kept a load's peak RSS long after the load (see `budget.rs`) — but only when it is called:
 /// see [`collect_freed`].
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: npud_alloc::MiMalloc = npud_alloc::MiMalloc;
 
 /// How often, at most, an I/O thread asks mimalloc to give freed memory back.
 const COLLECT_EVERY: Duration = Duration::from_secs(1);
@@ -36,7 +35,7 @@ thread_local! {
 /// allocation after its delay. Once a load ends the I/O threads allocate nothing, so a load's
 /// peak stayed resident (row 14 of `npuctl-bench`: 220 MiB 15 s after 16 sessions' queued
 /// chains were answered, with a 12 MiB live heap measured by heaptrack on the system
-/// allocator). `mi_collect(false)` takes the calling thread's cross-thread frees, retires its
+/// allocator). `npud_alloc::collect` takes the calling thread's cross-thread frees, retires its
 /// empty pages and runs the purges that are due; without `force` it costs a walk of the
 /// thread's pages, so it runs when a thread goes idle, at most every [`COLLECT_EVERY`].
 fn collect_freed() {
@@ -51,13 +50,7 @@ fn collect_freed() {
         due
     });
     if due {
-        #[allow(unsafe_code)]
-        // SAFETY: `mi_collect` takes no pointer; it works on the calling thread's own heap and
-        // on mimalloc's shared arenas under mimalloc's own synchronisation, and may be called
-        // from any thread at any time.
-        unsafe {
-            libmimalloc_sys::mi_collect(false);
-        }
+        npud_alloc::collect();
     }
 }
 
