@@ -217,6 +217,17 @@ def _raws(args: Iterable[Any]) -> list[RawTensor]:
     return out
 
 
+def _ranges(args: Iterable[Any], where: str = "") -> list[tuple[RawTensor, int, int]]:
+    """Each argument's tensor and byte range (:func:`view_of`); errors name the argument."""
+    out = []
+    for i, a in enumerate(args):
+        try:
+            out.append(view_of(a))
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{where}args[{i}]: {e}") from None
+    return out
+
+
 def _future(start: Callable[..., None], *args: Any) -> asyncio.Future[Any]:
     """Starts a native call whose last argument is a completion callback, as a future of the
     running loop."""
@@ -494,13 +505,7 @@ class Client:
             raws = _raws(args)
         except ValueError:
             # Sub-views (contiguous slices of a tensor's array): their byte ranges, in place.
-            views = []
-            for i, a in enumerate(args):
-                try:
-                    views.append(view_of(a))
-                except (TypeError, ValueError) as e:
-                    raise type(e)(f"args[{i}]: {e}") from None
-            return Timing(*self._c.dispatch_views(program._p, views))
+            return Timing(*self._c.dispatch_views(program._p, _ranges(args)))
         return Timing(*self._c.dispatch(program._p, raws))
 
     async def dispatch_async(self, program: Program, *args: Any) -> Timing:
@@ -529,14 +534,12 @@ class Chain:
 
     def __init__(self, client: Client) -> None:
         self._client = client
-        self._links: list[tuple[Any, list[RawTensor]]] = []
+        self._links: list[tuple[Any, list[tuple[RawTensor, int, int]]]] = []
 
     def then(self, program: Program, *args: Any) -> Chain:
-        """Adds a link: ``program`` over ``args``."""
-        try:
-            self._links.append((program._p, _raws(args)))
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"links[{len(self._links)}].{e}") from None
+        """Adds a link: ``program`` over ``args``, each a tensor's array or a contiguous slice
+        of one (the link gets those bytes in place, as :meth:`Client.dispatch` does)."""
+        self._links.append((program._p, _ranges(args, f"links[{len(self._links)}].")))
         return self
 
     def __len__(self) -> int:
