@@ -207,25 +207,25 @@ def _remember(a: np.ndarray, raw: RawTensor) -> None:
     _KNOWN[key] = (weakref.ref(a, lambda _r, key=key: _KNOWN.pop(key, None)), raw)
 
 
-def _raws(args: Iterable[Any]) -> list[RawTensor]:
+def _each(args: Iterable[Any], of: Callable[[Any], Any], where: str = "") -> list[Any]:
+    """``of`` of each argument; an error names the argument (``where`` + ``args[i]``)."""
     out = []
     for i, a in enumerate(args):
         try:
-            out.append(tensor_of(a))
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"args[{i}]: {e}") from None
-    return out
-
-
-def _ranges(args: Iterable[Any], where: str = "") -> list[tuple[RawTensor, int, int]]:
-    """Each argument's tensor and byte range (:func:`view_of`); errors name the argument."""
-    out = []
-    for i, a in enumerate(args):
-        try:
-            out.append(view_of(a))
+            out.append(of(a))
         except (TypeError, ValueError) as e:
             raise type(e)(f"{where}args[{i}]: {e}") from None
     return out
+
+
+def _raws(args: Iterable[Any]) -> list[RawTensor]:
+    """Each argument's whole tensor (:func:`tensor_of`)."""
+    return _each(args, tensor_of)
+
+
+def _ranges(args: Iterable[Any], where: str = "") -> list[tuple[RawTensor, int, int]]:
+    """Each argument's tensor and byte range (:func:`view_of`)."""
+    return _each(args, view_of, where)
 
 
 def _future(start: Callable[..., None], *args: Any) -> asyncio.Future[Any]:
