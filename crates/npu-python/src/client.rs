@@ -12,7 +12,9 @@ use crate::pipeline::Pipeline;
 use crate::program::Program;
 use crate::runtime::{pid, runtime, start, wait};
 use crate::tensor::{RawTensor, tensors};
-use crate::work::{self, ChainTiming, Links, PyArg, Timing, chain, dispatch, dispatch_views, links};
+use crate::work::{
+    self, ChainTiming, Links, PyArg, Timing, chain, dispatch, dispatch_views, links,
+};
 
 /// A session on npud (npu-client's `Client`).
 #[pyclass(frozen, module = "npud._npud")]
@@ -208,7 +210,10 @@ impl Client {
         args: Vec<PyArg<'_>>,
     ) -> PyResult<Timing> {
         let c = self.get()?;
-        wait(py, dispatch_views(c, program.program.clone(), work::args(&args)?))
+        wait(
+            py,
+            dispatch_views(c, program.program.clone(), work::args(&args)?),
+        )
     }
 
     fn dispatch_start(

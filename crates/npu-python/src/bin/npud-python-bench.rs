@@ -110,7 +110,10 @@ async fn main() -> Result<(), ClientError> {
             _ => usage(),
         };
         let mut stdout = std::io::stdout().lock();
-        if writeln!(stdout, "{out}").and_then(|()| stdout.flush()).is_err() {
+        if writeln!(stdout, "{out}")
+            .and_then(|()| stdout.flush())
+            .is_err()
+        {
             break;
         }
     }
