@@ -425,7 +425,7 @@ mod tests {
         // `cargo test` other tests' threads may briefly fail to open files too).
         use rustix::process::{Resource, getrlimit, setrlimit};
         let limit = getrlimit(Resource::Nofile);
-        let mut low = limit.clone();
+        let mut low = limit;
         low.current = Some(512);
         setrlimit(Resource::Nofile, low).unwrap();
         let mut held = Vec::new();

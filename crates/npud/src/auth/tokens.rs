@@ -543,7 +543,7 @@ mod tests {
         // Out of descriptors (a caller holding every connection it may can cause this): the
         // scan fails, and the view it had stays.
         let limit = getrlimit(Resource::Nofile);
-        let mut low = limit.clone();
+        let mut low = limit;
         low.current = Some(512);
         setrlimit(Resource::Nofile, low).unwrap();
         let mut held = Vec::new();
