@@ -35,7 +35,7 @@ pub fn mul_design() -> EmuDesign {
 pub fn g2_profiles() -> Vec<Profile> {
     Profile::ALL
         .into_iter()
-        .filter(|p| p.packet_abi() == PacketAbi::G2)
+        .filter(|p| p.packet_abi() == PacketAbi::G2 && !p.speaks_kernel_objects())
         .collect()
 }
 
