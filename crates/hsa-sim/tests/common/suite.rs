@@ -258,3 +258,115 @@ pub fn vmem_free(b: &VmemBuf) -> [Status; 3] {
         handle_release(b.handle),
     ]
 }
+
+// The checks both dispatch suites (`test_dispatch.cc` and `dispatch.cc`) make identically.
+
+pub fn queue(agent: Agent, size: u32) -> (Status, *mut hsa_core::sys::Queue) {
+    let mut q: *mut hsa_core::sys::Queue = std::ptr::null_mut();
+    // SAFETY: a live out-pointer; no callback.
+    let st = unsafe {
+        hsa_queue_create(
+            agent,
+            size,
+            hsa_core::sys::QueueType::SINGLE,
+            None,
+            std::ptr::null_mut(),
+            0,
+            0,
+            &mut q,
+        )
+    };
+    (st, q)
+}
+
+pub fn destroy_queue(q: *mut hsa_core::sys::Queue) -> Status {
+    // SAFETY: a queue from `hsa_queue_create`, destroyed once.
+    unsafe { hsa_queue_destroy(q) }
+}
+
+/// `Dispatch.QueueCreate`.
+pub fn check_queue_create(sim: &super::Sim) {
+    let min = super::u32_info(sim.aie, hsa_core::sys::AgentInfo::QUEUE_MIN_SIZE);
+    assert!(min > 0);
+    let (st, q) = queue(sim.aie, min);
+    assert_eq!(st, Status::SUCCESS);
+    assert!(!q.is_null());
+    assert_eq!(destroy_queue(q), Status::SUCCESS);
+}
+
+/// `Dispatch.QueueMinMaxSize`.
+pub fn check_queue_min_max_size(sim: &super::Sim) {
+    use hsa_core::sys::AgentInfo;
+    let min = super::u32_info(sim.aie, AgentInfo::QUEUE_MIN_SIZE);
+    let max = super::u32_info(sim.aie, AgentInfo::QUEUE_MAX_SIZE);
+    assert!(min > 0 && max > 0 && min <= max);
+}
+
+/// `Dispatch.DevPoolDiscovery`: a coarse pool that cannot be allocated from at will.
+pub fn check_dev_pool_discovery(sim: &super::Sim) {
+    assert!(find_pool(sim.aie, global_flag::COARSE_GRAINED, false).is_some());
+}
+
+/// `Dispatch.KernargPoolDiscovery`: KERNARG_INIT (else coarse) allocatable, and 64 bytes from it.
+pub fn check_kernarg_pool_discovery(sim: &super::Sim) {
+    let pool = find_pool(sim.aie, global_flag::KERNARG_INIT, true)
+        .or_else(|| find_pool(sim.aie, global_flag::COARSE_GRAINED, true))
+        .expect("a kernarg pool");
+    let b = allocate(pool, 64).unwrap();
+    assert_ne!(b, 0);
+    assert_eq!(pool_free(b), Status::SUCCESS);
+}
+
+/// `Dispatch.AgentInfo`.
+pub fn check_agent_info(sim: &super::Sim) {
+    use hsa_core::sys::{AGENT_FEATURE_AGENT_DISPATCH, AgentInfo, QueueType};
+    let name = |attr| {
+        let mut buf = [0u8; 64];
+        // SAFETY: a 64-byte buffer for a name attribute.
+        let st = unsafe { hsa_agent_get_info(sim.aie, attr, buf.as_mut_ptr().cast()) };
+        assert_eq!(st, Status::SUCCESS, "{attr:?}");
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(64);
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    };
+    assert!(!name(AgentInfo::NAME).is_empty());
+    name(AgentInfo::AMD_PRODUCT_NAME);
+    assert_eq!(name(AgentInfo::VENDOR_NAME), "AMD");
+    // UUID: exactly 21 bytes written, guards either side untouched.
+    let mut buf = [0xABu8; 8 + 21 + 8];
+    buf[8..29].fill(0xCD);
+    // SAFETY: 21 writable bytes at offset 8.
+    let st =
+        unsafe { hsa_agent_get_info(sim.aie, AgentInfo::AMD_UUID, buf[8..].as_mut_ptr().cast()) };
+    assert_eq!(st, Status::SUCCESS);
+    assert!(
+        buf[..8].iter().chain(&buf[29..]).all(|&b| b == 0xAB),
+        "UUID wrote past 21 bytes"
+    );
+    assert_eq!(&buf[8..15], b"AIE-XX\0");
+    assert_eq!(
+        super::u32_info(sim.aie, AgentInfo::FEATURE),
+        AGENT_FEATURE_AGENT_DISPATCH
+    );
+    assert_eq!(
+        super::u32_info(sim.aie, AgentInfo::QUEUE_TYPE),
+        QueueType::SINGLE.0
+    );
+}
+
+/// `Dispatch.CreateDestroyMultipleQueues`: min(QUEUES_MAX, 4) queues.
+pub fn check_create_destroy_multiple_queues(sim: &super::Sim) {
+    use hsa_core::sys::AgentInfo;
+    let min = super::u32_info(sim.aie, AgentInfo::QUEUE_MIN_SIZE);
+    let max = super::u32_info(sim.aie, AgentInfo::QUEUES_MAX);
+    assert!(max > 0);
+    let qs: Vec<_> = (0..max.min(4))
+        .map(|_| {
+            let (st, q) = queue(sim.aie, min);
+            assert_eq!(st, Status::SUCCESS);
+            q
+        })
+        .collect();
+    for q in qs {
+        assert_eq!(destroy_queue(q), Status::SUCCESS);
+    }
+}
