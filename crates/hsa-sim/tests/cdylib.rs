@@ -42,8 +42,9 @@ const IRON: [&str; 24] = [
     "hsa_signal_wait_scacquire",
 ];
 
-/// Other entry points the emulator exports.
-const EXTRA: [&str; 18] = [
+/// Other entry points the emulator exports. The last five are the `hsa_ext_amd.h` entry points
+/// ROCR's AIE memory suite binds (`test_memory.cc`): a program that links them must load.
+const EXTRA: [&str; 23] = [
     "hsa_sim_last_error",
     "hsa_sim_counters",
     "hsa_signal_load_relaxed",
@@ -62,6 +63,11 @@ const EXTRA: [&str; 18] = [
     "hsa_memory_free",
     "hsa_amd_memory_lock",
     "hsa_amd_memory_unlock",
+    "hsa_amd_agent_memory_pool_get_info",
+    "hsa_amd_memory_lock_to_pool",
+    "hsa_amd_pointer_info",
+    "hsa_amd_memory_pool_can_migrate",
+    "hsa_amd_interop_map_buffer",
 ];
 
 fn open() -> libloading::Library {
