@@ -660,8 +660,8 @@ fn interleave(sim: &Sim, add: u64, mul: u64) {
     let mio = allocate(data(sim), BYTES * pairs as u64).unwrap();
     iota(mio, N * pairs, 0);
     let mut packets = Vec::new();
-    for k in 0..pairs {
-        packets.push(adds[k]);
+    for (k, add) in adds.iter().enumerate() {
+        packets.push(*add);
         packets.push(ko_packet(sim, mul, &[(mio + k as u64 * BYTES, BYTES)], sig));
     }
     sim.queue().submit(&packets);

