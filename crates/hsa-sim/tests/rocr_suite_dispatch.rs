@@ -288,33 +288,7 @@ fn concurrent_queues_independent_execution() {
 #[test]
 fn hsaco_kernel_object_is_published() {
     for p in Profile::ALL {
-        let sim = Sim::new(p);
-        let bytes = add_hsaco(&sim);
-        let (st, e, r) = try_load(&sim, &bytes);
-        if !p.speaks_kernel_objects() {
-            // No AIE section loader: ROCR's GPU loader finds no ISA.
-            assert_eq!(st, Status::ERROR_INVALID_CODE_OBJECT, "{p}");
-            destroy(e, r);
-            continue;
-        }
-        assert_eq!(st, Status::SUCCESS, "{p}");
-        let l = Loaded {
-            exec: e,
-            reader: r,
-            agent: sim.aie,
-        };
-        assert_eq!(
-            symbol_u64(l.symbol(ADD), SymbolInfo::KERNEL_OBJECT),
-            0,
-            "before freeze"
-        );
-        assert_eq!(
-            symbol_u64(l.symbol(ADD), SymbolInfo::KERNEL_KERNARG_SEGMENT_SIZE),
-            32
-        );
-        assert_eq!(freeze(e), Status::SUCCESS);
-        assert_ne!(l.kernel_object(ADD), 0, "after freeze");
-        l.destroy();
+        check_hsaco_kernel_object_is_published(&Sim::new(p));
     }
 }
 

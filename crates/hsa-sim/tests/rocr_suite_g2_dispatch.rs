@@ -23,7 +23,6 @@
 
 mod common;
 
-use common::ko::try_load;
 use common::profiles::{Case, fails_on};
 use common::suite::*;
 use common::*;
@@ -291,13 +290,9 @@ fn concurrent_queues_independent_execution() {
 
 #[test]
 fn hsaco_kernel_object_is_published() {
-    // No G2 profile loads AIE hsacos: ROCR's GPU loader finds no ISA for the code object.
-    each(|sim| {
-        let bytes = add_design().to_hsaco(sim.generation()).unwrap();
-        let (st, e, r) = try_load(sim, &bytes);
-        assert_eq!(st, Status::ERROR_INVALID_CODE_OBJECT, "{}", sim.profile);
-        common::ko::destroy(e, r);
-    });
+    // The G2 profiles here have no AIE section loader, so the load fails as their ROCR fails it;
+    // a G2 profile that loads hsacos is checked as the suite checks it.
+    each(check_hsaco_kernel_object_is_published);
 }
 
 /// Two add packets; the second declares 2000 arguments its kernarg buffer does not hold.

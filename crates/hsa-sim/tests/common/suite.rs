@@ -370,3 +370,42 @@ pub fn check_create_destroy_multiple_queues(sim: &super::Sim) {
         assert_eq!(destroy_queue(q), Status::SUCCESS);
     }
 }
+
+/// `DispatchTest.HsacoKernelObjectIsPublished`: where the profile's ROCR loads AIE hsacos, the
+/// kernel object reads 0 before freeze and a handle after, and the kernarg size is 32; where it
+/// has no AIE section loader, the load fails with `INVALID_CODE_OBJECT` (ROCR's GPU loader finds
+/// no ISA). A profile that dispatches kernel objects must load.
+pub fn check_hsaco_kernel_object_is_published(sim: &super::Sim) {
+    use super::ko::{Loaded, destroy, freeze, symbol_u64, try_load};
+    use hsa_core::sys::SymbolInfo;
+    let p = sim.profile;
+    let bytes = add_design().to_hsaco(sim.generation()).unwrap();
+    let (st, e, r) = try_load(sim, &bytes);
+    if st != Status::SUCCESS {
+        assert_eq!(st, Status::ERROR_INVALID_CODE_OBJECT, "{p}");
+        assert!(
+            !p.speaks_kernel_objects(),
+            "{p} dispatches kernel objects but cannot load"
+        );
+        destroy(e, r);
+        return;
+    }
+    let l = Loaded {
+        exec: e,
+        reader: r,
+        agent: sim.aie,
+    };
+    let name = "vector_scalar_add";
+    assert_eq!(
+        symbol_u64(l.symbol(name), SymbolInfo::KERNEL_OBJECT),
+        0,
+        "{p}: before freeze"
+    );
+    assert_eq!(
+        symbol_u64(l.symbol(name), SymbolInfo::KERNEL_KERNARG_SEGMENT_SIZE),
+        32
+    );
+    assert_eq!(freeze(e), Status::SUCCESS);
+    assert_ne!(l.kernel_object(name), 0, "{p}: after freeze");
+    l.destroy();
+}
