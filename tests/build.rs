@@ -4,8 +4,9 @@
 //! are reported as ignored elsewhere; and whether a Python 3.11 or newer is installed, so the
 //! Python package's suite is reported as ignored, not passed, on a machine without one; and
 //! whether Prometheus' `promtool` is installed, so the checks of the metrics text and the alert
-//! rules are reported as ignored without it; and whether root, iproute2, iptables and dnsmasq are there
-//! for the network-namespace fleet tests.
+//! rules are reported as ignored without it; and whether root, iproute2, iptables and dnsmasq
+//! are there for the network-namespace fleet tests, and root, podman, runc, mmdebstrap and
+//! objcopy for the container test.
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(has_systemd_analyze)");
@@ -13,6 +14,7 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(has_python)");
     println!("cargo::rustc-check-cfg=cfg(has_promtool)");
     println!("cargo::rustc-check-cfg=cfg(has_netns)");
+    println!("cargo::rustc-check-cfg=cfg(has_podman)");
     println!("cargo::rerun-if-changed=/usr/bin/promtool");
     let promtool = std::env::var("PROMTOOL").unwrap_or_else(|_| "promtool".into());
     println!("cargo::rerun-if-env-changed=PROMTOOL");
@@ -54,6 +56,14 @@ fn main() {
     }
     if uid.as_deref() == Some("0") && ["ip", "tc", "iptables", "dnsmasq"].into_iter().all(found) {
         println!("cargo::rustc-cfg=has_netns");
+    }
+    // The container test: root, podman with runc, mmdebstrap for the base image, objcopy.
+    let container_tools = ["podman", "runc", "mmdebstrap", "objcopy"];
+    for tool in container_tools {
+        println!("cargo::rerun-if-changed=/usr/bin/{tool}");
+    }
+    if uid.as_deref() == Some("0") && container_tools.into_iter().all(found) {
+        println!("cargo::rustc-cfg=has_podman");
     }
     println!("cargo::rerun-if-changed=/usr/bin/systemd-analyze");
     if ["/usr/bin/systemd-analyze", "/bin/systemd-analyze"]

@@ -8,6 +8,7 @@
 
 pub mod certs;
 pub mod configmap;
+pub mod container;
 pub mod netns;
 pub mod python;
 pub mod tokens;
