@@ -4,7 +4,7 @@
 //! (`npud`, `npuctl`, `npud-device-plugin`, their debug sections stripped) in
 //! `target/npud-image/bin/`, on a Debian bookworm base made with mmdebstrap and imported into
 //! podman (no registry is reachable where these tests run). The base's tarball is kept in
-//! `target/npud-image/base-bookworm.tar` between runs, so only the first run pays for it.
+//! `target/npud-base/base-bookworm.tar` between runs, so only the first run pays for it.
 //!
 //! Podman runs every container with `--runtime runc` and explicit `nofile`/`nproc` limits
 //! (crun refuses hybrid cgroup hierarchies, and podman's default limits may exceed what a
@@ -147,9 +147,11 @@ impl Image {
     /// When a step fails or takes longer than its bound (the base: 15 min; the build: 5 min).
     pub fn build() -> Image {
         sweep();
-        let dir = repo().join("target/npud-image");
-        let bin = dir.join("bin");
+        let bin = repo().join("target/npud-image/bin");
         std::fs::create_dir_all(&bin).expect("target/npud-image/bin");
+        // Outside the build context (target/npud-image/ is in it).
+        let dir = repo().join("target/npud-base");
+        std::fs::create_dir_all(&dir).expect("target/npud-base");
         let t = Instant::now();
         let tar = dir.join("base-bookworm.tar");
         let cold = !tar.exists();
@@ -157,7 +159,12 @@ impl Image {
             let part = dir.join(format!("base-bookworm.tar.{}", std::process::id()));
             check(
                 Command::new("mmdebstrap")
-                    .args(["--variant=minbase", "--mode=root", "bookworm"])
+                    .args([
+                        "--variant=minbase",
+                        "--mode=root",
+                        "--format=tar",
+                        "bookworm",
+                    ])
                     .arg(&part),
                 Duration::from_secs(900),
             );
