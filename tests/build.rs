@@ -59,8 +59,14 @@ fn main() {
     }
     // The container test: root, podman with runc, mmdebstrap for the base image, objcopy.
     let container_tools = ["podman", "runc", "mmdebstrap", "objcopy"];
-    for tool in container_tools {
-        println!("cargo::rerun-if-changed=/usr/bin/{tool}");
+    // Where Debian installs them (a path that does not exist would rerun this every build).
+    for path in [
+        "/usr/bin/podman",
+        "/usr/sbin/runc",
+        "/usr/bin/mmdebstrap",
+        "/usr/bin/objcopy",
+    ] {
+        println!("cargo::rerun-if-changed={path}");
     }
     if uid.as_deref() == Some("0") && container_tools.into_iter().all(found) {
         println!("cargo::rustc-cfg=has_podman");

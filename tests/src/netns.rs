@@ -7,7 +7,7 @@
 //!
 //! Names are unique per run (`npf<pid>x<n>-<role>`). [`Net`]'s drop kills every process left
 //! in its namespaces and deletes them and their `/etc/netns` directories, also when a test
-//! panics; [`Net::new`] first removes what a run that was killed left behind (namespaces of
+//! panics; [`Net::create`] first removes what a run that was killed left behind (namespaces of
 //! a process that no longer exists). Every command is bounded.
 
 use std::net::Ipv4Addr;
@@ -130,7 +130,7 @@ impl Net {
     ///
     /// # Panics
     /// When a namespace or the bridge cannot be made.
-    pub fn new() -> Net {
+    pub fn create() -> Net {
         static RUNS: AtomicU32 = AtomicU32::new(0);
         sweep();
         let tag = format!(

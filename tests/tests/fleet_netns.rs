@@ -59,7 +59,7 @@ struct World {
 
 impl World {
     fn new() -> World {
-        let mut net = Net::new();
+        let mut net = Net::create();
         let ca = Ca::new(net.dir(), "ca");
         let mut hosts = Vec::new();
         let mut records = Vec::new();
