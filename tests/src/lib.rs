@@ -8,6 +8,8 @@
 
 pub mod certs;
 pub mod configmap;
+pub mod container;
+pub mod netns;
 pub mod python;
 pub mod tokens;
 
@@ -221,6 +223,9 @@ pub struct Options {
     /// test's quarantine reaches another test or the machine's real state directory. Set it to
     /// a directory that outlives the daemon to restart one with the same state.
     pub state_dir: Option<PathBuf>,
+    /// A network namespace (`ip netns` name) to start it in, through `ip netns exec` (which
+    /// execs the daemon, so its pid is the daemon's); its Unix sockets stay reachable from here.
+    pub netns: Option<String>,
 }
 
 impl Default for Options {
@@ -234,6 +239,7 @@ impl Default for Options {
             args: Vec::new(),
             socket_activated: false,
             state_dir: None,
+            netns: None,
         }
     }
 }
@@ -389,7 +395,15 @@ impl Daemon {
         let opts = &self.opts;
         let ready = self.dir.path().join("ready");
         let _ = std::fs::remove_file(&ready);
-        let mut cmd = if opts.socket_activated {
+        let mut cmd = if let Some(ns) = &opts.netns {
+            assert!(
+                !opts.socket_activated,
+                "socket activation in a namespace is not supported"
+            );
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(binary("npud"));
+            c
+        } else if opts.socket_activated {
             let mut c = Command::new(binary("npud-socket-activate"));
             c.arg("--listen")
                 .arg(&self.socket)

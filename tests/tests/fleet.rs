@@ -1,7 +1,8 @@
 //! `npu_client::Fleet` over three real daemons on Unix sockets: sessions spread by load (each
 //! daemon's own statistics count them), a host with pending work gets fewer, a killed host's
 //! sessions fail with `SessionLost` naming it while new sessions go to the others, a restarted
-//! host rejoins; and `npuctl --fleet`. Every wait is bounded.
+//! host rejoins; a call in flight on a host that stops answering ends with `SessionLost` when
+//! the fleet finds the host down; and `npuctl --fleet`. Every wait is bounded.
 
 #![forbid(unsafe_code)]
 
@@ -364,5 +365,49 @@ async fn npuctl_lists_the_fleet_and_runs_through_it() {
             && err.contains("nobody.sock: down (")
             && err.contains("other.sock: down ("),
         "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_in_flight_ends_with_session_lost_when_the_fleet_finds_its_host_down() {
+    // A stopped daemon keeps its connections open and answers nothing, as a host cut off by
+    // the network does: the call waits, the fleet's probe gets no answer within the connect
+    // timeout, and the call ends then, long before its own timeout.
+    let ds = [0; 2].map(|_| Daemon::start(Options::default()));
+    let opts = FleetOptions {
+        connect: ConnectOptions {
+            connect_timeout: Duration::from_secs(1),
+            call_timeout: Duration::from_secs(60),
+            ..ConnectOptions::default()
+        },
+        refresh_interval: Duration::from_millis(200),
+        ..FleetOptions::default()
+    };
+    let fleet = Fleet::connect_with(FleetSpec::parse(&spec(&[&ds[0], &ds[1]])).unwrap(), opts)
+        .await
+        .unwrap();
+    let c = fleet.open().await.unwrap();
+    let gone = c.address().to_string();
+    let i = usize::from(gone != address(&ds[0]));
+    ds[i].send_signal(rustix::process::Signal::STOP);
+    let answer = tokio::time::timeout(PATIENCE, c.programs()).await;
+    ds[i].send_signal(rustix::process::Signal::CONT);
+    let e = answer
+        .expect("the call ends when the fleet finds the host down, not at its 60 s timeout")
+        .unwrap_err();
+    let ClientError::SessionLost { address, .. } = &e else {
+        panic!("expected SessionLost, got {e}");
+    };
+    assert_eq!(*address, gone);
+    assert!(
+        e.to_string()
+            .contains(&format!("its host {gone} went down")),
+        "{e}"
+    );
+    // Every later call names the host too.
+    let later = c.programs().await.unwrap_err().to_string();
+    assert!(
+        later.contains(&format!("its host {gone} went down")),
+        "{later}"
     );
 }

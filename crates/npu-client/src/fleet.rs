@@ -30,9 +30,9 @@
 //!   [`ClientError::NoHealthyHost`] lists each host and why.
 //! - A session stays on its host: its tensors and programs live there. When the fleet finds
 //!   the host down (a probe, a failed open, or the session's own reconnect failing for
-//!   [`ConnectOptions::reconnect_timeout`]), every session opened there before fails its next
-//!   call with [`ClientError::SessionLost`] naming the host, at once and for good, also when
-//!   the host comes back. A host that is only not serving keeps its sessions (the daemon
+//!   [`ConnectOptions::reconnect_timeout`]), every session opened there before fails its
+//!   calls in flight and its next ones with [`ClientError::SessionLost`] naming the host, at
+//!   once and for good, also when the host comes back. A host that is only not serving keeps its sessions (the daemon
 //!   answers them itself).
 
 mod host;

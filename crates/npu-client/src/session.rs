@@ -20,13 +20,15 @@
 //!   programs or re-creates tensors behind the caller's back: their contents are gone.
 //! - An `UNAVAILABLE` the daemon itself sends (the device recovers, the daemon drains) is returned
 //!   as [`ClientError::Daemon`], not retried.
-//! - A session a [`crate::Fleet`] opened is also lost when the fleet finds its host down, and
-//!   when its own reconnect fails for the reconnect timeout (it then tells the fleet): the
-//!   daemon that held its tensors is gone.
+//! - A session a [`crate::Fleet`] opened is also lost when the fleet finds its host down (a
+//!   session call in flight then ends at once, not at its timeout), and when its own reconnect
+//!   fails for the reconnect timeout (it then tells the fleet): the daemon that held its
+//!   tensors is gone.
 //!   [`ClientError::SessionLost`] names the host in every case.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -88,6 +90,9 @@ pub(crate) trait HostWatch: Send + Sync + std::fmt::Debug {
     /// Why the session's host went down after the session was opened (the session is gone with
     /// it), or `None`.
     fn lost(&self) -> Option<String>;
+    /// Resolves with [`HostWatch::lost`]'s reason once the host is found down: a call in flight
+    /// on a cut-off host then ends at once instead of at its timeout.
+    fn gone(&self) -> Pin<Box<dyn Future<Output = String> + Send + '_>>;
     /// The session could not reconnect to its host: `why`.
     fn unreachable(&self, why: &str);
 }
@@ -227,14 +232,15 @@ impl Inner {
 
     /// The error for a session call when the session is known to be gone: an earlier call found
     /// it so, or the fleet that opened it saw its host go down.
+    /// The host's going down is the better reason, so it comes first: every later call names
+    /// it, not only the call that found out.
     fn check_lost(&self, call: &'static str) -> Option<ClientError> {
-        if self.lost.load(Ordering::SeqCst) {
-            return Some(
-                self.lost_error(call, "an earlier call found the session gone".to_owned()),
-            );
+        if let Some(why) = self.host.get().and_then(|w| w.lost()) {
+            return Some(self.lost_error(call, why));
         }
-        let why = self.host.get()?.lost()?;
-        Some(self.lost_error(call, why))
+        self.lost
+            .load(Ordering::SeqCst)
+            .then(|| self.lost_error(call, "an earlier call found the session gone".to_owned()))
     }
 
     /// Runs a session call (see the module docs for retries and errors).
@@ -278,7 +284,14 @@ impl Inner {
         loop {
             let (epoch, channel) = self.current();
             let rpc = self.rpc_with_id(channel, anonymous, request_id);
-            let outcome = tokio::time::timeout(self.opts.call_timeout, f(rpc)).await;
+            let call = tokio::time::timeout(self.opts.call_timeout, f(rpc));
+            let outcome = match self.host.get() {
+                Some(watch) if !anonymous => tokio::select! {
+                    o = call => o,
+                    why = watch.gone() => return Err(self.lost_error(name, why)),
+                },
+                _ => call.await,
+            };
             let status = match outcome {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(status)) => status,

@@ -2,6 +2,8 @@
 //! probe that learns it, the link its sessions keep to it, and the choice of the host for the
 //! next session.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -95,6 +97,8 @@ pub(crate) struct Host {
     state: Mutex<State>,
     /// The probes' connection (one probe at a time).
     channel: tokio::sync::Mutex<Option<Channel>>,
+    /// `down_epoch`, for calls in flight that wait for it to move.
+    down: tokio::sync::watch::Sender<u64>,
 }
 
 /// A snapshot of a host for [`crate::Fleet::hosts`].
@@ -126,6 +130,7 @@ impl Host {
                 down_reason: String::new(),
             }),
             channel: tokio::sync::Mutex::new(None),
+            down: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -185,13 +190,19 @@ impl Host {
     /// The host cannot be reached: no new sessions, and sessions opened before now are gone.
     pub fn mark_down(&self, why: String) {
         let mut s = self.lock();
-        if !matches!(s.health, HostHealth::Down(_)) {
+        let newly = !matches!(s.health, HostHealth::Down(_));
+        if newly {
             s.down_epoch += 1;
             tracing::warn!(host = %self.addr, reason = %why, "fleet host down");
         }
         s.down_reason.clone_from(&why);
         s.health = HostHealth::Down(why);
         self.failed(&mut s);
+        let epoch = s.down_epoch;
+        drop(s);
+        if newly {
+            self.down.send_replace(epoch);
+        }
     }
 
     /// The host answers but takes no new sessions; its sessions go on.
@@ -324,6 +335,22 @@ impl HostWatch for HostLink {
 
     fn unreachable(&self, why: &str) {
         self.host.mark_down(why.to_owned());
+    }
+
+    fn gone(&self) -> Pin<Box<dyn Future<Output = String> + Send + '_>> {
+        Box::pin(async move {
+            // Subscribed before looking, so a change in between is not missed.
+            let mut rx = self.host.down.subscribe();
+            loop {
+                if let Some(why) = self.lost() {
+                    return why;
+                }
+                if rx.changed().await.is_err() {
+                    // The host is dropped with its fleet: nothing will say it went down.
+                    return std::future::pending().await;
+                }
+            }
+        })
     }
 }
 

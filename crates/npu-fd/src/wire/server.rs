@@ -121,13 +121,17 @@ pub async fn write_response(
 
 /// The user id of the process at the other end (`SO_PEERCRED`), as of `connect`.
 ///
+/// Only the uid is read: a peer in another pid namespace (a pod beside npud's container) has
+/// pid 0 in the answer, which rustix's reader refuses as no pid at all, so tokio's is used.
+///
 /// # Errors
 ///
 /// [`FdError::Sys`] if `getsockopt(SO_PEERCRED)` fails, which it does not for a connected Unix
 /// socket.
 #[doc(alias = "SO_PEERCRED")]
 pub fn peer_uid(stream: &UnixStream) -> Result<u32, FdError> {
-    rustix::net::sockopt::socket_peercred(stream)
-        .map(|cred| cred.uid.as_raw())
-        .map_err(FdError::sys("getsockopt(SO_PEERCRED)"))
+    stream
+        .peer_cred()
+        .map(|cred| cred.uid())
+        .map_err(FdError::io("getsockopt(SO_PEERCRED)"))
 }
