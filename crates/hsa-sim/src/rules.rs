@@ -179,6 +179,19 @@ pub(crate) fn execute(
     state: &mut QueueState,
     cmd: &Command,
 ) -> Result<(), SimError> {
+    if cmd.pdi_patch_offset != 0 {
+        crate::dispatch::full_elf::prepare(rt, cmd)?;
+        let avail = {
+            let mem = rt.memory();
+            let mut avail = Vec::with_capacity(cmd.args.len());
+            for (i, &(addr, size)) in cmd.args.iter().enumerate() {
+                let r = kernel_buffer(&mem, format_args!("argument {i}"), addr, size)?;
+                avail.push(if size == 0 { r.remaining(addr) } else { size });
+            }
+            avail
+        };
+        return crate::dispatch::full_elf::run(rt, q, cmd, &avail);
+    }
     // The instruction buffer must resolve to a BO before its size is looked at: a
     // kernel-object packet (words 20/24 a host descriptor, word 40 reserved 0) on a G2 runtime
     // fails as an unknown allocation (`rocr-aie-hsaco.md` §1).
@@ -249,6 +262,7 @@ pub(crate) fn execute(
                 insts_size: cmd.insts_size,
                 args: cmd.args.clone(),
                 completion: None,
+                pdi_patch_offset: 0,
             };
             return match mem.resolve(seen) {
                 Some(r) if r.remaining(seen) >= cmd.insts_size => {

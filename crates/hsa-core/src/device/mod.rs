@@ -11,6 +11,7 @@ mod dispatch;
 pub mod driver;
 mod encode;
 pub mod generation;
+mod ko_probe;
 mod program;
 mod resource;
 mod tensor;

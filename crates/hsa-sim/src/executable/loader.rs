@@ -216,6 +216,7 @@ pub(crate) fn load(
     arch: NpuGen,
     bytes: &[u8],
     defined: &[String],
+    full_elf: bool,
 ) -> Result<LoadedObject, SimError> {
     let section = match hsaco::parse_for_arch(bytes, arch) {
         Ok(s) => s,
@@ -247,6 +248,13 @@ pub(crate) fn load(
         }
     };
     duplicate(defined, section.kernels.iter().map(|k| k.name))?;
+    if !full_elf && let Some(k) = section.kernels.iter().find(|k| k.full_elf.is_some()) {
+        return Err(code_object(format!(
+            "hsa_executable_load_agent_code_object: kernel {:?} is a FullElf kernel, which this \
+             runtime's AIE loader does not take yet (PdiInsts kernels only)",
+            k.name
+        )));
+    }
     section
         .check_columns(agent_columns(arch))
         .map_err(|e| code_object(format!("hsa_executable_load_agent_code_object: {e}")))?;
