@@ -38,11 +38,16 @@ async fn client(d: &Daemon) -> Client {
         .unwrap()
 }
 
-/// What `auto` must have proved for `abi`, as its source says.
-fn proof_of(abi: &str) -> &'static str {
-    match abi {
-        "kernel-object" => "auto: the runtime loaded a built-in AIE code object",
-        "g2" => "maps a vmem handle of the AIE data pool",
+/// What `auto` must have proved for `profile`'s `abi`, as its source says.
+fn proof_of(profile: &str, abi: &str) -> &'static str {
+    match (profile, abi) {
+        (_, "kernel-object") => "refused a packet naming its kernel object with NULL kernargs \
+                                 as INVALID_PACKET_FORMAT",
+        // A G2 runtime with the AIE loader: the load proves no packet form, the probe packet's
+        // refusal does.
+        ("rocr-g2-2026-07", _) => "refused a packet naming its kernel object as \
+                                   INVALID_ALLOCATION",
+        (_, "g2") => "maps a vmem handle of the AIE data pool",
         _ => "auto: ROCm 7.0 (G1a)",
     }
 }
@@ -67,7 +72,7 @@ async fn auto_proves_each_runtimes_packet_form_the_same_way_linked_and_loaded() 
             assert_eq!(i.packet_abi, abi, "{profile} {runtime:?}: {i:?}");
             assert!(
                 i.packet_abi_source.starts_with("auto: ")
-                    && i.packet_abi_source.contains(proof_of(abi)),
+                    && i.packet_abi_source.contains(proof_of(profile, abi)),
                 "{profile} {runtime:?}: {}",
                 i.packet_abi_source
             );
@@ -88,7 +93,7 @@ async fn auto_proves_each_runtimes_packet_form_the_same_way_linked_and_loaded() 
             assert!(
                 dev["packet_abi_source"]
                     .as_str()
-                    .is_some_and(|s| s.contains(proof_of(abi))),
+                    .is_some_and(|s| s.contains(proof_of(profile, abi))),
                 "{v}"
             );
         }

@@ -216,7 +216,7 @@
 //!
 //! # Configuration
 //! See [`config`]: `HSA_SIM_AGENT_NAME` (aie2 | aie2p, default aie2p), `HSA_SIM_PROFILE`
-//! (rocm-7.0 | rocr-late-2025 | rocr-g2-2026-05 | rocr-newest | kernel-object, default
+//! (rocm-7.0 | rocr-late-2025 | rocr-g2-2026-05 | rocr-g2-2026-07 | rocr-newest | kernel-object, default
 //! rocr-newest),
 //! `HSA_SIM_TIMEOUT_MS` (default 2000), read at the 0→1 `hsa_init`, or [`set_config`].
 //!

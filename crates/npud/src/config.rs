@@ -81,7 +81,8 @@ pub struct EmulatorConfig {
     /// The NPU the emulator models: `aie2` (npu1) or `aie2p` (npu2).
     pub agent_name: String,
     /// The ROCR release the emulator behaves as, failures included: `rocr-newest`,
-    /// `rocr-g2-2026-05`, `rocr-late-2025` or `rocm-7.0` (hsa-sim's profiles).
+    /// `rocr-g2-2026-07`, `rocr-g2-2026-05`, `rocr-late-2025`, `rocm-7.0` or `kernel-object`
+    /// (hsa-sim's profiles).
     pub profile: String,
     /// How long a hanging kernel blocks before it fails as the driver's watchdog would, in ms.
     pub timeout_ms: u64,
@@ -484,7 +485,8 @@ impl Config {
             .map_err(|_| {
                 invalid(
                     "emulator.profile",
-                    "expected rocr-newest, rocr-g2-2026-05, rocr-late-2025, rocm-7.0 or kernel-object",
+                    "expected rocr-newest, rocr-g2-2026-07, rocr-g2-2026-05, rocr-late-2025, rocm-7.0 or \
+                     kernel-object",
                 )
             })?;
         if let Some(abi) = self.packet_abi.as_deref().filter(|a| *a != "auto") {

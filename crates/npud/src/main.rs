@@ -97,8 +97,8 @@ struct Cli {
     /// The emulator's agent: aie2 (npu1) or aie2p (npu2).
     #[arg(long)]
     emulator_agent: Option<String>,
-    /// The ROCR release the emulator behaves as: rocr-newest, rocr-g2-2026-05, rocr-late-2025,
-    /// rocm-7.0 or kernel-object.
+    /// The ROCR release the emulator behaves as: rocr-newest, rocr-g2-2026-07, rocr-g2-2026-05,
+    /// rocr-late-2025, rocm-7.0 or kernel-object.
     #[arg(long)]
     emulator_profile: Option<String>,
     /// The emulator's hang timeout, in milliseconds.
