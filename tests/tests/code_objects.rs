@@ -41,12 +41,16 @@ async fn client(d: &Daemon) -> Client {
 /// What `auto` must have proved for `profile`'s `abi`, as its source says.
 fn proof_of(profile: &str, abi: &str) -> &'static str {
     match (profile, abi) {
-        (_, "kernel-object") => "refused a packet naming its kernel object with NULL kernargs \
-                                 as INVALID_PACKET_FORMAT",
+        (_, "kernel-object") => {
+            "refused a packet naming its kernel object with NULL kernargs \
+                                 as INVALID_PACKET_FORMAT"
+        }
         // A G2 runtime with the AIE loader: the load proves no packet form, the probe packet's
         // refusal does.
-        ("rocr-g2-2026-07", _) => "refused a packet naming its kernel object as \
-                                   INVALID_ALLOCATION",
+        ("rocr-g2-2026-07", _) => {
+            "refused a packet naming its kernel object as \
+                                   INVALID_ALLOCATION"
+        }
         (_, "g2") => "maps a vmem handle of the AIE data pool",
         _ => "auto: ROCm 7.0 (G1a)",
     }

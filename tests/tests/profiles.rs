@@ -98,10 +98,7 @@ async fn core_work(profile: &str, runtime: Runtime) {
     assert_eq!(i.backend, backend);
     assert!(i.runtime_version.contains(profile), "{}", i.runtime_version);
     // Only the newest runtimes export tensor memory (from vmem); the others are staged.
-    let in_place = matches!(
-        profile,
-        "rocr-g2-2026-07" | "rocr-newest" | "kernel-object"
-    );
+    let in_place = matches!(profile, "rocr-g2-2026-07" | "rocr-newest" | "kernel-object");
     assert_eq!(
         i.tensor_sharing,
         if in_place { "vmem-export" } else { "staged" },

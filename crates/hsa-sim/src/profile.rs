@@ -223,9 +223,7 @@ impl Profile {
         match self {
             Self::Rocm70 => FailureReport::Silent,
             Self::RocrLate2025 | Self::RocrG2May2026 => FailureReport::Abort,
-            Self::RocrG2Jul2026 | Self::RocrNewest | Self::KernelObject => {
-                FailureReport::Callback
-            }
+            Self::RocrG2Jul2026 | Self::RocrNewest | Self::KernelObject => FailureReport::Callback,
         }
     }
 

@@ -310,6 +310,10 @@ pub struct Config {
     pub library: Option<PathBuf>,
     /// `g2`, `g1b` or `g1a`; unset: `g2` on `hsa`, the profile's own on the emulator.
     pub packet_abi: Option<String>,
+    /// Whether a G2 runtime takes full-ELF packets, so FullElf kernels run there: unset
+    /// (auto) proves it only for a G2 runtime with the AIE loader; `true` for the newest G2
+    /// ROCR, which `auto` cannot tell from the first G2 release (which has none).
+    pub g2_full_elf: Option<bool>,
     /// `npu1` or `npu2`, overriding the generation read from the agent name or sysfs.
     pub generation: Option<String>,
     /// Where sysfs is mounted: the NPU's PCI id is read there when the agent name does not
@@ -345,6 +349,7 @@ impl Default for Config {
             backend: Backend::Emulator,
             library: None,
             packet_abi: None,
+            g2_full_elf: None,
             generation: None,
             sysfs_root: PathBuf::from("/sys"),
             emulator: EmulatorConfig::default(),
@@ -424,6 +429,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "backend",
     "library",
     "packet_abi",
+    "g2_full_elf",
     "generation",
     "sysfs_root",
     "emulator",
@@ -696,6 +702,7 @@ impl Config {
             probe_code_objects,
             generation: self.generation.as_deref().and_then(|g| g.parse().ok()),
             sysfs_root: self.sysfs_root.clone(),
+            g2_full_elf: self.g2_full_elf,
             ..hsa_core::DeviceOptions::default()
         }
     }
@@ -727,6 +734,8 @@ pub struct Overrides {
     pub library: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub packet_abi: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub g2_full_elf: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub generation: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -87,6 +87,10 @@ struct Cli {
     /// start where nothing proves one), kernel-object, g2, g1b or g1a.
     #[arg(long)]
     packet_abi: Option<String>,
+    /// Whether the G2 runtime takes full-ELF packets (FullElf kernels): true, false, or unset
+    /// (proven only for a G2 runtime with the AIE loader).
+    #[arg(long)]
+    g2_full_elf: Option<bool>,
     /// npu1 or npu2, overriding the agent name and the PCI id in sysfs.
     #[arg(long)]
     generation: Option<String>,
@@ -159,6 +163,7 @@ fn main() -> ExitCode {
         backend: cli.backend,
         library: cli.library,
         packet_abi: cli.packet_abi,
+        g2_full_elf: cli.g2_full_elf,
         generation: cli.generation,
         sysfs_root: cli.sysfs_root,
         state_dir: cli.state_dir,

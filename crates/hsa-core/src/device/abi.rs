@@ -40,13 +40,16 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use super::{code_object, ko_probe};
 use super::discover::{self, PoolChoice};
 use super::encode::PacketAbi;
 use super::resource::VmemAlloc;
+use super::{code_object, ko_probe};
 use crate::api::HsaApi;
 use crate::error::HsaError;
 use crate::sys::{Agent, AgentInfo, Status};
+
+/// What `auto`'s evidence says of a G2 runtime with the AIE loader (ROCR's July 2026 tree).
+pub(crate) const G2_WITH_LOADER: &str = "a G2 ROCR with the AIE loader, July 2026";
 
 /// ROCm 7.0's (and develop's of August 2025) `HSA_AMD_AGENT_INFO_PRODUCT_NAME` for every NPU.
 pub const ROCM_7_0_PRODUCT_NAME: &str = "AIE-ML";

@@ -122,7 +122,10 @@ mod tests {
             classify(Some(Status::ERROR_INVALID_PACKET_FORMAT)),
             Ok(Reads::KernelObjects)
         );
-        assert_eq!(classify(Some(Status::ERROR_INVALID_ALLOCATION)), Ok(Reads::G2));
+        assert_eq!(
+            classify(Some(Status::ERROR_INVALID_ALLOCATION)),
+            Ok(Reads::G2)
+        );
         assert!(classify(Some(Status::ERROR)).is_err());
         assert!(classify(None).is_err());
     }

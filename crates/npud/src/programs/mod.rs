@@ -80,6 +80,8 @@ pub struct Programs {
     /// The packet ABI the device speaks: whether it loads code objects decides which hsaco
     /// kernels can run.
     abi: hsa_core::PacketAbi,
+    /// Whether FullElf kernels run as G2 full-ELF packets, or why not.
+    g2_full_elf: Result<(), String>,
     /// The daemon-wide budget's program part (`limits.max_total_program_bytes`), checked where
     /// programs are stored; `None`: no daemon-wide limit.
     budget: Option<crate::budget::MemoryBudget>,
@@ -152,6 +154,7 @@ impl Programs {
             runs,
             records,
             abi: hsa_core::PacketAbi::G2,
+            g2_full_elf: Err("not configured".into()),
             budget: None,
         }
     }
@@ -160,6 +163,14 @@ impl Programs {
     #[must_use]
     pub fn with_budget(mut self, budget: crate::budget::MemoryBudget) -> Self {
         self.budget = Some(budget);
+        self
+    }
+
+    /// Whether the G2 runtime takes full-ELF packets (`Err` says why not): FullElf kernels
+    /// then run on G2 too.
+    #[must_use]
+    pub fn with_g2_full_elf(mut self, g2_full_elf: Result<(), String>) -> Self {
+        self.g2_full_elf = g2_full_elf;
         self
     }
 
@@ -276,7 +287,12 @@ impl Programs {
         let hash = hsaco_hash(&hsaco, &kernel);
         let bytes = hsaco.len() as u64;
         self.store(session, hash, bytes, name, || {
-            let summary = validate_hsaco(&hsaco, &kernel, max, device, runs, abi)?;
+            let full_elf = self
+                .g2_full_elf
+                .as_ref()
+                .map(|()| ())
+                .map_err(String::as_str);
+            let summary = validate_hsaco(&hsaco, &kernel, max, device, runs, abi, full_elf)?;
             Ok((
                 Code::Hsaco {
                     bytes: hsaco,
