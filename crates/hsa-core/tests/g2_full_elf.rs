@@ -9,6 +9,8 @@ use npu_artifacts::NpuGen;
 use npu_artifacts::emu::{DType, EmuDesign};
 
 const N: usize = 1024;
+const NU: u32 = 1024;
+const NI: i32 = 1024;
 
 fn open(profile: Profile, agent: NpuGen, g2_full_elf: Option<bool>) -> Result<Device, HsaError> {
     hsa_sim::set_config(SimConfig {
@@ -63,7 +65,7 @@ fn runs(profile: Profile, g2_full_elf: Option<bool>) -> bool {
 /// A FullElf kernel, the same design as PdiInsts, dispatched alone, repatched with other
 /// tensors, in a chain of 100, and in a chain that switches kinds.
 fn full_elf_work(dev: &mut Device, profile: Profile) {
-    let d = EmuDesign::vector_scalar_add(N as u32, DType::I32, 1);
+    let d = EmuDesign::vector_scalar_add(NU, DType::I32, 1);
     let hsaco = d.to_full_elf_hsaco().unwrap();
     let full = dev
         .load_hsaco(&hsaco, &name(&hsaco))
@@ -74,7 +76,9 @@ fn full_elf_work(dev: &mut Device, profile: Profile) {
     let tensors: Vec<TensorId> = (0..4).map(|_| dev.alloc_tensor(N * 4).unwrap()).collect();
     // The same program on other tensors: each dispatch patches a pristine control code.
     for (k, pair) in tensors.chunks(2).enumerate() {
-        let input: Vec<i32> = (0..N as i32).map(|v| v * (k as i32 + 2)).collect();
+        let input: Vec<i32> = (0..NI)
+            .map(|v| v * (i32::try_from(k).unwrap() + 2))
+            .collect();
         write(dev, pair[0], &input);
         dev.dispatch(&Dispatch::new(full, [pair[0], pair[1]]))
             .unwrap_or_else(|e| panic!("{profile}: {e}"));
@@ -130,7 +134,7 @@ fn full_elf_kernels_run_wherever_the_runtime_has_a_form_for_them_and_are_refused
             if runs(profile, g2_full_elf) {
                 full_elf_work(&mut dev, profile);
             } else {
-                let hsaco = EmuDesign::vector_scalar_add(N as u32, DType::I32, 1)
+                let hsaco = EmuDesign::vector_scalar_add(NU, DType::I32, 1)
                     .to_full_elf_hsaco()
                     .unwrap();
                 let e = dev.load_hsaco(&hsaco, &name(&hsaco)).unwrap_err();
@@ -159,7 +163,7 @@ fn full_elf_is_aie2p_only_on_g2() {
         "{}",
         dev.info().g2_full_elf_source
     );
-    let hsaco = EmuDesign::vector_scalar_add(N as u32, DType::I32, 1)
+    let hsaco = EmuDesign::vector_scalar_add(NU, DType::I32, 1)
         .to_full_elf_hsaco()
         .unwrap();
     // The hsaco holds an aie2p section only: an aie2 device finds no section for it.

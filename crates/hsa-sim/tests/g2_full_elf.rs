@@ -21,7 +21,11 @@ use npu_artifacts::hsaco::{FullElf, PatchScheme, SiteTarget, patch_shim_dma48};
 const FULL_ELF: [Profile; 2] = [Profile::RocrG2Jul2026, Profile::RocrNewest];
 
 const ALIGN: u64 = 16 << 10;
+const ALIGN_BYTES: usize = 16 << 10;
 const N: usize = 256;
+const NI: i32 = 256;
+/// Bytes of one buffer.
+const NB: u64 = 1024;
 
 /// A full ELF as the suite's reader gives it.
 struct Elf {
@@ -71,7 +75,7 @@ impl Elf {
 
     /// A 16 KiB-aligned control-code buffer in the device heap, `skew` bytes past the boundary.
     fn place(&self, sim: &Sim, args: &[u64], skew: u64) -> u64 {
-        let base = sim.alloc(HEAP, self.ctrl.len() + 3 * ALIGN as usize);
+        let base = sim.alloc(HEAP, self.ctrl.len() + 3 * ALIGN_BYTES);
         let at = base.next_multiple_of(ALIGN) + skew;
         common::write(at, &self.patched(args));
         at
@@ -104,7 +108,7 @@ impl Elf {
 fn setup(sim: &Sim, sentinel: Option<i32>) -> (Elf, u64, u64, u64, u64) {
     let e = elf(&add_one());
     let pdi = sim.put(HEAP, &e.pdi);
-    let input: Vec<i32> = (0..N as i32).collect();
+    let input: Vec<i32> = (0..NI).collect();
     let (a, b) = io_i32(sim, &input);
     if let Some(s) = sentinel {
         common::write(b, &common::i32_bytes(&vec![s; N]));
@@ -128,7 +132,7 @@ fn elf_single_dispatch_writes_the_pdi_device_address_and_runs() {
         let q = sim.queue();
         let (e, pdi, a, b, ctrl) = setup(&sim, None);
         let sig = sim.signal(1);
-        let args = [(a, N as u64 * 4), (b, N as u64 * 4)];
+        let args = [(a, NB), (b, NB)];
         q.submit(&[g2_bytes(&e.packet(&sim, ctrl, pdi, &args, sig))]);
         assert_eq!(q.errors(), vec![], "{profile}");
         assert_eq!(common::load_signal(sig), 0, "{profile}");
@@ -152,14 +156,14 @@ fn elf_repatch_one_control_code_buffer_gives_the_right_answer_every_time() {
         let q = sim.queue();
         let e = elf(&add_one());
         let pdi = sim.put(HEAP, &e.pdi);
-        let base = sim.alloc(HEAP, e.ctrl.len() + 2 * ALIGN as usize);
+        let base = sim.alloc(HEAP, e.ctrl.len() + 2 * ALIGN_BYTES);
         let ctrl = base.next_multiple_of(ALIGN);
         for round in 0..4 {
-            let input: Vec<i32> = (0..N as i32).map(|v| v + 1000 * round).collect();
+            let input: Vec<i32> = (0..NI).map(|v| v + 1000 * round).collect();
             let (a, b) = io_i32(&sim, &input);
             common::write(ctrl, &e.patched(&[a, b]));
             let sig = sim.signal(1);
-            let args = [(a, N as u64 * 4), (b, N as u64 * 4)];
+            let args = [(a, NB), (b, NB)];
             q.submit(&[g2_bytes(&e.packet(&sim, ctrl, pdi, &args, sig))]);
             assert_eq!(out(b), plus(a, 1), "{profile}, round {round}");
         }
@@ -179,10 +183,10 @@ fn elf_full_queue_dispatch_is_one_chain_of_64_and_has_no_pdi_ceiling() {
         for _ in 0..64 {
             // A PDI copy each: 64 distinct PDIs, past the PDI path's 32.
             let pdi = sim.put(HEAP, &e.pdi);
-            let input: Vec<i32> = (0..N as i32).collect();
+            let input: Vec<i32> = (0..NI).collect();
             let (a, b) = io_i32(&sim, &input);
             let ctrl = e.place(&sim, &[a, b], 0);
-            let args = [(a, N as u64 * 4), (b, N as u64 * 4)];
+            let args = [(a, NB), (b, NB)];
             packets.push(g2_bytes(&e.packet(&sim, ctrl, pdi, &args, sig)));
             pairs.push((a, b));
         }
@@ -211,9 +215,9 @@ fn mode_switch_alternating_batches_run_each_mode_on_one_queue() {
             let mut packets = Vec::new();
             let mut pairs = Vec::new();
             for _ in 0..2 {
-                let input: Vec<i32> = (0..N as i32).map(|v| v * 3).collect();
+                let input: Vec<i32> = (0..NI).map(|v| v * 3).collect();
                 let (a, b) = io_i32(&sim, &input);
-                let args = [(a, N as u64 * 4), (b, N as u64 * 4)];
+                let args = [(a, NB), (b, NB)];
                 packets.push(if full {
                     let ctrl = e.place(&sim, &[a, b], 0);
                     g2_bytes(&e.packet(&sim, ctrl, pdi, &args, sig))
@@ -243,17 +247,17 @@ fn elf_interleaved_kernels_run_each_against_its_own_control_code_and_pdi() {
         let q = sim.queue();
         let add = elf(&add_one());
         let add_pdi = sim.put(HEAP, &add.pdi);
-        let relu = elf(&EmuDesign::relu(N as u32, DType::I32));
+        let relu = elf(&EmuDesign::relu(256, DType::I32));
         let relu_pdi = sim.put(HEAP, &relu.pdi);
         let sig = sim.signal(8);
         let mut packets = Vec::new();
         let mut checks = Vec::new();
         for i in 0..4 {
-            let input: Vec<i32> = (0..N as i32).map(|v| v - 100 - i).collect();
+            let input: Vec<i32> = (0..NI).map(|v| v - 100 - i).collect();
             for (e, pdi, is_add) in [(&add, add_pdi, true), (&relu, relu_pdi, false)] {
                 let (a, b) = io_i32(&sim, &input);
                 let ctrl = e.place(&sim, &[a, b], 0);
-                let args = [(a, N as u64 * 4), (b, N as u64 * 4)];
+                let args = [(a, NB), (b, NB)];
                 packets.push(g2_bytes(&e.packet(&sim, ctrl, pdi, &args, sig)));
                 checks.push((a, b, is_add));
             }
@@ -280,7 +284,7 @@ fn elf_case(
 ) -> Case {
     Case::one(name, want, &[detail], move |sim| {
         let (e, pdi, a, b, ctrl) = setup(sim, Some(-7));
-        let args = [(a, N as u64 * 4), (b, N as u64 * 4)];
+        let args = [(a, NB), (b, NB)];
         g2_bytes(&make(sim, &e, ctrl, pdi, &args))
     })
 }
@@ -391,11 +395,11 @@ fn mixed_mode_batch_rejected_and_neither_packet_runs() {
         let q = sim.queue();
         let (e, pdi, a, b, ctrl) = setup(&sim, Some(-7));
         let loaded = sim.load(&add_one());
-        let (c, d) = io_i32(&sim, &(0..N as i32).collect::<Vec<_>>());
+        let (c, d) = io_i32(&sim, &(0..NI).collect::<Vec<_>>());
         common::write(d, &common::i32_bytes(&vec![-7; N]));
         let sig = sim.signal(2);
-        let args = [(a, N as u64 * 4), (b, N as u64 * 4)];
-        let pdi_args = [(c, N as u64 * 4), (d, N as u64 * 4)];
+        let args = [(a, NB), (b, NB)];
+        let pdi_args = [(c, NB), (d, NB)];
         q.submit(&[
             g2_bytes(&g2_packet(&sim, &Dispatch::new(loaded, &pdi_args, sig))),
             g2_bytes(&e.packet(&sim, ctrl, pdi, &args, sig)),
@@ -430,11 +434,10 @@ fn full_elf_needs_an_aie2p_agent() {
             profile,
             agent: NpuGen::Npu1,
             timeout: std::time::Duration::from_millis(100),
-            ..SimConfig::default()
         });
         let q = sim.queue();
         let (e, pdi, a, b, ctrl) = setup(&sim, Some(-7));
-        let args = [(a, N as u64 * 4), (b, N as u64 * 4)];
+        let args = [(a, NB), (b, NB)];
         q.submit(&[g2_bytes(&e.packet(&sim, ctrl, pdi, &args, sig0()))]);
         assert_eq!(
             q.errors(),

@@ -591,8 +591,8 @@ fn ctrl_slot(
     slot: usize,
     len: usize,
 ) -> Result<*mut u8, HsaError> {
-    let offset =
-        |a: &PoolAlloc| super::round_up(a.addr() as usize, CTRL_CODE_ALIGNMENT) - a.addr() as usize;
+    // The bytes from a buffer's start to its first 16 KiB boundary.
+    let offset = |a: &PoolAlloc| a.ptr().align_offset(CTRL_CODE_ALIGNMENT);
     if slots.len() <= slot {
         slots.resize_with(slot + 1, || None);
     }

@@ -287,11 +287,10 @@ impl Programs {
         let hash = hsaco_hash(&hsaco, &kernel);
         let bytes = hsaco.len() as u64;
         self.store(session, hash, bytes, name, || {
-            let full_elf = self
-                .g2_full_elf
-                .as_ref()
-                .map(|()| ())
-                .map_err(String::as_str);
+            let full_elf = match &self.g2_full_elf {
+                Ok(()) => Ok(()),
+                Err(why) => Err(why.as_str()),
+            };
             let summary = validate_hsaco(&hsaco, &kernel, max, device, runs, abi, full_elf)?;
             Ok((
                 Code::Hsaco {
