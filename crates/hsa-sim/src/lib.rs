@@ -80,7 +80,7 @@
 //! | G1a packet index ≥ 64 (ROCm 7.0 reads past the ring) | ROCR | §5.2 | `INVALID_PACKET_FORMAT` | — (wraps) | — (wraps) | — (wraps) | — (wraps) | — (wraps) |
 //! | write index more than 64 ahead of the read index | (ring overflow) | §5.2 | `INVALID_ARGUMENT` | same | same | same | same | same |
 //! | one batch's chain exceeds the 4 KiB chain buffer | amdxdna, unsplit by ROCR | §5.2, §7; hsaco §4 | `ERROR` past 4096 bytes at 52 + 4·(6+3N) per START_CU command (40 of N=2 fit) | same | `ERROR` past 4096 bytes at 52 + 4·(8+2N) per packet (40 of N=2, 31 of N=6 fit) | never: split into chains of 52 + 4·(6+2N) (44 of N=2 each) | never: split into chains of 52 + 4·(6+2N) (44 of N=2 each) | never: split into chains of 52 + 4·(6+2N) per `PdiInsts` command (44 of N=2), 60 bytes per `FullElf` (68) |
-//! | G2 `num_kernargs` > 0 with NULL `kernarg_address` | ROCR | §2.1; hsaco §4 | — | — | `INVALID_ARGUMENT` | `INVALID_PACKET_FORMAT`, after the PDI and instruction buffer resolve (`INVALID_ALLOCATION` first) | same | `INVALID_PACKET_FORMAT` |
+//! | G2 `num_kernargs` > 0 with NULL `kernarg_address` | ROCR | §2.1; hsaco §4 | — | — | `INVALID_ARGUMENT` | `INVALID_PACKET_FORMAT`, after the PDI and instruction buffer resolve (`INVALID_ALLOCATION` first) | `INVALID_ARGUMENT` (see the differences) | `INVALID_PACKET_FORMAT` |
 //! | completion signal handle not a live signal | ROCR | §5.3 | — (no signal) | `INVALID_SIGNAL` | `INVALID_SIGNAL` | `INVALID_SIGNAL` | `INVALID_SIGNAL` | `INVALID_SIGNAL` |
 //! | kernarg buffer (G2), insts, or an argument not a known AIE allocation (CPU pool, unknown, vmem without AIE access) or smaller than its declared size | ROCR `FindBOHandle` / `FindDriverMemoryHandle` | §4.1, §5.4 | `INVALID_ALLOCATION` | same | same | same | same | kernarg buffer or argument not an allocation: `INVALID_ALLOCATION`; an argument size past its allocation, or more arguments than the kernarg buffer holds: `INVALID_PACKET_FORMAT` |
 //! | `insts_size` zero or not a multiple of 4 (G1 counts dwords: only zero arises) | ROCR | §2.1, §5.4 | `INVALID_ARGUMENT` (*inferred*) | same (*inferred*) | same (*inferred*) | `INVALID_ARGUMENT` | `INVALID_ARGUMENT` | — (the loader refuses it) |
@@ -192,7 +192,9 @@
 //!   ROCm 7.0 reports everything; inferred).
 //! - The newest driver (hsaco §4) answers a NULL kernarg buffer with arguments, more
 //!   arguments than the kernarg buffer holds and an argument size past its allocation with
-//!   `INVALID_PACKET_FORMAT`; the emulator gives `INVALID_ARGUMENT` and `INVALID_ALLOCATION`.
+//!   `INVALID_PACKET_FORMAT`; the emulator gives `INVALID_ARGUMENT` and `INVALID_ALLOCATION`
+//!   (under `rocr-g2-2026-07`, a NULL kernarg buffer gives the driver's `INVALID_PACKET_FORMAT`
+//!   after the PDI and the instruction buffer resolve, in the driver's order).
 //! - The first G2 release may not resolve vmem mappings as kernel arguments (§4.2,
 //!   unconfirmed); under `rocr-g2-2026-05` the emulator accepts them, so IRON's vmem
 //!   sequence runs.

@@ -131,9 +131,11 @@ fn decode_g2(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError
     let mut args = Vec::with_capacity(n);
     if n > 0 {
         if p.kernarg_address == 0 {
-            if full_elf {
-                // These runtimes resolve the PDI and the instruction stream (or control code)
-                // before the kernargs (`BuildPdiInstsCommand`, `AddKernargBOs`).
+            if q.config.profile.loads_code_objects() {
+                // ROCR's driver resolves the PDI and the instruction stream (or control code)
+                // before the kernargs (`BuildPdiInstsCommand`, `AddKernargBOs`). Under the
+                // runtime with the AIE loader this order is what tells a kernel-object packet
+                // (no PDI) from one this runtime reads, as hsa-core's `auto` asks it to.
                 let mem = rt.memory();
                 kernel_buffer(&mem, "PDI", p.pdi_addr, 0)?;
                 kernel_buffer(&mem, "instruction buffer", p.insts_addr(), 0)?;

@@ -670,7 +670,7 @@ mod tests {
     }
 
     #[test]
-    fn an_hsaco_kernel_is_stored_once_and_full_elf_needs_code_objects() {
+    fn an_hsaco_kernel_is_stored_once_and_full_elf_needs_code_objects_or_g2_full_elf() {
         let d = EmuDesign::vector_scalar_add(1024, DType::I32, 1);
         let hsaco = d.to_hsaco(NpuGen::Npu2).unwrap();
         let p = store();
@@ -704,7 +704,17 @@ mod tests {
             .register_hsaco(1, full.clone(), String::new(), String::new())
             .unwrap_err();
         assert!(matches!(e, NpudError::FailedPrecondition(_)), "{e}");
-        assert!(e.message().contains("does not load code objects"), "{e}");
+        assert!(
+            e.message()
+                .contains("neither loads code objects nor takes G2 full-ELF packets"),
+            "{e}"
+        );
+        // A G2 runtime with full ELF takes it.
+        let g2 = store().with_g2_full_elf(Ok(()));
+        let r = g2
+            .register_hsaco(1, full.clone(), String::new(), String::new())
+            .unwrap();
+        assert_eq!(r.program.summary.kernel_kind, "FullElf");
         let ko = store().with_packet_abi(hsa_core::PacketAbi::KernelObject);
         let r = ko
             .register_hsaco(1, full, String::new(), String::new())
