@@ -268,6 +268,10 @@ impl Device {
         );
         let (g2_full_elf, g2_full_elf_source) =
             g2_full_elf(abi, &packet_abi_source, generation, opts.g2_full_elf);
+        tracing::info!(
+            g2_full_elf, how = %g2_full_elf_source,
+            "decided whether FullElf kernels run as G2 full-ELF packets"
+        );
         let mut opts = opts;
         opts.tensor_backing = probe.backing;
         let info = DeviceInfo {
