@@ -9,8 +9,13 @@
 //! | 1 | device heap (BO_DEV) | COARSE = 4 | 0 | 64 MiB | carved from the heap memfd, 32 KiB aligned |
 //! | 2 | data (BO_SHARE) | COARSE = 4 | page | total RAM | own memfd |
 //!
-//! The CPU agent has one system pool (KERNARG_INIT|FINE_GRAINED): memory from it is host
-//! memory the AIE driver does not know, so it is refused as a kernel argument.
+//! The CPU agent has two system pools, in ROCR's `CpuAgent::InitRegionList` order: a
+//! KERNARG_INIT|FINE_GRAINED pool (ROCR's fine-grained and kernarg regions in one), then a
+//! COARSE_GRAINED pool. ROCR adds the coarse pool on a CPU node that is not an APU node
+//! (`NumFComputeCores == 0`); on a Ryzen AI machine KFD lists the integrated GPU as a node of
+//! its own, so the CPU node has no compute cores and ROCR reports the coarse pool there too.
+//! Memory from either is host memory the AIE driver does not know, so it is refused as a
+//! kernel argument.
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -33,8 +38,10 @@ pub(crate) enum AgentKind {
 /// What a pool hands out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum PoolKind {
-    /// The CPU agent's system pool.
+    /// The CPU agent's fine-grained system pool (also KERNARG_INIT).
     System,
+    /// The CPU agent's coarse-grained system pool.
+    SystemCoarse,
     /// AIE pool 0: BO_SHARE with KERNARG_INIT.
     Kernarg,
     /// AIE pool 1: BO_DEV from the 64 MiB device heap.
@@ -46,21 +53,23 @@ pub(crate) enum PoolKind {
 impl PoolKind {
     /// Memory the AIE driver can resolve to a BO (kernel arguments, insts, kernargs).
     pub fn is_aie(self) -> bool {
-        !matches!(self, Self::System)
+        !matches!(self, Self::System | Self::SystemCoarse)
     }
 
     pub fn describe(self) -> &'static str {
         match self {
             Self::System => "the CPU agent's system pool",
+            Self::SystemCoarse => "the CPU agent's coarse-grained system pool",
             Self::Kernarg => "AIE pool 0 (kernarg, BO_SHARE)",
             Self::DeviceHeap => "AIE pool 1 (device heap, BO_DEV)",
             Self::Data => "AIE pool 2 (data, BO_SHARE)",
         }
     }
 
-    fn global_flags(self) -> u32 {
+    pub(crate) fn global_flags(self) -> u32 {
         match self {
             Self::System => global_flag::KERNARG_INIT | global_flag::FINE_GRAINED,
+            Self::SystemCoarse => global_flag::COARSE_GRAINED,
             Self::Kernarg => global_flag::KERNARG_INIT | global_flag::COARSE_GRAINED,
             Self::DeviceHeap | Self::Data => global_flag::COARSE_GRAINED,
         }
@@ -96,25 +105,21 @@ pub(crate) struct PoolDesc {
     pub owner: Agent,
 }
 
-/// The pools of a new runtime: the CPU's, then the AIE agent's three in ROCR's order.
+/// The pools of a new runtime: the CPU's two, then the AIE agent's three, in ROCR's order.
 pub(crate) fn make_pools(cpu: Agent, aie: Agent) -> Vec<PoolDesc> {
-    let mut v = vec![PoolDesc {
-        handle: MemoryPool {
-            handle: next_handle(),
-        },
-        kind: PoolKind::System,
-        owner: cpu,
-    }];
-    for kind in [PoolKind::Kernarg, PoolKind::DeviceHeap, PoolKind::Data] {
-        v.push(PoolDesc {
+    let cpu_pools = [PoolKind::System, PoolKind::SystemCoarse].map(|k| (k, cpu));
+    let aie_pools = [PoolKind::Kernarg, PoolKind::DeviceHeap, PoolKind::Data].map(|k| (k, aie));
+    cpu_pools
+        .into_iter()
+        .chain(aie_pools)
+        .map(|(kind, owner)| PoolDesc {
             handle: MemoryPool {
                 handle: next_handle(),
             },
             kind,
-            owner: aie,
-        });
-    }
-    v
+            owner,
+        })
+        .collect()
 }
 
 /// The system page size.

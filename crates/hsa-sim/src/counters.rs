@@ -32,7 +32,8 @@ pub struct Counters {
     /// `hsa_amd_portable_export_dmabuf` successes: always 0, since every profile refuses to
     /// export AIE memory that way (the field keeps the C layout).
     pub dmabufs_exported: u64,
-    /// Fds closed by `hsa_amd_portable_close_dmabuf`: always 0, as above.
+    /// Fds closed by `hsa_amd_portable_close_dmabuf` (vmem exports, which ROCR closes there
+    /// too; a negative fd closes nothing and is not counted).
     pub dmabufs_closed: u64,
     /// `hsa_amd_vmem_export_shareable_handle` successes. The caller closes these with
     /// `close(2)`, which the emulator cannot see, so they have no "destroyed" pair.
@@ -228,9 +229,10 @@ pub(crate) enum Counter {
     ReservationsFreed,
     MappingsCreated,
     MappingsDestroyed,
-    // 14 and 15 are `dmabufs_exported` and `dmabufs_closed`, which stay 0: no profile exports
-    // AIE memory through `hsa_amd_portable_export_dmabuf`.
-    ShareableHandlesExported = 16,
+    // 14 is `dmabufs_exported`, which stays 0: no profile exports AIE memory through
+    // `hsa_amd_portable_export_dmabuf`.
+    DmabufsClosed = 15,
+    ShareableHandlesExported,
     Doorbells,
     PacketsCompleted,
     PacketsFailed,

@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | passthrough | 0 → 1 | bytes copied (argument 2 is IRON's unused trace slot) |
 //! | vector_scalar_add | 0 → 1 | `out = in + scalar` |
+//! | vector_scalar_mul | 0 → 0 | `inout = inout * scalar`, in place |
 //! | vector_vector_add | 0, 1 → 2 | `c = a + b` |
 //! | vector_mul | 0, 1 → 2 | `c = a * b` |
 //! | relu | 0 → 1 | `max(x, 0)` (unsigned types unchanged) |
@@ -23,6 +24,7 @@ use npu_artifacts::emu::{DType, EmuDesign, EmuKernel};
 pub(crate) fn io(kernel: EmuKernel) -> (&'static [usize], Option<usize>) {
     match kernel {
         EmuKernel::Passthrough | EmuKernel::VectorScalarAdd | EmuKernel::Relu => (&[0], Some(1)),
+        EmuKernel::VectorScalarMul => (&[0], Some(0)),
         EmuKernel::VectorVectorAdd | EmuKernel::VectorMul | EmuKernel::Matmul => (&[0, 1], Some(2)),
         EmuKernel::Noop | EmuKernel::Fault | EmuKernel::Hang => (&[], None),
     }
@@ -260,6 +262,10 @@ pub(crate) fn run(design: &EmuDesign, inputs: &[Vec<u8>]) -> Result<Option<Vec<u
         EmuKernel::VectorScalarAdd => with_dtype!(d, T => {
             let s = T::from_scalar(design.scalar);
             unary::<T>(input(0), n, |x| x.add(s))
+        }),
+        EmuKernel::VectorScalarMul => with_dtype!(d, T => {
+            let s = T::from_scalar(design.scalar);
+            unary::<T>(input(0), n, |x| x.mul(s))
         }),
         EmuKernel::VectorVectorAdd => {
             with_dtype!(d, T => binary::<T>(input(0), input(1), n, Elem::add))

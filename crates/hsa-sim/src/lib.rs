@@ -47,7 +47,7 @@
 //!
 //! | | `rocm-7.0` | `rocr-late-2025` | `rocr-g2-2026-05` | `rocr-g2-2026-07` | `rocr-newest` | `kernel-object` |
 //! |---|---|---|---|---|---|---|
-//! | a failed batch | **silent**: no callback, no suspension, read index moved to the write index | **abort**: one line on stderr naming the profile, status and detail, then `abort()` | **abort** | queue suspended, error callback called with the status; with no callback, print and `abort()` (ROCR's default handler) | queue suspended, error callback called with the status; with no callback, print and `abort()` (ROCR's default handler) | as `rocr-newest`; a batch refused before submission retires nothing (read index at its first packet) |
+//! | a failed batch | **silent**: no callback, no suspension, read index moved to the write index | **abort**: one line on stderr naming the profile, status and detail, then `abort()` | **abort** | queue suspended, error callback called with the status; with no callback, print and `abort()` (ROCR's default handler); a batch refused before submission retires nothing (read index at its first packet; [`Profile::checks_whole_batch_first`]) | queue suspended, error callback called with the status; with no callback, print and `abort()` (ROCR's default handler); a batch refused before submission retires nothing (read index at its first packet; [`Profile::checks_whole_batch_first`]) | as `rocr-newest` |
 //!
 //! Every failure is kept in [`last_error`] (C: `hsa_sim_last_error`) and
 //! [`last_error_status`], logged with `tracing::warn!`, and counted in
@@ -98,12 +98,19 @@
 //! | `hsa_amd_vmem_import_shareable_handle` (no GPU agent) | ROCR (KFD only in 2025) | §4.3 | `INVALID_ALLOCATION` | `INVALID_ALLOCATION` | works (*inferred*) | works | works | works |
 //! | `hsa_amd_vmem_export_shareable_handle` of an AIE-pool handle | ROCR | hsaco §6, §4.2 | `ERROR` | `ERROR` | `ERROR` (unconfirmed: strict) | a memfd sealed against shrink and grow | a memfd sealed against shrink and grow | a memfd sealed against shrink and grow |
 //! | `hsa_amd_vmem_export_shareable_handle` of an imported handle | ROCR | hsaco §6 | `ERROR` | same | same | same | same | same |
-//! | vmem unmap while an agent still has access | ROCR (IRON's observation) | §4.2 | `ERROR` | same | same | same | same | same |
+//! | vmem unmap while an agent still has access | ROCR `VMemoryHandleUnmap` (removes the access itself, every release read) | ROCR suites (`test_memory.cc`) | works | works | works | works | works | works |
 //! | vmem address free while mappings remain | ROCR | §4.2 | `RESOURCE_FREE` | same | same | same | same | same |
 //! | vmem handle, reservation or mapping unknown | ROCR | §4.2 | `INVALID_ALLOCATION` | same | same | same | same | same |
 //! | `hsa_amd_portable_export_dmabuf` of AIE memory (pool allocation, or vmem mapping of an AIE handle: *inferred*) | ROCR | §4.3; hsaco §6 | `ERROR` (not implemented) | `ERROR` | `ERROR` | `ERROR` | `ERROR` | same |
 //! | `hsa_amd_portable_export_dmabuf` of CPU-pool memory / of no allocation | ROCR | §4.3 | `INVALID_AGENT` / `INVALID_ALLOCATION` | same | same | same | same | same |
 //! | `hsa_amd_portable_close_dmabuf(-1)` after a refused export | ROCR | hsaco §6 | `SUCCESS` | same | same | same | same | same |
+//! | `hsa_amd_portable_close_dmabuf` of an open fd (a vmem export) / of no open fd | ROCR `DmaBufClose` (`close(2)`) | ROCR suites (`test_memory.cc`) | closes it: `SUCCESS` / `RESOURCE_FREE` | same | same | same | same | same |
+//! | `hsa_amd_agent_memory_pool_get_info` `ACCESS` | ROCR `GetAgentPoolInfo` | ROCR suites | owner or CPU: ALLOWED_BY_DEFAULT; AIE asking about a CPU pool: DISALLOWED_BY_DEFAULT | same | same | same | same | same |
+//! | `hsa_amd_memory_lock_to_pool` with a pool not the CPU's / naming the AIE agent | ROCR | ROCR suites | `INVALID_MEMORY_POOL` / `INVALID_AGENT` | same | same | same | same | same |
+//! | `hsa_amd_memory_pool_can_migrate` | ROCR `CanMigrate` (not implemented) | ROCR suites | `OUT_OF_RESOURCES`, `false` | same | same | same | same | same |
+//! | `hsa_amd_interop_map_buffer` | ROCR (KFD GPU nodes only) | §4.3 | `ERROR` | same | same | same | same | same |
+//! | `hsa_amd_pointer_info` of AIE pool memory | ROCR `PtrInfo` | ROCR suites (`test_memory.cc`) | `UNKNOWN` (KFD's thunk) | same | same (*inferred*) | `HSA`, owner the AIE agent (*inferred*) | `HSA`, owner the AIE agent (*inferred*) | `HSA`, owner the AIE agent |
+//! | a G2 batch with a packet the runtime refuses (decoding, unknown buffer, 33rd PDI) | ROCR builds the batch before submitting | ROCR suites (`PdiCacheRolledBackOnFailedBatch`) | — | — | packets before it run | nothing runs; signals keep their counts | nothing runs; signals keep their counts | nothing runs |
 //! | `hsa_amd_agents_allow_access` or `hsa_amd_memory_lock` naming the AIE agent | ROCR | §4.1, §4.3 | `INVALID_AGENT` | same | same | same | same | same |
 //! | device-heap allocation > 64 MiB / heap full | ROCR | §4.1 | `INVALID_ALLOCATION` / `OUT_OF_RESOURCES` | same | same | same | same | same |
 //!
@@ -176,6 +183,13 @@
 //! rebuilt when the kind changed, a PDI was added or more columns are needed, so it grows
 //! within a mode and is sized afresh on a switch ([`Counters::hw_context_builds`],
 //! [`Counters::hw_context_mode_switches`], [`Counters::hw_context_columns`]).
+//!
+//! # ROCR's own AIE suites
+//!
+//! `tests/rocr_suite_*.rs` mirror ROCR's four AIE gtest suites (`rocrtst/suites/aie/`:
+//! `test_memory.cc`, `test_dispatch.cc`, `dispatch.cc`, `error_callback_test.cc`) one test per
+//! suite test, under every profile the suite's era fits; the crate README has the counts and
+//! what is left out.
 //!
 //! # Where the emulator differs from ROCR
 //!

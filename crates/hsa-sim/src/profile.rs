@@ -305,6 +305,33 @@ impl Profile {
             Self::RocrG2Jul2026 | Self::RocrNewest | Self::KernelObject
         )
     }
+
+    /// Whether `hsa_amd_pointer_info` knows AIE pool memory: ROCR's own AIE memory test
+    /// (`test_memory.cc`, `PointerInfo`) shows the runtime asking the allocation's driver, so
+    /// an AIE allocation is `HSA_EXT_POINTER_TYPE_HSA` owned by the AIE agent, in the
+    /// kernel-object era and, *inferred*, the newest G2 release. ROCm 7.0's `Runtime::PtrInfo`
+    /// asks KFD's thunk only, which does not know XDNA buffers (`UNKNOWN`); the first G2
+    /// release is taken to do the same.
+    pub const fn pointer_info_knows_aie_memory(self) -> bool {
+        matches!(
+            self,
+            Self::RocrG2Jul2026 | Self::RocrNewest | Self::KernelObject
+        )
+    }
+
+    /// Whether a doorbell checks every packet of its batch before any runs, so that a packet
+    /// the runtime refuses (a malformed packet, an unknown buffer, a 33rd PDI, a dead signal)
+    /// fails the whole batch with nothing retired. The newest ROCR builds the whole command
+    /// list first and submits only then (ROCR's own AIE suites, `PdiCacheRolledBackOnFailedBatch`:
+    /// "neither packet runs, so the signal keeps both of its counts"); the kernel-object
+    /// runtime does the same. Older releases submit packet by packet. Device failures (a
+    /// fault, a hang, a wrong generation) still retire the packets ahead of them.
+    pub const fn checks_whole_batch_first(self) -> bool {
+        matches!(
+            self,
+            Self::RocrG2Jul2026 | Self::RocrNewest | Self::KernelObject
+        )
+    }
 }
 
 impl fmt::Display for Profile {

@@ -169,6 +169,88 @@ impl ParsedPrograms {
     }
 }
 
+/// The runtime's checks of one command, before the driver sees it: the instruction buffer, its
+/// size, every argument and the PDI resolve to allocations the runtime knows. Returns the
+/// instruction buffer, the bytes each argument may use, and the PDI.
+fn runtime_checks(mem: &Memory, cmd: &Command) -> Result<(Resolved, Vec<u64>, Resolved), SimError> {
+    // The instruction buffer must resolve to a BO before its size is looked at: a
+    // kernel-object packet (words 20/24 a host descriptor, word 40 reserved 0) on a G2 runtime
+    // fails as an unknown allocation (`rocr-aie-hsaco.md` §1).
+    let insts = kernel_buffer(mem, "instruction buffer", cmd.insts, cmd.insts_size)?;
+    if cmd.insts_size == 0 || !cmd.insts_size.is_multiple_of(4) {
+        return Err(SimError::new(
+            Status::ERROR_INVALID_ARGUMENT,
+            format!(
+                "insts_size {} is not a non-zero multiple of 4 bytes",
+                cmd.insts_size
+            ),
+        ));
+    }
+    let avail = arg_room(mem, cmd)?;
+    let pdi = mem.resolve(cmd.pdi).ok_or_else(|| {
+        invalid_allocation(format!(
+            "PDI at {:#x} is not an allocation the runtime knows",
+            cmd.pdi
+        ))
+    })?;
+    Ok((insts, avail, pdi))
+}
+
+/// Every argument resolves to an allocation the runtime knows; the bytes each may use.
+fn arg_room(mem: &Memory, cmd: &Command) -> Result<Vec<u64>, SimError> {
+    let mut avail = Vec::with_capacity(cmd.args.len());
+    for (i, &(addr, size)) in cmd.args.iter().enumerate() {
+        let r = kernel_buffer(mem, format_args!("argument {i}"), addr, size)?;
+        // A size of 0 means "the caller synchronises this range": the whole rest is usable.
+        avail.push(if size == 0 { r.remaining(addr) } else { size });
+    }
+    Ok(avail)
+}
+
+/// The PDI limit: `pdi` may join a queue holding `pdis` unless it is a 33rd.
+fn pdi_slot(pdis: &[u64], pdi: u64) -> Result<(), SimError> {
+    if !pdis.contains(&pdi) && pdis.len() >= MAX_PDIS_PER_QUEUE {
+        return Err(SimError::new(
+            Status::ERROR_OUT_OF_RESOURCES,
+            format!(
+                "PDI at {pdi:#x} would be the {}th distinct PDI on this queue; a queue holds at \
+                 most {MAX_PDIS_PER_QUEUE} (the CU mask has 32 bits)",
+                MAX_PDIS_PER_QUEUE + 1
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The runtime's checks of a whole batch, before any of it runs
+/// ([`crate::Profile::checks_whole_batch_first`]): each command's buffers resolve, and the
+/// batch's new PDIs fit the queue's 32.
+///
+/// # Errors
+/// The first command's failure, with its index in `cmds`.
+pub(crate) fn check_batch(
+    rt: &Runtime,
+    state: &QueueState,
+    cmds: &[Command],
+) -> Result<(), (usize, SimError)> {
+    let mem = rt.memory();
+    let mut pdis = state.pdis.clone();
+    for (i, cmd) in cmds.iter().enumerate() {
+        if cmd.pdi_patch_offset != 0 {
+            // A full-ELF command takes no compute-unit slot.
+            crate::dispatch::full_elf::check(&mem, cmd).map_err(|e| (i, e))?;
+            arg_room(&mem, cmd).map_err(|e| (i, e))?;
+            continue;
+        }
+        runtime_checks(&mem, cmd).map_err(|e| (i, e))?;
+        pdi_slot(&pdis, cmd.pdi).map_err(|e| (i, e))?;
+        if !pdis.contains(&cmd.pdi) {
+            pdis.push(cmd.pdi);
+        }
+    }
+    Ok(())
+}
+
 /// Checks `cmd` and runs its kernel.
 ///
 /// # Errors
@@ -181,55 +263,13 @@ pub(crate) fn execute(
 ) -> Result<(), SimError> {
     if cmd.pdi_patch_offset != 0 {
         crate::dispatch::full_elf::prepare(rt, cmd)?;
-        let avail = {
-            let mem = rt.memory();
-            let mut avail = Vec::with_capacity(cmd.args.len());
-            for (i, &(addr, size)) in cmd.args.iter().enumerate() {
-                let r = kernel_buffer(&mem, format_args!("argument {i}"), addr, size)?;
-                avail.push(if size == 0 { r.remaining(addr) } else { size });
-            }
-            avail
-        };
+        let avail = arg_room(&rt.memory(), cmd)?;
         return crate::dispatch::full_elf::run(rt, q, cmd, &avail);
     }
-    // The instruction buffer must resolve to a BO before its size is looked at: a
-    // kernel-object packet (words 20/24 a host descriptor, word 40 reserved 0) on a G2 runtime
-    // fails as an unknown allocation (`rocr-aie-hsaco.md` §1).
     let mem = rt.memory();
-    let insts = kernel_buffer(&mem, "instruction buffer", cmd.insts, cmd.insts_size)?;
-    if cmd.insts_size == 0 || !cmd.insts_size.is_multiple_of(4) {
-        return Err(SimError::new(
-            Status::ERROR_INVALID_ARGUMENT,
-            format!(
-                "insts_size {} is not a non-zero multiple of 4 bytes",
-                cmd.insts_size
-            ),
-        ));
-    }
-    let mut avail = Vec::with_capacity(cmd.args.len());
-    for (i, &(addr, size)) in cmd.args.iter().enumerate() {
-        let r = kernel_buffer(&mem, format_args!("argument {i}"), addr, size)?;
-        // A size of 0 means "the caller synchronises this range": the whole rest is usable.
-        avail.push(if size == 0 { r.remaining(addr) } else { size });
-    }
-    let pdi = mem.resolve(cmd.pdi).ok_or_else(|| {
-        invalid_allocation(format!(
-            "PDI at {:#x} is not an allocation the runtime knows",
-            cmd.pdi
-        ))
-    })?;
+    let (insts, avail, pdi) = runtime_checks(&mem, cmd)?;
     if !state.pdis.contains(&cmd.pdi) {
-        if state.pdis.len() >= MAX_PDIS_PER_QUEUE {
-            return Err(SimError::new(
-                Status::ERROR_OUT_OF_RESOURCES,
-                format!(
-                    "PDI at {:#x} would be the {}th distinct PDI on this queue; a queue holds at \
-                     most {MAX_PDIS_PER_QUEUE} (the CU mask has 32 bits)",
-                    cmd.pdi,
-                    MAX_PDIS_PER_QUEUE + 1
-                ),
-            ));
-        }
+        pdi_slot(&state.pdis, cmd.pdi)?;
         if pdi.owner != Owner::Pool(PoolKind::DeviceHeap) {
             return Err(device_error(format!(
                 "aie2_config_cu: Invalid BO type: PDI at {:#x} is not in the device heap (it is \

@@ -42,8 +42,9 @@ const IRON: [&str; 24] = [
     "hsa_signal_wait_scacquire",
 ];
 
-/// Other entry points the emulator exports.
-const EXTRA: [&str; 18] = [
+/// Other entry points the emulator exports. The last five are the `hsa_ext_amd.h` entry points
+/// ROCR's AIE memory suite binds (`test_memory.cc`): a program that links them must load.
+const EXTRA: [&str; 23] = [
     "hsa_sim_last_error",
     "hsa_sim_counters",
     "hsa_signal_load_relaxed",
@@ -62,6 +63,11 @@ const EXTRA: [&str; 18] = [
     "hsa_memory_free",
     "hsa_amd_memory_lock",
     "hsa_amd_memory_unlock",
+    "hsa_amd_agent_memory_pool_get_info",
+    "hsa_amd_memory_lock_to_pool",
+    "hsa_amd_pointer_info",
+    "hsa_amd_memory_pool_can_migrate",
+    "hsa_amd_interop_map_buffer",
 ];
 
 fn open() -> libloading::Library {
@@ -215,5 +221,156 @@ fn a_dispatch_through_the_loaded_library_runs_and_errors_read_back_through_c() {
         // Exit with the queue and buffers live, as IRON does; balance only the init.
         assert_eq!((f.shut_down)(), Status::SUCCESS);
         assert_eq!((f.shut_down)(), Status::ERROR_NOT_INITIALIZED);
+    }
+}
+
+/// The calls ROCR's AIE memory suite makes where the emulator used to differ from ROCR, made
+/// through symbols resolved from the loaded library as a C program makes them (default profile,
+/// `rocr-newest`): vmem unmap with access still granted, closing an exported fd, the five
+/// `hsa_ext_amd.h` entry points, and the CPU agent's coarse pool.
+#[test]
+fn the_memory_suites_calls_answer_as_rocr_through_the_loaded_library() {
+    use hsa_core::sys::{AccessDesc, AccessPermission, MemoryType, VmemHandle, global_flag};
+    use std::ffi::c_int;
+    type PoolCb = unsafe extern "C" fn(MemoryPool, *mut c_void) -> Status;
+    let lib = open();
+    // SAFETY: (whole test) every symbol is this crate's function of the C name's signature;
+    // out-pointers are live locals; addresses and handles come from the library.
+    unsafe {
+        macro_rules! sym {
+            ($name:literal: $ty:ty) => {
+                *lib.get::<$ty>($name.as_bytes()).expect($name)
+            };
+        }
+        let init = sym!("hsa_init": unsafe extern "C" fn() -> Status);
+        let shut_down = sym!("hsa_shut_down": unsafe extern "C" fn() -> Status);
+        let iterate_agents = sym!("hsa_iterate_agents": unsafe extern "C" fn(Option<unsafe extern "C" fn(Agent, *mut c_void) -> Status>, *mut c_void) -> Status);
+        let iterate_pools = sym!("hsa_amd_agent_iterate_memory_pools": unsafe extern "C" fn(Agent, Option<PoolCb>, *mut c_void) -> Status);
+        let pool_info = sym!("hsa_amd_memory_pool_get_info": unsafe extern "C" fn(MemoryPool, PoolInfo, *mut c_void) -> Status);
+        let allocate = sym!("hsa_amd_memory_pool_allocate": unsafe extern "C" fn(MemoryPool, usize, u32, *mut *mut c_void) -> Status);
+        let handle_create = sym!("hsa_amd_vmem_handle_create": unsafe extern "C" fn(MemoryPool, usize, MemoryType, u64, *mut VmemHandle) -> Status);
+        let reserve = sym!("hsa_amd_vmem_address_reserve_align": unsafe extern "C" fn(*mut *mut c_void, usize, u64, u64, u64) -> Status);
+        let map = sym!("hsa_amd_vmem_map": unsafe extern "C" fn(*mut c_void, usize, usize, VmemHandle, u64) -> Status);
+        let set_access = sym!("hsa_amd_vmem_set_access": unsafe extern "C" fn(*mut c_void, usize, *const AccessDesc, usize) -> Status);
+        let unmap = sym!("hsa_amd_vmem_unmap": unsafe extern "C" fn(*mut c_void, usize) -> Status);
+        let export = sym!("hsa_amd_vmem_export_shareable_handle": unsafe extern "C" fn(*mut c_int, VmemHandle, u64) -> Status);
+        let close_dmabuf =
+            sym!("hsa_amd_portable_close_dmabuf": unsafe extern "C" fn(c_int) -> Status);
+        let agent_pool_info = sym!("hsa_amd_agent_memory_pool_get_info": unsafe extern "C" fn(Agent, MemoryPool, u32, *mut c_void) -> Status);
+        let can_migrate = sym!("hsa_amd_memory_pool_can_migrate": unsafe extern "C" fn(MemoryPool, MemoryPool, *mut bool) -> Status);
+        let lock_to_pool = sym!("hsa_amd_memory_lock_to_pool": unsafe extern "C" fn(*mut c_void, usize, *const Agent, c_int, MemoryPool, u32, *mut *mut c_void) -> Status);
+        let pointer_info = sym!("hsa_amd_pointer_info": unsafe extern "C" fn(*const c_void, *mut [u8; 56], *const c_void, *mut u32, *mut *mut Agent) -> Status);
+        let interop_map = sym!("hsa_amd_interop_map_buffer": unsafe extern "C" fn(u32, *const Agent, c_int, u32, *mut usize, *mut *mut c_void, *mut usize, *mut *const c_void) -> Status);
+
+        assert_eq!(init(), Status::SUCCESS);
+        let mut agents: Vec<Agent> = Vec::new();
+        iterate_agents(Some(push::<Agent>), (&raw mut agents).cast());
+        let (cpu, aie) = (agents[0], agents[1]);
+        let pools_of = |a| {
+            let mut v: Vec<MemoryPool> = Vec::new();
+            iterate_pools(a, Some(push::<MemoryPool>), (&raw mut v).cast());
+            v
+        };
+        let flags = |p| {
+            let mut v = 0u32;
+            pool_info(p, PoolInfo::GLOBAL_FLAGS, (&raw mut v).cast());
+            v
+        };
+        // D4: the CPU agent's coarse pool.
+        let cpu_coarse = *pools_of(cpu)
+            .iter()
+            .find(|&&p| flags(p) & global_flag::COARSE_GRAINED != 0)
+            .expect("the CPU agent has a coarse-grained pool");
+        let aie_pool = pools_of(aie)[0];
+
+        // D1: unmap with CPU and AIE access still granted.
+        let size = 4096;
+        let mut h = VmemHandle::default();
+        assert_eq!(
+            handle_create(aie_pool, size, MemoryType::PINNED, 0, &mut h),
+            Status::SUCCESS
+        );
+        let mut va: *mut c_void = std::ptr::null_mut();
+        assert_eq!(reserve(&mut va, size, 0, 0, 1), Status::SUCCESS);
+        assert_eq!(map(va, size, 0, h, 0), Status::SUCCESS);
+        let rw = [cpu, aie].map(|a| AccessDesc {
+            permissions: AccessPermission::RW,
+            agent_handle: a,
+        });
+        assert_eq!(set_access(va, size, rw.as_ptr(), 2), Status::SUCCESS);
+        assert_eq!(unmap(va, size), Status::SUCCESS);
+
+        // D2: the exported fd is closed by hsa_amd_portable_close_dmabuf.
+        let mut fd: c_int = -1;
+        assert_eq!(export(&mut fd, h, 0), Status::SUCCESS);
+        assert_eq!(close_dmabuf(fd), Status::SUCCESS);
+        assert_eq!(libc::fcntl(fd, libc::F_GETFD), -1, "fd {fd} is still open");
+
+        // D3: the five entry points.
+        let mut access = u32::MAX;
+        assert_eq!(
+            agent_pool_info(aie, aie_pool, 0, (&raw mut access).cast()),
+            Status::SUCCESS
+        );
+        assert_eq!(access, 1, "ALLOWED_BY_DEFAULT");
+        let mut migrate = true;
+        assert_eq!(
+            can_migrate(aie_pool, cpu_coarse, &mut migrate),
+            Status::ERROR_OUT_OF_RESOURCES
+        );
+        assert!(!migrate);
+        let mut host = vec![0u8; 4096];
+        let mut out: *mut c_void = std::ptr::null_mut();
+        assert_ne!(
+            lock_to_pool(
+                host.as_mut_ptr().cast(),
+                4096,
+                &aie,
+                1,
+                aie_pool,
+                0,
+                &mut out
+            ),
+            Status::SUCCESS
+        );
+        let mut p: *mut c_void = std::ptr::null_mut();
+        assert_eq!(allocate(aie_pool, 4096, 0, &mut p), Status::SUCCESS);
+        let mut info = [0u8; 56];
+        info[..4].copy_from_slice(&56u32.to_le_bytes());
+        assert_eq!(
+            pointer_info(
+                p,
+                &mut info,
+                std::ptr::null(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            ),
+            Status::SUCCESS
+        );
+        assert_eq!(
+            u32::from_le_bytes(info[4..8].try_into().unwrap()),
+            1,
+            "HSA_EXT_POINTER_TYPE_HSA"
+        );
+        assert_eq!(
+            u64::from_le_bytes(info[40..48].try_into().unwrap()),
+            aie.handle,
+            "owner"
+        );
+        let (mut sz, mut ptr) = (0usize, std::ptr::null_mut());
+        assert_eq!(
+            interop_map(
+                1,
+                &aie,
+                3,
+                0,
+                &mut sz,
+                &mut ptr,
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            ),
+            Status::ERROR
+        );
+        assert_eq!(shut_down(), Status::SUCCESS);
     }
 }

@@ -506,6 +506,89 @@ fn vector_scalar_add_runs_from_pdi_insts_and_from_a_full_elf() {
     }
 }
 
+/// A full ELF hsaco of `d` in ELF ABI version `abi` whose input site carries `addend`: ABI 0 (what aiecc writes) keeps the scheme in
+/// `ELF32_R_TYPE` and the addend in `r_addend`, ABI 1 packs both into `r_addend`.
+fn full_elf_with_addend(d: &EmuDesign, abi: u8, addend: u32) -> Vec<u8> {
+    use npu_artifacts::emu::{EMU_CTRL_ARG_SITES, EMU_CTRL_MAGIC, EMU_CTRL_PDI_SITE};
+    use npu_artifacts::hsaco::{ElfKernelSpec, FullElfBuilder};
+    let mut ctrl = EMU_CTRL_MAGIC.to_vec();
+    ctrl.resize(
+        EMU_CTRL_ARG_SITES as usize + 12 * usize::from(d.num_args),
+        0,
+    );
+    let elf = FullElfBuilder {
+        kernels: vec![ElfKernelSpec {
+            kernel: d.kernel.name().to_owned(),
+            instance: "sequence".to_owned(),
+            ctrl_code: ctrl,
+            pdi_sites: vec![(EMU_CTRL_PDI_SITE, ".pdi".to_owned())],
+            arg_sites: (0..u16::from(d.num_args))
+                .map(|i| {
+                    (
+                        EMU_CTRL_ARG_SITES + 12 * u32::from(i),
+                        i,
+                        if i == 0 { addend } else { 0 },
+                    )
+                })
+                .collect(),
+        }],
+        pdis: vec![(".pdi".to_owned(), d.to_pdi())],
+        columns: Some(1),
+        abi_version: abi,
+    }
+    .build();
+    HsacoBuilder::new()
+        .full_elf(&elf, None)
+        .unwrap()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn full_elf_relocations_of_both_elf_abi_versions_load_and_patch() {
+    let sim = ko_sim();
+    let d = EmuDesign::vector_scalar_add(1024, DType::I32, 1);
+    // The relocation reader gives the same sites, addend included, in either encoding.
+    let sites = |abi| {
+        let bytes = full_elf_with_addend(&d, abi, 16);
+        let h = Hsaco::parse(&bytes).unwrap();
+        let k = h
+            .section(NpuGen::Npu2)
+            .unwrap()
+            .kernel("vector_scalar_add:sequence")
+            .unwrap();
+        k.full_elf.as_ref().unwrap().sites.clone()
+    };
+    let (v0, v1) = (sites(0), sites(1));
+    assert_eq!(v0, v1);
+    assert_eq!(v0.iter().map(|s| s.addend).max(), Some(16));
+    // The emulated designs' own full ELFs load and run in either version.
+    for abi in [0u8, 1] {
+        let bytes = d.to_full_elf_hsaco_abi(abi).unwrap();
+        let l = Loaded::new(&sim, &bytes);
+        let input: Vec<i32> = (0..1024).collect();
+        let (a, o) = io_i32(&sim, &input);
+        let sig = sim.signal(1);
+        let q = sim.queue();
+        q.submit(&[ko_packet(
+            &sim,
+            l.kernel_object("vector_scalar_add:sequence"),
+            &[(a, 4096), (o, 4096)],
+            sig,
+        )]);
+        assert_eq!(
+            wait_eq(sig, 0, 1_000_000_000),
+            0,
+            "ABI {abi}: {:?}",
+            last_error()
+        );
+        let want: Vec<i32> = (1..=1024).collect();
+        assert!(bytes_i32(&read(o, 4096)) == want, "ABI {abi}: wrong output");
+        drop(q);
+        l.destroy();
+    }
+}
+
 #[test]
 fn a_chain_of_100_runs_in_chains_of_44() {
     let sim = ko_sim();

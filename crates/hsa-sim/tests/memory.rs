@@ -220,9 +220,9 @@ fn portable_dmabuf_export_of_aie_memory_fails_on_every_profile() {
             assert_eq!(st, Status::SUCCESS);
             sim.free(p);
         }
-        // An fd the emulator did not hand out is left alone.
-        // SAFETY: the call only looks the number up.
-        let st = unsafe { hsa_amd_portable_close_dmabuf(0) };
+        // ROCR closes whatever fd it is given; a number no fd has fails as `close` does.
+        // SAFETY: no descriptor has this number, so nothing is closed.
+        let st = unsafe { hsa_amd_portable_close_dmabuf(c_int::MAX) };
         assert_eq!(st, Status::ERROR_RESOURCE_FREE);
         // SAFETY: an address that is no allocation.
         let st =

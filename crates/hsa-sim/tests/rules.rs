@@ -180,29 +180,55 @@ fn thirty_three_pdis(sim: &Sim, sig: hsa_core::sys::Signal) -> Vec<[u8; 64]> {
         .collect()
 }
 
+fn thirty_three_pdis_case(failing_at: u64) -> Case {
+    Case::new(
+        "33 PDIs",
+        Status::ERROR_OUT_OF_RESOURCES,
+        &["at most 32"],
+        |sim| thirty_three_pdis(sim, sim.signal(33)),
+    )
+    .failing_at(failing_at)
+}
+
+/// Where the runtime submits packet by packet, the 32 packets ahead of the 33rd PDI run.
 #[test]
 fn a_33rd_distinct_pdi_is_out_of_resources_and_earlier_packets_retire() {
+    let by_packet: Vec<Profile> = ALL
+        .into_iter()
+        .filter(|p| !p.checks_whole_batch_first())
+        .collect();
     fails_on(
         "a_33rd_distinct_pdi_is_out_of_resources_and_earlier_packets_retire",
-        &ALL,
-        &[Case::new(
-            "33 PDIs",
-            Status::ERROR_OUT_OF_RESOURCES,
-            &["at most 32"],
-            |sim| thirty_three_pdis(sim, sim.signal(33)),
-        )
-        .failing_at(32)],
+        &by_packet,
+        &[thirty_three_pdis_case(32)],
     );
-    let sim = Sim::new(Profile::RocrNewest);
-    let sig = sim.signal(33);
-    let q = sim.queue();
-    q.submit(&thirty_three_pdis(&sim, sig));
-    assert_eq!(
-        q.read_index(),
-        32,
-        "the 32 packets before the failing one retired"
+}
+
+/// The newest runtime builds the whole batch before it submits any: the 33rd PDI fails the
+/// batch while it is built, so none of the 32 packets ahead of it runs and the signal keeps
+/// every count (as ROCR's AIE suites expect of a refused batch, `PdiCacheRolledBackOnFailedBatch`).
+#[test]
+fn a_33rd_distinct_pdi_fails_the_whole_batch_where_the_runtime_checks_it_first() {
+    let whole: Vec<Profile> = ALL
+        .into_iter()
+        .filter(|p| p.checks_whole_batch_first())
+        .collect();
+    assert!(!whole.is_empty());
+    fails_on(
+        "a_33rd_distinct_pdi_fails_the_whole_batch_where_the_runtime_checks_it_first",
+        &whole,
+        &[thirty_three_pdis_case(0)],
     );
-    assert_eq!(load_signal(sig), 1, "and fired their signals");
+    for profile in whole {
+        let sim = Sim::new(profile);
+        let sig = sim.signal(33);
+        let q = sim.queue();
+        let before = counters();
+        q.submit(&thirty_three_pdis(&sim, sig));
+        assert_eq!(q.read_index(), 0, "{profile}: nothing retired");
+        assert_eq!(load_signal(sig), 33, "{profile}: and no signal fired");
+        assert_eq!(counters().since(&before).packets_completed, 0, "{profile}");
+    }
 }
 
 fn other_generation(sim: &Sim) -> [u8; 64] {

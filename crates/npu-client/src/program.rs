@@ -354,6 +354,8 @@ impl Program {
         };
         match d.kernel {
             EmuKernel::Noop => usize::from(d.num_args),
+            // One buffer, read and written in place.
+            EmuKernel::VectorScalarMul => 0,
             EmuKernel::VectorVectorAdd | EmuKernel::VectorMul | EmuKernel::Matmul => 2,
             EmuKernel::Passthrough
             | EmuKernel::VectorScalarAdd

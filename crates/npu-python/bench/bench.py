@@ -9,9 +9,11 @@ design (the emulator's ``noop``: three 4 KiB buffers, no device work) on tensors
 - pipelined dispatch, time per dispatch with DEPTH in flight: the package and the Rust client.
 
 Then the ratios the goals are stated in: Python unary p50 <= 1.3x Rust's; Python pipelined per
-dispatch <= 2x Rust's. ``--rounds`` measures the rows that many times, alternating Rust and
-Python, and reports each round's ratios and their median (a loaded machine moves single
-rounds). Build everything in release first (``--bin`` names one binary, so npud's are built by
+dispatch <= 2x Rust's. This machine's speed moves between minutes, so the two sides are measured
+side by side: the Rust client runs as one long-lived process answering a command at a time, and
+each of ``--rounds`` rounds splits its rows into ``--slices`` slices, Rust and Python taking turns
+(who goes first alternates). A slice's ratio compares rows measured seconds apart; a round's
+ratio is the median of its slices'; the report gives each round's and their median. Build everything in release first (``--bin`` names one binary, so npud's are built by
 their own command)::
 
     cargo build --release -p npud --bins
@@ -55,24 +57,55 @@ def unary(call, n: int) -> dict[str, int]:
             "unary_p99_ns": pct(lat, 0.99)}
 
 
-def python_rows(address: str, n: int, piped: int, depth: int) -> dict[str, int]:
-    c = npud.Client(address)
-    p = npud.Program.emulated("noop", 4096, generation=c.generation)
-    t = [c.alloc(4096, np.uint8) for _ in range(3)]
-    out = unary(lambda: c.dispatch(p, *t), n)
-    pl = c.pipeline(depth)
-    for _ in range(depth * 2):
-        pl.submit(p, *t)
-    pl.finish()
-    t0 = time.perf_counter_ns()
-    for _ in range(piped):
-        pl.submit(p, *t)
-    done = pl.finish()
-    total = time.perf_counter_ns() - t0
-    assert len(done) == piped and all(d.error is None for d in done)
-    out["pipelined_ns_per_dispatch"] = total // piped
-    c.close()
-    return out
+class PythonRows:
+    """The Python side: one client, three tensors and one pipeline, kept across slices."""
+
+    def __init__(self, address: str, depth: int):
+        self.c = npud.Client(address)
+        self.p = npud.Program.emulated("noop", 4096, generation=self.c.generation)
+        self.t = [self.c.alloc(4096, np.uint8) for _ in range(3)]
+        self.pl = self.c.pipeline(depth)
+        self.pipelined(depth * 2)
+
+    def unary(self, n: int) -> dict[str, int]:
+        return unary(lambda: self.c.dispatch(self.p, *self.t), n)
+
+    def pipelined(self, n: int) -> dict[str, int]:
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            self.pl.submit(self.p, *self.t)
+        done = self.pl.finish()
+        total = time.perf_counter_ns() - t0
+        assert len(done) == n and all(d.error is None for d in done)
+        return {"pipelined_ns_per_dispatch": total // n}
+
+    def close(self) -> None:
+        self.c.close()
+
+
+class RustRows:
+    """The Rust side: ``npud-python-bench``, one command a line, one JSON line back."""
+
+    def __init__(self, binary: pathlib.Path, address: str, depth: int):
+        self.proc = subprocess.Popen([str(binary), address, str(depth)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+
+    def ask(self, line: str) -> dict[str, int]:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        out = self.proc.stdout.readline()
+        if not out:
+            raise RuntimeError(f"npud-python-bench ended (exit {self.proc.wait(10)}) on {line!r}")
+        return json.loads(out)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        if self.proc.wait(60) != 0:
+            raise RuntimeError(f"npud-python-bench exited {self.proc.returncode}")
+
+
+def median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
 
 
 def grpcio_rows(address: str, n: int) -> dict[str, int]:
@@ -99,26 +132,44 @@ def main() -> int:
     ap.add_argument("--iterations", type=int, default=5000, help="unary dispatches per row")
     ap.add_argument("--pipelined", type=int, default=20000, help="dispatches in pipelined rows")
     ap.add_argument("--depth", type=int, default=16, help="dispatches in flight")
-    ap.add_argument("--rounds", type=int, default=1, help="measure the rows this many times, "
-                    "alternating Rust and Python (the last round's rows are printed)")
+    ap.add_argument("--rounds", type=int, default=3, help="measure the rows this many times "
+                    "(the last round's rows are printed)")
+    ap.add_argument("--slices", type=int, default=5, help="split each round's rows into this "
+                    "many slices, alternating Rust and Python; a round's ratio is the median of "
+                    "its slices' ratios")
     ap.add_argument("--json", action="store_true", help="print JSON")
     a = ap.parse_args()
     target = pathlib.Path(a.target)
     d = npud.LocalDaemon(str(target / "npud"), tcp=False)
     rounds = []
     try:
+        rs = RustRows(target / "npud-python-bench", d.address, a.depth)
+        py = PythonRows(d.address, a.depth)
+        n, m = max(1, a.iterations // a.slices), max(a.depth, a.pipelined // a.slices)
         for _ in range(max(1, a.rounds)):
-            rust = json.loads(subprocess.run(
-                [str(target / "npud-python-bench"), d.address, str(a.iterations),
-                 str(a.pipelined), str(a.depth)], check=True, capture_output=True, text=True,
-                timeout=600).stdout)
-            py = python_rows(d.address, a.iterations, a.pipelined, a.depth)
-            rounds.append((py["unary_p50_ns"] / rust["unary_p50_ns"],
-                           py["pipelined_ns_per_dispatch"] / rust["pipelined_ns_per_dispatch"]))
+            unary_r, piped_r = [], []
+            rows: dict[str, list[dict[str, int]]] = {"rust": [], "python": []}
+            for i in range(a.slices):
+                # Rust first in even slices, Python first in odd ones: neither side always
+                # meets the machine as the other left it.
+                order = [("rust", rs), ("python", py)]
+                for side, who in order if i % 2 == 0 else order[::-1]:
+                    r = who.ask(f"unary {n}") if side == "rust" else who.unary(n)
+                    r |= who.ask(f"pipelined {m}") if side == "rust" else who.pipelined(m)
+                    rows[side].append(r)
+                unary_r.append(rows["python"][-1]["unary_p50_ns"] / rows["rust"][-1]["unary_p50_ns"])
+                piped_r.append(rows["python"][-1]["pipelined_ns_per_dispatch"]
+                               / rows["rust"][-1]["pipelined_ns_per_dispatch"])
+            rounds.append((median(unary_r), median(piped_r)))
+            # The rows printed: each side's median slice (by unary p50).
+            rust = sorted(rows["rust"], key=lambda r: r["unary_p50_ns"])[a.slices // 2]
+            pyr = sorted(rows["python"], key=lambda r: r["unary_p50_ns"])[a.slices // 2]
+        py.close()
+        rs.close()
         grpcio = grpcio_rows(d.address, a.iterations)
     finally:
         d.stop()
-    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    py = pyr
     report = {
         "rust": rust,
         "python": py,

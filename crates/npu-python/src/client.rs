@@ -12,7 +12,9 @@ use crate::pipeline::Pipeline;
 use crate::program::Program;
 use crate::runtime::{pid, runtime, start, wait};
 use crate::tensor::{RawTensor, tensors};
-use crate::work::{ChainTiming, Links, Timing, chain, dispatch, dispatch_views, links};
+use crate::work::{
+    self, ChainTiming, Links, PyArg, Timing, chain, dispatch, dispatch_views, links,
+};
 
 /// A session on npud (npu-client's `Client`).
 #[pyclass(frozen, module = "npud._npud")]
@@ -205,15 +207,13 @@ impl Client {
         &self,
         py: Python<'_>,
         program: &Program,
-        args: Vec<(Bound<'_, RawTensor>, u64, u64)>,
+        args: Vec<PyArg<'_>>,
     ) -> PyResult<Timing> {
         let c = self.get()?;
-        let mut views = Vec::with_capacity(args.len());
-        for (t, offset, len) in &args {
-            let shared = tensors(std::slice::from_ref(t))?.remove(0);
-            views.push((shared, *offset, *len));
-        }
-        wait(py, dispatch_views(c, program.program.clone(), views))
+        wait(
+            py,
+            dispatch_views(c, program.program.clone(), work::args(&args)?),
+        )
     }
 
     fn dispatch_start(

@@ -117,24 +117,43 @@ pub(crate) async fn dispatch(
     dispatch_locked(&client, &program, l).await
 }
 
-/// Runs one dispatch whose arguments are byte ranges of tensors, `(tensor, offset, length)`
-/// (length 0: to the end), in the design's order; one tensor may stand at several positions
-/// (sub-views of one buffer, as IRON's `subview`). Sent as a one-link chain, which the daemon
-/// runs as a dispatch: a chain names each tensor once, and its links take views of it.
+/// A dispatch argument: a tensor, and the byte range of it the program gets, `(offset,
+/// length)`; `(0, 0)` is the whole tensor, a length of 0 runs to its end.
+pub(crate) type Arg = (Arc<Shared>, u64, u64);
+
+/// Runs one dispatch whose arguments are byte ranges of tensors, in the design's order; one
+/// tensor may stand at several positions (sub-views of one buffer, as IRON's `subview`). Sent
+/// as a one-link chain, which the daemon runs as a dispatch: a chain names each tensor once,
+/// and its links take views of it.
 pub(crate) async fn dispatch_views(
     client: npu_client::Client,
     program: NativeProgram,
-    args: Vec<(Arc<Shared>, u64, u64)>,
+    args: Vec<Arg>,
 ) -> Result<Timing, ClientError> {
-    let ro = program.read_only_args();
-    let mut order: Vec<Arc<Shared>> = Vec::new();
+    let (_, queue, device, _) = chain(client, vec![(program, args)]).await?;
+    Ok((queue, device))
+}
+
+/// (completed, queue_ns, device_ns, doorbells).
+pub(crate) type ChainTiming = (u32, u64, u64, u32);
+
+/// Runs `links` as one chain. A tensor only read by every link that names it is shared; any
+/// other is written. Each tensor is named to the daemon once; a link takes it whole or a view
+/// of it.
+pub(crate) async fn chain(
+    client: npu_client::Client,
+    links: Vec<(NativeProgram, Vec<Arg>)>,
+) -> Result<ChainTiming, ClientError> {
     let mut written: Vec<u64> = Vec::new();
-    for (i, (t, ..)) in args.iter().enumerate() {
-        if i >= ro {
-            written.push(t.id);
-        }
-        if !order.iter().any(|o| o.id == t.id) {
-            order.push(Arc::clone(t));
+    let mut order: Vec<Arc<Shared>> = Vec::new();
+    for (p, a) in &links {
+        for (i, (t, ..)) in a.iter().enumerate() {
+            if i >= p.read_only_args() && !written.contains(&t.id) {
+                written.push(t.id);
+            }
+            if !order.iter().any(|o| o.id == t.id) {
+                order.push(Arc::clone(t));
+            }
         }
     }
     order.sort_by_key(|t| written.contains(&t.id));
@@ -150,63 +169,17 @@ pub(crate) async fn dispatch_views(
             Held::Write(g) => b.write(&mut **g),
         })
         .collect();
-    let link: Vec<npu_client::ChainArg> = args
-        .iter()
-        .map(|(t, offset, len)| {
-            let at = order.iter().position(|o| o.id == t.id).unwrap_or(0);
-            handles[l.index[at]].view(*offset, *len)
-        })
-        .collect();
-    b.then(&program, &link);
-    let r = b.run().await?.ok()?;
-    Ok((
-        u64::try_from(r.queue.as_nanos()).unwrap_or(u64::MAX),
-        u64::try_from(r.device.as_nanos()).unwrap_or(u64::MAX),
-    ))
-}
-
-/// (completed, queue_ns, device_ns, doorbells).
-pub(crate) type ChainTiming = (u32, u64, u64, u32);
-
-pub(crate) async fn chain(
-    client: npu_client::Client,
-    links: Vec<(NativeProgram, Vec<Arc<Shared>>)>,
-) -> Result<ChainTiming, ClientError> {
-    // A tensor only read by every link that names it is shared; any other is written.
-    let mut all: Vec<Arc<Shared>> = Vec::new();
-    let mut written: Vec<u64> = Vec::new();
-    for (p, a) in &links {
-        for (i, t) in a.iter().enumerate() {
-            if i >= p.read_only_args() {
-                written.push(t.id);
-            }
-            all.push(Arc::clone(t));
-        }
-    }
-    let mut order: Vec<Arc<Shared>> = all
-        .iter()
-        .filter(|t| !written.contains(&t.id))
-        .cloned()
-        .collect();
-    let reads = order.len();
-    order.extend(all.iter().filter(|t| written.contains(&t.id)).cloned());
-    let mut l = lock_args(&order, reads).await;
-    upload_staged(&l).await?;
-    let mut b = client.chain();
-    let handles: Vec<npu_client::ChainArg> = l
-        .held
-        .iter_mut()
-        .map(|h| match h {
-            Held::Read(g) => b.read(&**g),
-            Held::Write(g) => b.write(&mut **g),
-        })
-        .collect();
     for (p, a) in &links {
         let args: Vec<npu_client::ChainArg> = a
             .iter()
-            .map(|t| {
+            .map(|(t, offset, len)| {
                 let at = order.iter().position(|o| o.id == t.id).unwrap_or(0);
-                handles[l.index[at]]
+                let whole = handles[l.index[at]];
+                if *offset == 0 && (*len == 0 || usize::try_from(*len) == Ok(t.len)) {
+                    whole
+                } else {
+                    whole.view(*offset, *len)
+                }
             })
             .collect();
         b.then(p, &args);
@@ -220,10 +193,24 @@ pub(crate) async fn chain(
     ))
 }
 
-pub(crate) type Links<'py> = Vec<(Bound<'py, Program>, Vec<Bound<'py, RawTensor>>)>;
+/// Links as Python gives them: a program and `(tensor, offset, length)` arguments.
+pub(crate) type Links<'py> = Vec<(Bound<'py, Program>, Vec<PyArg<'py>>)>;
 
-pub(crate) fn links(l: &Links<'_>) -> PyResult<Vec<(NativeProgram, Vec<Arc<Shared>>)>> {
+/// A dispatch argument as Python gives it: `(tensor, offset, length)`.
+pub(crate) type PyArg<'py> = (Bound<'py, RawTensor>, u64, u64);
+
+/// The tensors of `args`, checked as [`tensors`] checks them, with their ranges.
+pub(crate) fn args(args: &[PyArg<'_>]) -> PyResult<Vec<Arg>> {
+    args.iter()
+        .map(|(t, offset, len)| {
+            let shared = tensors(std::slice::from_ref(t))?.remove(0);
+            Ok((shared, *offset, *len))
+        })
+        .collect()
+}
+
+pub(crate) fn links(l: &Links<'_>) -> PyResult<Vec<(NativeProgram, Vec<Arg>)>> {
     l.iter()
-        .map(|(p, a)| Ok((p.get().program.clone(), tensors(a)?)))
+        .map(|(p, a)| Ok((p.get().program.clone(), args(a)?)))
         .collect()
 }

@@ -363,6 +363,13 @@ def test_standalone_classes_run_test_chains_and_failures(design, client):
     r = rt.run_chain([(h, [a, b]), (h, [b, c])])
     assert r.is_success() and (c.numpy() == np.arange(N) + 2).all()
     assert rt.verify_results([a, b], {0: np.zeros(N), 1: np.zeros(N)}) == 2
+    # A chain's links take sub-views: the data moves through one tensor's ranges in place.
+    big = iron.NpudTensor(np.concatenate([np.arange(N), np.zeros(2 * N)]).astype(np.int32),
+                          client=client)
+    v0, v1, v2 = (big.subview(4 * N * i, (N,)) for i in range(3))
+    assert rt.run_chain([(h, [v0, v1]), (h, [v1, v2])]).is_success()
+    assert (big.numpy()[2 * N:] == np.arange(N) + 2).all()
+    assert (big.numpy()[:N] == np.arange(N)).all()
     with pytest.raises(iron.HostRuntimeError):
         rt.run(h, [a, iron.NpudTensor((4,), np.int32, client=client)])
     t = iron.NpudTensor.arange(0.0, 1.0, 0.25, client=client)

@@ -222,7 +222,8 @@ impl Drop for VmemAlloc {
         let f = self.api.fns();
         let va = self.va.as_ptr().cast::<c_void>();
         let mut steps: Vec<(&'static str, Status)> = Vec::new();
-        // Access must be revoked before unmapping, or the unmap fails.
+        // Access is revoked before unmapping, in IRON's order; ROCR's unmap would also remove
+        // it itself (`VMemoryHandleUnmap`), so this is belt and braces, not a requirement.
         if let Some(set_access) = f.vmem_set_access {
             let desc = self.agents.map(|a| AccessDesc {
                 permissions: AccessPermission::NONE,

@@ -76,6 +76,18 @@ fn device_buffer(mem: &Memory, what: &str, addr: u64) -> Result<u64, SimError> {
 /// # Errors
 /// The refusals of the module table.
 pub(crate) fn prepare(rt: &Runtime, cmd: &Command) -> Result<(), SimError> {
+    let mem = rt.memory();
+    let pdi_dev = check(&mem, cmd)?;
+    mem.write(cmd.insts + cmd.pdi_patch_offset, &pdi_dev.to_le_bytes())
+        .ok_or_else(|| SimError::new(Status::ERROR, "writing the PDI site failed"))?;
+    Ok(())
+}
+
+/// The refusals of the module table for one full-ELF packet; the PDI's device address.
+///
+/// # Errors
+/// The refusals of the module table.
+pub(crate) fn check(mem: &Memory, cmd: &Command) -> Result<u64, SimError> {
     let off = cmd.pdi_patch_offset;
     if cmd.insts == 0 || cmd.pdi == 0 {
         return Err(bad_format(
@@ -90,9 +102,8 @@ pub(crate) fn prepare(rt: &Runtime, cmd: &Command) -> Result<(), SimError> {
             cmd.insts_size
         )));
     }
-    let mem = rt.memory();
-    let ctrl_left = device_buffer(&mem, "control code", cmd.insts)?;
-    let ctrl_dev = device_address(&mem, cmd.insts);
+    let ctrl_left = device_buffer(mem, "control code", cmd.insts)?;
+    let ctrl_dev = device_address(mem, cmd.insts);
     if !ctrl_dev.is_multiple_of(CTRL_CODE_ALIGNMENT) {
         return Err(bad_format(format!(
             "the full-ELF control code's device address {ctrl_dev:#x} is not 16 KiB aligned; a \
@@ -105,11 +116,8 @@ pub(crate) fn prepare(rt: &Runtime, cmd: &Command) -> Result<(), SimError> {
             cmd.insts_size
         )));
     }
-    device_buffer(&mem, "PDI", cmd.pdi)?;
-    let pdi_dev = device_address(&mem, cmd.pdi);
-    mem.write(cmd.insts + off, &pdi_dev.to_le_bytes())
-        .ok_or_else(|| SimError::new(Status::ERROR, "writing the PDI site failed"))?;
-    Ok(())
+    device_buffer(mem, "PDI", cmd.pdi)?;
+    Ok(device_address(mem, cmd.pdi))
 }
 
 /// Runs a prepared full-ELF packet: the emulated control code loads the PDI named at its PDI

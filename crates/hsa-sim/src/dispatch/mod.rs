@@ -15,7 +15,10 @@
 //! A batch that does not fit fails at its first packet and nothing runs.
 //!
 //! **On the first failing packet** nothing more runs; the packets before it are retired (read
-//! index past them, signals decremented). Then, per [`crate::profile::FailureReport`]
+//! index past them, signals decremented). Where the runtime checks the whole batch before it
+//! submits any ([`crate::Profile::checks_whole_batch_first`]: the newest), a packet it refuses
+//! (decoding, an unknown buffer, a 33rd PDI) fails the batch with nothing retired; device
+//! failures still retire what ran before them. Then, per [`crate::profile::FailureReport`]
 //! (`rocr-aie.md` §5.6):
 //! - silent (ROCm 7.0): the read index moves to the write index as if the batch had run; no
 //!   callback, no suspension. The status and detail go to [`crate::last_error`] and the log.
@@ -143,6 +146,24 @@ fn run_batch(rt: &Runtime, q: &QueueObj, state: &mut QueueState) -> Result<(), B
     if q.config.profile == Profile::Rocm70 {
         return run_rocm70(rt, q, state, rd, wr).map_err(fail);
     }
+    let at = |index: u64| {
+        move |e: SimError| {
+            fail(SimError::new(
+                e.status,
+                format!("packet {index}: {}", e.detail),
+            ))
+        }
+    };
+    // The newest runtime builds the whole batch before it submits any of it: a packet it
+    // refuses fails the batch with nothing retired.
+    let mut checked = Vec::new();
+    if q.config.profile.checks_whole_batch_first() {
+        for index in rd..wr {
+            checked.push(decode::decode(rt, q, index).map_err(at(index))?);
+        }
+        rules::check_batch(rt, state, &checked).map_err(|(i, e)| at(rd + i as u64)(e))?;
+    }
+    let mut checked = checked.into_iter();
     let mut chains = chains.into_iter();
     let mut next_chain = rd;
     for index in rd..wr {
@@ -150,14 +171,11 @@ fn run_batch(rt: &Runtime, q: &QueueObj, state: &mut QueueState) -> Result<(), B
             bump(Counter::ChainSubmissions);
             next_chain += chains.next().unwrap_or(wr - index);
         }
-        let at = |e: SimError| {
-            fail(SimError::new(
-                e.status,
-                format!("packet {index}: {}", e.detail),
-            ))
+        let cmd = match checked.next() {
+            Some(cmd) => cmd,
+            None => decode::decode(rt, q, index).map_err(at(index))?,
         };
-        let cmd = decode::decode(rt, q, index).map_err(at)?;
-        rules::execute(rt, q, state, &cmd).map_err(at)?;
+        rules::execute(rt, q, state, &cmd).map_err(at(index))?;
         q.read.store(index + 1, Ordering::Release);
         if let Some(sig) = &cmd.completion {
             complete(sig);

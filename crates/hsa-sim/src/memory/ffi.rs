@@ -134,28 +134,33 @@ pub unsafe extern "C" fn hsa_amd_portable_export_dmabuf(
     })
 }
 
-/// `hsa_amd_portable_close_dmabuf`: a negative fd (what a refused export leaves) succeeds
-/// with nothing to close, as in ROCR's AIE memory test (`rocr-aie-hsaco.md` §6). The emulator
-/// never hands out dmabufs through `hsa_amd_portable_export_dmabuf`, so any other fd fails
-/// with `HSA_STATUS_ERROR_RESOURCE_FREE` (ROCR's status for a failed `close`) and is left
-/// open: the emulator does not close fds it did not make.
+/// `hsa_amd_portable_close_dmabuf`: closes `dmabuf` with `close(2)`, as ROCR's
+/// `Runtime::DmaBufClose` does whatever made the fd (a vmem export, for the emulator), and
+/// fails with `HSA_STATUS_ERROR_RESOURCE_FREE` when `close` does (an fd that is not open). A
+/// negative fd (what a refused export leaves) succeeds with nothing to close, as in ROCR's AIE
+/// memory test (`rocr-aie-hsaco.md` §6).
 ///
 /// # Safety
-/// Always safe; `unsafe` only as part of the C ABI.
+/// `dmabuf` is negative or an fd the caller owns and gives up, as with `close(2)`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hsa_amd_portable_close_dmabuf(dmabuf: c_int) -> Status {
     guard(|| match runtime() {
         Ok(_) if dmabuf < 0 => Status::SUCCESS,
-        Ok(_) => {
-            record(&SimError::new(
-                Status::ERROR_RESOURCE_FREE,
-                format!(
-                    "hsa_amd_portable_close_dmabuf: fd {dmabuf} was not exported by \
-                     hsa_amd_portable_export_dmabuf"
-                ),
-            ));
-            Status::ERROR_RESOURCE_FREE
-        }
+        // SAFETY: the caller owns `dmabuf` and gives it up (the contract above).
+        Ok(_) => match unsafe { libc::close(dmabuf) } {
+            0 => {
+                bump(Counter::DmabufsClosed);
+                Status::SUCCESS
+            }
+            _ => {
+                let e = std::io::Error::last_os_error();
+                record(&SimError::new(
+                    Status::ERROR_RESOURCE_FREE,
+                    format!("hsa_amd_portable_close_dmabuf: close({dmabuf}) failed: {e}"),
+                ));
+                Status::ERROR_RESOURCE_FREE
+            }
+        },
         Err(st) => st,
     })
 }

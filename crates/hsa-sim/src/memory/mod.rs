@@ -23,8 +23,10 @@ use crate::profile::Profile;
 use crate::status::SimError;
 use crate::vmem::VmemState;
 
+mod ext;
 mod ffi;
 
+pub use ext::*;
 pub use ffi::*;
 
 // Packets carry addresses as u64; the emulator supports 64-bit targets only.

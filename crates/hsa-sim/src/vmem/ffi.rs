@@ -147,7 +147,8 @@ pub unsafe extern "C" fn hsa_amd_vmem_map(
     })
 }
 
-/// `hsa_amd_vmem_unmap`: fails with `HSA_STATUS_ERROR` while an agent still has access.
+/// `hsa_amd_vmem_unmap`: removes every agent's access and unmaps, as ROCR's `VMemoryHandleUnmap` does;
+/// the range stays reserved.
 ///
 /// # Safety
 /// After success the range is inaccessible: the caller must not touch it.

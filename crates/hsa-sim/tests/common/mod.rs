@@ -5,6 +5,7 @@
 
 pub mod ko;
 pub mod profiles;
+pub mod suite;
 
 use std::ffi::c_void;
 use std::sync::Mutex;

@@ -7,7 +7,9 @@
 //!   `<kernel>:sequence`, whose `.pdi` section is the emulated `main.pdi`, and whose control
 //!   code, where a real one has NPU instructions, is [`EMU_CTRL_MAGIC`] (16 bytes), one 8-byte PDI
 //!   site at offset 16 and one 12-byte argument site per buffer from offset 24, all zero. Its
-//!   `.note.xrt.configuration` says 1 column.
+//!   `.note.xrt.configuration` says 1 column. Its relocations use ELF ABI version 0, as aiecc
+//!   writes them (the scheme in `ELF32_R_TYPE`, the addend in `r_addend`);
+//!   [`EmuDesign::to_full_elf_abi`] writes version 1 (scheme and addend packed in `r_addend`).
 
 use super::EmuDesign;
 use crate::hsaco::{
@@ -49,12 +51,24 @@ impl EmuDesign {
             .build()
     }
 
-    /// The design as a full ELF (see the [module docs](self)).
+    /// The design as a full ELF with ELF ABI version 0 relocations, as aiecc writes (see the
+    /// [module docs](self)).
     ///
     /// # Errors
     ///
     /// [`EmuDesign::validate`]'s errors.
     pub fn to_full_elf(&self) -> Result<Vec<u8>, ArtifactError> {
+        self.to_full_elf_abi(0)
+    }
+
+    /// The design as a full ELF whose relocations use `EI_ABIVERSION` `abi_version`: 1 packs
+    /// the scheme and addend into `r_addend`, any other value keeps the scheme in
+    /// `ELF32_R_TYPE`.
+    ///
+    /// # Errors
+    ///
+    /// [`EmuDesign::validate`]'s errors.
+    pub fn to_full_elf_abi(&self, abi_version: u8) -> Result<Vec<u8>, ArtifactError> {
         self.validate()?;
         let mut ctrl = EMU_CTRL_MAGIC.to_vec();
         ctrl.resize(
@@ -74,7 +88,7 @@ impl EmuDesign {
             }],
             pdis: vec![(".pdi".to_owned(), self.to_pdi())],
             columns: Some(1),
-            abi_version: 1,
+            abi_version,
         }
         .build())
     }
@@ -85,8 +99,17 @@ impl EmuDesign {
     ///
     /// [`EmuDesign::validate`]'s errors.
     pub fn to_full_elf_hsaco(&self) -> Result<Vec<u8>, ArtifactError> {
+        self.to_full_elf_hsaco_abi(0)
+    }
+
+    /// An hsaco holding [`EmuDesign::to_full_elf_abi`] as a `FullElf` kernel (aie2p).
+    ///
+    /// # Errors
+    ///
+    /// [`EmuDesign::validate`]'s errors.
+    pub fn to_full_elf_hsaco_abi(&self, abi_version: u8) -> Result<Vec<u8>, ArtifactError> {
         HsacoBuilder::new()
-            .full_elf(&self.to_full_elf()?, None)?
+            .full_elf(&self.to_full_elf_abi(abi_version)?, None)?
             .build()
     }
 
@@ -161,19 +184,26 @@ mod tests {
     }
 
     #[test]
-    fn full_elf_hsaco_reads_back_the_design() {
-        for d in [
-            EmuDesign::matmul(4, 4, 4, DType::I16, DType::I32),
-            EmuDesign::noop(0, 4),
-            EmuDesign::noop(7, 64),
+    fn full_elf_hsaco_reads_back_the_design_in_both_relocation_abis() {
+        for (d, abi) in [
+            (EmuDesign::matmul(4, 4, 4, DType::I16, DType::I32), 0),
+            (EmuDesign::noop(0, 4), 1),
+            (EmuDesign::noop(7, 64), 0),
+            (EmuDesign::vector_scalar_mul(64, DType::U32, 3), 1),
         ] {
-            let bytes = d.to_full_elf_hsaco().unwrap();
+            let bytes = d.to_full_elf_hsaco_abi(abi).unwrap();
             let h = Hsaco::parse(&bytes).unwrap();
             let s = h.section(NpuGen::Npu2).unwrap();
             let k = s.kernel(&format!("{}:sequence", d.kernel.name())).unwrap();
             assert_eq!(k.kind, KernelKind::FullElf);
             assert_eq!(k.num_cols, 1);
             let ek = k.full_elf.as_ref().unwrap();
+            assert_eq!(
+                crate::hsaco::FullElf::parse(&d.to_full_elf_abi(abi).unwrap())
+                    .unwrap()
+                    .abi_version,
+                abi
+            );
             assert_eq!(k.effective_kernarg_size(), 16 * u32::from(d.num_args));
             assert_eq!(EmuDesign::from_full_elf_kernel(ek).unwrap(), d);
         }

@@ -12,6 +12,7 @@
 //! |---|---|---|---|
 //! | `passthrough` | in, out, unused (trace slot) | `out = in` | `n` elements; dtype_in = dtype_out |
 //! | `vector_scalar_add` | in, out | `out[i] = in[i] + scalar` (wrapping for integers) | `n`, `scalar` representable in the dtype (integers) or within ±2^24 (floats) |
+//! | `vector_scalar_mul` | inout | `inout[i] = inout[i] * scalar`, in place (wrapping for integers; ROCR's AIE suites' second kernel, `MUL_SCALE`) | as `vector_scalar_add` |
 //! | `vector_vector_add` | a, b, c | `c = a + b` (wrapping) | `n` |
 //! | `vector_mul` | a, b, c | `c = a * b` (wrapping) | `n` |
 //! | `relu` | in, out | `out = max(in, 0)` | `n`; signed or float dtype |
@@ -48,6 +49,8 @@ pub enum EmuKernel {
     Passthrough,
     /// `out = in + scalar`.
     VectorScalarAdd,
+    /// `inout = inout * scalar`, in place, one buffer.
+    VectorScalarMul,
     /// `c = a + b`.
     VectorVectorAdd,
     /// `c = a * b`.
@@ -66,9 +69,10 @@ pub enum EmuKernel {
 
 impl EmuKernel {
     /// Every kernel, in documentation order.
-    pub const ALL: [EmuKernel; 9] = [
+    pub const ALL: [EmuKernel; 10] = [
         Self::Passthrough,
         Self::VectorScalarAdd,
+        Self::VectorScalarMul,
         Self::VectorVectorAdd,
         Self::VectorMul,
         Self::Relu,
@@ -84,6 +88,7 @@ impl EmuKernel {
         match self {
             Self::Passthrough => "passthrough",
             Self::VectorScalarAdd => "vector_scalar_add",
+            Self::VectorScalarMul => "vector_scalar_mul",
             Self::VectorVectorAdd => "vector_vector_add",
             Self::VectorMul => "vector_mul",
             Self::Relu => "relu",
@@ -100,6 +105,7 @@ impl EmuKernel {
         match self {
             Self::Passthrough | Self::VectorVectorAdd | Self::VectorMul | Self::Matmul => Some(3),
             Self::VectorScalarAdd | Self::Relu | Self::Fault | Self::Hang => Some(2),
+            Self::VectorScalarMul => Some(1),
             Self::Noop => None,
         }
     }
@@ -143,7 +149,7 @@ pub struct EmuDesign {
     /// Matmul: columns of B and C; elementwise kernels: element count; `noop`, `fault`, `hang`:
     /// bytes per buffer.
     pub n: u32,
-    /// `vector_scalar_add`'s addend (otherwise 0).
+    /// `vector_scalar_add`'s addend, `vector_scalar_mul`'s factor (otherwise 0).
     pub scalar: i64,
     /// Number of buffer arguments.
     pub num_args: u8,
@@ -175,6 +181,15 @@ impl EmuDesign {
         Self {
             scalar,
             ..Self::elementwise(EmuKernel::VectorScalarAdd, n, dtype)
+        }
+    }
+
+    /// The in-place multiply of ROCR's AIE suites: `inout = inout * scale`; one buffer.
+    #[must_use]
+    pub fn vector_scalar_mul(n: u32, dtype: DType, scale: i64) -> Self {
+        Self {
+            scalar: scale,
+            ..Self::elementwise(EmuKernel::VectorScalarMul, n, dtype)
         }
     }
 
@@ -234,7 +249,8 @@ impl EmuDesign {
     }
 
     /// A design by kernel name with one size parameter and IRON's defaults: `n` elements for the
-    /// elementwise kernels (dtype default i32, `vector_scalar_add` adds 1; passthrough u8), an
+    /// elementwise kernels (dtype default i32, `vector_scalar_add` adds 1, `vector_scalar_mul`
+    /// multiplies by 3; passthrough u8), an
     /// n×n×n matmul (default i16→i32; `bf16` gives bf16→f32), 3 `noop` buffers of `n` bytes, and
     /// `n`-byte `fault`/`hang` buffers.
     ///
@@ -251,6 +267,7 @@ impl EmuDesign {
                 ..Self::passthrough(n)
             },
             EmuKernel::VectorScalarAdd => Self::vector_scalar_add(n, d, 1),
+            EmuKernel::VectorScalarMul => Self::vector_scalar_mul(n, d, 3),
             EmuKernel::VectorVectorAdd => Self::vector_vector_add(n, d),
             EmuKernel::VectorMul => Self::vector_mul(n, d),
             EmuKernel::Relu => Self::relu(n, d),
@@ -361,7 +378,10 @@ impl EmuDesign {
                 }
             }
         }
-        if self.kernel == EmuKernel::VectorScalarAdd {
+        if matches!(
+            self.kernel,
+            EmuKernel::VectorScalarAdd | EmuKernel::VectorScalarMul
+        ) {
             let (lo, hi) = self.dtype_in.exact_integer_range();
             if !(lo..=hi).contains(&self.scalar) {
                 return bad(format!(
@@ -371,7 +391,7 @@ impl EmuDesign {
             }
         } else if self.scalar != 0 {
             return bad(format!(
-                "scalar is {}; expected 0 (only vector_scalar_add uses it)",
+                "scalar is {}; expected 0 (only vector_scalar_add and vector_scalar_mul use it)",
                 self.scalar
             ));
         }
@@ -519,7 +539,8 @@ mod tests {
                 scalar: 1,
                 ..EmuDesign::relu(4, DType::I32)
             }),
-            "emulated design relu: scalar is 1; expected 0 (only vector_scalar_add uses it)"
+            "emulated design relu: scalar is 1; expected 0 (only vector_scalar_add and \
+             vector_scalar_mul use it)"
         );
         assert_eq!(
             msg(EmuDesign {

@@ -207,14 +207,25 @@ def _remember(a: np.ndarray, raw: RawTensor) -> None:
     _KNOWN[key] = (weakref.ref(a, lambda _r, key=key: _KNOWN.pop(key, None)), raw)
 
 
-def _raws(args: Iterable[Any]) -> list[RawTensor]:
+def _each(args: Iterable[Any], of: Callable[[Any], Any], where: str = "") -> list[Any]:
+    """``of`` of each argument; an error names the argument (``where`` + ``args[i]``)."""
     out = []
     for i, a in enumerate(args):
         try:
-            out.append(tensor_of(a))
+            out.append(of(a))
         except (TypeError, ValueError) as e:
-            raise type(e)(f"args[{i}]: {e}") from None
+            raise type(e)(f"{where}args[{i}]: {e}") from None
     return out
+
+
+def _raws(args: Iterable[Any]) -> list[RawTensor]:
+    """Each argument's whole tensor (:func:`tensor_of`)."""
+    return _each(args, tensor_of)
+
+
+def _ranges(args: Iterable[Any], where: str = "") -> list[tuple[RawTensor, int, int]]:
+    """Each argument's tensor and byte range (:func:`view_of`)."""
+    return _each(args, view_of, where)
 
 
 def _future(start: Callable[..., None], *args: Any) -> asyncio.Future[Any]:
@@ -318,8 +329,8 @@ class Program:
     def emulated(kernel: str, n: int, *, generation: str = "npu2", dtype: Any = None,
                  scalar: int | None = None) -> Program:
         """An emulated design for the daemon's emulator: ``kernel`` is one of passthrough,
-        vector_scalar_add, vector_vector_add, vector_mul, relu, matmul (n×n×n), noop, fault,
-        hang; ``n`` elements; ``generation`` should be :attr:`Client.generation`."""
+        vector_scalar_add, vector_scalar_mul (in place), vector_vector_add, vector_mul, relu,
+        matmul (n×n×n), noop, fault, hang; ``n`` elements; ``generation`` should be :attr:`Client.generation`."""
         return Program(_npud.Program.emulated(kernel, n, generation, _emu_dtype(dtype), scalar))
 
     @staticmethod
@@ -494,13 +505,7 @@ class Client:
             raws = _raws(args)
         except ValueError:
             # Sub-views (contiguous slices of a tensor's array): their byte ranges, in place.
-            views = []
-            for i, a in enumerate(args):
-                try:
-                    views.append(view_of(a))
-                except (TypeError, ValueError) as e:
-                    raise type(e)(f"args[{i}]: {e}") from None
-            return Timing(*self._c.dispatch_views(program._p, views))
+            return Timing(*self._c.dispatch_views(program._p, _ranges(args)))
         return Timing(*self._c.dispatch(program._p, raws))
 
     async def dispatch_async(self, program: Program, *args: Any) -> Timing:
@@ -529,14 +534,12 @@ class Chain:
 
     def __init__(self, client: Client) -> None:
         self._client = client
-        self._links: list[tuple[Any, list[RawTensor]]] = []
+        self._links: list[tuple[Any, list[tuple[RawTensor, int, int]]]] = []
 
     def then(self, program: Program, *args: Any) -> Chain:
-        """Adds a link: ``program`` over ``args``."""
-        try:
-            self._links.append((program._p, _raws(args)))
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"links[{len(self._links)}].{e}") from None
+        """Adds a link: ``program`` over ``args``, each a tensor's array or a contiguous slice
+        of one (the link gets those bytes in place, as :meth:`Client.dispatch` does)."""
+        self._links.append((program._p, _ranges(args, f"links[{len(self._links)}].")))
         return self
 
     def __len__(self) -> int:

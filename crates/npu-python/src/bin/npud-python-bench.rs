@@ -1,19 +1,27 @@
 //! `npud-python-bench`: the Rust client's side of the Python benchmark (`bench/bench.py`).
 //!
-//! Against a running daemon, measures unary dispatch through npu-client (per-call latency
-//! percentiles) and pipelined dispatch (time per dispatch over a `Submit` stream), with the
-//! same design and tensors the Python side uses, and prints one JSON object.
+//! Connects to a running daemon once, then answers one command a line on stdin with one JSON
+//! object a line on stdout, so the benchmark can interleave Rust and Python rows slice by slice
+//! against the same daemon (this machine's speed moves between minutes):
+//!
+//! - `unary N`: N unary dispatches through npu-client (after N/10 + 10 warm-up calls); per-call
+//!   latency percentiles.
+//! - `pipelined N`: N dispatches through one `Submit` stream kept open across commands; time
+//!   per dispatch.
+//!
+//! Both use the same design and tensors the Python side uses.
 
+use std::io::{BufRead, Write};
 use std::time::Instant;
 
 use npu_artifacts::emu::EmuDesign;
-use npu_client::{Client, Program, TensorArg};
+use npu_client::{Client, ClientError, Pipeline, Program, TensorArg};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: npud-python-bench ADDR ITERATIONS PIPELINED DEPTH\n  \
-         ADDR: the daemon's address (unix:PATH); ITERATIONS: unary dispatches measured;\n  \
-         PIPELINED: dispatches in the pipelined row; DEPTH: dispatches in flight"
+        "usage: npud-python-bench ADDR DEPTH\n  \
+         ADDR: the daemon's address (unix:PATH); DEPTH: dispatches in flight when pipelined.\n  \
+         Then one command a line on stdin: `unary N` or `pipelined N`; one JSON line each."
     );
     std::process::exit(2)
 }
@@ -25,15 +33,61 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[i as usize]
 }
 
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+async fn unary(
+    client: &Client,
+    program: &Program,
+    refs: &[&dyn TensorArg],
+    n: usize,
+) -> Result<serde_json::Value, ClientError> {
+    for _ in 0..n / 10 + 10 {
+        client.dispatch(program, refs, &mut []).await?;
+    }
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t0 = Instant::now();
+        client.dispatch(program, refs, &mut []).await?;
+        lat.push(nanos(t0.elapsed()));
+    }
+    lat.sort_unstable();
+    Ok(serde_json::json!({
+        "unary_p50_ns": percentile(&lat, 0.5),
+        "unary_p90_ns": percentile(&lat, 0.9),
+        "unary_p99_ns": percentile(&lat, 0.99),
+    }))
+}
+
+async fn pipelined<'a>(
+    p: &mut Pipeline<'a>,
+    program: &Program,
+    refs: &[&'a dyn TensorArg],
+    n: usize,
+) -> Result<serde_json::Value, ClientError> {
+    let t0 = Instant::now();
+    for _ in 0..n {
+        p.submit(program, refs, Vec::new()).await?;
+    }
+    while let Some(c) = p.next_completion().await? {
+        c.result?;
+    }
+    let total = t0.elapsed();
+    let per = total / u32::try_from(n.max(1)).unwrap_or(u32::MAX);
+    Ok(serde_json::json!({
+        "pipelined_ns_per_dispatch": nanos(per),
+        "pipelined_total_s": total.as_secs_f64(),
+    }))
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> Result<(), npu_client::ClientError> {
+async fn main() -> Result<(), ClientError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.len() != 4 {
+    if args.len() != 2 {
         usage();
     }
-    let n: usize = args[1].parse().unwrap_or_else(|_| usage());
-    let piped: usize = args[2].parse().unwrap_or_else(|_| usage());
-    let depth: usize = args[3].parse().unwrap_or_else(|_| usage());
+    let depth: usize = args[1].parse().unwrap_or_else(|_| usage());
     let client = Client::connect(Some(&args[0])).await?;
     let design = EmuDesign::by_name("noop", 4096, None)?;
     let program = Program::emulated(&design, client.generation())?;
@@ -44,40 +98,25 @@ async fn main() -> Result<(), npu_client::ClientError> {
     ];
     // `noop` only reads its arguments, so every tensor goes in as read.
     let refs: Vec<&dyn TensorArg> = t.iter().map(|x| x as &dyn TensorArg).collect();
-    for _ in 0..n / 10 + 10 {
-        client.dispatch(&program, &refs, &mut []).await?;
+    let mut pipe = client.pipeline(depth).await?;
+    pipelined(&mut pipe, &program, &refs, depth * 2).await?;
+    let mut lines = std::io::stdin().lock().lines();
+    while let Some(Ok(line)) = lines.next() {
+        let mut words = line.split_whitespace();
+        let (cmd, n) = (words.next(), words.next().and_then(|w| w.parse().ok()));
+        let out = match (cmd, n) {
+            (Some("unary"), Some(n)) => unary(&client, &program, &refs, n).await?,
+            (Some("pipelined"), Some(n)) => pipelined(&mut pipe, &program, &refs, n).await?,
+            _ => usage(),
+        };
+        let mut stdout = std::io::stdout().lock();
+        if writeln!(stdout, "{out}")
+            .and_then(|()| stdout.flush())
+            .is_err()
+        {
+            break;
+        }
     }
-    let mut lat = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t0 = Instant::now();
-        client.dispatch(&program, &refs, &mut []).await?;
-        lat.push(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX));
-    }
-    lat.sort_unstable();
-    let mut p = client.pipeline(depth).await?;
-    for _ in 0..depth * 2 {
-        p.submit(&program, &refs, Vec::new()).await?;
-    }
-    while p.next_completion().await?.is_some() {}
-    let t0 = Instant::now();
-    for _ in 0..piped {
-        p.submit(&program, &refs, Vec::new()).await?;
-    }
-    let done = p.finish().await?;
-    let total = t0.elapsed();
-    if let Some(bad) = done.into_iter().find_map(|c| c.result.err()) {
-        return Err(bad);
-    }
-    let per = total / u32::try_from(piped.max(1)).unwrap_or(u32::MAX);
-    println!(
-        "{}",
-        serde_json::json!({
-            "unary_p50_ns": percentile(&lat, 0.5),
-            "unary_p90_ns": percentile(&lat, 0.9),
-            "unary_p99_ns": percentile(&lat, 0.99),
-            "pipelined_ns_per_dispatch": u64::try_from(per.as_nanos()).unwrap_or(u64::MAX),
-            "pipelined_total_s": total.as_secs_f64(),
-        })
-    );
+    drop(pipe.finish().await?);
     Ok(())
 }

@@ -215,9 +215,9 @@ impl AuthConfig {
             None => Ok(()),
             Some(d) => token_dir::open_dir(d, rustix::process::geteuid().as_raw())
                 .map(drop)
-                .map_err(|reason| ConfigError::Invalid {
+                .map_err(|e| ConfigError::Invalid {
                     key: "auth.token_dir",
-                    reason,
+                    reason: e.to_string(),
                 }),
         }
     }

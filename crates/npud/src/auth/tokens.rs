@@ -29,7 +29,7 @@ use tokio::sync::watch;
 
 use super::Identity;
 use super::Kind;
-use super::token_dir::{self, Cached, valid_secret};
+use super::token_dir::{self, Cached, DirError, valid_secret};
 use crate::error::NpudError;
 
 /// A listener on which `auth.require_token` makes callers present a token.
@@ -99,6 +99,13 @@ struct View {
     started: Option<Instant>,
     /// Why the directory was refused, when it was.
     refused: Option<String>,
+    /// Why the last scan could not read the directory, when it could not: the view before it
+    /// was kept.
+    failed: Option<String>,
+    /// Files that define no identity, with why (warned once each).
+    skipped: HashMap<String, String>,
+    /// Files kept as an earlier scan read them because reading them failed, with the error.
+    kept: HashMap<String, String>,
 }
 
 impl View {
@@ -109,6 +116,23 @@ impl View {
             live: HashSet::new(),
             started: None,
             refused: None,
+            failed: None,
+            skipped: HashMap::new(),
+            kept: HashMap::new(),
+        }
+    }
+
+    /// This view again, as a scan that could not read the directory publishes it.
+    fn kept_after(&self, started: Instant, why: String) -> Self {
+        Self {
+            files: self.files.clone(),
+            by_secret: self.by_secret.clone(),
+            live: self.live.clone(),
+            started: Some(started),
+            refused: self.refused.clone(),
+            failed: Some(why),
+            skipped: self.skipped.clone(),
+            kept: self.kept.clone(),
         }
     }
 }
@@ -140,11 +164,35 @@ impl Shared {
             started: Some(started),
             ..View::empty()
         };
+        let dir = self.dir.display();
         match token_dir::open_dir(&self.dir, self.uid)
             .and_then(|fd| token_dir::scan(&fd, &old.files))
         {
-            Ok(files) => view.files = files,
-            Err(why) => view.refused = Some(why),
+            Ok(found) => {
+                view.files = found.files;
+                view.skipped = found.skipped;
+                view.kept = found.kept;
+            }
+            Err(DirError::Refused(why)) => view.refused = Some(why),
+            Err(DirError::Failed(why)) => {
+                // Nothing is known about the files: revoking their identities (and ending
+                // their calls) for a shortage of descriptors would hand a caller who can cause
+                // one a way to cut everyone off. The view stays until a scan reads the directory.
+                if old.failed.as_ref() != Some(&why) {
+                    tracing::warn!(
+                        dir = %dir,
+                        "auth.token_dir could not be read ({why}); the token identities of the \
+                         last scan stay until it can"
+                    );
+                }
+                self.scans.fetch_add(1, Ordering::Relaxed);
+                self.view
+                    .send_replace(Arc::new(old.kept_after(started, why)));
+                return;
+            }
+        }
+        if old.failed.is_some() {
+            tracing::info!(dir = %dir, "auth.token_dir could be read again");
         }
         for (name, c) in &view.files {
             if let Some(s) = &c.secret {
@@ -153,12 +201,26 @@ impl Shared {
                 view.by_secret.insert(s.clone(), id);
             }
         }
+        for (name, why) in &view.skipped {
+            if old.skipped.get(name) != Some(why) {
+                tracing::warn!(dir = %dir, file = %name, "token file skipped: {why}");
+            }
+        }
+        for (name, why) in &view.kept {
+            if old.kept.get(name) != Some(why) {
+                tracing::warn!(
+                    dir = %dir,
+                    file = %name,
+                    "token file could not be read ({why}); what an earlier scan read of it stays"
+                );
+            }
+        }
         let n = self.scans.fetch_add(1, Ordering::Relaxed) + 1;
         if view.refused != old.refused {
             match &view.refused {
                 Some(why) => tracing::error!("{why}; no token identity works until it is fixed"),
                 None if old.started.is_some() => {
-                    tracing::info!(dir = %self.dir.display(), "auth.token_dir is usable again");
+                    tracing::info!(dir = %dir, "auth.token_dir is usable again");
                 }
                 None => {}
             }
@@ -467,6 +529,50 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), revoked)
             .await
             .expect("revoked once rewritten");
+    }
+
+    #[tokio::test]
+    async fn a_scan_that_cannot_read_the_directory_revokes_nothing() {
+        use rustix::process::{Resource, getrlimit, setrlimit};
+        let d = tempdir();
+        std::fs::write(d.path().join("pod-m"), "m".repeat(40)).unwrap();
+        let t = tokens(d.path());
+        t.scan();
+        let name = t.lookup(&"m".repeat(40)).unwrap();
+        let mut revoked = Box::pin(t.revoked(&name));
+        // Out of descriptors (a caller holding every connection it may can cause this): the
+        // scan fails, and the view it had stays.
+        let limit = getrlimit(Resource::Nofile);
+        let mut low = limit;
+        low.current = Some(512);
+        setrlimit(Resource::Nofile, low).unwrap();
+        let mut held = Vec::new();
+        while let Ok(f) = std::fs::File::open("/dev/null") {
+            held.push(f);
+        }
+        t.scan();
+        drop(held);
+        setrlimit(Resource::Nofile, limit).unwrap();
+        assert_eq!(t.lookup(&"m".repeat(40)).as_deref(), Some(name.as_str()));
+        assert!(
+            t.shared
+                .view
+                .borrow()
+                .failed
+                .as_deref()
+                .is_some_and(|w| w.contains("Too many")),
+            "{:?}",
+            t.shared.view.borrow().failed
+        );
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut revoked)
+                .await
+                .is_err(),
+            "revoked by a scan that read nothing"
+        );
+        t.scan();
+        assert!(t.shared.view.borrow().failed.is_none());
+        assert!(t.resolve(&"m".repeat(40)).is_ok());
     }
 
     #[test]

@@ -12,8 +12,8 @@ use crate::output;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// passthrough, vector_scalar_add, vector_vector_add, vector_mul, relu, matmul, noop,
-    /// fault or hang.
+    /// passthrough, vector_scalar_add, vector_scalar_mul, vector_vector_add, vector_mul, relu,
+    /// matmul, noop, fault or hang.
     kernel: String,
     /// Directory to write main.pdi and insts.bin into (created if missing); for the other formats,
     /// the file to write.
