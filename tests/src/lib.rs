@@ -72,10 +72,11 @@ pub fn profile_dir() -> (PathBuf, bool) {
 
 /// The emulator's runtime profiles, as users install the runtimes they model (hsa-sim's
 /// `Profile`), with the packet ABI each speaks.
-pub const PROFILES: [(&str, &str); 5] = [
+pub const PROFILES: [(&str, &str); 6] = [
     ("rocm-7.0", "g1a"),
     ("rocr-late-2025", "g1b"),
     ("rocr-g2-2026-05", "g2"),
+    ("rocr-g2-2026-07", "g2"),
     ("rocr-newest", "g2"),
     ("kernel-object", "kernel-object"),
 ];

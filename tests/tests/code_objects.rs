@@ -1,7 +1,8 @@
 //! AIE code objects (hsaco) through the real daemon: `packet_abi = "auto"` finds kernel objects
 //! only on a runtime that loads them (and proves the other packet forms the same way); the same client code runs vector_scalar_add, a chain of
 //! 100 and the demo's designs from PDI+insts and from `.hsaco` on the kernel-object runtime and
-//! on the G2 runtimes; FullElf kernels run only where code objects load; a malformed hsaco is
+//! on the G2 runtimes; FullElf kernels run where code objects load or the G2 runtime takes
+//! full-ELF packets, and are refused by name elsewhere; a malformed hsaco is
 //! refused by rule before the device sees it.
 
 #![forbid(unsafe_code)]
@@ -14,7 +15,12 @@ use npud_e2e::{Daemon, Options, Runtime, Session, npuctl_binary};
 
 /// The runtimes whose packets carry instruction addresses or kernel objects and which the
 /// same client code must serve.
-const G2_AND_KO: [&str; 3] = ["rocr-g2-2026-05", "rocr-newest", "kernel-object"];
+const G2_AND_KO: [&str; 4] = [
+    "rocr-g2-2026-05",
+    "rocr-g2-2026-07",
+    "rocr-newest",
+    "kernel-object",
+];
 
 async fn device(d: &Daemon) -> pb::DeviceInfo {
     let mut s = Session::open(d.connect().await, "info").await.unwrap();
@@ -38,11 +44,20 @@ async fn client(d: &Daemon) -> Client {
         .unwrap()
 }
 
-/// What `auto` must have proved for `abi`, as its source says.
-fn proof_of(abi: &str) -> &'static str {
-    match abi {
-        "kernel-object" => "auto: the runtime loaded a built-in AIE code object",
-        "g2" => "maps a vmem handle of the AIE data pool",
+/// What `auto` must have proved for `profile`'s `abi`, as its source says.
+fn proof_of(profile: &str, abi: &str) -> &'static str {
+    match (profile, abi) {
+        (_, "kernel-object") => {
+            "refused a packet naming its kernel object with NULL kernargs \
+                                 as INVALID_PACKET_FORMAT"
+        }
+        // A G2 runtime with the AIE loader: the load proves no packet form, the probe packet's
+        // refusal does.
+        ("rocr-g2-2026-07", _) => {
+            "refused a packet naming its kernel object as \
+                                   INVALID_ALLOCATION"
+        }
+        (_, "g2") => "maps a vmem handle of the AIE data pool",
         _ => "auto: ROCm 7.0 (G1a)",
     }
 }
@@ -67,7 +82,7 @@ async fn auto_proves_each_runtimes_packet_form_the_same_way_linked_and_loaded() 
             assert_eq!(i.packet_abi, abi, "{profile} {runtime:?}: {i:?}");
             assert!(
                 i.packet_abi_source.starts_with("auto: ")
-                    && i.packet_abi_source.contains(proof_of(abi)),
+                    && i.packet_abi_source.contains(proof_of(profile, abi)),
                 "{profile} {runtime:?}: {}",
                 i.packet_abi_source
             );
@@ -88,7 +103,7 @@ async fn auto_proves_each_runtimes_packet_form_the_same_way_linked_and_loaded() 
             assert!(
                 dev["packet_abi_source"]
                     .as_str()
-                    .is_some_and(|s| s.contains(proof_of(abi))),
+                    .is_some_and(|s| s.contains(proof_of(profile, abi))),
                 "{v}"
             );
         }
@@ -267,44 +282,78 @@ async fn an_hsaco_registers_once_by_content_and_its_statistics_name_the_kernel()
     );
 }
 
+/// The runtimes FullElf kernels run on, and the arguments the daemon needs for each: kernel
+/// objects; G2 full-ELF packets where `auto` proves them (a G2 runtime with the AIE loader) or
+/// where they are configured (the newest G2, which `auto` cannot tell from the first).
+const FULL_ELF_RUNS: [(&str, &[&str]); 3] = [
+    ("kernel-object", &[]),
+    ("rocr-g2-2026-07", &[]),
+    ("rocr-newest", &["--g2-full-elf", "true"]),
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn full_elf_kernels_run_on_kernel_objects_and_are_refused_where_code_objects_do_not_load() {
+async fn full_elf_kernels_run_on_kernel_object_and_g2_full_elf_runtimes_and_are_refused_elsewhere()
+{
     let design = EmuDesign::vector_scalar_add(1024, DType::I32, 2);
     let hsaco = design.to_full_elf_hsaco().unwrap();
-    for runtime in [Runtime::Linked, Runtime::Loaded] {
-        let d = Daemon::start(Options::default().profile("kernel-object", runtime));
-        let c = client(&d).await;
-        let p = Program::from_hsaco(hsaco.clone(), "").unwrap();
-        assert_eq!(p.min_arg_sizes().len(), 2);
-        let input: Vec<i32> = (0..1024).collect();
-        let mut a = c.tensor_from(&input).await.unwrap();
-        let mut b = c.alloc::<i32>(1024).await.unwrap();
-        // The same kernel twice with other arguments in one chain: its patches go to fresh
-        // copies of the control code, so each link reads and writes its own tensors.
-        let mut b2 = c.alloc::<i32>(1024).await.unwrap();
-        let mut chain = c.chain();
-        let (ca, cb, cb2) = (
-            chain.write(&mut a),
-            chain.write(&mut b),
-            chain.write(&mut b2),
-        );
-        chain.then(&p, &[ca, cb]).then(&p, &[cb, cb2]);
-        let r = chain.run().await.unwrap();
-        assert!(r.failure.is_none(), "{r:?}");
-        assert!(b.as_slice().iter().zip(&input).all(|(o, i)| *o == i + 2));
-        assert!(b2.as_slice().iter().zip(&input).all(|(o, i)| *o == i + 4));
-        c.close().await.unwrap();
+    for (profile, args) in FULL_ELF_RUNS {
+        for runtime in [Runtime::Linked, Runtime::Loaded] {
+            let mut o = Options::default().profile(profile, runtime);
+            for a in args {
+                o = o.arg(a);
+            }
+            let d = Daemon::start(o);
+            let c = client(&d).await;
+            let p = Program::from_hsaco(hsaco.clone(), "").unwrap();
+            assert_eq!(p.min_arg_sizes().len(), 2);
+            let pdi_insts = Program::emulated(&design, NpuGen::Npu2).unwrap();
+            let input: Vec<i32> = (0..1024).collect();
+            let mut a = c.tensor_from(&input).await.unwrap();
+            let mut b = c.alloc::<i32>(1024).await.unwrap();
+            // The same kernel twice with other arguments in one chain: its patches go to
+            // fresh copies of the control code, so each link reads and writes its own tensors.
+            // Then a PdiInsts link: the daemon rings the two kinds as separate batches.
+            let mut b2 = c.alloc::<i32>(1024).await.unwrap();
+            let mut b3 = c.alloc::<i32>(1024).await.unwrap();
+            let mut chain = c.chain();
+            let (ca, cb, cb2, cb3) = (
+                chain.write(&mut a),
+                chain.write(&mut b),
+                chain.write(&mut b2),
+                chain.write(&mut b3),
+            );
+            chain
+                .then(&p, &[ca, cb])
+                .then(&p, &[cb, cb2])
+                .then(&pdi_insts, &[cb2, cb3]);
+            let r = chain.run().await.unwrap();
+            assert!(r.failure.is_none(), "{profile} {runtime:?}: {r:?}");
+            assert_eq!(r.doorbells, 2, "{profile} {runtime:?}: {r:?}");
+            assert!(b.as_slice().iter().zip(&input).all(|(o, i)| *o == i + 2));
+            assert!(b2.as_slice().iter().zip(&input).all(|(o, i)| *o == i + 4));
+            assert!(b3.as_slice().iter().zip(&input).all(|(o, i)| *o == i + 6));
+            c.close().await.unwrap();
+        }
     }
-    let d = Daemon::start(Options::default().profile("rocr-newest", Runtime::Linked));
-    let mut s = Session::open(d.connect().await, "g2").await.unwrap();
-    let e = s.register_hsaco(hsaco, "", "fe").await.unwrap_err();
-    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
-    assert!(
-        e.message().contains("FullElf kernel")
-            && e.message().contains("does not load code objects"),
-        "{}",
-        e.message()
-    );
+    // The first G2 release has no full ELF, and auto cannot tell the newest from it: both are
+    // refused by name before the device sees the kernel.
+    for (profile, why) in [
+        ("rocr-newest", "g2_full_elf = true"),
+        ("rocr-g2-2026-05", "g2_full_elf = true"),
+    ] {
+        let d = Daemon::start(Options::default().profile(profile, Runtime::Linked));
+        let mut s = Session::open(d.connect().await, "g2").await.unwrap();
+        let e = s.register_hsaco(hsaco.clone(), "", "fe").await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        assert!(
+            e.message().contains("FullElf kernel")
+                && e.message()
+                    .contains("neither loads code objects nor takes G2 full-ELF")
+                && e.message().contains(why),
+            "{profile}: {}",
+            e.message()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

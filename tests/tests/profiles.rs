@@ -98,7 +98,7 @@ async fn core_work(profile: &str, runtime: Runtime) {
     assert_eq!(i.backend, backend);
     assert!(i.runtime_version.contains(profile), "{}", i.runtime_version);
     // Only the newest runtimes export tensor memory (from vmem); the others are staged.
-    let in_place = matches!(profile, "rocr-newest" | "kernel-object");
+    let in_place = matches!(profile, "rocr-g2-2026-07" | "rocr-newest" | "kernel-object");
     assert_eq!(
         i.tensor_sharing,
         if in_place { "vmem-export" } else { "staged" },
@@ -306,6 +306,7 @@ per_profile! {
     rocm_7_0 => "rocm-7.0";
     rocr_late_2025 => "rocr-late-2025";
     rocr_g2_2026_05 => "rocr-g2-2026-05";
+    rocr_g2_2026_07 => "rocr-g2-2026-07";
     rocr_newest => "rocr-newest";
     kernel_object => "kernel-object";
 }

@@ -118,13 +118,17 @@ pub enum HsaError {
     #[error("{call} returned {detail}")]
     Contract { call: &'static str, detail: String },
 
-    /// A FullElf kernel on a runtime that dispatches PDI and instruction addresses: only a
-    /// runtime that loads code objects runs it.
+    /// A FullElf kernel on a runtime that runs neither kernel objects nor G2 full-ELF packets.
     #[error(
-        "kernel {kernel:?} is a FullElf kernel: only a runtime that loads code objects (packet \
-         ABI kernel-object) runs it, and this one speaks {abi}"
+        "kernel {kernel:?} is a FullElf kernel: it runs on a runtime that loads code objects \
+         (packet ABI kernel-object) or takes G2 full-ELF packets on aie2p, and this one speaks \
+         {abi} without full ELF ({why})"
     )]
-    NeedsCodeObjects { kernel: String, abi: &'static str },
+    NeedsCodeObjects {
+        kernel: String,
+        abi: &'static str,
+        why: String,
+    },
 
     /// A caller-supplied value is out of range.
     #[error("{0}")]

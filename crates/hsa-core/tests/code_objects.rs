@@ -56,9 +56,21 @@ fn the_probe_finds_kernel_objects_only_where_code_objects_load_and_leaves_nothin
             Profile::KernelObject => {
                 let info = opened.expect("the device opens").info().clone();
                 assert_eq!(info.packet_abi, PacketAbi::KernelObject);
-                assert_eq!(
-                    info.packet_abi_source,
-                    "auto: the runtime loaded a built-in AIE code object"
+                assert!(
+                    info.packet_abi_source
+                        .starts_with("auto: the runtime loaded a built-in AIE code object")
+                        && info.packet_abi_source.contains("INVALID_PACKET_FORMAT"),
+                    "{}",
+                    info.packet_abi_source
+                );
+            }
+            Profile::RocrG2Jul2026 => {
+                let info = opened.expect("the device opens").info().clone();
+                assert_eq!(info.packet_abi, PacketAbi::G2, "{profile}");
+                assert!(
+                    info.packet_abi_source.contains("INVALID_ALLOCATION"),
+                    "{profile}: {}",
+                    info.packet_abi_source
                 );
             }
             Profile::RocrNewest | Profile::RocrG2May2026 => {

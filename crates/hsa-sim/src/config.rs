@@ -7,7 +7,7 @@
 //! | Variable | Values | Default | Effect |
 //! |---|---|---|---|
 //! | `HSA_SIM_AGENT_NAME` | `aie2`, `aie2p` | `aie2p` | the AIE agent's `HSA_AGENT_INFO_NAME`, and the TXN device generation it accepts (`aie2` = npu1 = devGen 3, `aie2p` = npu2 = devGen 4) |
-//! | `HSA_SIM_PROFILE` | `rocm-7.0`, `rocr-late-2025`, `rocr-g2-2026-05`, `rocr-newest`, `kernel-object` | `rocr-newest` | the ROCR release: packet ABI, names, chain limits, how failures are reported, what vmem and dmabuf export allow, whether AIE hsacos load (see [`Profile`]) |
+//! | `HSA_SIM_PROFILE` | `rocm-7.0`, `rocr-late-2025`, `rocr-g2-2026-05`, `rocr-g2-2026-07`, `rocr-newest`, `kernel-object` | `rocr-newest` | the ROCR release: packet ABI, names, chain limits, how failures are reported, what vmem and dmabuf export allow, whether AIE hsacos load (see [`Profile`]) |
 //! | `HSA_SIM_TIMEOUT_MS` | milliseconds | `2000` | how long a hanging command blocks the doorbell before it fails as the driver's TDR would (ROCm 7.0 gives up after 50 ms if that is shorter) |
 //!
 //! A value the emulator does not understand is logged and replaced by the default.

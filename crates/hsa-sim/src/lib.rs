@@ -26,8 +26,10 @@
 //!
 //! Each [`Profile`] is a ROCR release users install, and fails exactly as that runtime does
 //! (`HSA_SIM_PROFILE`, default `rocr-newest`): `rocm-7.0` (G1a packets), `rocr-late-2025`
-//! (G1b), `rocr-g2-2026-05` (the first G2 release), `rocr-newest` (G2) and `kernel-object`
-//! (AIE hsacos loaded with the executable API, packets naming kernel objects). The agent's
+//! (G1b), `rocr-g2-2026-05` (the first G2 release), `rocr-g2-2026-07` (G2 packets with
+//! full ELF, and an AIE loader for `PdiInsts` hsacos whose kernel objects no packet names),
+//! `rocr-newest` (G2 with full ELF) and `kernel-object` (AIE hsacos loaded with the executable
+//! API, packets naming kernel objects). The agent's
 //! generation (`HSA_SIM_AGENT_NAME`) is separate: it decides which TXN generation runs,
 //! whatever name the profile reports. `HSA_AMD_SYSTEM_INFO_BUILD_VERSION` names the profile
 //! (`hsa-sim 0.1.0 (software AIE agent, profile rocm-7.0)`); [`profile_of_build_version`]
@@ -43,9 +45,9 @@
 //! retired, the failing one and the rest do not run, and the failure is reported as the
 //! profile's runtime reports it (`rocr-aie.md` §5.6):
 //!
-//! | | `rocm-7.0` | `rocr-late-2025` | `rocr-g2-2026-05` | `rocr-newest` | `kernel-object` |
-//! |---|---|---|---|---|---|
-//! | a failed batch | **silent**: no callback, no suspension, read index moved to the write index | **abort**: one line on stderr naming the profile, status and detail, then `abort()` | **abort** | queue suspended, error callback called with the status; with no callback, print and `abort()` (ROCR's default handler); a batch refused before submission retires nothing (read index at its first packet; [`Profile::checks_whole_batch_first`]) | as `rocr-newest` |
+//! | | `rocm-7.0` | `rocr-late-2025` | `rocr-g2-2026-05` | `rocr-g2-2026-07` | `rocr-newest` | `kernel-object` |
+//! |---|---|---|---|---|---|---|
+//! | a failed batch | **silent**: no callback, no suspension, read index moved to the write index | **abort**: one line on stderr naming the profile, status and detail, then `abort()` | **abort** | queue suspended, error callback called with the status; with no callback, print and `abort()` (ROCR's default handler); a batch refused before submission retires nothing (read index at its first packet; [`Profile::checks_whole_batch_first`]) | queue suspended, error callback called with the status; with no callback, print and `abort()` (ROCR's default handler); a batch refused before submission retires nothing (read index at its first packet; [`Profile::checks_whole_batch_first`]) | as `rocr-newest` |
 //!
 //! Every failure is kept in [`last_error`] (C: `hsa_sim_last_error`) and
 //! [`last_error_status`], logged with `tracing::warn!`, and counted in
@@ -58,59 +60,59 @@
 //! of `rocr-aie.md` unless marked "hsaco" (`rocr-aie-hsaco.md`). *Inferred* marks a status the
 //! reference does not give for that release: the emulator then keeps the strict answer.
 //!
-//! | Rule | Enforced by (real stack) | Source | `rocm-7.0` | `rocr-late-2025` | `rocr-g2-2026-05` | `rocr-newest` | `kernel-object` |
-//! |---|---|---|---|---|---|---|---|
-//! | queue size not 64 | ROCR, at creation | §5.1 | `INVALID_ARGUMENT` | same | same | same | same |
-//! | queue type MULTI or COOPERATIVE | ROCR, at creation | §5.1 | `INVALID_QUEUE_CREATION` | same | same | same | same |
-//! | queue on the CPU agent or an unknown agent | ROCR, at creation | §5.1 | `INVALID_AGENT` | same | same | same | same |
-//! | G2 header type not READY (0), opcode not KMQ (0) | ROCR | §2.1, §5.4 | — | — | runs (no check) | `INVALID_PACKET_FORMAT` | opcode only: `INVALID_PACKET_FORMAT` (the header is not read) |
-//! | G2 `pdi_patch_offset` non-zero (full ELF) | emulator limit | §0 | — | — | `NOT_SUPPORTED` | `NOT_SUPPORTED` | — (word 56 reserved, not read) |
-//! | G1 header not 0 | ROCR | §2.2 | runs (`assert` compiled out) | `INVALID_PACKET_FORMAT` | — | — | — |
-//! | G1 AmdFormat not 3 (G1a) / 200 (G1b), state not NEW | ROCR | §2.2 | runs (`assert` compiled out; a G2 packet is read as G1a, observed) | `INVALID_PACKET_FORMAT` | — | — | — |
-//! | G1 payload NULL or unreadable | ROCR | §2.2; rocm70-observed | the process aborts (ROCR dereferences it: SIGSEGV, observed) | `INVALID_PACKET_FORMAT` | — | — | — |
-//! | G1 count not 5+3N, data[0..2] not [3, 0] | ROCR / firmware | §2.2 | `INVALID_PACKET_FORMAT` (*inferred*) | `INVALID_PACKET_FORMAT` | — | — | — |
-//! | G1 ERT opcode not START_CU | ROCR | §2.2; rocm70-observed item 6 | the ringing thread hangs forever (observed) | `INVALID_PACKET_FORMAT` | — | — | — |
-//! | a queue's first doorbell names only PDIs an earlier queue's first doorbell named | ROCR's agent-wide PDI cache | rocm70-observed item 4 | dropped silently, no context (observed; `dispatch/rocm70.rs`) | — | — | — | — |
-//! | every doorbell | ROCR | rocm70-observed item 4 | a new hardware context (`hw_context_builds`) | — | — | — | — |
-//! | instruction buffer at heap offset in [16, 32) or [48, 64) MiB | ROCR's address mask | rocm70-observed item 1 | the device runs the bytes 16 MiB below | — | — | — | — |
-//! | a G1a payload submitted again | ROCR translates it in place | rocm70-observed item 2 | `INVALID_ALLOCATION`, silent | — | — | — | — |
-//! | `hsa_shut_down` | ROCR | rocm70-observed item 9 | leaves the accel fd open (a memfd named `hsa-sim-accel0-…`) | closes | closes | closes | closes |
-//! | G1a packet index ≥ 64 (ROCm 7.0 reads past the ring) | ROCR | §5.2 | `INVALID_PACKET_FORMAT` | — (wraps) | — (wraps) | — (wraps) | — (wraps) |
-//! | write index more than 64 ahead of the read index | (ring overflow) | §5.2 | `INVALID_ARGUMENT` | same | same | same | same |
-//! | one batch's chain exceeds the 4 KiB chain buffer | amdxdna, unsplit by ROCR | §5.2, §7; hsaco §4 | `ERROR` past 4096 bytes at 52 + 4·(6+3N) per START_CU command (40 of N=2 fit) | same | `ERROR` past 4096 bytes at 52 + 4·(8+2N) per packet (40 of N=2, 31 of N=6 fit) | never: split into chains of 52 + 4·(6+2N) (44 of N=2 each) | never: split into chains of 52 + 4·(6+2N) per `PdiInsts` command (44 of N=2), 60 bytes per `FullElf` (68) |
-//! | G2 `num_kernargs` > 0 with NULL `kernarg_address` | ROCR | §2.1; hsaco §4 | — | — | `INVALID_ARGUMENT` | `INVALID_ARGUMENT` (see the differences) | `INVALID_PACKET_FORMAT` |
-//! | completion signal handle not a live signal | ROCR | §5.3 | — (no signal) | `INVALID_SIGNAL` | `INVALID_SIGNAL` | `INVALID_SIGNAL` | `INVALID_SIGNAL` |
-//! | kernarg buffer (G2), insts, or an argument not a known AIE allocation (CPU pool, unknown, vmem without AIE access) or smaller than its declared size | ROCR `FindBOHandle` / `FindDriverMemoryHandle` | §4.1, §5.4 | `INVALID_ALLOCATION` | same | same | same | kernarg buffer or argument not an allocation: `INVALID_ALLOCATION`; an argument size past its allocation, or more arguments than the kernarg buffer holds: `INVALID_PACKET_FORMAT` |
-//! | `insts_size` zero or not a multiple of 4 (G1 counts dwords: only zero arises) | ROCR | §2.1, §5.4 | `INVALID_ARGUMENT` (*inferred*) | same (*inferred*) | same (*inferred*) | `INVALID_ARGUMENT` | — (the loader refuses it) |
-//! | PDI not a known allocation | ROCR | §4.1, §5.4 | `INVALID_ALLOCATION` | same | same | same | — (the loader places it) |
-//! | a 33rd distinct PDI on one queue | ROCR (32-bit CU mask) | §5.4; hsaco §4 | `OUT_OF_RESOURCES` (*inferred*) | same (*inferred*) | same (*inferred*) | `OUT_OF_RESOURCES` | `OUT_OF_RESOURCES` (each load is a new PDI; the cache empties after an executable destroy) |
-//! | PDI not in the device heap ("aie2_config_cu: Invalid BO type") | amdxdna | §4.1, §7 | `ERROR` | same | same | same | — (the loader places it) |
-//! | insts not in the device heap (the firmware gets a wrong device address) | firmware | §2.1 | `ERROR` | same | same | same | — (the loader places it) |
-//! | PDI is a real partial PDI ("PPDI") or an xclbin | emulator limit | — | `NOT_SUPPORTED` | same | same | same | same; a full ELF whose control code is real NPU code: `NOT_SUPPORTED` |
-//! | PDI unrecognised or a broken emulated design; insts rejected by the TXN parser | firmware | — | `ERROR` | same | same | same | same |
-//! | insts built for the other generation (aie2 ↔ npu1/devGen 3, aie2p ↔ npu2/devGen 4) | firmware hangs | §7 (TDR) | `ERROR` after ROCm 7.0's 50 ms `WAIT_CMD` ("WAIT_CMD timed out") | `ERROR` after the watchdog ("Device isn't making progress") | same | same | same |
-//! | fewer arguments than the TXN's DDR patches use, or one smaller than its `min_arg_size`; fewer or smaller than the emulated design's buffers | firmware / emulator | — | `INVALID_ALLOCATION` | same | same | same | same |
-//! | `fault` design | device | — | `ERROR` ("device error") | same | same | same | same |
-//! | `hang` design | device + TDR | §5.2, §7 | `ERROR` after 50 ms | `ERROR` after the watchdog | same | same | same |
-//! | `hsa_amd_vmem_map` of a handle from an AIE pool | ROCR ("only supported for KFD") | §4.2 | `INVALID_AGENT` | `INVALID_AGENT` | works | works | works |
-//! | `hsa_amd_vmem_import_shareable_handle` (no GPU agent) | ROCR (KFD only in 2025) | §4.3 | `INVALID_ALLOCATION` | `INVALID_ALLOCATION` | works (*inferred*) | works | works |
-//! | `hsa_amd_vmem_export_shareable_handle` of an AIE-pool handle | ROCR | hsaco §6, §4.2 | `ERROR` | `ERROR` | `ERROR` (unconfirmed: strict) | a memfd sealed against shrink and grow | a memfd sealed against shrink and grow |
-//! | `hsa_amd_vmem_export_shareable_handle` of an imported handle | ROCR | hsaco §6 | `ERROR` | same | same | same | same |
-//! | vmem unmap while an agent still has access | ROCR `VMemoryHandleUnmap` (removes the access itself, every release read) | ROCR suites (`test_memory.cc`) | works | works | works | works | works |
-//! | vmem address free while mappings remain | ROCR | §4.2 | `RESOURCE_FREE` | same | same | same | same |
-//! | vmem handle, reservation or mapping unknown | ROCR | §4.2 | `INVALID_ALLOCATION` | same | same | same | same |
-//! | `hsa_amd_portable_export_dmabuf` of AIE memory (pool allocation, or vmem mapping of an AIE handle: *inferred*) | ROCR | §4.3; hsaco §6 | `ERROR` (not implemented) | `ERROR` | `ERROR` | `ERROR` | same |
-//! | `hsa_amd_portable_export_dmabuf` of CPU-pool memory / of no allocation | ROCR | §4.3 | `INVALID_AGENT` / `INVALID_ALLOCATION` | same | same | same | same |
-//! | `hsa_amd_portable_close_dmabuf(-1)` after a refused export | ROCR | hsaco §6 | `SUCCESS` | same | same | same | same |
-//! | `hsa_amd_portable_close_dmabuf` of an open fd (a vmem export) / of no open fd | ROCR `DmaBufClose` (`close(2)`) | ROCR suites (`test_memory.cc`) | closes it: `SUCCESS` / `RESOURCE_FREE` | same | same | same | same |
-//! | `hsa_amd_agent_memory_pool_get_info` `ACCESS` | ROCR `GetAgentPoolInfo` | ROCR suites | owner or CPU: ALLOWED_BY_DEFAULT; AIE asking about a CPU pool: DISALLOWED_BY_DEFAULT | same | same | same | same |
-//! | `hsa_amd_memory_lock_to_pool` with a pool not the CPU's / naming the AIE agent | ROCR | ROCR suites | `INVALID_MEMORY_POOL` / `INVALID_AGENT` | same | same | same | same |
-//! | `hsa_amd_memory_pool_can_migrate` | ROCR `CanMigrate` (not implemented) | ROCR suites | `OUT_OF_RESOURCES`, `false` | same | same | same | same |
-//! | `hsa_amd_interop_map_buffer` | ROCR (KFD GPU nodes only) | §4.3 | `ERROR` | same | same | same | same |
-//! | `hsa_amd_pointer_info` of AIE pool memory | ROCR `PtrInfo` | ROCR suites (`test_memory.cc`) | `UNKNOWN` (KFD's thunk) | same | same (*inferred*) | `HSA`, owner the AIE agent (*inferred*) | `HSA`, owner the AIE agent |
-//! | a G2 batch with a packet the runtime refuses (decoding, unknown buffer, 33rd PDI) | ROCR builds the batch before submitting | ROCR suites (`PdiCacheRolledBackOnFailedBatch`) | — | — | packets before it run | nothing runs; signals keep their counts | nothing runs |
-//! | `hsa_amd_agents_allow_access` or `hsa_amd_memory_lock` naming the AIE agent | ROCR | §4.1, §4.3 | `INVALID_AGENT` | same | same | same | same |
-//! | device-heap allocation > 64 MiB / heap full | ROCR | §4.1 | `INVALID_ALLOCATION` / `OUT_OF_RESOURCES` | same | same | same | same |
+//! | Rule | Enforced by (real stack) | Source | `rocm-7.0` | `rocr-late-2025` | `rocr-g2-2026-05` | `rocr-g2-2026-07` | `rocr-newest` | `kernel-object` |
+//! |---|---|---|---|---|---|---|---|---|
+//! | queue size not 64 | ROCR, at creation | §5.1 | `INVALID_ARGUMENT` | same | same | same | same | same |
+//! | queue type MULTI or COOPERATIVE | ROCR, at creation | §5.1 | `INVALID_QUEUE_CREATION` | same | same | same | same | same |
+//! | queue on the CPU agent or an unknown agent | ROCR, at creation | §5.1 | `INVALID_AGENT` | same | same | same | same | same |
+//! | G2 header type not READY (0), opcode not KMQ (0) | ROCR | §2.1, §5.4 | — | — | runs (no check) | `INVALID_PACKET_FORMAT` | `INVALID_PACKET_FORMAT` | opcode only: `INVALID_PACKET_FORMAT` (the header is not read) |
+//! | G2 `pdi_patch_offset` non-zero (full ELF) | ROCR (`BuildFullElfCommand`) | ROCR `core/driver/xdna/README.md` @ `159fb22f` | — | — | read as reserved: the control code runs as insts (`ERROR`, abort) | runs on aie2p; refused as `dispatch/full_elf.rs` lists | same | — (word 56 reserved, not read) |
+//! | G1 header not 0 | ROCR | §2.2 | runs (`assert` compiled out) | `INVALID_PACKET_FORMAT` | — | — | — | — |
+//! | G1 AmdFormat not 3 (G1a) / 200 (G1b), state not NEW | ROCR | §2.2 | runs (`assert` compiled out; a G2 packet is read as G1a, observed) | `INVALID_PACKET_FORMAT` | — | — | — | — |
+//! | G1 payload NULL or unreadable | ROCR | §2.2; rocm70-observed | the process aborts (ROCR dereferences it: SIGSEGV, observed) | `INVALID_PACKET_FORMAT` | — | — | — | — |
+//! | G1 count not 5+3N, data[0..2] not [3, 0] | ROCR / firmware | §2.2 | `INVALID_PACKET_FORMAT` (*inferred*) | `INVALID_PACKET_FORMAT` | — | — | — | — |
+//! | G1 ERT opcode not START_CU | ROCR | §2.2; rocm70-observed item 6 | the ringing thread hangs forever (observed) | `INVALID_PACKET_FORMAT` | — | — | — | — |
+//! | a queue's first doorbell names only PDIs an earlier queue's first doorbell named | ROCR's agent-wide PDI cache | rocm70-observed item 4 | dropped silently, no context (observed; `dispatch/rocm70.rs`) | — | — | — | — | — |
+//! | every doorbell | ROCR | rocm70-observed item 4 | a new hardware context (`hw_context_builds`) | — | — | — | — | — |
+//! | instruction buffer at heap offset in [16, 32) or [48, 64) MiB | ROCR's address mask | rocm70-observed item 1 | the device runs the bytes 16 MiB below | — | — | — | — | — |
+//! | a G1a payload submitted again | ROCR translates it in place | rocm70-observed item 2 | `INVALID_ALLOCATION`, silent | — | — | — | — | — |
+//! | `hsa_shut_down` | ROCR | rocm70-observed item 9 | leaves the accel fd open (a memfd named `hsa-sim-accel0-…`) | closes | closes | closes | closes | closes |
+//! | G1a packet index ≥ 64 (ROCm 7.0 reads past the ring) | ROCR | §5.2 | `INVALID_PACKET_FORMAT` | — (wraps) | — (wraps) | — (wraps) | — (wraps) | — (wraps) |
+//! | write index more than 64 ahead of the read index | (ring overflow) | §5.2 | `INVALID_ARGUMENT` | same | same | same | same | same |
+//! | one batch's chain exceeds the 4 KiB chain buffer | amdxdna, unsplit by ROCR | §5.2, §7; hsaco §4 | `ERROR` past 4096 bytes at 52 + 4·(6+3N) per START_CU command (40 of N=2 fit) | same | `ERROR` past 4096 bytes at 52 + 4·(8+2N) per packet (40 of N=2, 31 of N=6 fit) | never: split into chains of 52 + 4·(6+2N) (44 of N=2 each) | never: split into chains of 52 + 4·(6+2N) (44 of N=2 each) | never: split into chains of 52 + 4·(6+2N) per `PdiInsts` command (44 of N=2), 60 bytes per `FullElf` (68) |
+//! | G2 `num_kernargs` > 0 with NULL `kernarg_address` | ROCR | §2.1; hsaco §4 | — | — | `INVALID_ARGUMENT` | `INVALID_PACKET_FORMAT`, after the PDI and instruction buffer resolve (`INVALID_ALLOCATION` first) | `INVALID_ARGUMENT` (see the differences) | `INVALID_PACKET_FORMAT` |
+//! | completion signal handle not a live signal | ROCR | §5.3 | — (no signal) | `INVALID_SIGNAL` | `INVALID_SIGNAL` | `INVALID_SIGNAL` | `INVALID_SIGNAL` | `INVALID_SIGNAL` |
+//! | kernarg buffer (G2), insts, or an argument not a known AIE allocation (CPU pool, unknown, vmem without AIE access) or smaller than its declared size | ROCR `FindBOHandle` / `FindDriverMemoryHandle` | §4.1, §5.4 | `INVALID_ALLOCATION` | same | same | same | same | kernarg buffer or argument not an allocation: `INVALID_ALLOCATION`; an argument size past its allocation, or more arguments than the kernarg buffer holds: `INVALID_PACKET_FORMAT` |
+//! | `insts_size` zero or not a multiple of 4 (G1 counts dwords: only zero arises) | ROCR | §2.1, §5.4 | `INVALID_ARGUMENT` (*inferred*) | same (*inferred*) | same (*inferred*) | `INVALID_ARGUMENT` | `INVALID_ARGUMENT` | — (the loader refuses it) |
+//! | PDI not a known allocation | ROCR | §4.1, §5.4 | `INVALID_ALLOCATION` | same | same | same | same | — (the loader places it) |
+//! | a 33rd distinct PDI on one queue | ROCR (32-bit CU mask) | §5.4; hsaco §4 | `OUT_OF_RESOURCES` (*inferred*) | same (*inferred*) | same (*inferred*) | `OUT_OF_RESOURCES` | `OUT_OF_RESOURCES` | `OUT_OF_RESOURCES` (each load is a new PDI; the cache empties after an executable destroy) |
+//! | PDI not in the device heap ("aie2_config_cu: Invalid BO type") | amdxdna | §4.1, §7 | `ERROR` | same | same | same | same | — (the loader places it) |
+//! | insts not in the device heap (the firmware gets a wrong device address) | firmware | §2.1 | `ERROR` | same | same | same | same | — (the loader places it) |
+//! | PDI is a real partial PDI ("PPDI") or an xclbin | emulator limit | — | `NOT_SUPPORTED` | same | same | same | same | same; a full ELF whose control code is real NPU code: `NOT_SUPPORTED` |
+//! | PDI unrecognised or a broken emulated design; insts rejected by the TXN parser | firmware | — | `ERROR` | same | same | same | same | same |
+//! | insts built for the other generation (aie2 ↔ npu1/devGen 3, aie2p ↔ npu2/devGen 4) | firmware hangs | §7 (TDR) | `ERROR` after ROCm 7.0's 50 ms `WAIT_CMD` ("WAIT_CMD timed out") | `ERROR` after the watchdog ("Device isn't making progress") | same | same | same | same |
+//! | fewer arguments than the TXN's DDR patches use, or one smaller than its `min_arg_size`; fewer or smaller than the emulated design's buffers | firmware / emulator | — | `INVALID_ALLOCATION` | same | same | same | same | same |
+//! | `fault` design | device | — | `ERROR` ("device error") | same | same | same | same | same |
+//! | `hang` design | device + TDR | §5.2, §7 | `ERROR` after 50 ms | `ERROR` after the watchdog | same | same | same | same |
+//! | `hsa_amd_vmem_map` of a handle from an AIE pool | ROCR ("only supported for KFD") | §4.2 | `INVALID_AGENT` | `INVALID_AGENT` | works | works | works | works |
+//! | `hsa_amd_vmem_import_shareable_handle` (no GPU agent) | ROCR (KFD only in 2025) | §4.3 | `INVALID_ALLOCATION` | `INVALID_ALLOCATION` | works (*inferred*) | works | works | works |
+//! | `hsa_amd_vmem_export_shareable_handle` of an AIE-pool handle | ROCR | hsaco §6, §4.2 | `ERROR` | `ERROR` | `ERROR` (unconfirmed: strict) | a memfd sealed against shrink and grow | a memfd sealed against shrink and grow | a memfd sealed against shrink and grow |
+//! | `hsa_amd_vmem_export_shareable_handle` of an imported handle | ROCR | hsaco §6 | `ERROR` | same | same | same | same | same |
+//! | vmem unmap while an agent still has access | ROCR `VMemoryHandleUnmap` (removes the access itself, every release read) | ROCR suites (`test_memory.cc`) | works | works | works | works | works | works |
+//! | vmem address free while mappings remain | ROCR | §4.2 | `RESOURCE_FREE` | same | same | same | same | same |
+//! | vmem handle, reservation or mapping unknown | ROCR | §4.2 | `INVALID_ALLOCATION` | same | same | same | same | same |
+//! | `hsa_amd_portable_export_dmabuf` of AIE memory (pool allocation, or vmem mapping of an AIE handle: *inferred*) | ROCR | §4.3; hsaco §6 | `ERROR` (not implemented) | `ERROR` | `ERROR` | `ERROR` | `ERROR` | same |
+//! | `hsa_amd_portable_export_dmabuf` of CPU-pool memory / of no allocation | ROCR | §4.3 | `INVALID_AGENT` / `INVALID_ALLOCATION` | same | same | same | same | same |
+//! | `hsa_amd_portable_close_dmabuf(-1)` after a refused export | ROCR | hsaco §6 | `SUCCESS` | same | same | same | same | same |
+//! | `hsa_amd_portable_close_dmabuf` of an open fd (a vmem export) / of no open fd | ROCR `DmaBufClose` (`close(2)`) | ROCR suites (`test_memory.cc`) | closes it: `SUCCESS` / `RESOURCE_FREE` | same | same | same | same | same |
+//! | `hsa_amd_agent_memory_pool_get_info` `ACCESS` | ROCR `GetAgentPoolInfo` | ROCR suites | owner or CPU: ALLOWED_BY_DEFAULT; AIE asking about a CPU pool: DISALLOWED_BY_DEFAULT | same | same | same | same | same |
+//! | `hsa_amd_memory_lock_to_pool` with a pool not the CPU's / naming the AIE agent | ROCR | ROCR suites | `INVALID_MEMORY_POOL` / `INVALID_AGENT` | same | same | same | same | same |
+//! | `hsa_amd_memory_pool_can_migrate` | ROCR `CanMigrate` (not implemented) | ROCR suites | `OUT_OF_RESOURCES`, `false` | same | same | same | same | same |
+//! | `hsa_amd_interop_map_buffer` | ROCR (KFD GPU nodes only) | §4.3 | `ERROR` | same | same | same | same | same |
+//! | `hsa_amd_pointer_info` of AIE pool memory | ROCR `PtrInfo` | ROCR suites (`test_memory.cc`) | `UNKNOWN` (KFD's thunk) | same | same (*inferred*) | `HSA`, owner the AIE agent (*inferred*) | `HSA`, owner the AIE agent (*inferred*) | `HSA`, owner the AIE agent |
+//! | a G2 batch with a packet the runtime refuses (decoding, unknown buffer, 33rd PDI) | ROCR builds the batch before submitting | ROCR suites (`PdiCacheRolledBackOnFailedBatch`) | — | — | packets before it run | nothing runs; signals keep their counts | nothing runs; signals keep their counts | nothing runs |
+//! | `hsa_amd_agents_allow_access` or `hsa_amd_memory_lock` naming the AIE agent | ROCR | §4.1, §4.3 | `INVALID_AGENT` | same | same | same | same | same |
+//! | device-heap allocation > 64 MiB / heap full | ROCR | §4.1 | `INVALID_ALLOCATION` / `OUT_OF_RESOURCES` | same | same | same | same | same |
 //!
 //! Names: `HSA_AGENT_INFO_NAME` is always `aie2` and `HSA_AMD_AGENT_INFO_PRODUCT_NAME`
 //! `AIE-ML` under `rocm-7.0`; the later profiles report `aie2`/`aie2p` by generation and the
@@ -204,7 +206,9 @@
 //!   ROCm 7.0 reports everything; inferred).
 //! - The newest driver (hsaco §4) answers a NULL kernarg buffer with arguments, more
 //!   arguments than the kernarg buffer holds and an argument size past its allocation with
-//!   `INVALID_PACKET_FORMAT`; the emulator gives `INVALID_ARGUMENT` and `INVALID_ALLOCATION`.
+//!   `INVALID_PACKET_FORMAT`; the emulator gives `INVALID_ARGUMENT` and `INVALID_ALLOCATION`
+//!   (under `rocr-g2-2026-07`, a NULL kernarg buffer gives the driver's `INVALID_PACKET_FORMAT`
+//!   after the PDI and the instruction buffer resolve, in the driver's order).
 //! - The first G2 release may not resolve vmem mappings as kernel arguments (§4.2,
 //!   unconfirmed); under `rocr-g2-2026-05` the emulator accepts them, so IRON's vmem
 //!   sequence runs.
@@ -230,7 +234,7 @@
 //!
 //! # Configuration
 //! See [`config`]: `HSA_SIM_AGENT_NAME` (aie2 | aie2p, default aie2p), `HSA_SIM_PROFILE`
-//! (rocm-7.0 | rocr-late-2025 | rocr-g2-2026-05 | rocr-newest | kernel-object, default
+//! (rocm-7.0 | rocr-late-2025 | rocr-g2-2026-05 | rocr-g2-2026-07 | rocr-newest | kernel-object, default
 //! rocr-newest),
 //! `HSA_SIM_TIMEOUT_MS` (default 2000), read at the 0→1 `hsa_init`, or [`set_config`].
 //!

@@ -4,22 +4,23 @@
 //! client tested on a kinder emulator breaks on the hardware. A profile fixes every behaviour
 //! that differs between releases (`rocr-aie.md` §0, §3, §4, §5; `rocr-aie-hsaco.md` §4, §6):
 //!
-//! | | `rocm-7.0` | `rocr-late-2025` | `rocr-g2-2026-05` | `rocr-newest` (default) | `kernel-object` |
-//! |---|---|---|---|---|---|
-//! | packet ABI | G1a | G1b | G2 | G2 | G2 layout, words 20/24 a kernel object |
-//! | packet header checked | no (`assert` only) | yes (must be 0) | no | type READY, opcode KMQ | opcode only |
-//! | `HSA_AGENT_INFO_NAME` | always `aie2` | `aie2` / `aie2p` by generation | same | same | same |
-//! | `HSA_AMD_AGENT_INFO_PRODUCT_NAME` | `AIE-ML` | the product name | same | same | same |
-//! | chain per doorbell | one, ≤ 4096 bytes at 52 + 4·(6+3N) per START_CU command | same | one, ≤ 4096 bytes at 52 + 4·(8+2N) per packet | split into as many as needed | split; 52 + 4·(6+2N) per `PdiInsts` command, 60 per `FullElf` |
-//! | a failed batch | silent | abort | abort | suspend + error callback (abort without one) | suspend + error callback; a batch refused before submission retires nothing |
-//! | command wait limit | 50 ms (`WAIT_CMD`) | the watchdog | the watchdog | the watchdog | the watchdog |
-//! | `hsa_amd_portable_export_dmabuf` of AIE memory | `INVALID_AGENT` (observed) | `ERROR` | `ERROR` | `ERROR` | `ERROR` |
-//! | `hsa_amd_vmem_map` of an AIE-pool handle | `INVALID_AGENT` | `INVALID_AGENT` | works | works | works |
-//! | `hsa_amd_vmem_import_shareable_handle` | `INVALID_ALLOCATION` | `INVALID_ALLOCATION` | works | works | works |
-//! | `hsa_amd_vmem_export_shareable_handle` of an AIE-pool handle | `ERROR` | `ERROR` | `ERROR` | a sealed memfd | a sealed memfd |
-//! | AIE hsaco loads (`hsa_executable_load_agent_code_object`) | `INVALID_CODE_OBJECT` | same | same | same | yes |
-//! | hardware contexts | one per doorbell; a stale agent-wide PDI cache entry drops a later queue's first doorbell (`dispatch/rocm70.rs`) | per queue | per queue | per queue | per mode |
-//! | G2 packet / NULL G1 payload / ERT opcode not START_CU | read as G1a / abort / hang forever | refused | — | — | — |
+//! | | `rocm-7.0` | `rocr-late-2025` | `rocr-g2-2026-05` | `rocr-g2-2026-07` | `rocr-newest` (default) | `kernel-object` |
+//! |---|---|---|---|---|---|---|
+//! | packet ABI | G1a | G1b | G2 | G2 | G2 | G2 layout, words 20/24 a kernel object |
+//! | packet header checked | no (`assert` only) | yes (must be 0) | no | type READY, opcode KMQ | type READY, opcode KMQ | opcode only |
+//! | `HSA_AGENT_INFO_NAME` | always `aie2` | `aie2` / `aie2p` by generation | same | same | same | same |
+//! | `HSA_AMD_AGENT_INFO_PRODUCT_NAME` | `AIE-ML` | the product name | same | same | same | same |
+//! | chain per doorbell | one, ≤ 4096 bytes at 52 + 4·(6+3N) per START_CU command | same | one, ≤ 4096 bytes at 52 + 4·(8+2N) per packet | split; 52 + 4·(6+2N) per PDI + insts packet, 60 per full-ELF packet | same | split; 52 + 4·(6+2N) per `PdiInsts` command, 60 per `FullElf` |
+//! | a failed batch | silent | abort | abort | suspend + error callback (abort without one) | same | suspend + error callback; a batch refused before submission retires nothing |
+//! | command wait limit | 50 ms (`WAIT_CMD`) | the watchdog | the watchdog | the watchdog | the watchdog | the watchdog |
+//! | `hsa_amd_portable_export_dmabuf` of AIE memory | `INVALID_AGENT` (observed) | `ERROR` | `ERROR` | `ERROR` | `ERROR` | `ERROR` |
+//! | `hsa_amd_vmem_map` of an AIE-pool handle | `INVALID_AGENT` | `INVALID_AGENT` | works | works | works | works |
+//! | `hsa_amd_vmem_import_shareable_handle` | `INVALID_ALLOCATION` | `INVALID_ALLOCATION` | works | works | works | works |
+//! | `hsa_amd_vmem_export_shareable_handle` of an AIE-pool handle | `ERROR` | `ERROR` | `ERROR` | a sealed memfd | a sealed memfd | a sealed memfd |
+//! | AIE hsaco loads (`hsa_executable_load_agent_code_object`) | `INVALID_CODE_OBJECT` | same | same | `PdiInsts` kernels only; `KERNEL_OBJECT` a descriptor that packets never name | `INVALID_CODE_OBJECT` | yes |
+//! | G2 full-ELF packets (`pdi_patch_offset` ≠ 0) | — | — | word 56 ignored: the control code runs as an instruction stream | aie2p only, one mode per doorbell batch | same | — (word 56 reserved) |
+//! | hardware contexts | one per doorbell; a stale agent-wide PDI cache entry drops a later queue's first doorbell (`dispatch/rocm70.rs`) | per queue | per queue | per queue, rebuilt on a mode switch | same | per mode |
+//! | G2 packet / NULL G1 payload / ERT opcode not START_CU | read as G1a / abort / hang forever | refused | — | — | — | — |
 //!
 //! What `packet_abi = "auto"` in hsa-core sees of each profile is only what the real release
 //! shows through the function table: whether an AIE code object loads, whether an AIE vmem
@@ -50,6 +51,12 @@ pub enum Profile {
     /// rocm-systems develop from May 2026 (PR #5595): the first G2 packets, no chain split,
     /// errors abort the process.
     RocrG2May2026,
+    /// rocm-systems development of July 2026 (the G2-era AIE suite, `rocrtst/suites/aie/dispatch.cc`
+    /// @ `07ee4564`): G2 packets, full-ELF packets (`pdi_patch_offset`), chains split to fit, a
+    /// failed batch suspends the queue and calls its error callback, and an AIE hsaco loader
+    /// that takes `PdiInsts` kernels through the executable API while the packets still name
+    /// instruction streams, never kernel objects.
+    RocrG2Jul2026,
     /// The newest ROCR: G2, chains split to fit, a failed batch suspends the queue and calls
     /// its error callback.
     #[default]
@@ -132,10 +139,11 @@ const PROFILE_MARK: &str = ", profile ";
 
 impl Profile {
     /// Every profile, oldest first.
-    pub const ALL: [Profile; 5] = [
+    pub const ALL: [Profile; 6] = [
         Profile::Rocm70,
         Profile::RocrLate2025,
         Profile::RocrG2May2026,
+        Profile::RocrG2Jul2026,
         Profile::RocrNewest,
         Profile::KernelObject,
     ];
@@ -146,6 +154,7 @@ impl Profile {
             Self::Rocm70 => "rocm-7.0",
             Self::RocrLate2025 => "rocr-late-2025",
             Self::RocrG2May2026 => "rocr-g2-2026-05",
+            Self::RocrG2Jul2026 => "rocr-g2-2026-07",
             Self::RocrNewest => "rocr-newest",
             Self::KernelObject => "kernel-object",
         }
@@ -157,6 +166,7 @@ impl Profile {
             Self::Rocm70 => build_version!("rocm-7.0"),
             Self::RocrLate2025 => build_version!("rocr-late-2025"),
             Self::RocrG2May2026 => build_version!("rocr-g2-2026-05"),
+            Self::RocrG2Jul2026 => build_version!("rocr-g2-2026-07"),
             Self::RocrNewest => build_version!("rocr-newest"),
             Self::KernelObject => build_version!("kernel-object"),
         }
@@ -172,7 +182,9 @@ impl Profile {
         match self {
             Self::Rocm70 => PacketAbi::G1a,
             Self::RocrLate2025 => PacketAbi::G1b,
-            Self::RocrG2May2026 | Self::RocrNewest | Self::KernelObject => PacketAbi::G2,
+            Self::RocrG2May2026 | Self::RocrG2Jul2026 | Self::RocrNewest | Self::KernelObject => {
+                PacketAbi::G2
+            }
         }
     }
 
@@ -183,12 +195,35 @@ impl Profile {
         matches!(self, Self::KernelObject)
     }
 
+    /// Whether `hsa_executable_load_agent_code_object` takes an AIE hsaco: the kernel-object
+    /// runtime, and the July 2026 development runtime whose loader came before its packets named
+    /// kernel objects (the G2-era suite @ `07ee4564` loads a `PdiInsts` hsaco and checks that
+    /// `KERNEL_OBJECT` is 0 before freeze and non-zero after, while every dispatch of that suite
+    /// writes G2 packets).
+    pub const fn loads_code_objects(self) -> bool {
+        matches!(self, Self::KernelObject | Self::RocrG2Jul2026)
+    }
+
+    /// Whether the loader takes `FullElf` kernels: not yet on the July 2026 runtime (its suite:
+    /// "Full-ELF hsacos (kind = FullElf) are not supported by the loader yet").
+    pub const fn loads_full_elf_code_objects(self) -> bool {
+        matches!(self, Self::KernelObject)
+    }
+
+    /// Whether a G2 packet with a non-zero `pdi_patch_offset` (word 56) is a full-ELF dispatch
+    /// (`rocr-aie.md` §2.1; ROCR's `core/driver/xdna/README.md` @ `159fb22f`, the driver's
+    /// `BuildFullElfCommand`): the newest G2 runtimes and the July 2026 one. The first G2 release
+    /// reads word 56 as reserved and runs the control code as an instruction stream.
+    pub const fn g2_full_elf(self) -> bool {
+        matches!(self, Self::RocrG2Jul2026 | Self::RocrNewest)
+    }
+
     /// How a failed doorbell batch is reported (`rocr-aie.md` §5.6).
     pub const fn failure_report(self) -> FailureReport {
         match self {
             Self::Rocm70 => FailureReport::Silent,
             Self::RocrLate2025 | Self::RocrG2May2026 => FailureReport::Abort,
-            Self::RocrNewest | Self::KernelObject => FailureReport::Callback,
+            Self::RocrG2Jul2026 | Self::RocrNewest | Self::KernelObject => FailureReport::Callback,
         }
     }
 
@@ -197,7 +232,7 @@ impl Profile {
         match self {
             Self::Rocm70 | Self::RocrLate2025 => ChainPolicy::G1Unsplit,
             Self::RocrG2May2026 => ChainPolicy::G2Unsplit,
-            Self::RocrNewest | Self::KernelObject => ChainPolicy::G2Split,
+            Self::RocrG2Jul2026 | Self::RocrNewest | Self::KernelObject => ChainPolicy::G2Split,
         }
     }
 
@@ -218,7 +253,10 @@ impl Profile {
     /// only the opcode, the descriptor and the kernargs; `rocr-aie-hsaco.md` §1): see
     /// [`Profile::speaks_kernel_objects`].
     pub const fn checks_packet_header(self) -> bool {
-        matches!(self, Self::RocrLate2025 | Self::RocrNewest)
+        matches!(
+            self,
+            Self::RocrLate2025 | Self::RocrG2Jul2026 | Self::RocrNewest
+        )
     }
 
     /// The AIE agent's `HSA_AGENT_INFO_NAME`: ROCm 7.0 always says `aie2`; later releases
@@ -244,7 +282,7 @@ impl Profile {
     pub const fn vmem_maps_aie_handles(self) -> bool {
         matches!(
             self,
-            Self::RocrG2May2026 | Self::RocrNewest | Self::KernelObject
+            Self::RocrG2May2026 | Self::RocrG2Jul2026 | Self::RocrNewest | Self::KernelObject
         )
     }
 
@@ -253,7 +291,7 @@ impl Profile {
     pub const fn vmem_imports(self) -> bool {
         matches!(
             self,
-            Self::RocrG2May2026 | Self::RocrNewest | Self::KernelObject
+            Self::RocrG2May2026 | Self::RocrG2Jul2026 | Self::RocrNewest | Self::KernelObject
         )
     }
 
@@ -262,7 +300,10 @@ impl Profile {
     /// 2025 runtimes export only KFD memory; for the first G2 release it is unconfirmed, so
     /// the emulator refuses it there.
     pub const fn vmem_exports_aie_handles(self) -> bool {
-        matches!(self, Self::RocrNewest | Self::KernelObject)
+        matches!(
+            self,
+            Self::RocrG2Jul2026 | Self::RocrNewest | Self::KernelObject
+        )
     }
 
     /// Whether `hsa_amd_pointer_info` knows AIE pool memory: ROCR's own AIE memory test
@@ -272,7 +313,10 @@ impl Profile {
     /// asks KFD's thunk only, which does not know XDNA buffers (`UNKNOWN`); the first G2
     /// release is taken to do the same.
     pub const fn pointer_info_knows_aie_memory(self) -> bool {
-        matches!(self, Self::RocrNewest | Self::KernelObject)
+        matches!(
+            self,
+            Self::RocrG2Jul2026 | Self::RocrNewest | Self::KernelObject
+        )
     }
 
     /// Whether a doorbell checks every packet of its batch before any runs, so that a packet
@@ -283,7 +327,10 @@ impl Profile {
     /// runtime does the same. Older releases submit packet by packet. Device failures (a
     /// fault, a hang, a wrong generation) still retire the packets ahead of them.
     pub const fn checks_whole_batch_first(self) -> bool {
-        matches!(self, Self::RocrNewest | Self::KernelObject)
+        matches!(
+            self,
+            Self::RocrG2Jul2026 | Self::RocrNewest | Self::KernelObject
+        )
     }
 }
 

@@ -49,6 +49,9 @@ pub(crate) struct QueueState {
     pub parsed: crate::rules::ParsedPrograms,
     /// The kernel-object runtime's hardware context and PDI cache.
     pub ko: crate::dispatch::kernel_object::KoQueueState,
+    /// The mode of the last G2 batch on a runtime with full ELF: `Some(true)` full ELF,
+    /// `Some(false)` PDI + insts, `None` before the first batch.
+    pub g2_full_elf: Option<bool>,
     /// ROCm 7.0: the handle of the hardware context the last doorbell built (0: none yet).
     pub rocm70_context: u64,
 }

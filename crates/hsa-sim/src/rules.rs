@@ -186,12 +186,7 @@ fn runtime_checks(mem: &Memory, cmd: &Command) -> Result<(Resolved, Vec<u64>, Re
             ),
         ));
     }
-    let mut avail = Vec::with_capacity(cmd.args.len());
-    for (i, &(addr, size)) in cmd.args.iter().enumerate() {
-        let r = kernel_buffer(mem, format_args!("argument {i}"), addr, size)?;
-        // A size of 0 means "the caller synchronises this range": the whole rest is usable.
-        avail.push(if size == 0 { r.remaining(addr) } else { size });
-    }
+    let avail = arg_room(mem, cmd)?;
     let pdi = mem.resolve(cmd.pdi).ok_or_else(|| {
         invalid_allocation(format!(
             "PDI at {:#x} is not an allocation the runtime knows",
@@ -199,6 +194,17 @@ fn runtime_checks(mem: &Memory, cmd: &Command) -> Result<(Resolved, Vec<u64>, Re
         ))
     })?;
     Ok((insts, avail, pdi))
+}
+
+/// Every argument resolves to an allocation the runtime knows; the bytes each may use.
+fn arg_room(mem: &Memory, cmd: &Command) -> Result<Vec<u64>, SimError> {
+    let mut avail = Vec::with_capacity(cmd.args.len());
+    for (i, &(addr, size)) in cmd.args.iter().enumerate() {
+        let r = kernel_buffer(mem, format_args!("argument {i}"), addr, size)?;
+        // A size of 0 means "the caller synchronises this range": the whole rest is usable.
+        avail.push(if size == 0 { r.remaining(addr) } else { size });
+    }
+    Ok(avail)
 }
 
 /// The PDI limit: `pdi` may join a queue holding `pdis` unless it is a 33rd.
@@ -230,6 +236,12 @@ pub(crate) fn check_batch(
     let mem = rt.memory();
     let mut pdis = state.pdis.clone();
     for (i, cmd) in cmds.iter().enumerate() {
+        if cmd.pdi_patch_offset != 0 {
+            // A full-ELF command takes no compute-unit slot.
+            crate::dispatch::full_elf::check(&mem, cmd).map_err(|e| (i, e))?;
+            arg_room(&mem, cmd).map_err(|e| (i, e))?;
+            continue;
+        }
         runtime_checks(&mem, cmd).map_err(|e| (i, e))?;
         pdi_slot(&pdis, cmd.pdi).map_err(|e| (i, e))?;
         if !pdis.contains(&cmd.pdi) {
@@ -249,6 +261,11 @@ pub(crate) fn execute(
     state: &mut QueueState,
     cmd: &Command,
 ) -> Result<(), SimError> {
+    if cmd.pdi_patch_offset != 0 {
+        crate::dispatch::full_elf::prepare(rt, cmd)?;
+        let avail = arg_room(&rt.memory(), cmd)?;
+        return crate::dispatch::full_elf::run(rt, q, cmd, &avail);
+    }
     let mem = rt.memory();
     let (insts, avail, pdi) = runtime_checks(&mem, cmd)?;
     if !state.pdis.contains(&cmd.pdi) {
@@ -285,6 +302,7 @@ pub(crate) fn execute(
                 insts_size: cmd.insts_size,
                 args: cmd.args.clone(),
                 completion: None,
+                pdi_patch_offset: 0,
             };
             return match mem.resolve(seen) {
                 Some(r) if r.remaining(seen) >= cmd.insts_size => {

@@ -81,7 +81,8 @@ pub struct EmulatorConfig {
     /// The NPU the emulator models: `aie2` (npu1) or `aie2p` (npu2).
     pub agent_name: String,
     /// The ROCR release the emulator behaves as, failures included: `rocr-newest`,
-    /// `rocr-g2-2026-05`, `rocr-late-2025` or `rocm-7.0` (hsa-sim's profiles).
+    /// `rocr-g2-2026-07`, `rocr-g2-2026-05`, `rocr-late-2025`, `rocm-7.0` or `kernel-object`
+    /// (hsa-sim's profiles).
     pub profile: String,
     /// How long a hanging kernel blocks before it fails as the driver's watchdog would, in ms.
     pub timeout_ms: u64,
@@ -309,6 +310,10 @@ pub struct Config {
     pub library: Option<PathBuf>,
     /// `g2`, `g1b` or `g1a`; unset: `g2` on `hsa`, the profile's own on the emulator.
     pub packet_abi: Option<String>,
+    /// Whether a G2 runtime takes full-ELF packets, so FullElf kernels run there: unset
+    /// (auto) proves it only for a G2 runtime with the AIE loader; `true` for the newest G2
+    /// ROCR, which `auto` cannot tell from the first G2 release (which has none).
+    pub g2_full_elf: Option<bool>,
     /// `npu1` or `npu2`, overriding the generation read from the agent name or sysfs.
     pub generation: Option<String>,
     /// Where sysfs is mounted: the NPU's PCI id is read there when the agent name does not
@@ -344,6 +349,7 @@ impl Default for Config {
             backend: Backend::Emulator,
             library: None,
             packet_abi: None,
+            g2_full_elf: None,
             generation: None,
             sysfs_root: PathBuf::from("/sys"),
             emulator: EmulatorConfig::default(),
@@ -423,6 +429,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "backend",
     "library",
     "packet_abi",
+    "g2_full_elf",
     "generation",
     "sysfs_root",
     "emulator",
@@ -484,7 +491,8 @@ impl Config {
             .map_err(|_| {
                 invalid(
                     "emulator.profile",
-                    "expected rocr-newest, rocr-g2-2026-05, rocr-late-2025, rocm-7.0 or kernel-object",
+                    "expected rocr-newest, rocr-g2-2026-07, rocr-g2-2026-05, rocr-late-2025, rocm-7.0 or \
+                     kernel-object",
                 )
             })?;
         if let Some(abi) = self.packet_abi.as_deref().filter(|a| *a != "auto") {
@@ -694,6 +702,7 @@ impl Config {
             probe_code_objects,
             generation: self.generation.as_deref().and_then(|g| g.parse().ok()),
             sysfs_root: self.sysfs_root.clone(),
+            g2_full_elf: self.g2_full_elf,
             ..hsa_core::DeviceOptions::default()
         }
     }
@@ -725,6 +734,8 @@ pub struct Overrides {
     pub library: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub packet_abi: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub g2_full_elf: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub generation: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -87,6 +87,10 @@ struct Cli {
     /// start where nothing proves one), kernel-object, g2, g1b or g1a.
     #[arg(long)]
     packet_abi: Option<String>,
+    /// Whether the G2 runtime takes full-ELF packets (FullElf kernels): true, false, or unset
+    /// (proven only for a G2 runtime with the AIE loader).
+    #[arg(long)]
+    g2_full_elf: Option<bool>,
     /// npu1 or npu2, overriding the agent name and the PCI id in sysfs.
     #[arg(long)]
     generation: Option<String>,
@@ -97,8 +101,8 @@ struct Cli {
     /// The emulator's agent: aie2 (npu1) or aie2p (npu2).
     #[arg(long)]
     emulator_agent: Option<String>,
-    /// The ROCR release the emulator behaves as: rocr-newest, rocr-g2-2026-05, rocr-late-2025,
-    /// rocm-7.0 or kernel-object.
+    /// The ROCR release the emulator behaves as: rocr-newest, rocr-g2-2026-07, rocr-g2-2026-05,
+    /// rocr-late-2025, rocm-7.0 or kernel-object.
     #[arg(long)]
     emulator_profile: Option<String>,
     /// The emulator's hang timeout, in milliseconds.
@@ -159,6 +163,7 @@ fn main() -> ExitCode {
         backend: cli.backend,
         library: cli.library,
         packet_abi: cli.packet_abi,
+        g2_full_elf: cli.g2_full_elf,
         generation: cli.generation,
         sysfs_root: cli.sysfs_root,
         state_dir: cli.state_dir,

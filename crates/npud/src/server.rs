@@ -217,6 +217,11 @@ pub async fn run(
             persisted.records,
         )
         .with_packet_abi(opened.facts.info.packet_abi)
+        .with_g2_full_elf(if opened.facts.info.g2_full_elf {
+            Ok(())
+        } else {
+            Err(opened.facts.info.g2_full_elf_source.clone())
+        })
         .with_budget(MemoryBudget::new(&cfg.limits)),
     );
     let facts = opened.facts.clone();

@@ -6,9 +6,13 @@
 //! payload (`rocm70-observed.md`). So `auto` takes a packet form only where evidence proves
 //! it, in this order:
 //!
-//! 1. **Kernel objects**: the runtime loads a tiny built-in AIE code object
-//!    ([`super::code_object::probe`]); the releases without the AIE loader fail the load.
-//!    (From the reference: `rocr-aie-hsaco.md` §1.)
+//! 1. **Kernel objects, or G2 with the AIE loader**: the runtime loads a tiny built-in AIE
+//!    code object ([`super::code_object::probe`]); the releases without the AIE loader fail the
+//!    load (`rocr-aie-hsaco.md` §1). A load alone proves no packet form: ROCR's July 2026
+//!    development tree loads `PdiInsts` hsacos while its packets are still G2. So one packet
+//!    that both forms refuse before submission, with different statuses, tells which the
+//!    driver reads ([`super::ko_probe`]): `INVALID_PACKET_FORMAT` for kernel objects,
+//!    `INVALID_ALLOCATION` for G2.
 //! 2. **G2**: the runtime maps a vmem handle of the AIE data pool (`hsa_amd_vmem_map`). ROCm
 //!    7.0 and develop of August 2025 map only KFD memory and answer `INVALID_AGENT`
 //!    (reference, read in the source: `rocr-aie.md` §4.2); the newest G2 ROCR maps it (IRON
@@ -36,13 +40,16 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use super::code_object;
 use super::discover::{self, PoolChoice};
 use super::encode::PacketAbi;
 use super::resource::VmemAlloc;
+use super::{code_object, ko_probe};
 use crate::api::HsaApi;
 use crate::error::HsaError;
 use crate::sys::{Agent, AgentInfo, Status};
+
+/// What `auto`'s evidence says of a G2 runtime with the AIE loader (ROCR's July 2026 tree).
+pub(crate) const G2_WITH_LOADER: &str = "a G2 ROCR with the AIE loader, July 2026";
 
 /// ROCm 7.0's (and develop's of August 2025) `HSA_AMD_AGENT_INFO_PRODUCT_NAME` for every NPU.
 pub const ROCM_7_0_PRODUCT_NAME: &str = "AIE-ML";
@@ -58,11 +65,23 @@ pub(crate) fn prove(
     aie: Agent,
 ) -> Result<(PacketAbi, String), HsaError> {
     let code_object = match code_object::probe(api, aie) {
-        Ok(()) => {
-            return Ok((
-                PacketAbi::KernelObject,
-                "auto: the runtime loaded a built-in AIE code object".into(),
-            ));
+        Ok(kernel) => {
+            return Ok(match ko_probe::run(api, aie, kernel.kernel_object)? {
+                ko_probe::Reads::KernelObjects => (
+                    PacketAbi::KernelObject,
+                    "auto: the runtime loaded a built-in AIE code object, and refused a packet \
+                     naming its kernel object with NULL kernargs as INVALID_PACKET_FORMAT: its \
+                     driver read words 20/24 as a kernel object"
+                        .into(),
+                ),
+                ko_probe::Reads::G2 => (
+                    PacketAbi::G2,
+                    "auto: the runtime loaded a built-in AIE code object but refused a packet \
+                     naming its kernel object as INVALID_ALLOCATION: its driver resolves word 48 \
+                     as the PDI, so its packets are G2 (a G2 ROCR with the AIE loader, July 2026)"
+                        .into(),
+                ),
+            });
         }
         Err(e) => e,
     };

@@ -254,10 +254,10 @@ pub(crate) fn pack_pdi_insts(
 }
 
 /// Whether the runtime loads AIE code objects: load a tiny built-in hsaco (an emulated
-/// passthrough kernel in both arch sections, never dispatched) on `agent`, then destroy it.
-/// `Ok` when it loaded and its kernel has a non-zero kernel object after freeze; otherwise
+/// passthrough kernel in both arch sections, never run) on `agent`. The loaded kernel when it
+/// loaded and has a non-zero kernel object after freeze (dropping it destroys it); otherwise
 /// the call that failed.
-pub(crate) fn probe(api: &Arc<HsaApi>, agent: Agent) -> Result<(), HsaError> {
+pub(crate) fn probe(api: &Arc<HsaApi>, agent: Agent) -> Result<LoadedKernel, HsaError> {
     let design = EmuDesign::passthrough(64);
     // Passthrough takes three buffers (in, out, trace).
     let mut b = HsacoBuilder::new();
@@ -266,5 +266,5 @@ pub(crate) fn probe(api: &Arc<HsaApi>, agent: Agent) -> Result<(), HsaError> {
             .map_err(pack_err)?;
     }
     let bytes = b.build().map_err(pack_err)?;
-    LoadedKernel::load(api, agent, bytes, PACKED_KERNEL).map(drop)
+    LoadedKernel::load(api, agent, bytes, PACKED_KERNEL)
 }

@@ -189,7 +189,7 @@ impl Device {
                         Code::Loaded {
                             kind: KernelKind::FullElf,
                             ..
-                        }
+                        } | Code::G2FullElf { .. }
                     )
                 }),
             })
@@ -256,6 +256,14 @@ impl Device {
                     ..PacketDesc::default()
                 }
             }
+            // No PDI-cache key: a full-ELF command uses no compute-unit slot.
+            Code::G2FullElf { elf, .. } => PacketDesc {
+                insts_size: elf.ctrl.len() as u64,
+                full_elf: true,
+                args,
+                g2_elf: Some(elf.clone()),
+                ..PacketDesc::default()
+            },
         })
     }
 
@@ -349,6 +357,7 @@ impl Device {
                 taken: 0,
                 pdis: HashSet::new(),
                 stale: false,
+                ctrl: Vec::new(),
             });
             report.queue_recreations += 1;
         }
@@ -417,6 +426,24 @@ impl Device {
                 let p = a.ptr();
                 oversized.push(a);
                 p
+            };
+            let ctrl_desc;
+            let d = match &d.g2_elf {
+                Some(elf) => {
+                    let ctrl = elf.patched(&d.args).map_err(|e| (j, e))?;
+                    let at = ctrl_slot(&api, self.pools.heap.pool, &mut q.ctrl, slot, ctrl.len())
+                        .map_err(|e| (j, e))?;
+                    // SAFETY: `at` is 16 KiB-aligned inside a live device-heap buffer of this
+                    // ring slot with room for `ctrl.len()` bytes; the slot is reserved and its
+                    // previous packet has completed (the read index passed it).
+                    unsafe { std::ptr::copy_nonoverlapping(ctrl.as_ptr(), at, ctrl.len()) };
+                    ctrl_desc = PacketDesc {
+                        insts: at as u64,
+                        ..d.clone()
+                    };
+                    &ctrl_desc
+                }
+                None => d,
             };
             let (packet, side) =
                 encode::encode(abi, d, signal, side_ptr as u64).map_err(|e| (j, e))?;
@@ -548,6 +575,40 @@ pub(crate) const G1A_COMMAND_WAIT: Duration = Duration::from_millis(50);
 fn wait_ticks(timeout: Duration, freq: u64) -> u64 {
     let ticks = timeout.as_nanos().saturating_mul(u128::from(freq.max(1))) / 1_000_000_000;
     u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
+}
+
+/// The alignment ROCR requires of a full-ELF control code's device address (measured on aie2p
+/// by ROCR's authors; `CTRL_CODE_DEV_ADDR_ALIGNMENT`). The device heap's host mapping is
+/// 64 MiB-aligned, so a host address with this alignment has it on the device too.
+const CTRL_CODE_ALIGNMENT: usize = 16 << 10;
+
+/// The 16 KiB-aligned start of ring slot `slot`'s control-code buffer, with room for `len`
+/// bytes: allocated from the device heap on first use and replaced when too small.
+fn ctrl_slot(
+    api: &std::sync::Arc<crate::api::HsaApi>,
+    heap: crate::sys::MemoryPool,
+    slots: &mut Vec<Option<(PoolAlloc, usize)>>,
+    slot: usize,
+    len: usize,
+) -> Result<*mut u8, HsaError> {
+    // The bytes from a buffer's start to its first 16 KiB boundary.
+    let offset = |a: &PoolAlloc| a.ptr().align_offset(CTRL_CODE_ALIGNMENT);
+    if slots.len() <= slot {
+        slots.resize_with(slot + 1, || None);
+    }
+    let fits = |(a, size): &(PoolAlloc, usize)| *size >= offset(a) + len;
+    if !slots[slot].as_ref().is_some_and(fits) {
+        slots[slot] = None;
+        let need = len + CTRL_CODE_ALIGNMENT;
+        slots[slot] = Some((PoolAlloc::new(api, heap, need)?, need));
+    }
+    let (a, _) = slots[slot].as_ref().ok_or_else(|| HsaError::Contract {
+        call: "hsa_amd_memory_pool_allocate",
+        detail: "no control-code buffer".into(),
+    })?;
+    // SAFETY: `fits` held or the buffer was just allocated `len + 16 KiB` long, so the aligned
+    // start and `len` bytes after it lie inside it.
+    Ok(unsafe { a.ptr().add(offset(a)) })
 }
 
 fn doorbell_batches(

@@ -132,6 +132,52 @@ pub(crate) struct PacketDesc {
     pub full_elf: bool,
     /// (host VA, byte size) per buffer argument, in design order.
     pub args: Vec<(u64, u64)>,
+    /// A FullElf kernel on a G2 runtime: its PDI and pristine control code. `insts` is then
+    /// the ring slot's patched copy, filled in when the packet is written.
+    pub g2_elf: Option<std::sync::Arc<G2Elf>>,
+}
+
+/// A FullElf kernel as a G2 runtime with full ELF dispatches it (ROCR's
+/// `core/driver/xdna/README.md` @ `159fb22f`): the application patches its argument addresses
+/// into a copy of the control code in the device heap, and the packet names that copy (words
+/// 20/24, size in word 40), the PDI (word 48) and the control code's PDI site (word 56), where
+/// the runtime writes the PDI's device address.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct G2Elf {
+    /// The PDI's address in the device heap.
+    pub pdi: u64,
+    /// The control code as the ELF holds it.
+    pub ctrl: Vec<u8>,
+    /// The byte offset of the control code's one PDI site (never 0: the control code starts
+    /// with a transaction header).
+    pub pdi_site: u32,
+    /// (offset, argument, addend) of each `ShimDma48` site.
+    pub arg_sites: Vec<(u32, u16, u32)>,
+}
+
+impl G2Elf {
+    /// The control code with argument `i`'s address plus each site's addend patched in.
+    pub(crate) fn patched(&self, args: &[(u64, u64)]) -> Result<Vec<u8>, HsaError> {
+        let mut ctrl = self.ctrl.clone();
+        for &(offset, arg, addend) in &self.arg_sites {
+            let addr = args.get(usize::from(arg)).map(|a| a.0).ok_or_else(|| {
+                HsaError::InvalidArgument(format!(
+                    "the control code patches argument {arg}, which the dispatch lacks"
+                ))
+            })?;
+            npu_artifacts::hsaco::patch_shim_dma48(
+                &mut ctrl,
+                offset,
+                addr.wrapping_add(u64::from(addend)),
+            )
+            .ok_or_else(|| {
+                HsaError::InvalidArgument(format!(
+                    "the control code's site for argument {arg} at {offset} does not fit it"
+                ))
+            })?;
+        }
+        Ok(ctrl)
+    }
 }
 
 /// A packet ready to be stored in a ring slot.
@@ -189,7 +235,8 @@ pub(crate) fn encode(
                 num_kernargs,
                 kernarg_address,
                 insts_size: desc.insts_size,
-                pdi_addr: desc.pdi,
+                pdi_addr: desc.g2_elf.as_ref().map_or(desc.pdi, |e| e.pdi),
+                reserved4: desc.g2_elf.as_ref().map_or(0, |e| u64::from(e.pdi_site)),
                 ..Default::default()
             };
             Ok((Packet::G2(pkt), side))

@@ -11,6 +11,7 @@ mod dispatch;
 pub mod driver;
 mod encode;
 pub mod generation;
+mod ko_probe;
 mod program;
 mod resource;
 mod tensor;
@@ -88,6 +89,9 @@ pub struct DeviceOptions {
     pub tensor_backing: TensorBacking,
     /// How long to wait for a completion signal after the doorbell returned.
     pub completion_timeout: Duration,
+    /// Whether the G2 runtime takes full-ELF packets (`pdi_patch_offset`): `None` decides from
+    /// what the runtime showed ([`DeviceInfo::g2_full_elf`]), `Some` as configured.
+    pub g2_full_elf: Option<bool>,
 }
 
 impl Default for DeviceOptions {
@@ -99,6 +103,7 @@ impl Default for DeviceOptions {
             sysfs_root: PathBuf::from("/sys"),
             tensor_backing: TensorBacking::Auto,
             completion_timeout: Duration::from_secs(30),
+            g2_full_elf: None,
         }
     }
 }
@@ -134,6 +139,15 @@ pub struct DeviceInfo {
     pub vmem: bool,
     /// Ticks per second of the runtime's timestamps.
     pub timestamp_frequency: u64,
+    /// Whether FullElf kernels run as G2 full-ELF packets: configured, or proven when `auto`
+    /// found a G2 runtime with the AIE loader (ROCR's July 2026 tree, which has both). Nothing
+    /// a runtime shows tells the newest G2 release, which has full ELF, from the first, which
+    /// reads word 56 as reserved and would run the control code as an instruction stream, so
+    /// elsewhere it must be configured. Always false off G2 and on aie2 (full ELF is aie2p
+    /// only).
+    pub g2_full_elf: bool,
+    /// How `g2_full_elf` was decided.
+    pub g2_full_elf_source: String,
 }
 
 /// A program loaded into the device heap.
@@ -154,6 +168,9 @@ struct QueueState {
     pdis: HashSet<u64>,
     /// Set when the queue must be recreated before its next use: a batch failed on it.
     stale: bool,
+    /// Per ring slot, the device-heap buffer a G2 full-ELF packet's patched control code is
+    /// copied to (allocated on first use, grown as needed).
+    ctrl: Vec<Option<(PoolAlloc, usize)>>,
 }
 
 /// One AIE agent, opened through a function table.
@@ -249,6 +266,12 @@ impl Device {
             backing = ?probe.backing, sharing = probe.sharing.as_str(), reason = %probe.reason,
             "chose how tensors are allocated and shared"
         );
+        let (g2_full_elf, g2_full_elf_source) =
+            g2_full_elf(abi, &packet_abi_source, generation, opts.g2_full_elf);
+        tracing::info!(
+            g2_full_elf, how = %g2_full_elf_source,
+            "decided whether FullElf kernels run as G2 full-ELF packets"
+        );
         let mut opts = opts;
         opts.tensor_backing = probe.backing;
         let info = DeviceInfo {
@@ -267,6 +290,8 @@ impl Device {
             tensor_sharing_reason: probe.reason,
             vmem: fns.vmem_handle_create.is_some() && fns.vmem_map.is_some(),
             timestamp_frequency,
+            g2_full_elf,
+            g2_full_elf_source,
         };
         let side = PoolAlloc::new(
             &api,
@@ -289,6 +314,7 @@ impl Device {
                 taken: 0,
                 pdis: HashSet::new(),
                 stale: false,
+                ctrl: Vec::new(),
             }),
             signal,
             side,
@@ -366,6 +392,34 @@ fn resolve_abi(
         return Ok((opts.packet_abi, "configured".into()));
     }
     abi::prove(api, pools, cpu, aie)
+}
+
+/// Whether FullElf kernels run as G2 full-ELF packets, and why ([`DeviceInfo::g2_full_elf`]).
+fn g2_full_elf(
+    abi: PacketAbi,
+    abi_source: &str,
+    generation: Generation,
+    configured: Option<bool>,
+) -> (bool, String) {
+    if abi != PacketAbi::G2 {
+        return (false, format!("the runtime speaks {abi}, not G2"));
+    }
+    if generation != Generation::Npu2 {
+        return (false, "full ELF is aie2p (npu2) only".into());
+    }
+    match configured {
+        Some(on) => (on, "configured".into()),
+        None if abi_source.contains(abi::G2_WITH_LOADER) => (
+            true,
+            "auto: a G2 runtime with the AIE loader, which came after G2 full ELF".into(),
+        ),
+        None => (
+            false,
+            "auto cannot tell a G2 runtime with full ELF (the newest) from the first G2 release; \
+             set g2_full_elf = true for the newest"
+                .into(),
+        ),
+    }
 }
 
 fn system_u64(api: &HsaApi, attr: SystemInfo) -> Result<u64, HsaError> {

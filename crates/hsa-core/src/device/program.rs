@@ -15,6 +15,7 @@ use npu_artifacts::txn::TxnProgram;
 
 use super::code_object::{LoadedKernel, PACKED_KERNEL, pack_pdi_insts};
 use super::discover::PoolChoice;
+use super::encode::G2Elf;
 use super::resource::PoolAlloc;
 use super::{Device, Generation, ProgramId, round_up};
 use crate::api::HsaApi;
@@ -43,6 +44,9 @@ pub(super) enum Code {
         kernel: LoadedKernel,
         kind: KernelKind,
     },
+    /// A FullElf kernel on a G2 runtime with full ELF: its PDI this binding placed in the
+    /// device heap, and its control code, patched into a ring slot's buffer per dispatch.
+    G2FullElf { _pdi: PoolAlloc, elf: Arc<G2Elf> },
 }
 
 impl Device {
@@ -108,14 +112,24 @@ impl Device {
             ))
         })?;
         if !self.info.packet_abi.loads_code_objects() {
-            return match (k.kind, &k.pdi) {
-                (KernelKind::PdiInsts, Some(pdi)) => {
+            return match (k.kind, &k.pdi, &k.full_elf) {
+                (KernelKind::PdiInsts, Some(pdi), _) => {
                     let (pdi, insts) = (pdi.bytes.to_vec(), k.insts.bytes.to_vec());
                     self.load_to_heap(&pdi, &insts)
+                }
+                (KernelKind::FullElf, _, Some(ek)) if self.info.g2_full_elf => {
+                    let elf = g2_elf(kernel, ek)?;
+                    let pdi = ek
+                        .pdis
+                        .first()
+                        .map(|p| p.bytes.to_vec())
+                        .unwrap_or_default();
+                    self.load_g2_full_elf(&pdi, elf)
                 }
                 _ => Err(HsaError::NeedsCodeObjects {
                     kernel: kernel.to_owned(),
                     abi: self.info.packet_abi.as_str(),
+                    why: self.info.g2_full_elf_source.clone(),
                 }),
             };
         }
@@ -211,6 +225,41 @@ impl Device {
         Ok(id)
     }
 
+    /// Places a G2 full-ELF kernel's PDI in the device heap.
+    fn load_g2_full_elf(&mut self, pdi: &[u8], mut elf: G2Elf) -> Result<ProgramId, HsaError> {
+        let api = self.rt.api.clone();
+        let heap_bytes = heap_of(&[pdi.len()]);
+        let mem = PoolAlloc::new(&api, self.pools.heap.pool, pdi.len()).map_err(|e| {
+            match e.status() {
+                Some(Status::ERROR_OUT_OF_RESOURCES | Status::ERROR_INVALID_ALLOCATION) => {
+                    HsaError::HeapFull {
+                        needed: heap_bytes,
+                        used: self.heap_used,
+                        size: self.info.heap_size,
+                        reason: e.to_string(),
+                    }
+                }
+                _ => e,
+            }
+        })?;
+        // SAFETY: the allocation is at least `pdi.len()` bytes of fresh device-heap memory.
+        unsafe { std::ptr::copy_nonoverlapping(pdi.as_ptr(), mem.ptr(), pdi.len()) };
+        elf.pdi = mem.addr();
+        self.heap_used += heap_bytes;
+        let id = ProgramId(self.next_id());
+        self.programs.insert(
+            id,
+            Program {
+                code: Code::G2FullElf {
+                    _pdi: mem,
+                    elf: Arc::new(elf),
+                },
+                heap_bytes,
+            },
+        );
+        Ok(id)
+    }
+
     /// Frees a program's device-heap memory.
     ///
     /// # Errors
@@ -246,11 +295,57 @@ impl Device {
                     q.pdis.clear();
                 }
             }
-            Code::Loaded { .. } => {}
+            Code::Loaded { .. } | Code::G2FullElf { .. } => {}
         }
         drop(p);
         Ok(())
     }
+}
+
+/// A FullElf kernel as a G2 packet carries it: one PDI (the packet names one, and one PDI
+/// site), its argument sites, and the pristine control code.
+fn g2_elf(kernel: &str, ek: &npu_artifacts::hsaco::ElfKernel<'_>) -> Result<G2Elf, HsaError> {
+    use npu_artifacts::hsaco::{PatchScheme, SiteTarget};
+    let refuse = |why: &str| {
+        HsaError::InvalidArgument(format!(
+            "FullElf kernel {kernel:?}: {why}; a G2 full-ELF packet names one PDI and one PDI \
+             site"
+        ))
+    };
+    let pdi_sites: Vec<u32> = ek
+        .sites
+        .iter()
+        .filter(|s| matches!(s.target, SiteTarget::Pdi(_)) && s.scheme == PatchScheme::ADDRESS_64)
+        .map(|s| s.offset)
+        .collect();
+    let (&[pdi_site], 1) = (pdi_sites.as_slice(), ek.pdis.len()) else {
+        return Err(refuse(&format!(
+            "it has {} PDI sites and {} PDIs",
+            pdi_sites.len(),
+            ek.pdis.len()
+        )));
+    };
+    if pdi_site == 0 {
+        return Err(refuse(
+            "its PDI site is at offset 0, which selects PDI + insts",
+        ));
+    }
+    let arg_sites = ek
+        .sites
+        .iter()
+        .filter_map(|s| match s.target {
+            SiteTarget::Arg(i) if s.scheme == PatchScheme::SHIM_DMA_48 => {
+                Some((s.offset, i, s.addend))
+            }
+            _ => None,
+        })
+        .collect();
+    Ok(G2Elf {
+        pdi: 0,
+        ctrl: ek.ctrl_code.to_vec(),
+        pdi_site,
+        arg_sites,
+    })
 }
 
 /// Device-heap bytes of blobs of these lengths, each rounded to the heap's alignment.

@@ -16,7 +16,7 @@ use hsa_core::sys::{
 use crate::config::PacketAbi;
 use crate::profile::Profile;
 use crate::queue::{PACKET_SIZE, QueueObj};
-use crate::rules;
+use crate::rules::{self, kernel_buffer};
 use crate::runtime::Runtime;
 use crate::signal::SignalObj;
 use crate::status::SimError;
@@ -31,6 +31,9 @@ pub(crate) struct Command {
     /// (address, declared size in bytes), in argument order.
     pub args: Vec<(u64, u64)>,
     pub completion: Option<Arc<SignalObj>>,
+    /// A G2 full-ELF packet's PDI site in its control code (word 56); 0 for PDI + insts, and
+    /// on every runtime without G2 full ELF.
+    pub pdi_patch_offset: u64,
 }
 
 /// The ring slot of packet `index`; `None` when a G1a ring would read past its end.
@@ -120,20 +123,26 @@ fn decode_g2(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError
             p.opcode
         )));
     }
-    if p.reserved4 != 0 {
-        return Err(SimError::new(
-            Status::AMD_ERROR_NOT_SUPPORTED,
-            format!(
-                "pdi_patch_offset {:#x} selects full-ELF mode, which the emulator does not support \
-                 (write 0 for PDI + insts)",
-                p.reserved4
-            ),
-        ));
-    }
+    // The first G2 release reads word 56 as reserved; the later ones take it as the full-ELF
+    // PDI site.
+    let full_elf = q.config.profile.g2_full_elf();
+    let pdi_patch_offset = if full_elf { p.reserved4 } else { 0 };
     let n = usize::from(p.num_kernargs);
     let mut args = Vec::with_capacity(n);
     if n > 0 {
         if p.kernarg_address == 0 {
+            if q.config.profile.loads_code_objects() {
+                // ROCR's driver resolves the PDI and the instruction stream (or control code)
+                // before the kernargs (`BuildPdiInstsCommand`, `AddKernargBOs`). Under the
+                // runtime with the AIE loader this order is what tells a kernel-object packet
+                // (no PDI) from one this runtime reads, as hsa-core's `auto` asks it to.
+                let mem = rt.memory();
+                kernel_buffer(&mem, "PDI", p.pdi_addr, 0)?;
+                kernel_buffer(&mem, "instruction buffer", p.insts_addr(), 0)?;
+                return Err(bad_format(format!(
+                    "num_kernargs is {n} but kernarg_address is NULL"
+                )));
+            }
             return Err(SimError::new(
                 Status::ERROR_INVALID_ARGUMENT,
                 format!("num_kernargs is {n} but kernarg_address is NULL"),
@@ -161,6 +170,7 @@ fn decode_g2(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError
         insts_size: p.insts_size,
         args,
         completion: completion(rt, p.completion_signal)?,
+        pdi_patch_offset,
     })
 }
 
@@ -276,6 +286,7 @@ fn decode_g1(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError
         insts_size,
         args,
         completion,
+        pdi_patch_offset: 0,
     })
 }
 

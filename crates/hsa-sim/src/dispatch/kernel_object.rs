@@ -406,6 +406,7 @@ fn run_one(
                 insts_size: insts.len,
                 args: c.args.clone(),
                 completion: None,
+                pdi_patch_offset: 0,
             };
             rules::run_pdi_insts(q, state, mem, &cmd, &resolved, &c.avail)
         }

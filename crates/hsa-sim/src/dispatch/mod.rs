@@ -49,6 +49,7 @@ use crate::signal::complete;
 use crate::status::{SimError, record, status_label};
 
 pub(crate) mod decode;
+pub(crate) mod full_elf;
 pub(crate) mod kernel_object;
 pub(crate) mod rocm70;
 
@@ -139,6 +140,9 @@ fn run_batch(rt: &Runtime, q: &QueueObj, state: &mut QueueState) -> Result<(), B
         return kernel_object::run_batch(rt, q, state, rd, wr).map_err(fail);
     }
     let chains = plan_chains(q, rd, wr).map_err(fail)?;
+    if q.config.profile.g2_full_elf() {
+        batch_mode(rt, q, state, rd, wr).map_err(fail)?;
+    }
     if q.config.profile == Profile::Rocm70 {
         return run_rocm70(rt, q, state, rd, wr).map_err(fail);
     }
@@ -224,6 +228,55 @@ fn run_rocm70(
     Ok(())
 }
 
+/// The mode of a G2 batch on a runtime with full ELF, checked before anything runs: the first
+/// packet's `pdi_patch_offset` fixes it, a packet of the other mode refuses the whole batch, a
+/// full-ELF batch needs an aie2p agent, and entering full-ELF mode drops the queue's PDI cache
+/// (its hardware context is rebuilt without compute units). The queue is not pinned: a later
+/// batch may switch back, rebuilding the context again.
+fn batch_mode(
+    rt: &Runtime,
+    q: &QueueObj,
+    state: &mut QueueState,
+    rd: u64,
+    wr: u64,
+) -> Result<(), SimError> {
+    let full = |index| decode::read_g2(q, index).map(|p| p.reserved4 != 0);
+    let Some(first) = full(rd) else {
+        return Ok(());
+    };
+    for index in rd + 1..wr {
+        if full(index) != Some(first) {
+            return Err(SimError::new(
+                Status::ERROR_INVALID_PACKET_FORMAT,
+                format!(
+                    "packet {index}: a batch cannot mix full-ELF and PDI + insts packets (packet \
+                     {rd} is {}); ring the doorbell between the two modes",
+                    if first { "full-ELF" } else { "PDI + insts" }
+                ),
+            ));
+        }
+    }
+    if first && rt.config.agent != npu_artifacts::NpuGen::Npu2 {
+        return Err(SimError::new(
+            Status::ERROR_INVALID_PACKET_FORMAT,
+            format!(
+                "packet {rd}: full-ELF dispatch needs an aie2p (Strix) agent; this one is {}",
+                rt.config.agent.agent_name()
+            ),
+        ));
+    }
+    if state.g2_full_elf != Some(first) {
+        if state.g2_full_elf.is_some() {
+            bump(Counter::HwContextModeSwitches);
+        }
+        if first {
+            state.pdis.clear();
+        }
+        state.g2_full_elf = Some(first);
+    }
+    Ok(())
+}
+
 /// The bytes each packet from `rd` would take as a command in a chain, in order, until a
 /// packet that cannot join one (a G1 packet whose opcode is not START_CU ends G1's chain;
 /// what it is fails when it is decoded).
@@ -242,7 +295,11 @@ fn command_costs(q: &QueueObj, policy: ChainPolicy, rd: u64, wr: u64) -> Vec<u64
                 let Some(p) = decode::read_g2(q, index) else {
                     break;
                 };
-                policy.command_bytes(u64::from(p.num_kernargs))
+                if q.config.profile.g2_full_elf() && p.reserved4 != 0 {
+                    full_elf::COMMAND_BYTES
+                } else {
+                    policy.command_bytes(u64::from(p.num_kernargs))
+                }
             }
         };
         costs.push(cost);

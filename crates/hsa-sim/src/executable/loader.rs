@@ -216,6 +216,7 @@ pub(crate) fn load(
     arch: NpuGen,
     bytes: &[u8],
     defined: &[String],
+    full_elf: bool,
 ) -> Result<LoadedObject, SimError> {
     let section = match hsaco::parse_for_arch(bytes, arch) {
         Ok(s) => s,
@@ -247,6 +248,13 @@ pub(crate) fn load(
         }
     };
     duplicate(defined, section.kernels.iter().map(|k| k.name))?;
+    if !full_elf && let Some(k) = section.kernels.iter().find(|k| k.full_elf.is_some()) {
+        return Err(code_object(format!(
+            "hsa_executable_load_agent_code_object: kernel {:?} is a FullElf kernel, which this \
+             runtime's AIE loader does not take yet (PdiInsts kernels only)",
+            k.name
+        )));
+    }
     section
         .check_columns(agent_columns(arch))
         .map_err(|e| code_object(format!("hsa_executable_load_agent_code_object: {e}")))?;
@@ -371,33 +379,6 @@ pub(crate) fn free_blobs(mem: &mut Memory, blobs: &[usize]) {
     }
 }
 
-/// Applies a `ShimDma48` patch (scheme 5) for argument address `addr` at `offset` of `ctrl`,
-/// exactly as ROCR does (`rocr-aie-hsaco.md` §4, `amd_aie_elf.cpp` `PatchShimDma48`):
-/// `base = ((w2 & 0xFFFF) << 32) | w1; base += addr + 0x80000000; w1 = base as u32 & !3;
-/// w2 = (w2 & 0xFFFF0000) | (base >> 32) as u32`, with no 16-bit mask on the last OR; `w0` is
-/// untouched. The patch adds, so it must go on a fresh copy of the control code every time.
-///
-/// Returns `None` when the site does not fit (the loader has checked it does).
-pub(crate) fn patch_shim_dma48(ctrl: &mut [u8], offset: u32, addr: u64) -> Option<()> {
-    let at = offset as usize;
-    let word = |c: &[u8], i: usize| -> Option<u32> {
-        Some(u32::from_le_bytes(
-            c.get(at + 4 * i..at + 4 * i + 4)?.try_into().ok()?,
-        ))
-    };
-    let (w1, w2) = (word(ctrl, 1)?, word(ctrl, 2)?);
-    let mut base = (u64::from(w2 & 0xFFFF) << 32) | u64::from(w1);
-    base = base.wrapping_add(addr).wrapping_add(0x8000_0000);
-    // Truncation is the formula: the low and high halves of the 48-bit sum.
-    #[allow(clippy::cast_possible_truncation)]
-    let (lo, hi) = (base as u32, (base >> 32) as u32);
-    ctrl.get_mut(at + 4..at + 8)?
-        .copy_from_slice(&(lo & 0xFFFF_FFFC).to_le_bytes());
-    ctrl.get_mut(at + 8..at + 12)?
-        .copy_from_slice(&((w2 & 0xFFFF_0000) | hi).to_le_bytes());
-    Some(())
-}
-
 /// Applies an `Address64` patch (scheme 8): the PDI's device address as a little-endian u64.
 pub(crate) fn patch_address64(ctrl: &mut [u8], offset: u32, addr: u64) -> Option<()> {
     let at = offset as usize;
@@ -436,7 +417,11 @@ pub(crate) fn patched_control_code(
                         "argument site for argument {i}, which the packet lacks"
                     ))
                 })?;
-                patch_shim_dma48(&mut ctrl, s.offset, addr.wrapping_add(u64::from(s.addend)))
+                npu_artifacts::hsaco::patch_shim_dma48(
+                    &mut ctrl,
+                    s.offset,
+                    addr.wrapping_add(u64::from(s.addend)),
+                )
             }
             (t, scheme) => return Err(bad(format!("site {t:?} with scheme {}", scheme.0))),
         };
@@ -461,6 +446,7 @@ pub(crate) fn shim_dma48_address(ctrl: &[u8], offset: u32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use npu_artifacts::hsaco::patch_shim_dma48;
 
     #[test]
     fn shim_dma48_matches_the_formula_on_known_bytes() {

@@ -241,13 +241,13 @@ pub unsafe extern "C" fn hsa_executable_load_agent_code_object(
             let bytes = unsafe { std::slice::from_raw_parts(r.addr as *const u8, r.len) };
             let aie = rt.agent_kind(agent) == Some(AgentKind::Aie);
             let profile = rt.config.profile;
-            if !(aie && profile.speaks_kernel_objects() && npu_artifacts::hsaco::is_hsaco(bytes)) {
+            if !(aie && profile.loads_code_objects() && npu_artifacts::hsaco::is_hsaco(bytes)) {
                 let why = if !aie {
                     "the agent is not the AIE agent".to_owned()
-                } else if !profile.speaks_kernel_objects() {
+                } else if !profile.loads_code_objects() {
                     format!(
                         "this runtime ({profile}) has no AIE section loader: AIE hsacos load only \
-                         on a kernel-object ROCR"
+                         on a ROCR with the AIE loader (kernel-object, rocr-g2-2026-07)"
                     )
                 } else {
                     "the code object has no AIE section (none of 48 bytes or more starting with \
@@ -270,7 +270,13 @@ pub unsafe extern "C" fn hsa_executable_load_agent_code_object(
                 .collect();
             let loaded_object = {
                 let mut mem = rt.memory();
-                loader::load(&mut mem, rt.config.agent, bytes, &defined)?
+                loader::load(
+                    &mut mem,
+                    rt.config.agent,
+                    bytes,
+                    &defined,
+                    profile.loads_full_elf_code_objects(),
+                )?
             };
             let exec = code
                 .executables

@@ -114,7 +114,7 @@ pub use elf_build::{ElfKernelSpec, FullElfBuilder};
 pub use full_elf::{ElfKernel, ElfPdi, FullElf, GRP_COMDAT, OSABI_AIE2P};
 pub use rules::HsacoRule;
 pub use section::{AieSection, Blob, Kernel};
-pub use sites::{MAX_ARG_INDEX, PatchScheme, PatchSite, SiteTarget};
+pub use sites::{MAX_ARG_INDEX, PatchScheme, PatchSite, SiteTarget, patch_shim_dma48};
 
 use crate::{ArtifactError, NpuGen};
 use std::fmt;

@@ -38,6 +38,30 @@ pub struct PatchSite {
     pub target: SiteTarget,
 }
 
+/// Adds `addr` to the 48-bit address of the shim DMA buffer descriptor at `offset` (three
+/// words; the first untouched), as ROCR's `PatchShimDma48` does: `base = (w2 & 0xFFFF) << 32 |
+/// w1; base += addr + 0x80000000; w1 = low(base) & !3; w2 = (w2 & 0xFFFF0000) | high(base)`.
+/// Additive: always patch a pristine copy. `None` when the site does not fit `ctrl`.
+pub fn patch_shim_dma48(ctrl: &mut [u8], offset: u32, addr: u64) -> Option<()> {
+    let at = offset as usize;
+    let word = |c: &[u8], i: usize| -> Option<u32> {
+        Some(u32::from_le_bytes(
+            c.get(at + 4 * i..at + 4 * i + 4)?.try_into().ok()?,
+        ))
+    };
+    let (w1, w2) = (word(ctrl, 1)?, word(ctrl, 2)?);
+    let mut base = (u64::from(w2 & 0xFFFF) << 32) | u64::from(w1);
+    base = base.wrapping_add(addr).wrapping_add(0x8000_0000);
+    // Truncation is the formula: the low and high halves of the 48-bit sum.
+    #[allow(clippy::cast_possible_truncation)]
+    let (lo, hi) = (base as u32, (base >> 32) as u32);
+    ctrl.get_mut(at + 4..at + 8)?
+        .copy_from_slice(&(lo & 0xFFFF_FFFC).to_le_bytes());
+    ctrl.get_mut(at + 8..at + 12)?
+        .copy_from_slice(&((w2 & 0xFFFF_0000) | hi).to_le_bytes());
+    Some(())
+}
+
 /// A decimal argument index 0..=4095 (digits only).
 pub(crate) fn arg_index(name: &[u8]) -> Option<u16> {
     if name.is_empty() || name.len() > 4 || !name.iter().all(u8::is_ascii_digit) {

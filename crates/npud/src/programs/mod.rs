@@ -80,6 +80,8 @@ pub struct Programs {
     /// The packet ABI the device speaks: whether it loads code objects decides which hsaco
     /// kernels can run.
     abi: hsa_core::PacketAbi,
+    /// Whether FullElf kernels run as G2 full-ELF packets, or why not.
+    g2_full_elf: Result<(), String>,
     /// The daemon-wide budget's program part (`limits.max_total_program_bytes`), checked where
     /// programs are stored; `None`: no daemon-wide limit.
     budget: Option<crate::budget::MemoryBudget>,
@@ -152,6 +154,7 @@ impl Programs {
             runs,
             records,
             abi: hsa_core::PacketAbi::G2,
+            g2_full_elf: Err("not configured".into()),
             budget: None,
         }
     }
@@ -160,6 +163,14 @@ impl Programs {
     #[must_use]
     pub fn with_budget(mut self, budget: crate::budget::MemoryBudget) -> Self {
         self.budget = Some(budget);
+        self
+    }
+
+    /// Whether the G2 runtime takes full-ELF packets (`Err` says why not): FullElf kernels
+    /// then run on G2 too.
+    #[must_use]
+    pub fn with_g2_full_elf(mut self, g2_full_elf: Result<(), String>) -> Self {
+        self.g2_full_elf = g2_full_elf;
         self
     }
 
@@ -276,7 +287,11 @@ impl Programs {
         let hash = hsaco_hash(&hsaco, &kernel);
         let bytes = hsaco.len() as u64;
         self.store(session, hash, bytes, name, || {
-            let summary = validate_hsaco(&hsaco, &kernel, max, device, runs, abi)?;
+            let full_elf = match &self.g2_full_elf {
+                Ok(()) => Ok(()),
+                Err(why) => Err(why.as_str()),
+            };
+            let summary = validate_hsaco(&hsaco, &kernel, max, device, runs, abi, full_elf)?;
             Ok((
                 Code::Hsaco {
                     bytes: hsaco,
@@ -655,7 +670,7 @@ mod tests {
     }
 
     #[test]
-    fn an_hsaco_kernel_is_stored_once_and_full_elf_needs_code_objects() {
+    fn an_hsaco_kernel_is_stored_once_and_full_elf_needs_code_objects_or_g2_full_elf() {
         let d = EmuDesign::vector_scalar_add(1024, DType::I32, 1);
         let hsaco = d.to_hsaco(NpuGen::Npu2).unwrap();
         let p = store();
@@ -689,7 +704,17 @@ mod tests {
             .register_hsaco(1, full.clone(), String::new(), String::new())
             .unwrap_err();
         assert!(matches!(e, NpudError::FailedPrecondition(_)), "{e}");
-        assert!(e.message().contains("does not load code objects"), "{e}");
+        assert!(
+            e.message()
+                .contains("neither loads code objects nor takes G2 full-ELF packets"),
+            "{e}"
+        );
+        // A G2 runtime with full ELF takes it.
+        let g2 = store().with_g2_full_elf(Ok(()));
+        let r = g2
+            .register_hsaco(1, full.clone(), String::new(), String::new())
+            .unwrap();
+        assert_eq!(r.program.summary.kernel_kind, "FullElf");
         let ko = store().with_packet_abi(hsa_core::PacketAbi::KernelObject);
         let r = ko
             .register_hsaco(1, full, String::new(), String::new())

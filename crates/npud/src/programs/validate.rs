@@ -82,6 +82,7 @@ pub fn validate_hsaco(
     device: NpuGen,
     runs: Runs,
     abi: hsa_core::PacketAbi,
+    g2_full_elf: Result<(), &str>,
 ) -> Result<pb::ProgramSummary, NpudError> {
     check_size("hsaco", hsaco.len() as u64, max_bytes)?;
     let section = parse_for_arch(hsaco, device).map_err(|e| hsaco_error(e, device))?;
@@ -95,11 +96,27 @@ pub fn validate_hsaco(
         }
         (KernelKind::FullElf, _, Some(elf)) => {
             if !abi.loads_code_objects() {
-                return Err(NpudError::FailedPrecondition(format!(
-                    "hsaco kernel {kernel:?} is a FullElf kernel, and this runtime (packet ABI \
-                     {abi}) does not load code objects: only a kernel-object ROCR runs FullElf \
-                     kernels (PdiInsts kernels of an hsaco run on every runtime)"
-                )));
+                if let Err(why) = g2_full_elf {
+                    return Err(NpudError::FailedPrecondition(format!(
+                        "hsaco kernel {kernel:?} is a FullElf kernel, and this runtime (packet \
+                         ABI {abi}) neither loads code objects nor takes G2 full-ELF packets \
+                         ({why}): FullElf kernels run on a kernel-object ROCR, or on a G2 ROCR \
+                         with full ELF on aie2p (g2_full_elf = true); PdiInsts kernels of an \
+                         hsaco run on every runtime"
+                    )));
+                }
+                let pdi_sites = elf
+                    .sites
+                    .iter()
+                    .filter(|s| matches!(s.target, npu_artifacts::hsaco::SiteTarget::Pdi(_)))
+                    .count();
+                if elf.pdis.len() != 1 || pdi_sites != 1 {
+                    return Err(NpudError::FailedPrecondition(format!(
+                        "hsaco kernel {kernel:?} is a FullElf kernel with {} PDIs and {pdi_sites} \
+                         PDI sites; a G2 full-ELF packet names one of each",
+                        elf.pdis.len()
+                    )));
+                }
             }
             // An emulated full ELF carries an emulated design where a real one carries control
             // code: each runs only where its kind of design does.
