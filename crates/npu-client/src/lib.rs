@@ -50,6 +50,7 @@ pub mod binaries;
 pub mod blocking;
 mod client;
 pub mod connect;
+pub mod fastpath;
 mod dispatch;
 mod error;
 pub mod fleet;
