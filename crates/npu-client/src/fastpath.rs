@@ -34,7 +34,7 @@ const IDLE_SLEEP: Duration = Duration::from_millis(500);
 pub const FAST_PATH_ENV: &str = "NPUD_FAST_PATH";
 
 /// Whether the environment leaves the fast path on.
-pub(crate) fn enabled_by_env() -> bool {
+pub fn enabled_by_env() -> bool {
     std::env::var(FAST_PATH_ENV).map_or(true, |v| {
         !matches!(
             v.trim().to_ascii_lowercase().as_str(),
