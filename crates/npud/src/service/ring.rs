@@ -243,6 +243,9 @@ enum End {
 impl Reader {
     fn run(mut self) {
         let end = self.serve();
+        if matches!(end, End::Stopped) {
+            self.answer_the_rest();
+        }
         let mem = &self.ctl.mem;
         match end {
             End::Stopped => mem.store(Word::State, ring::STATE_CLOSED),
@@ -257,8 +260,8 @@ impl Reader {
             }
         }
         mem.ring(Word::CqBell);
-        // Admitted work still runs and is counted: a Pending dropped in the runtime waits for
-        // it on a task.
+        // A broken ring's admitted work still runs and is counted: a Pending dropped in the
+        // runtime waits for it on a task.
         let _rt = self.rt.enter();
         for e in self.entries.drain(..) {
             if let Entry::Waiting { admitted, .. } = e {
@@ -313,6 +316,35 @@ impl Reader {
             self.ctl.parked.store(false, Ordering::SeqCst);
             mem.store(Word::SqSleeping, 0);
             last = Instant::now();
+        }
+    }
+
+    /// After a stop: waits for every admitted item's answer, in order, and posts it while the
+    /// completion ring has room, so that a client sees the answers to what the daemon took
+    /// before it sees the ring closed. (The executor answers every item: a session's end
+    /// answers its queued items UNAVAILABLE, and shutdown finishes the queued work.)
+    fn answer_the_rest(&mut self) {
+        while let Some(e) = self.entries.pop_front() {
+            let c = match e {
+                Entry::Answered(c) => c,
+                Entry::Waiting {
+                    request_id,
+                    admitted,
+                } => {
+                    // Its pending place is given back when `admitted` drops, after the answer.
+                    let mut admitted = admitted;
+                    let rx = std::mem::replace(&mut admitted.rx, oneshot::channel().1);
+                    let r = rx
+                        .blocking_recv()
+                        .unwrap_or_else(|_| Err(NpudError::executor_gone()));
+                    self.svc
+                        .record(self.session, &admitted.programs, admitted.chain, &r);
+                    completion(request_id, r)
+                }
+            };
+            if self.room().is_ok_and(|r| r > 0) {
+                self.post_one(&c);
+            }
         }
     }
 
@@ -413,17 +445,7 @@ impl Reader {
         };
         self.svc
             .record(self.session, &admitted.programs, admitted.chain, &r);
-        let request_id = *request_id;
-        match r.and_then(dispatch_response) {
-            Ok(d) => Completion {
-                request_id,
-                code: 0,
-                message: String::new(),
-                queue_ns: d.queue_ns,
-                device_ns: d.device_ns,
-            },
-            Err(e) => error_completion(request_id, &e),
-        }
+        completion(*request_id, r)
     }
 
     /// Posts answered items from the front, in order, while the completion ring has room.
@@ -454,17 +476,39 @@ impl Reader {
             let Some(Entry::Answered(c)) = self.entries.pop_front() else {
                 break;
             };
-            let mem = &self.ctl.mem;
-            mem.write_completion(self.cq_tail, &c);
-            self.cq_tail = self.cq_tail.wrapping_add(1);
-            mem.store(Word::CqTail, self.cq_tail);
-            if mem.load(Word::CqSleeping) != 0 {
-                mem.ring(Word::CqBell);
-            }
+            self.post_one(&c);
             room -= 1;
             posted += 1;
         }
         Ok(posted)
+    }
+}
+
+impl Reader {
+    /// Writes a completion into the next slot and publishes it (the caller checked the room),
+    /// ringing the client's bell when it sleeps.
+    fn post_one(&mut self, c: &Completion) {
+        let mem = &self.ctl.mem;
+        mem.write_completion(self.cq_tail, c);
+        self.cq_tail = self.cq_tail.wrapping_add(1);
+        mem.store(Word::CqTail, self.cq_tail);
+        if mem.load(Word::CqSleeping) != 0 {
+            mem.ring(Word::CqBell);
+        }
+    }
+}
+
+/// A dispatch's answer as its completion: what `Dispatch` would have returned.
+fn completion(request_id: u64, r: Result<WorkDone, NpudError>) -> Completion {
+    match r.and_then(dispatch_response) {
+        Ok(d) => Completion {
+            request_id,
+            code: 0,
+            message: String::new(),
+            queue_ns: d.queue_ns,
+            device_ns: d.device_ns,
+        },
+        Err(e) => error_completion(request_id, &e),
     }
 }
 
