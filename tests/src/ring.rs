@@ -63,7 +63,11 @@ impl TestRing {
     /// # Errors
     /// The completion's code and message as a status; UNAVAILABLE when the ring closed or the
     /// wait ran out.
-    pub fn dispatch(&self, d: &pb::DispatchRequest, limit: Duration) -> Result<pb::DispatchResponse, Status> {
+    pub fn dispatch(
+        &self,
+        d: &pb::DispatchRequest,
+        limit: Duration,
+    ) -> Result<pb::DispatchResponse, Status> {
         let mut g = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let id = {
             let mut n = self.next_id.lock().unwrap_or_else(PoisonError::into_inner);

@@ -100,7 +100,10 @@ async fn series(c: &Client) -> (Vec<String>, (u64, u64)) {
     // Failed on the device, then refused as quarantined.
     for _ in 0..2 {
         let r = c.dispatch(&fault, &[&input], &mut [&mut out]).await;
-        seen.push(format!("{:?}", r.map(|_| ()).map_err(|e| shape(&e.to_string()))));
+        seen.push(format!(
+            "{:?}",
+            r.map(|_| ()).map_err(|e| shape(&e.to_string()))
+        ));
     }
     let st = c.statistics().await.unwrap();
     (seen, counts(&st, c.session_id()))
@@ -210,6 +213,15 @@ impl Rng {
         self.0 = x;
         x
     }
+
+    /// Below `n` (n > 0).
+    fn below(&mut self, n: usize) -> usize {
+        usize::try_from(self.next() % n as u64).unwrap_or(0)
+    }
+
+    fn u32(&mut self) -> u32 {
+        u32::try_from(self.next() >> 32).unwrap_or(0)
+    }
 }
 
 /// A client that scribbles on its ring from several threads (random header words, head
@@ -225,15 +237,26 @@ async fn a_client_scribbling_on_its_ring_cannot_crash_stall_or_mislead_the_daemo
     bounded(async {
         // The victim: its tensors' ids are what the scribbler names.
         let victim = client(&d, true).await;
-        let add = program(&victim, "add", &EmuDesign::vector_scalar_add(N, DType::I32, 1));
+        let add = program(
+            &victim,
+            "add",
+            &EmuDesign::vector_scalar_add(N, DType::I32, 1),
+        );
         let mut vin = victim.alloc::<i32>(N as usize).await.unwrap();
         let mut vout = victim.alloc::<i32>(N as usize).await.unwrap();
         let grpc = client(&d, false).await;
-        let gadd = program(&grpc, "add", &EmuDesign::vector_scalar_add(N, DType::I32, 2));
+        let gadd = program(
+            &grpc,
+            "add",
+            &EmuDesign::vector_scalar_add(N, DType::I32, 2),
+        );
         let mut gin = grpc.alloc::<i32>(N as usize).await.unwrap();
         let mut gout = grpc.alloc::<i32>(N as usize).await.unwrap();
         vin.as_mut_slice().fill(1);
-        victim.dispatch(&add, &[&vin], &mut [&mut vout]).await.unwrap();
+        victim
+            .dispatch(&add, &[&vin], &mut [&mut vout])
+            .await
+            .unwrap();
         // The victim's tensors, and every id near them.
         let top = vin.id().max(vout.id()).max(gin.id()).max(gout.id());
         let victim_ids: Vec<u64> = (1..=top + 8).collect();
@@ -269,10 +292,15 @@ async fn a_client_scribbling_on_its_ring_cannot_crash_stall_or_mislead_the_daemo
             // Others keep working, and every result is right.
             for k in 0..40 {
                 vin.as_mut_slice().fill(k);
-                victim.dispatch(&add, &[&vin], &mut [&mut vout]).await.unwrap();
+                victim
+                    .dispatch(&add, &[&vin], &mut [&mut vout])
+                    .await
+                    .unwrap();
                 assert!(vout.as_slice().iter().all(|v| *v == k + 1));
                 gin.as_mut_slice().fill(k);
-                grpc.dispatch(&gadd, &[&gin], &mut [&mut gout]).await.unwrap();
+                grpc.dispatch(&gadd, &[&gin], &mut [&mut gout])
+                    .await
+                    .unwrap();
                 assert!(gout.as_slice().iter().all(|v| *v == k + 2));
                 checked += 2;
             }
@@ -307,7 +335,10 @@ async fn a_client_scribbling_on_its_ring_cannot_crash_stall_or_mislead_the_daemo
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert!(d.running(), "the daemon survived the scribbling");
-        assert!(broken.load(Ordering::SeqCst) > 0, "the scribbling broke a ring's rules");
+        assert!(
+            broken.load(Ordering::SeqCst) > 0,
+            "the scribbling broke a ring's rules"
+        );
         // The victim's tensors were never an argument of the scribbler's work: the last
         // result is still there.
         assert!(vout.as_slice().iter().all(|v| *v == 40));
@@ -339,10 +370,14 @@ fn scribble(r: &TestRing, seed: u64, stop: &AtomicBool, ids: &[u64], own: u64, p
         match pick {
             0..=3 => {
                 // A plausible slot naming someone else's tensors, or garbage words.
-                let a = ids[(rng.next() as usize) % ids.len()];
+                let a = ids[rng.below(ids.len())];
                 let s = Submission {
                     request_id: rng.next(),
-                    program: if rng.next() % 2 == 0 { program } else { rng.next() % 64 },
+                    program: if rng.next().is_multiple_of(2) {
+                        program
+                    } else {
+                        rng.next() % 64
+                    },
                     timeout_ms: rng.next() % 3,
                     args: vec![
                         RingArg {
@@ -371,14 +406,14 @@ fn scribble(r: &TestRing, seed: u64, stop: &AtomicBool, ids: &[u64], own: u64, p
                 m.store(Word::SqTail, t.wrapping_add((rng.next() % 4) as u32));
                 m.ring(Word::SqBell);
             }
-            6 => m.store(Word::SqTail, rng.next() as u32),
-            7 => m.store(Word::CqHead, rng.next() as u32),
+            6 => m.store(Word::SqTail, rng.u32()),
+            7 => m.store(Word::CqHead, rng.u32()),
             8 => {
                 // The daemon's own words: it never reads them back (`state` is left alone
                 // only so that the test can read what the daemon said).
                 let w = [Word::SqHead, Word::SqBell, Word::SqSleeping, Word::CqTail]
                     [(rng.next() % 4) as usize];
-                m.store(w, rng.next() as u32);
+                m.store(w, rng.u32());
                 m.ring(Word::SqBell);
             }
             _ => {

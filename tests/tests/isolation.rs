@@ -383,7 +383,8 @@ async fn a_killed_client_loses_its_tensors_and_program_references_after_the_grac
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_client_loses_its_tensors_and_program_references_after_the_grace_period_on_the_fast_path() {
+async fn a_killed_client_loses_its_tensors_and_program_references_after_the_grace_period_on_the_fast_path()
+ {
     npud_e2e::ring::dispatch_through_rings();
     a_killed_client_loses_its_tensors_and_program_references_after_the_grace_period_probe().await;
 }

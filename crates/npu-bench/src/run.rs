@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::client::{Iters, Session, connect_tcp, connect_unix};
-use crate::fastpath::{BenchRing, PingPong};
 use crate::daemon::{CpuMeter, Daemon, rss_kib, stat_cpu_ticks, us_per_tick};
+use crate::fastpath::{BenchRing, PingPong};
 use crate::floors::{FloorServers, RawEcho, TonicEcho, tonic_stream};
 use crate::inproc::InProcess;
 use crate::load;

@@ -158,7 +158,9 @@ impl FastPath {
         let s = Submission {
             request_id,
             program: d.program_id,
-            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX).max(1),
+            timeout_ms: u64::try_from(timeout.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
             args: d
                 .args
                 .iter()
@@ -237,7 +239,10 @@ impl FastPath {
                 if cq.parked.remove(&request_id).is_some() {
                     self.parked.fetch_sub(1, Ordering::SeqCst);
                 }
-                let taken = self.mem.load(Word::SqHead).wrapping_sub(index.wrapping_add(1))
+                let taken = self
+                    .mem
+                    .load(Word::SqHead)
+                    .wrapping_sub(index.wrapping_add(1))
                     < ring::SLOTS;
                 return Poll::Ready(Err(if taken {
                     RingMiss::Lost(format!(
@@ -252,10 +257,7 @@ impl FastPath {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
-            if cq
-                .parked
-                .insert(request_id, cx.waker().clone())
-                .is_none()
+            if cq.parked.insert(request_id, cx.waker().clone()).is_none()
                 && self.parked.fetch_add(1, Ordering::SeqCst) == 0
                 && let Some(t) = self
                     .waiter

@@ -28,8 +28,7 @@ pub const SUBMISSION_BYTES: usize = 512;
 /// Bytes of a completion slot.
 pub const COMPLETION_BYTES: usize = 1024;
 /// Bytes of the ring's memfd.
-pub const RING_BYTES: usize =
-    HEADER_BYTES + SLOTS as usize * (SUBMISSION_BYTES + COMPLETION_BYTES);
+pub const RING_BYTES: usize = HEADER_BYTES + SLOTS as usize * (SUBMISSION_BYTES + COMPLETION_BYTES);
 /// Most arguments a submission carries.
 pub const MAX_ARGS: usize = 15;
 /// Longest message a completion carries, in bytes.
@@ -141,7 +140,7 @@ impl RingMemory {
     }
 
     fn u32_at(&self, offset: usize) -> &AtomicU32 {
-        assert!(offset % 4 == 0 && offset + 4 <= RING_BYTES);
+        assert!(offset.is_multiple_of(4) && offset + 4 <= RING_BYTES);
         // SAFETY: `offset` is inside the mapping and 4-aligned (asserted; the base is page
         // aligned), the mapping is read-write and lives as long as `self`, and the memory is
         // only ever accessed atomically in this process (see the Sync impl).
@@ -149,7 +148,7 @@ impl RingMemory {
     }
 
     fn u64_at(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset % 8 == 0 && offset + 8 <= RING_BYTES);
+        assert!(offset.is_multiple_of(8) && offset + 8 <= RING_BYTES);
         // SAFETY: as in `u32_at`, with 8-byte alignment.
         unsafe { AtomicU64::from_ptr(self.base.as_ptr().add(offset).cast::<u64>()) }
     }
@@ -195,7 +194,9 @@ impl RingMemory {
     }
 
     fn completion_at(index: u32) -> usize {
-        HEADER_BYTES + SLOTS as usize * SUBMISSION_BYTES + (index % SLOTS) as usize * COMPLETION_BYTES
+        HEADER_BYTES
+            + SLOTS as usize * SUBMISSION_BYTES
+            + (index % SLOTS) as usize * COMPLETION_BYTES
     }
 
     fn copy_out<const N: usize>(&self, at: usize) -> [u64; N] {
@@ -406,10 +407,13 @@ mod tests {
     #[test]
     fn the_layout_fits_its_memfd_and_words_do_not_share_cache_lines_across_sides() {
         assert_eq!(RING_BYTES, 102_400);
-        assert_eq!(RingMemory::completion_at(SLOTS - 1) + COMPLETION_BYTES, RING_BYTES);
+        assert_eq!(
+            RingMemory::completion_at(SLOTS - 1) + COMPLETION_BYTES,
+            RING_BYTES
+        );
         assert_eq!(RingMemory::submission_at(SLOTS), HEADER_BYTES);
-        assert_eq!(Word::SqTail.offset() / 64 != Word::SqHead.offset() / 64, true);
-        assert!(4 + 4 * MAX_ARGS <= SUB_WORDS);
+        assert_ne!(Word::SqTail.offset() / 64, Word::SqHead.offset() / 64);
+        const { assert!(4 + 4 * MAX_ARGS <= SUB_WORDS) };
     }
 
     #[test]

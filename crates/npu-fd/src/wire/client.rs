@@ -116,7 +116,11 @@ fn read_response(stream: &UnixStream) -> Result<(Response, Option<OwnedFd>), FdE
 ///
 /// As [`import`].
 #[doc(alias = "ATTACH_RING")]
-pub fn attach_ring(stream: &UnixStream, ticket: &Ticket, fd: BorrowedFd<'_>) -> Result<(), FdError> {
+pub fn attach_ring(
+    stream: &UnixStream,
+    ticket: &Ticket,
+    fd: BorrowedFd<'_>,
+) -> Result<(), FdError> {
     let request = Request {
         op: Op::AttachRing,
         ticket: *ticket,

@@ -98,7 +98,9 @@ impl Request {
         check_header(frame)?;
         let code = u16_at(frame, 6);
         let op = Op::from_code(code).ok_or_else(|| {
-            FdError::Malformed(format!("unknown op {code} (1 = REDEEM_EXPORT, 2 = IMPORT, 3 = ATTACH_RING)"))
+            FdError::Malformed(format!(
+                "unknown op {code} (1 = REDEEM_EXPORT, 2 = IMPORT, 3 = ATTACH_RING)"
+            ))
         })?;
         check_zero(frame, REQUEST_RESERVED)?;
         let mut ticket = [0_u8; Ticket::LEN];
@@ -383,7 +385,11 @@ mod tests {
         let cases: [(usize, u8, &str); 4] = [
             (0, b'X', "bad magic \"XPFD\" (expected \"NPFD\")"),
             (4, 7, "unsupported protocol version 7 (this side speaks 1)"),
-            (6, 9, "unknown op 9 (1 = REDEEM_EXPORT, 2 = IMPORT, 3 = ATTACH_RING)"),
+            (
+                6,
+                9,
+                "unknown op 9 (1 = REDEEM_EXPORT, 2 = IMPORT, 3 = ATTACH_RING)",
+            ),
             (40, 1, "reserved bytes 24..64 are not zero"),
         ];
         for (at, value, expected) in cases {

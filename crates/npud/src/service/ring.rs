@@ -393,7 +393,10 @@ impl Reader {
                 .collect(),
         };
         let svc = &self.svc;
-        match self.rt.block_on(svc.admit_work(self.session, Work::Dispatch(d), deadline, true)) {
+        match self
+            .rt
+            .block_on(svc.admit_work(self.session, Work::Dispatch(d), deadline, true))
+        {
             Ok(admitted) => Entry::Waiting {
                 request_id,
                 admitted,
@@ -425,9 +428,7 @@ impl Reader {
 
     /// Room in the completion ring, or the rule the client's `cq_head` broke.
     fn room(&self) -> Result<u32, u32> {
-        let used = self
-            .cq_tail
-            .wrapping_sub(self.ctl.mem.load(Word::CqHead));
+        let used = self.cq_tail.wrapping_sub(self.ctl.mem.load(Word::CqHead));
         if used > ring::SLOTS {
             return Err(ring::BROKEN_CQ_HEAD);
         }

@@ -229,7 +229,13 @@ impl NpudService {
     }
 
     /// Counts a finished item against the session and its programs, and in the metrics.
-    pub(super) fn record(&self, session: u64, programs: &[u64], chain: bool, r: &Result<WorkDone, NpudError>) {
+    pub(super) fn record(
+        &self,
+        session: u64,
+        programs: &[u64],
+        chain: bool,
+        r: &Result<WorkDone, NpudError>,
+    ) {
         let st = &self.state;
         let n = programs.len() as u64;
         let kind = if chain { Kind::Chain } else { Kind::Dispatch };
