@@ -7,7 +7,8 @@
 //! pending count, the same executor queue and turns, the same statistics. It keeps at most the
 //! session's Submit window admitted and unanswered, and posts completions in submission order.
 //!
-//! Waiting: after the last thing it did, the reader spins for [`SPIN`], then sleeps on the
+//! Waiting: after the last thing it did, the reader polls (yielding the CPU between looks) for
+//! [`SPIN`], then sleeps on the
 //! ring's `sq_bell` futex, which the client rings when it submits to a sleeping reader and the
 //! executor's reply rings through [`Bell`] (the waker of the item at the front). Every sleep has
 //! a timeout, so a corrupted bell delays only this ring, and an idle ring wakes once a second.
@@ -294,7 +295,9 @@ impl Reader {
                 continue;
             }
             if last.elapsed() < SPIN {
-                std::hint::spin_loop();
+                // Yield rather than spin hot: on a small machine the client, this reader and
+                // the executor may share a core, and the one that would answer must run.
+                std::thread::yield_now();
                 continue;
             }
             // Sleep: say so, then look once more (the client's tail, the front item with the
