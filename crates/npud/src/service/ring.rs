@@ -2,10 +2,10 @@
 //!
 //! A ring's reader is a thread of its own, so that a client that stops consuming completions,
 //! or corrupts its doorbells, delays nobody else. It copies each submission slot out of the
-//! shared memory before it looks at it (`npu_fd::ring`), then admits it exactly as a `Submit`
-//! stream item carrying a `Dispatch` ([`NpudService::admit_work`]): the same checks, the same
-//! pending count, the same executor queue and turns, the same statistics. It keeps at most the
-//! session's Submit window admitted and unanswered, and posts completions in submission order.
+//! shared memory before it looks at it (`npu_fd::ring`), then admits it exactly as a `Dispatch`
+//! call ([`NpudService::admit_work`]): the same checks, the same pending count and refusals,
+//! the same executor queue and turns, the same statistics. It keeps at most a ring's worth
+//! admitted and unanswered, and posts completions in submission order.
 //!
 //! Waiting: after the last thing it did, the reader polls (yielding the CPU between looks) for
 //! [`SPIN`], then sleeps on the
@@ -196,7 +196,9 @@ impl NpudService {
             finished: AtomicBool::new(false),
         });
         self.state.rings.insert(session, &ctl)?;
-        let window = self.submit_window(session).min(ring::SLOTS as usize);
+        // As many as the ring holds: each is admitted as a `Dispatch` call is, so a session over
+        // its pending limit is refused RESOURCE_EXHAUSTED, as concurrent calls would be.
+        let window = ring::SLOTS as usize;
         let reader = Reader {
             svc: self.clone(),
             rt: tokio::runtime::Handle::current(),
@@ -398,7 +400,7 @@ impl Reader {
         let svc = &self.svc;
         match self
             .rt
-            .block_on(svc.admit_work(self.session, Work::Dispatch(d), deadline, true))
+            .block_on(svc.admit_work(self.session, Work::Dispatch(d), deadline, false))
         {
             Ok(admitted) => Entry::Waiting {
                 request_id,
