@@ -286,7 +286,10 @@ pub fn serve_pingpong(path: &Path) -> Result<()> {
         .open(path)
         .map_err(|e| err(&e))?;
     let m = RingMemory::map(file.as_fd()).map_err(|e| err(&e))?;
-    let mut seen = m.load(Word::SqTail);
+    // The file starts zeroed: a count the parent published before this child mapped the
+    // file is still new to it (reading the current count here would swallow it, and the
+    // parent would spin for ever).
+    let mut seen = 0;
     let mut last = Instant::now();
     while m.load(Word::State) == 0 {
         let now = m.load(Word::SqTail);
