@@ -137,8 +137,7 @@ async fn session_faults(s: &mut Session) -> u64 {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_identity_past_its_fault_budget_is_cooled_down_and_no_one_else_is() {
+async fn an_identity_past_its_fault_budget_is_cooled_down_and_no_one_else_is_probe() {
     const BUDGET: u32 = 2;
     let pods = Pods::new(&["culprit", "other"]);
     let d = Daemon::start(budget(&pods, BUDGET, 2000, 3000));
@@ -213,8 +212,7 @@ async fn an_identity_past_its_fault_budget_is_cooled_down_and_no_one_else_is() {
     same_uid.register(&good).await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn faults_and_hangs_hit_only_the_culprit() {
+async fn faults_and_hangs_hit_only_the_culprit_probe() {
     const BUDGET: u32 = 3;
     let pods = Pods::new(&["culprit", "innocent"]);
     let d = Daemon::start(budget(&pods, BUDGET, 600_000, 600_000));
@@ -356,4 +354,30 @@ async fn a_full_elf_dispatch_with_one_argument_too_many_is_a_refusal_not_a_devic
     let mut other = Session::open(d.connect().await, "other").await.unwrap();
     let again = other.register_hsaco(hsaco, "", "fe").await.unwrap();
     assert_eq!(again.content_hash, reg.content_hash);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The same probes on fast-path sessions: every `Session` of the test (and of the client
+// processes it starts) dispatches through its dispatch ring (`npud_e2e::ring`).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identity_past_its_fault_budget_is_cooled_down_and_no_one_else_is() {
+    an_identity_past_its_fault_budget_is_cooled_down_and_no_one_else_is_probe().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identity_past_its_fault_budget_is_cooled_down_and_no_one_else_is_on_the_fast_path() {
+    npud_e2e::ring::dispatch_through_rings();
+    an_identity_past_its_fault_budget_is_cooled_down_and_no_one_else_is_probe().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_and_hangs_hit_only_the_culprit() {
+    faults_and_hangs_hit_only_the_culprit_probe().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_and_hangs_hit_only_the_culprit_on_the_fast_path() {
+    npud_e2e::ring::dispatch_through_rings();
+    faults_and_hangs_hit_only_the_culprit_probe().await;
 }

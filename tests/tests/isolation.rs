@@ -17,8 +17,7 @@ fn vsa() -> EmuDesign {
     EmuDesign::vector_scalar_add(N, DType::I32, 1)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn another_sessions_handles_are_not_found() {
+async fn another_sessions_handles_are_not_found_probe() {
     let d = Daemon::start(Options::default());
     let mut a = Session::open(d.connect().await, "a").await.unwrap();
     let mut b = Session::open(d.connect().await, "b").await.unwrap();
@@ -155,8 +154,7 @@ async fn requests_without_or_with_a_wrong_token_are_refused() {
     assert_eq!(e.code(), tonic::Code::Unauthenticated);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_client_loses_its_tensors_and_program_references_after_the_grace_period() {
+async fn a_killed_client_loses_its_tensors_and_program_references_after_the_grace_period_probe() {
     let d = Daemon::start(Options {
         grace_ms: 1500,
         ..Options::default()
@@ -166,7 +164,11 @@ async fn a_killed_client_loses_its_tensors_and_program_references_after_the_grac
     let mut x = other.alloc_mapped(BYTES).await.unwrap();
     let y = other.alloc_mapped(BYTES).await.unwrap();
 
-    let mut child = Command::new(binary("npud-test-client"))
+    let mut child = Command::new(binary("npud-test-client"));
+    if npud_e2e::ring::rings_on() {
+        child.env("NPUD_E2E_RING", "1");
+    }
+    let mut child = child
         .arg("hold")
         .arg(&d.socket)
         .stdout(Stdio::piped())
@@ -358,4 +360,31 @@ async fn a_unix_session_and_its_tickets_are_bound_to_the_peers_uid() {
     // The owner can still redeem it: a refused attempt does not consume the ticket.
     let sock = std::os::unix::net::UnixStream::connect(&d.fd_socket).unwrap();
     npu_fd::wire::client::redeem_export(&sock, &ticket).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The same probes on fast-path sessions: every `Session` of the test (and of the client
+// processes it starts) dispatches through its dispatch ring (`npud_e2e::ring`).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_sessions_handles_are_not_found() {
+    another_sessions_handles_are_not_found_probe().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_sessions_handles_are_not_found_on_the_fast_path() {
+    npud_e2e::ring::dispatch_through_rings();
+    another_sessions_handles_are_not_found_probe().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_client_loses_its_tensors_and_program_references_after_the_grace_period() {
+    a_killed_client_loses_its_tensors_and_program_references_after_the_grace_period_probe().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_client_loses_its_tensors_and_program_references_after_the_grace_period_on_the_fast_path()
+ {
+    npud_e2e::ring::dispatch_through_rings();
+    a_killed_client_loses_its_tensors_and_program_references_after_the_grace_period_probe().await;
 }

@@ -178,7 +178,11 @@ async fn killed_clients_round(
 
 /// A churn client on the socket `sock`, once it has checked its first round.
 fn start_churn_at(sock: &std::path::Path, seed: usize) -> Child {
-    let mut child = Command::new(binary("npud-test-client"))
+    let mut child = Command::new(binary("npud-test-client"));
+    if npud_e2e::ring::rings_on() {
+        child.env("NPUD_E2E_RING", "1");
+    }
+    let mut child = child
         .arg("churn")
         .arg(sock)
         .arg(seed.to_string())
@@ -215,8 +219,7 @@ async fn warmed_up(d: &Daemon) -> Session {
     k
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn twenty_four_client_processes_killed_mid_work_leak_nothing() {
+async fn twenty_four_client_processes_killed_mid_work_leak_nothing_probe() {
     let mut d = Daemon::start(options());
     let mut k = warmed_up(&d).await;
     let base = held(&d, &mut k).await;
@@ -334,8 +337,7 @@ async fn sixty_four_sessions_round(d: &Daemon, already: usize, rounds: usize) ->
     f
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sixty_four_sessions_each_verify_every_call() {
+async fn sixty_four_sessions_each_verify_every_call_probe() {
     let mut d = Daemon::start(options());
     let f = sixty_four_sessions_round(&d, 0, 8).await;
     assert_eq!(f.wrong, 0, "{f:?}");
@@ -432,8 +434,7 @@ fn stop_flag() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
     std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn faults_and_hangs_hit_only_the_culprit() {
+async fn faults_and_hangs_hit_only_the_culprit_probe() {
     let mut d = Daemon::start(options().arg("--emulator-timeout-ms").arg("300"));
     let f = culprit_round(&d, 0).await;
     assert_eq!(f.wrong, 0, "{f:?}");
@@ -571,4 +572,41 @@ async fn soak() {
     for f in [killed, sixty_four, culprit] {
         assert_eq!((f.crashes, f.leaks, f.wrong), (0, 0, 0), "{f:?}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The same probes on fast-path sessions: every `Session` of the test (and of the client
+// processes it starts) dispatches through its dispatch ring (`npud_e2e::ring`).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_four_client_processes_killed_mid_work_leak_nothing() {
+    twenty_four_client_processes_killed_mid_work_leak_nothing_probe().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_four_client_processes_killed_mid_work_leak_nothing_on_the_fast_path() {
+    npud_e2e::ring::dispatch_through_rings();
+    twenty_four_client_processes_killed_mid_work_leak_nothing_probe().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_sessions_each_verify_every_call() {
+    sixty_four_sessions_each_verify_every_call_probe().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_sessions_each_verify_every_call_on_the_fast_path() {
+    npud_e2e::ring::dispatch_through_rings();
+    sixty_four_sessions_each_verify_every_call_probe().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_and_hangs_hit_only_the_culprit() {
+    faults_and_hangs_hit_only_the_culprit_probe().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_and_hangs_hit_only_the_culprit_on_the_fast_path() {
+    npud_e2e::ring::dispatch_through_rings();
+    faults_and_hangs_hit_only_the_culprit_probe().await;
 }

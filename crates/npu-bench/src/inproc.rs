@@ -83,6 +83,15 @@ impl InProcess {
         ))
     }
 
+    /// Single dispatches: (samples ns, wall) of the measured ones.
+    ///
+    /// # Errors
+    /// A dispatch the emulator refuses.
+    pub fn samples(&mut self, it: Iters) -> Result<(Vec<u64>, std::time::Duration)> {
+        let links = std::slice::from_ref(&self.one).to_vec();
+        self.time(&links, it)
+    }
+
     fn time(&mut self, links: &[Dispatch], it: Iters) -> Result<(Vec<u64>, std::time::Duration)> {
         let err = BenchError::ctx("in-process dispatch");
         for _ in 0..it.warmup {

@@ -21,6 +21,7 @@
 
 pub mod client;
 pub mod daemon;
+pub mod fastpath;
 pub mod floors;
 pub mod inproc;
 pub mod load;

@@ -32,7 +32,7 @@ struct Cli {
     #[arg(long)]
     iterations: Option<usize>,
     /// Only these sections (comma-separated): floors, inproc, tcp, chains, pipelined, sizes,
-    /// clients, stalls, memory, cpu, profiles, tls (row 13), rss (row 14: memory around a
+    /// clients, stalls, memory, cpu, profiles, tls (row 13), fastpath (rows 15), rss (row 14: memory around a
     /// quota-sized queue of chains; only when named). Row 3 always runs. Ratios need the rows
     /// they name.
     #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(npu_bench::run::SECTIONS))]
@@ -48,6 +48,9 @@ struct Cli {
     /// Internal: serve the floors' echo servers in DIR until stdin closes.
     #[arg(long, hide = true)]
     serve_floors: Option<PathBuf>,
+    /// Internal: serve the shared-memory ping-pong of rows 15 on FILE.
+    #[arg(long, hide = true)]
+    serve_pingpong: Option<PathBuf>,
     /// Internal: the tonic echo's runtime threads (npud's I/O threads).
     #[arg(long, hide = true, default_value_t = 1)]
     floor_threads: usize,
@@ -60,6 +63,15 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("npuctl bench: serving the floors: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(file) = &cli.serve_pingpong {
+        return match npu_bench::fastpath::serve_pingpong(file) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("npuctl bench: serving the ping-pong: {e}");
                 ExitCode::FAILURE
             }
         };

@@ -8,6 +8,12 @@ use crate::stats::Summary;
 
 /// Keys of the rows the ratios use.
 pub mod keys {
+    pub const FAST_INPROC: &str = "fastpath_inproc_dispatch";
+    pub const SHM_PINGPONG: &str = "shm_pingpong";
+    pub const FAST_UNARY: &str = "fastpath_unary";
+    pub const FAST_PIPELINED: &str = "fastpath_pipelined_per_dispatch";
+    pub const CPU_NPUD_FASTPATH: &str = "cpu_npud_fastpath";
+    pub const CPU_IDLE_RINGS: &str = "cpu_idle_64_rings";
     pub const RAW_ECHO: &str = "raw_echo";
     pub const TONIC_ECHO: &str = "tonic_echo";
     pub const NPUD_UNIX: &str = "npud_unix";
@@ -229,6 +235,53 @@ impl Report {
             div(p99(keys::CLIENTS_16), p99(keys::CLIENTS_1)),
             "<=",
             4.0,
+        );
+        // Rows 15: the fast path against in-process dispatch and the ping-pong floor.
+        push(
+            "fast-path unary over in-process dispatch",
+            "p50(fastpath_unary) / p50(fastpath_inproc_dispatch)",
+            div(p50(keys::FAST_UNARY), p50(keys::FAST_INPROC)),
+            "<=",
+            3.0,
+        );
+        push(
+            "fast-path unary over the ping-pong plus in-process dispatch",
+            "p50(fastpath_unary) / (p50(shm_pingpong) + p50(fastpath_inproc_dispatch))",
+            div(
+                p50(keys::FAST_UNARY),
+                p50(keys::SHM_PINGPONG)
+                    .zip(p50(keys::FAST_INPROC))
+                    .map(|(a, b)| a + b),
+            ),
+            "<=",
+            2.0,
+        );
+        push(
+            "fast-path pipelined per dispatch over in-process dispatch",
+            "p50(fastpath_pipelined_per_dispatch) / p50(fastpath_inproc_dispatch)",
+            div(p50(keys::FAST_PIPELINED), p50(keys::FAST_INPROC)),
+            "<=",
+            1.5,
+        );
+        let cpu = |k: &str| {
+            self.cpu
+                .iter()
+                .find(|r| r.key == k)
+                .map(|r| r.cpu_us_per_call)
+        };
+        push(
+            "npud CPU per fast-path dispatch over the tonic echo's per call",
+            "cpu(cpu_npud_fastpath) / cpu(cpu_tonic_echo)",
+            div(cpu(keys::CPU_NPUD_FASTPATH), cpu(keys::CPU_TONIC_ECHO)),
+            "<=",
+            1.0,
+        );
+        push(
+            "npud idle CPU with 64 idle fast-path sessions, % of a core",
+            "cpu(cpu_idle_64_rings) / 10000",
+            cpu(keys::CPU_IDLE_RINGS).map(|v| v / 10_000.0),
+            "<=",
+            1.0,
         );
         // Rows 11: every profile's dispatch and chain link over the first profile's.
         let profile_rows: Vec<&str> = self

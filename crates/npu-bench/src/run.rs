@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::client::{Iters, Session, connect_tcp, connect_unix};
 use crate::daemon::{CpuMeter, Daemon, rss_kib, stat_cpu_ticks, us_per_tick};
+use crate::fastpath::{BenchRing, PingPong};
 use crate::floors::{FloorServers, RawEcho, TonicEcho, tonic_stream};
 use crate::inproc::InProcess;
 use crate::load;
@@ -154,8 +155,9 @@ pub fn run(opts: &Options) -> Result<Report> {
 }
 
 /// Sections of the run, for `--only`. `rss` runs only when named.
-pub const SECTIONS: [&str; 13] = [
+pub const SECTIONS: [&str; 14] = [
     "floors",
+    "fastpath",
     "inproc",
     "tcp",
     "chains",
@@ -257,6 +259,9 @@ async fn all_rows(
         report.rows.push(r);
         floors.stop().await;
     }
+    if want("fastpath") {
+        fastpath_rows(report, &target.socket, target.pid, dir.path(), it).await?;
+    }
     if want("inproc") {
         inproc(report, it).await?;
     }
@@ -345,7 +350,7 @@ async fn all_rows(
         }
     }
     if want("cpu") {
-        cpu_rows(report, &unix, target.pid, dir.path(), it).await?;
+        cpu_rows(report, &unix, &target.socket, target.pid, dir.path(), it).await?;
     }
     let mut s = unix.session.clone();
     load::close(&mut s).await;
@@ -679,6 +684,7 @@ impl Tally {
 async fn cpu_rows(
     report: &mut Report,
     unix: &Ready,
+    socket: &std::path::Path,
     pid: Option<u32>,
     dir: &std::path::Path,
     it: Iters,
@@ -706,13 +712,25 @@ async fn cpu_rows(
         true,
     )
     .await?;
+    let fast = Ready::new(
+        Session::open(connect_unix(socket).await?, "bench-cpu-ring").await?,
+        true,
+    )
+    .await?;
+    let mut ring = BenchRing::attach(&mut fast.session.clone()).await?;
     let (mut e, mut on, mut off) = (Tally::default(), Tally::default(), Tally::default());
+    let mut f = Tally::default();
     for _ in 0..CPU_ROUNDS {
         e.measure(floors.pid(), round, echo.measure(round)).await?;
         on.measure(pid, round, unix.dispatches(round)).await?;
         off.measure(sleeper_pid, round, sleeping.dispatches(round))
             .await?;
+        f.measure(pid, round, async { ring.unary(&fast.request, round) })
+            .await?;
     }
+    drop(ring);
+    let mut s = fast.session.clone();
+    load::close(&mut s).await;
     let mut s = sleeping.session.clone();
     load::close(&mut s).await;
     drop((echo, sleeping));
@@ -730,5 +748,136 @@ async fn cpu_rows(
         keys::CPU_NPUD_SLEEPING,
         "npud dispatch, one client, executor.spin_us = 0: npud's CPU per dispatch",
     ));
+    report.cpu.push(f.row(
+        keys::CPU_NPUD_FASTPATH,
+        &format!("npud fast-path dispatch, one client, executor.spin_us = {spin}: npud's CPU per dispatch"),
+    ));
+    Ok(())
+}
+
+/// Rows 15: in-process dispatch, the shared-memory ping-pong, fast-path unary and pipelined
+/// dispatch, measured in turn over [`ROUNDS`] rounds so that the machine's load falls on them
+/// alike; then npud's CPU with 64 idle fast-path sessions.
+async fn fastpath_rows(
+    report: &mut Report,
+    socket: &std::path::Path,
+    pid: Option<u32>,
+    dir: &std::path::Path,
+    it: Iters,
+) -> Result<()> {
+    let fast = Ready::new(
+        Session::open(connect_unix(socket).await?, "bench-ring").await?,
+        true,
+    )
+    .await?;
+    let mut ring = BenchRing::attach(&mut fast.session.clone()).await?;
+    let mut inproc = crate::inproc::InProcess::open()?;
+    let mut pingpong = PingPong::start(dir)?;
+    let n_rounds = rounds(it, ROUNDS);
+    let round = Iters {
+        warmup: (it.warmup / n_rounds).max(crate::rows::MIN_ROUND_WARMUP),
+        measured: (it.measured / n_rounds).max(1),
+    };
+    let (mut inp, mut pp, mut unary) = (Acc::default(), Acc::default(), Acc::default());
+    let (mut per, mut lat, mut pwall) = (Vec::new(), Vec::new(), Duration::ZERO);
+    let mut cpu = CpuMeter::new(pid);
+    let mut pcpu = CpuMeter::new(pid);
+    for _ in 0..n_rounds {
+        inp.add(inproc.samples(round)?);
+        pp.add(pingpong.measure(round));
+        let ops = round.warmup + round.measured;
+        unary.add(
+            cpu.measure(ops, async { ring.unary(&fast.request, round) })
+                .await?,
+        );
+        let (a, b, w) = pcpu
+            .measure(ops, async { ring.pipelined(&fast.request, DEPTH, round) })
+            .await?;
+        per.extend(a);
+        lat.extend(b);
+        pwall += w;
+    }
+    pingpong.stop();
+    drop(ring);
+    let mut s = fast.session.clone();
+    load::close(&mut s).await;
+    report.rows.push(Row::new(
+        "15",
+        keys::FAST_INPROC,
+        "in-process dispatch through hsa-core, in turn with the fast-path rows",
+        inp.summary(),
+    ));
+    report.rows.push(Row::new(
+        "15",
+        keys::SHM_PINGPONG,
+        "shared-memory ping-pong between two spinning processes (the floor)",
+        pp.summary(),
+    ));
+    let mut r = Row::new(
+        "15",
+        keys::FAST_UNARY,
+        "npud fast-path dispatch (shared-memory ring), one client",
+        unary.summary(),
+    );
+    r.daemon_cpu_us = cpu.per_op_us();
+    report.rows.push(r);
+    let p = crate::fastpath::pipelined_summary(per, lat, pwall);
+    let mut r = Row::new(
+        "15",
+        keys::FAST_PIPELINED,
+        "npud fast-path ring, 16 in flight: per dispatch",
+        p.per_op,
+    );
+    r.daemon_cpu_us = pcpu.per_op_us();
+    report.rows.push(r);
+    report.rows.push(Row::new(
+        "15",
+        "fastpath_pipelined_latency",
+        "npud fast-path ring, 16 in flight: submit to completion",
+        p.latency,
+    ));
+    idle_rings(report, socket, pid).await
+}
+
+/// Row 15: npud's CPU over a few seconds while 64 sessions each hold an idle ring.
+async fn idle_rings(report: &mut Report, socket: &std::path::Path, pid: Option<u32>) -> Result<()> {
+    const RINGS: usize = 64;
+    const SECONDS: u64 = 5;
+    let Some(pid) = pid else {
+        report
+            .skipped
+            .push("row 15 (idle rings): no process id for the given daemon (--pid)".into());
+        return Ok(());
+    };
+    let channel = connect_unix(socket).await?;
+    let mut held = Vec::new();
+    for i in 0..RINGS {
+        let mut s = Session::open(channel.clone(), &format!("bench-idle-{i}")).await?;
+        let r = BenchRing::attach(&mut s).await?;
+        held.push((s, r));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let gone = || BenchError(format!("process {pid} is gone: no /proc/{pid}/stat"));
+    let before = stat_cpu_ticks(pid).ok_or_else(gone)?;
+    tokio::time::sleep(Duration::from_secs(SECONDS)).await;
+    let after = stat_cpu_ticks(pid).ok_or_else(gone)?;
+    let ticks = after.saturating_sub(before);
+    let per_s = crate::stats::f64_of(ticks) * us_per_tick() / crate::stats::f64_of(SECONDS);
+    report.cpu.push(CpuRow {
+        row: "15".into(),
+        key: keys::CPU_IDLE_RINGS.into(),
+        name: format!(
+            "npud with {RINGS} idle fast-path sessions: CPU µs per second of wall time \
+             (10000 = 1% of a core)"
+        ),
+        calls: SECONDS,
+        cpu_us_per_call: per_s,
+        cpu_ticks: ticks,
+        wall_us_per_call: 1e6,
+    });
+    for (mut s, r) in held {
+        drop(r);
+        load::close(&mut s).await;
+    }
     Ok(())
 }

@@ -51,6 +51,11 @@ fn quick_json_has_every_row_with_sane_fields() {
         "stall_chain1024",
         "tcp_plain",
         "tcp_tls",
+        "fastpath_inproc_dispatch",
+        "shm_pingpong",
+        "fastpath_unary",
+        "fastpath_pipelined_per_dispatch",
+        "fastpath_pipelined_latency",
     ];
     let sized: Vec<String> = ["fd", "inline"]
         .iter()
@@ -84,7 +89,7 @@ fn quick_json_has_every_row_with_sane_fields() {
         .map(|r| field(r, "row").as_str().expect("row is text"))
         .collect();
     for n in [
-        "1", "1b", "2", "3", "4", "5", "6", "7", "9", "11", "12", "13",
+        "1", "1b", "2", "3", "4", "5", "6", "7", "9", "11", "12", "13", "15",
     ] {
         assert!(rows_of_issue.contains(&n), "no row numbered {n}");
     }
@@ -106,7 +111,11 @@ fn quick_json_has_every_row_with_sane_fields() {
     // the threads it reported.
     for r in rows {
         let key = field(r, "key").as_str().expect("key is text");
-        if key == "npud_unix" || key == "pipelined_per_dispatch" || key.starts_with("clients_") {
+        if key == "npud_unix"
+            || key == "pipelined_per_dispatch"
+            || key.starts_with("clients_")
+            || key.starts_with("fastpath_unary")
+        {
             let cpu = number(r, "daemon_cpu_us");
             assert!(cpu > 0.0 && cpu.is_finite(), "daemon CPU in {r}");
         }
@@ -142,9 +151,20 @@ fn quick_json_has_every_row_with_sane_fields() {
         .collect();
     assert_eq!(
         cpu_keys,
-        ["cpu_tonic_echo", "cpu_npud_polling", "cpu_npud_sleeping"]
+        [
+            "cpu_idle_64_rings",
+            "cpu_tonic_echo",
+            "cpu_npud_polling",
+            "cpu_npud_sleeping",
+            "cpu_npud_fastpath"
+        ]
     );
-    for c in cpu {
+    // Row 15's idle reading: seconds measured, CPU per second.
+    let idle = &cpu[0];
+    assert_eq!(field(idle, "row").as_str(), Some("15"), "{idle}");
+    assert!(number(idle, "calls") >= 1.0, "seconds in {idle}");
+    assert!(number(idle, "cpu_us_per_call").is_finite(), "CPU in {idle}");
+    for c in &cpu[1..] {
         assert_eq!(field(c, "row").as_str(), Some("10"), "{c}");
         assert!(number(c, "calls") >= 5000.0, "calls in {c}");
         let per_call = number(c, "cpu_us_per_call");
@@ -155,8 +175,8 @@ fn quick_json_has_every_row_with_sane_fields() {
     let ratios = field(&report, "ratios")
         .as_array()
         .expect("ratios is a list");
-    // Ten goals, and each kernel-object row's dispatch and chain link over G2's.
-    assert_eq!(ratios.len(), 14, "ratios: {ratios:?}");
+    // Fifteen goals, and each kernel-object row's dispatch and chain link over G2's.
+    assert_eq!(ratios.len(), 19, "ratios: {ratios:?}");
     assert!(
         ratios
             .iter()

@@ -187,6 +187,10 @@ pub struct ConnectOptions {
     /// A file holding the secret (read at connect); without `token` and `token_file`, the file
     /// `NPUD_TOKEN_FILE` names, when set.
     pub token_file: Option<PathBuf>,
+    /// Dispatch through the session's shared-memory ring when the daemon is on a Unix socket
+    /// (see [`crate::fastpath`]); results, errors and statistics are the same as through gRPC.
+    /// On by default unless `NPUD_FAST_PATH` is `0`, `off`, `false` or `no`.
+    pub fast_path: bool,
 }
 
 impl Default for ConnectOptions {
@@ -204,6 +208,7 @@ impl Default for ConnectOptions {
             tls_domain: None,
             token: None,
             token_file: None,
+            fast_path: crate::fastpath::enabled_by_env(),
         }
     }
 }

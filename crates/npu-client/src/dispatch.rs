@@ -112,19 +112,66 @@ impl Client {
         upload_dirty(&all).await?;
         let req = link(program_id, &all, reads.len());
         drop(all);
-        let r = lent_during(
-            &mut writes,
-            self.inner.call("Dispatch", |mut c| {
-                let req = req.clone();
-                async move { c.dispatch(req).await.map(tonic::Response::into_inner) }
-            }),
-        )
-        .await?;
+        let r = lent_during(&mut writes, self.dispatch_request(req)).await?;
         download_written(&mut writes).await?;
         Ok(DispatchResult {
             queue: Duration::from_nanos(r.queue_ns),
             device: Duration::from_nanos(r.device_ns),
         })
+    }
+
+    /// Sends one dispatch: through the session's ring when it has one, else (or when the ring
+    /// did not take it) through gRPC. The answer, and every error, is the same either way.
+    pub(crate) async fn dispatch_request(
+        &self,
+        req: pb::DispatchRequest,
+    ) -> Result<pb::DispatchResponse, ClientError> {
+        let inner = &self.inner;
+        if let Some(fp) = inner.fast_path() {
+            let timeout = inner.opts.call_timeout;
+            match tokio::time::timeout(timeout, fp.dispatch(&req, timeout)).await {
+                Err(_) => {
+                    return Err(ClientError::Timeout {
+                        call: "Dispatch",
+                        timeout,
+                    });
+                }
+                Ok(Ok(c)) if c.code == 0 => {
+                    return Ok(pb::DispatchResponse {
+                        queue_ns: c.queue_ns,
+                        device_ns: c.device_ns,
+                    });
+                }
+                Ok(Ok(c)) => {
+                    let code = tonic::Code::from_i32(i32::try_from(c.code).unwrap_or(2));
+                    let status = tonic::Status::new(code, c.message);
+                    return Err(inner.daemon_error("Dispatch", &status));
+                }
+                Ok(Err(crate::fastpath::RingMiss::Lost(why))) => {
+                    return Err(ClientError::Connect {
+                        address: inner.addr.to_string(),
+                        message: format!("Dispatch: {why}"),
+                    });
+                }
+                Ok(Err(crate::fastpath::RingMiss::NotTaken)) => {}
+            }
+        }
+        let r = inner
+            .call("Dispatch", |mut c| {
+                let req = req.clone();
+                async move { c.dispatch(req).await.map(tonic::Response::into_inner) }
+            })
+            .await;
+        if r.is_ok() {
+            inner.maybe_reattach().await;
+        }
+        r
+    }
+
+    /// Whether this session dispatches through its shared-memory ring now.
+    #[must_use]
+    pub fn fast_path_active(&self) -> bool {
+        self.inner.fast_path().is_some()
     }
 
     /// Starts a chain: links run in order, on as few doorbell rings as the daemon can.

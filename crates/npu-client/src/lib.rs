@@ -52,6 +52,7 @@ mod client;
 pub mod connect;
 mod dispatch;
 mod error;
+pub mod fastpath;
 pub mod fleet;
 pub mod health;
 pub mod json;

@@ -125,6 +125,10 @@ pub(crate) struct Inner {
     pub(crate) host: std::sync::OnceLock<Arc<dyn HostWatch>>,
     /// The identity token, read once at connect.
     identity: Option<AsciiMetadataValue>,
+    /// The session's dispatch ring, when it has one ([`crate::fastpath`]).
+    fast: Mutex<Option<Arc<crate::fastpath::FastPath>>>,
+    /// A ring closed under the session: attach a new one after the next gRPC dispatch.
+    reattach: AtomicBool,
 }
 
 impl Inner {
@@ -159,7 +163,7 @@ impl Inner {
         } else {
             None
         };
-        Ok(Arc::new(Inner {
+        let inner = Arc::new(Inner {
             addr,
             opts,
             channel: Mutex::new((0, channel)),
@@ -173,7 +177,69 @@ impl Inner {
             next_request: AtomicU64::new(random_u64() >> 1),
             host: std::sync::OnceLock::new(),
             identity,
-        }))
+            fast: Mutex::new(None),
+            reattach: AtomicBool::new(false),
+        });
+        if inner.session.is_some() && inner.opts.fast_path && matches!(inner.addr, Address::Unix(_))
+        {
+            inner.attach_fast_path().await;
+        }
+        Ok(inner)
+    }
+
+    /// Attaches a dispatch ring to the session; without one (an older daemon, any refusal)
+    /// dispatches go through gRPC.
+    pub(crate) async fn attach_fast_path(&self) {
+        let r = self
+            .call("AttachRing", |mut c| async move {
+                c.attach_ring(pb::AttachRingRequest {})
+                    .await
+                    .map(tonic::Response::into_inner)
+            })
+            .await;
+        let attached = match r {
+            Ok(r) => tokio::task::spawn_blocking(move || crate::fastpath::FastPath::attach(&r))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r),
+            Err(e) => Err(e.to_string()),
+        };
+        match attached {
+            Ok(fp) => {
+                *self.fast.lock().unwrap_or_else(PoisonError::into_inner) = Some(fp);
+            }
+            Err(why) => {
+                tracing::debug!(session = self.session_id(), %why, "no dispatch ring; dispatching through gRPC");
+            }
+        }
+    }
+
+    /// The session's ring while the daemon serves it. A closed one is dropped (and a new one
+    /// attached after the next dispatch through gRPC).
+    pub(crate) fn fast_path(&self) -> Option<Arc<crate::fastpath::FastPath>> {
+        let mut g = self.fast.lock().unwrap_or_else(PoisonError::into_inner);
+        match g.as_ref() {
+            Some(f) if f.is_open() => Some(f.clone()),
+            Some(_) => {
+                *g = None;
+                self.reattach.store(true, Ordering::SeqCst);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// After a dispatch through gRPC: attaches a ring again if the last one closed.
+    pub(crate) async fn maybe_reattach(&self) {
+        if self.reattach.swap(false, Ordering::SeqCst) && !self.lost.load(Ordering::SeqCst) {
+            self.attach_fast_path().await;
+        }
+    }
+
+    /// The error a status from the daemon stands for, as a session call `name` that got it
+    /// through gRPC would report it.
+    pub(crate) fn daemon_error(&self, name: &'static str, status: &Status) -> ClientError {
+        self.failed(name, false, status)
     }
 
     pub(crate) fn session_id(&self) -> u64 {

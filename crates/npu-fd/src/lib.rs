@@ -12,6 +12,8 @@
 //! - [`client_memory`]: [`ClientMemory`], a client's own tensor memory, whose views are safe
 //!   because nothing else maps it and the daemon writes it only while it is lent.
 //! - [`peer`]: the supplementary groups of a Unix socket's peer (`SO_PEERGROUPS`).
+//! - [`ring`]: the dispatch ring's shared memory ([`ring::RingMemory`]), its slots and its futex
+//!   doorbells, every access atomic (`proto/npud/v1/ring.md`).
 //! - [`wire`]: the fd socket, a Unix stream socket beside the gRPC socket that carries fds with
 //!   `SCM_RIGHTS` in fixed-size frames, each exchange bound to a one-time [`wire::Ticket`] that a
 //!   gRPC call issued.
@@ -42,6 +44,7 @@ mod error;
 pub mod mapping;
 pub mod memfd;
 pub mod peer;
+pub mod ring;
 pub mod wire;
 
 pub use client_memory::ClientMemory;

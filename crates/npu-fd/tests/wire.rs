@@ -240,9 +240,9 @@ async fn malformed_frames_are_named() {
 
     let (daemon, mut client_end) = pair();
     let mut bad = good;
-    bad[6] = 3;
+    bad[6] = 4;
     client_end.write_all(&bad).expect("write");
-    assert!(malformed(&daemon).await.contains("unknown op 3"));
+    assert!(malformed(&daemon).await.contains("unknown op 4"));
 
     let (daemon, mut client_end) = pair();
     client_end

@@ -25,6 +25,7 @@ use crate::conn::Timeouts;
 use crate::error::NpudError;
 use crate::executor::{Command, ExecutorHandle};
 use crate::metrics::Metrics;
+use crate::service::{NpudService, RingControl};
 
 /// How long a ticket may wait to be redeemed.
 pub const TICKET_TTL: Duration = Duration::from_secs(60);
@@ -36,6 +37,8 @@ pub enum Grant {
     Export,
     /// Send a memfd of exactly `size` bytes for a declared tensor.
     Import { size: u64 },
+    /// Send the memfd of the session's dispatch ring (`npu_fd::ring::RING_BYTES`).
+    Ring,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -129,6 +132,7 @@ impl Tickets {
         let expected = match issued.grant {
             Grant::Export => Op::RedeemExport,
             Grant::Import { .. } => Op::Import,
+            Grant::Ring => Op::AttachRing,
         };
         if expected != op {
             return Err(Response::error(
@@ -181,6 +185,7 @@ impl Tickets {
 pub async fn serve(
     mut acceptor: Acceptor,
     tickets: Arc<Tickets>,
+    service: NpudService,
     exec: ExecutorHandle,
     timeouts: Timeouts,
     metrics: Arc<Metrics>,
@@ -200,6 +205,7 @@ pub async fn serve(
             stream,
             admission,
             tickets,
+            service.clone(),
             exec,
             timeouts,
             metrics.clone(),
@@ -210,10 +216,12 @@ pub async fn serve(
 
 /// Serves one connection until it closes, times out, or the daemon stops: a request being
 /// served when `stop` comes is answered first, so shutdown cuts off only idle connections.
+#[allow(clippy::too_many_arguments)]
 async fn connection(
     stream: UnixStream,
     admission: Admission,
     tickets: Arc<Tickets>,
+    service: NpudService,
     exec: ExecutorHandle,
     timeouts: Timeouts,
     metrics: Arc<Metrics>,
@@ -284,7 +292,7 @@ async fn connection(
         // An IMPORT's fd is the last one received (read_request_into); it stays in
         // `received`, closed off the workers, unless the import takes it.
         let fd = match issued.grant {
-            Grant::Import { .. } => received.0.pop(),
+            Grant::Import { .. } | Grant::Ring => received.0.pop(),
             Grant::Export => None,
         };
         let sent = match (issued.grant, fd) {
@@ -358,7 +366,40 @@ async fn connection(
                     }
                 }
             }
-            (Grant::Import { .. }, None) => {
+            (Grant::Ring, Some(fd)) => {
+                let size = npu_fd::ring::RING_BYTES as u64;
+                let checked = tokio::task::spawn_blocking(move || {
+                    let r = npu_fd::memfd::check_import(fd.as_fd(), size);
+                    (fd, r)
+                })
+                .await;
+                let Ok((fd, checked)) = checked else {
+                    return;
+                };
+                let started = match checked {
+                    Err(e) => Err(Response::from_error(&e)),
+                    Ok(_) => service
+                        .start_ring(issued.session, fd)
+                        .map_err(|e| refusal(&e)),
+                };
+                match started {
+                    Err(r) => {
+                        tickets.put_back(request.ticket, issued);
+                        respond(&r, Some(request.op));
+                        server::write_response(&stream, &r, None).await
+                    }
+                    Ok(ring) => {
+                        let r = Response::ok();
+                        respond(&r, Some(request.op));
+                        if server::write_response(&stream, &r, None).await.is_ok() {
+                            lifeline(&stream, &ring, &stop).await;
+                        }
+                        ring.stop();
+                        return;
+                    }
+                }
+            }
+            (Grant::Import { .. } | Grant::Ring, None) => {
                 // read_request guarantees an IMPORT frame carries an fd.
                 let r = Response::error(Status::MALFORMED, "IMPORT came without an fd");
                 respond(&r, Some(request.op));
@@ -405,11 +446,37 @@ impl Drop for Received {
     }
 }
 
+/// Holds a ring's fd-socket connection, its lifeline, until the client closes it, the ring's
+/// reader finishes (the session ended, the client broke the ring) or the daemon stops. Bytes
+/// the client sends on it are read and ignored (fds that come with them are closed by the
+/// kernel: a plain read takes none).
+async fn lifeline(stream: &UnixStream, ring: &RingControl, stop: &CancellationToken) {
+    let mut buf = [0_u8; 256];
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = ring.finished() => return,
+            r = stream.readable() => {
+                if r.is_err() {
+                    return;
+                }
+                match stream.try_read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => return,
+                }
+            }
+        }
+    }
+}
+
 /// An op's name on the wire, as metrics label it.
 fn op_name(op: Op) -> &'static str {
     match op {
         Op::RedeemExport => "REDEEM_EXPORT",
         Op::Import => "IMPORT",
+        Op::AttachRing => "ATTACH_RING",
     }
 }
 

@@ -262,6 +262,7 @@ pub async fn run(
         tcp_address: tcp_address.clone(),
         tcp_security: if tcp.is_some() { cfg.tls.mode() } else { "" },
         budget: MemoryBudget::new(&cfg.limits),
+        rings: Arc::default(),
     });
     let drain = Drain::new(Some(state.budget.clone()));
     let token_layer = TokenLayer::new(&state.policy);
@@ -336,6 +337,7 @@ pub async fn run(
     let fd_task = tokio::spawn(fdsock::serve(
         Acceptor::new(Listener::Unix(fds), "fd socket", limiter.clone()),
         tickets,
+        NpudService::new(state.clone()),
         state.exec.clone(),
         timeouts,
         metrics.clone(),

@@ -106,3 +106,31 @@ fn read_response(stream: &UnixStream) -> Result<(Response, Option<OwnedFd>), FdE
     }
     Ok((response, frame.take_fd()))
 }
+
+/// Sends the memfd of a session's dispatch ring, redeeming a ring ticket (`AttachRing`).
+///
+/// Once this returns, keep `stream` open for as long as the ring is used: it is the ring's
+/// lifeline, and the daemon tears the ring down when it closes.
+///
+/// # Errors
+///
+/// As [`import`].
+#[doc(alias = "ATTACH_RING")]
+pub fn attach_ring(
+    stream: &UnixStream,
+    ticket: &Ticket,
+    fd: BorrowedFd<'_>,
+) -> Result<(), FdError> {
+    let request = Request {
+        op: Op::AttachRing,
+        ticket: *ticket,
+    };
+    send_request(stream, &request, Some(fd))?;
+    let (_, fd) = read_response(stream)?;
+    if fd.is_some() {
+        return Err(FdError::Malformed(
+            "the daemon's answer to ATTACH_RING carried an fd; it was closed".into(),
+        ));
+    }
+    Ok(())
+}

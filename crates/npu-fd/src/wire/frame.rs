@@ -28,6 +28,9 @@ pub enum Op {
     RedeemExport,
     /// "Here is my memfd for a tensor I declared." Carries exactly one fd; the response none.
     Import,
+    /// "Here is the memfd of my session's dispatch ring." Carries exactly one fd; the response
+    /// none. The connection then stays open as the ring's lifeline (`ring.md`).
+    AttachRing,
 }
 
 impl Op {
@@ -36,6 +39,7 @@ impl Op {
         match self {
             Op::RedeemExport => 1,
             Op::Import => 2,
+            Op::AttachRing => 3,
         }
     }
 
@@ -44,13 +48,14 @@ impl Op {
         match code {
             1 => Some(Op::RedeemExport),
             2 => Some(Op::Import),
+            3 => Some(Op::AttachRing),
             _ => None,
         }
     }
 
     /// Whether a request with this op carries an fd.
     pub const fn request_carries_fd(self) -> bool {
-        matches!(self, Op::Import)
+        matches!(self, Op::Import | Op::AttachRing)
     }
 }
 
@@ -59,6 +64,7 @@ impl fmt::Display for Op {
         f.write_str(match self {
             Op::RedeemExport => "REDEEM_EXPORT",
             Op::Import => "IMPORT",
+            Op::AttachRing => "ATTACH_RING",
         })
     }
 }
@@ -92,7 +98,9 @@ impl Request {
         check_header(frame)?;
         let code = u16_at(frame, 6);
         let op = Op::from_code(code).ok_or_else(|| {
-            FdError::Malformed(format!("unknown op {code} (1 = REDEEM_EXPORT, 2 = IMPORT)"))
+            FdError::Malformed(format!(
+                "unknown op {code} (1 = REDEEM_EXPORT, 2 = IMPORT, 3 = ATTACH_RING)"
+            ))
         })?;
         check_zero(frame, REQUEST_RESERVED)?;
         let mut ticket = [0_u8; Ticket::LEN];
@@ -377,7 +385,11 @@ mod tests {
         let cases: [(usize, u8, &str); 4] = [
             (0, b'X', "bad magic \"XPFD\" (expected \"NPFD\")"),
             (4, 7, "unsupported protocol version 7 (this side speaks 1)"),
-            (6, 9, "unknown op 9 (1 = REDEEM_EXPORT, 2 = IMPORT)"),
+            (
+                6,
+                9,
+                "unknown op 9 (1 = REDEEM_EXPORT, 2 = IMPORT, 3 = ATTACH_RING)",
+            ),
             (40, 1, "reserved bytes 24..64 are not zero"),
         ];
         for (at, value, expected) in cases {

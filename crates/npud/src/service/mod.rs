@@ -10,6 +10,7 @@
 
 mod programs;
 mod replay;
+mod ring;
 mod sessions;
 mod stats;
 mod tensors;
@@ -37,6 +38,8 @@ use crate::metrics::Metrics;
 use crate::programs::Programs;
 use crate::sessions::Sessions;
 use crate::stats::PendingWork;
+
+pub use ring::{RingControl, Rings};
 
 /// What every handler shares.
 #[derive(Debug)]
@@ -69,6 +72,8 @@ pub struct State {
     pub tcp_security: &'static str,
     /// The daemon-wide memory budget.
     pub budget: crate::budget::MemoryBudget,
+    /// The sessions' dispatch rings.
+    pub rings: Arc<Rings>,
 }
 
 /// The service tonic serves; cheap to clone.
@@ -173,6 +178,7 @@ impl NpudService {
     /// Ends a session and releases everything it holds.
     pub async fn end_session(state: &State, session: u64) {
         state.tickets.forget_session(session);
+        state.rings.stop(session);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let freed = match state
             .exec
@@ -337,6 +343,13 @@ impl Npud for NpudService {
 
     async fn submit(&self, req: Request<Streaming<pb::SubmitRequest>>) -> Res<Self::SubmitStream> {
         ok(self.submit(req))
+    }
+
+    async fn attach_ring(
+        &self,
+        req: Request<pb::AttachRingRequest>,
+    ) -> Res<pb::AttachRingResponse> {
+        ok(self.attach_ring(req))
     }
 
     async fn get_statistics(&self, req: Request<pb::GetStatisticsRequest>) -> Res<pb::Statistics> {

@@ -112,7 +112,7 @@ impl NpudService {
             .map(|(g, _)| g.quotas.tensor_bytes.clone())
     }
 
-    fn fd_socket(&self) -> String {
+    pub(super) fn fd_socket(&self) -> String {
         self.state.fd_socket.display().to_string()
     }
 

@@ -29,21 +29,21 @@ type WorkReply = oneshot::Receiver<Result<WorkDone, NpudError>>;
 
 /// A submitted item on its way through the executor.
 #[derive(Debug)]
-struct Admitted {
-    rx: WorkReply,
+pub(super) struct Admitted {
+    pub(super) rx: WorkReply,
     /// The item in its session's pending count (checked against its rule's
     /// `max_pending_per_session`; read by statistics and metrics), given back when answered.
     _slot: Option<PendingSlot>,
     /// The program of each link.
-    programs: Vec<u64>,
-    chain: bool,
+    pub(super) programs: Vec<u64>,
+    pub(super) chain: bool,
     /// Counts the item in `Statistics.pending_dispatches` until its reply has been counted.
     _pending: PendingGuard,
 }
 
 /// Work as a request names it: Dispatch, Chain, or either on the Submit stream.
 #[derive(Debug)]
-enum Work {
+pub(super) enum Work {
     Dispatch(pb::DispatchRequest),
     Chain(Vec<pb::DispatchRequest>),
 }
@@ -52,7 +52,7 @@ impl NpudService {
     /// Checks `work` against the session and admits it to the executor. Whatever refuses it
     /// (a link, the limits, the device not serving) is counted against the session, one failure
     /// per link asked for, the same for every RPC.
-    async fn admit_work(
+    pub(super) async fn admit_work(
         &self,
         session: u64,
         work: Work,
@@ -220,7 +220,7 @@ impl NpudService {
     }
 
     /// Counts work refused before admission against the session.
-    fn refused(&self, session: u64, links: u64, chain: bool, e: &NpudError) {
+    pub(super) fn refused(&self, session: u64, links: u64, chain: bool, e: &NpudError) {
         self.state
             .sessions
             .record(session, links, Outcome::Fail(e.code_name()), 0, 0);
@@ -229,7 +229,13 @@ impl NpudService {
     }
 
     /// Counts a finished item against the session and its programs, and in the metrics.
-    fn record(&self, session: u64, programs: &[u64], chain: bool, r: &Result<WorkDone, NpudError>) {
+    pub(super) fn record(
+        &self,
+        session: u64,
+        programs: &[u64],
+        chain: bool,
+        r: &Result<WorkDone, NpudError>,
+    ) {
         let st = &self.state;
         let n = programs.len() as u64;
         let kind = if chain { Kind::Chain } else { Kind::Dispatch };
@@ -432,7 +438,7 @@ impl NpudService {
 
     /// Items one Submit stream may have admitted and unanswered: the session's pending limit
     /// (its rule's when lower).
-    fn submit_window(&self, session: u64) -> usize {
+    pub(super) fn submit_window(&self, session: u64) -> usize {
         let limit = self.state.limits.max_pending_per_session;
         let rule = self
             .state
@@ -484,7 +490,7 @@ fn bad_message(index: usize, status: &tonic::Status) -> NpudError {
 
 /// An admitted item whose reply is awaited; see [`NpudService::complete`].
 #[derive(Debug)]
-struct Pending {
+pub(super) struct Pending {
     svc: NpudService,
     session: u64,
     /// Taken once the reply has been counted.
@@ -519,6 +525,15 @@ impl Drop for Waiting {
 }
 
 impl Pending {
+    /// An admitted item to wait for (or, dropped, to be waited for on a task).
+    pub(super) fn new(svc: NpudService, session: u64, admitted: Admitted) -> Pending {
+        Pending {
+            svc,
+            session,
+            admitted: Some(admitted),
+        }
+    }
+
     async fn wait(mut self) -> Result<WorkDone, NpudError> {
         // `complete` builds a Pending with its item and `wait` consumes it: only Drop takes it.
         let a = self
@@ -596,7 +611,7 @@ fn group(programs: &[u64]) -> BTreeMap<u64, u64> {
     m
 }
 
-fn dispatch_response(done: WorkDone) -> Result<pb::DispatchResponse, NpudError> {
+pub(super) fn dispatch_response(done: WorkDone) -> Result<pb::DispatchResponse, NpudError> {
     match done.failure {
         Some(f) => Err(f.error),
         None => Ok(pb::DispatchResponse {

@@ -59,6 +59,10 @@ struct Cli {
     /// A file holding an identity token's secret (sent as x-npud-token).
     #[arg(long, global = true, env = "NPUD_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+    /// Dispatch through gRPC even on a local daemon, instead of the session's shared-memory
+    /// ring (also NPUD_FAST_PATH=0).
+    #[arg(long, global = true)]
+    no_fast_path: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -107,6 +111,7 @@ async fn main() -> ExitCode {
         tls_key: cli.key.clone(),
         tls_domain: cli.tls_server_name.clone(),
         token_file: cli.token_file.clone(),
+        fast_path: !cli.no_fast_path && npu_client::fastpath::enabled_by_env(),
         ..ConnectOptions::default()
     });
     let addr = cli.addr.as_deref();

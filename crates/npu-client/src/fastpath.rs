@@ -1,0 +1,325 @@
+//! The fast path: dispatches of a local session through its dispatch ring, shared memory with
+//! the daemon (`proto/npud/v1/ring.md`), instead of the `Dispatch` RPC.
+//!
+//! A session on the Unix socket attaches a ring when it opens ([`FastPath::attach`]), unless
+//! [`crate::ConnectOptions::fast_path`] is off (`NPUD_FAST_PATH=0`). [`crate::Client::dispatch`]
+//! then writes the dispatch into the submission ring and waits for its completion: the daemon
+//! admits it as it admits a `Dispatch`, so results, errors and statistics are the same. A
+//! dispatch with more arguments than a slot holds goes through gRPC, as do chains and
+//! everything else.
+//!
+//! Waiting: the caller spins (yielding to its runtime) for [`SPIN`], then parks its task and
+//! lets the ring's waiter thread sleep on the completion doorbell for it. The waiter thread
+//! sleeps on its own, costing nothing, while no task waits.
+
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use npu_fd::ring::{self, Completion, RingArg, RingMemory, Submission, Word};
+use npu_proto::v1 as pb;
+
+/// How long a caller spins for its completion before it sleeps.
+pub(crate) const SPIN: Duration = Duration::from_micros(50);
+/// The waiter thread's longest sleep while a task waits (bounds a lost wake).
+const WAITER_SLEEP: Duration = Duration::from_millis(5);
+/// The waiter thread's sleep while no task waits.
+const IDLE_SLEEP: Duration = Duration::from_millis(500);
+
+/// The environment variable that turns the fast path off (`0`, `off`, `false`, `no`).
+pub const FAST_PATH_ENV: &str = "NPUD_FAST_PATH";
+
+/// Whether the environment leaves the fast path on.
+pub fn enabled_by_env() -> bool {
+    std::env::var(FAST_PATH_ENV).map_or(true, |v| {
+        !matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "0" | "off" | "false" | "no"
+        )
+    })
+}
+
+/// Why a dispatch did not get its answer through the ring.
+#[derive(Debug)]
+pub(crate) enum RingMiss {
+    /// The daemon never took the submission (the ring closed first, or the dispatch does not
+    /// fit a slot): send it through gRPC.
+    NotTaken,
+    /// The daemon took it, then the ring closed before its completion came.
+    Lost(String),
+}
+
+#[derive(Debug, Default)]
+struct Cq {
+    /// Completions consumed (the client's `cq_head`).
+    head: u32,
+    /// Completions read out of the ring that their callers have not taken yet.
+    done: HashMap<u64, Completion>,
+    /// Tasks parked for a completion, by request id.
+    parked: HashMap<u64, Waker>,
+}
+
+/// A session's ring, client side.
+#[derive(Debug)]
+pub(crate) struct FastPath {
+    mem: Arc<RingMemory>,
+    /// The ring's lifeline: the daemon tears the ring down when it closes.
+    lifeline: UnixStream,
+    /// The next submission index (the client's `sq_tail`).
+    sq: tokio::sync::Mutex<u32>,
+    cq: Mutex<Cq>,
+    next_id: AtomicU64,
+    /// Tasks parked in `cq.parked` (the waiter thread sleeps on the bell while non-zero).
+    parked: AtomicUsize,
+    stop: AtomicBool,
+    /// The lifeline closed: the daemon is gone.
+    dead: AtomicBool,
+    waiter: Mutex<Option<std::thread::Thread>>,
+}
+
+impl FastPath {
+    /// Creates a ring, sends it on the fd socket with `AttachRing`'s answer, and starts its
+    /// waiter thread. Blocking: call on a blocking thread.
+    pub(crate) fn attach(r: &pb::AttachRingResponse) -> Result<Arc<FastPath>, String> {
+        if r.version != 1 || r.slots != ring::SLOTS || r.ring_bytes != ring::RING_BYTES as u64 {
+            return Err(format!(
+                "the daemon offers ring version {} ({} slots, {} bytes); this library speaks \
+                 version 1",
+                r.version, r.slots, r.ring_bytes
+            ));
+        }
+        let ticket = npu_fd::wire::Ticket::from_slice(&r.fd_ticket)
+            .map_err(|e| format!("AttachRing's ticket: {e}"))?;
+        let (fd, mem) = RingMemory::create().map_err(|e| e.to_string())?;
+        let sock = UnixStream::connect(&r.fd_socket)
+            .map_err(|e| format!("connecting to the fd socket {}: {e}", r.fd_socket))?;
+        let _ = sock.set_read_timeout(Some(Duration::from_secs(10)));
+        let _ = sock.set_write_timeout(Some(Duration::from_secs(10)));
+        npu_fd::wire::client::attach_ring(&sock, &ticket, fd.as_fd()).map_err(|e| e.to_string())?;
+        sock.set_nonblocking(true)
+            .map_err(|e| format!("the ring's lifeline: {e}"))?;
+        drop(fd);
+        let fp = Arc::new(FastPath {
+            mem: Arc::new(mem),
+            lifeline: sock,
+            sq: tokio::sync::Mutex::new(0),
+            cq: Mutex::new(Cq::default()),
+            next_id: AtomicU64::new(1),
+            parked: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            dead: AtomicBool::new(false),
+            waiter: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&fp);
+        let t = std::thread::Builder::new()
+            .name("npu-ring-waiter".into())
+            .spawn(move || waiter(&weak))
+            .map_err(|e| format!("starting the ring's waiter thread: {e}"))?;
+        *fp.waiter.lock().unwrap_or_else(PoisonError::into_inner) = Some(t.thread().clone());
+        Ok(fp)
+    }
+
+    /// Whether the daemon still serves the ring.
+    pub(crate) fn is_open(&self) -> bool {
+        !self.dead.load(Ordering::SeqCst) && self.mem.load(Word::State) == 0
+    }
+
+    /// Looks whether the daemon closed the lifeline (it stopped, or died).
+    fn checklifeline(&self) {
+        let mut b = [0_u8; 1];
+        // The daemon sends nothing on the lifeline: a read sees only its end.
+        match std::io::Read::read(&mut &self.lifeline, &mut b) {
+            Ok(0) => self.dead.store(true, Ordering::SeqCst),
+            Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => {
+                self.dead.store(true, Ordering::SeqCst);
+            }
+            _ => {}
+        }
+    }
+
+    fn lock_cq(&self) -> MutexGuard<'_, Cq> {
+        self.cq.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs one dispatch through the ring: `Ok` with the daemon's completion, or why not.
+    pub(crate) async fn dispatch(
+        &self,
+        d: &pb::DispatchRequest,
+        timeout: Duration,
+    ) -> Result<Completion, RingMiss> {
+        if d.args.len() > ring::MAX_ARGS || !self.is_open() {
+            return Err(RingMiss::NotTaken);
+        }
+        let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let s = Submission {
+            request_id,
+            program: d.program_id,
+            timeout_ms: u64::try_from(timeout.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
+            args: d
+                .args
+                .iter()
+                .map(|a| RingArg {
+                    tensor: a.tensor_id,
+                    offset: a.offset,
+                    length: a.length,
+                    read_only: a.read_only,
+                })
+                .collect(),
+        };
+        let index = self.submit(&s).await?;
+        self.wait(request_id, index).await
+    }
+
+    async fn submit(&self, s: &Submission) -> Result<u32, RingMiss> {
+        let mut tail = self.sq.lock().await;
+        // The ring is full while SLOTS submissions are not yet copied out.
+        while tail.wrapping_sub(self.mem.load(Word::SqHead)) >= ring::SLOTS {
+            if !self.is_open() {
+                return Err(RingMiss::NotTaken);
+            }
+            tokio::task::yield_now().await;
+        }
+        let index = *tail;
+        self.mem.write_submission(index, s);
+        *tail = index.wrapping_add(1);
+        self.mem.store(Word::SqTail, *tail);
+        if self.mem.load(Word::SqSleeping) != 0 {
+            self.mem.ring(Word::SqBell);
+        }
+        Ok(index)
+    }
+
+    /// Reads every completion the daemon posted; returns whether any came.
+    fn drain(&self, cq: &mut Cq) -> bool {
+        let tail = self.mem.load(Word::CqTail);
+        let mut any = false;
+        // At most SLOTS: a tail further ahead is not the daemon's (it never posts more).
+        for _ in 0..ring::SLOTS {
+            if cq.head == tail {
+                break;
+            }
+            let c = Completion::decode(&self.mem.read_completion(cq.head));
+            cq.head = cq.head.wrapping_add(1);
+            if let Some(w) = cq.parked.remove(&c.request_id) {
+                self.parked.fetch_sub(1, Ordering::SeqCst);
+                w.wake();
+            }
+            cq.done.insert(c.request_id, c);
+            any = true;
+        }
+        if any {
+            self.mem.store(Word::CqHead, cq.head);
+        }
+        any
+    }
+
+    async fn wait(&self, request_id: u64, index: u32) -> Result<Completion, RingMiss> {
+        let started = Instant::now();
+        std::future::poll_fn(|cx| {
+            let mut cq = self.lock_cq();
+            self.drain(&mut cq);
+            if let Some(c) = cq.done.remove(&request_id) {
+                if cq.parked.remove(&request_id).is_some() {
+                    self.parked.fetch_sub(1, Ordering::SeqCst);
+                }
+                return Poll::Ready(Ok(c));
+            }
+            if !self.is_open() {
+                // The daemon posts what it answered before it closes the ring.
+                self.drain(&mut cq);
+                if let Some(c) = cq.done.remove(&request_id) {
+                    return Poll::Ready(Ok(c));
+                }
+                if cq.parked.remove(&request_id).is_some() {
+                    self.parked.fetch_sub(1, Ordering::SeqCst);
+                }
+                let taken = self
+                    .mem
+                    .load(Word::SqHead)
+                    .wrapping_sub(index.wrapping_add(1))
+                    < ring::SLOTS;
+                return Poll::Ready(Err(if taken {
+                    RingMiss::Lost(format!(
+                        "the dispatch ring closed (state {}) before the daemon answered",
+                        self.mem.load(Word::State)
+                    ))
+                } else {
+                    RingMiss::NotTaken
+                }));
+            }
+            if started.elapsed() < SPIN {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            if cq.parked.insert(request_id, cx.waker().clone()).is_none()
+                && self.parked.fetch_add(1, Ordering::SeqCst) == 0
+                && let Some(t) = self
+                    .waiter
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .as_ref()
+            {
+                t.unpark();
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+impl Drop for FastPath {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self
+            .waiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            t.unpark();
+        }
+    }
+}
+
+/// The waiter thread: while tasks are parked, sleeps on the completion bell and wakes the
+/// tasks whose completions came; otherwise parks.
+fn waiter(fp: &std::sync::Weak<FastPath>) {
+    loop {
+        let Some(f) = fp.upgrade() else { return };
+        if f.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        if f.parked.load(Ordering::SeqCst) == 0 {
+            drop(f);
+            std::thread::park_timeout(IDLE_SLEEP);
+            continue;
+        }
+        f.checklifeline();
+        let mem = f.mem.clone();
+        mem.store(Word::CqSleeping, 1);
+        let seen = mem.load(Word::CqBell);
+        let woke = {
+            let mut cq = f.lock_cq();
+            let any = f.drain(&mut cq);
+            if !f.is_open() {
+                // Wake every parked task: each sees the ring closed.
+                for (_, w) in cq.parked.drain() {
+                    f.parked.fetch_sub(1, Ordering::SeqCst);
+                    w.wake();
+                }
+            }
+            any
+        };
+        if !woke && f.is_open() {
+            drop(f);
+            mem.wait(Word::CqBell, seen, WAITER_SLEEP);
+        }
+        mem.store(Word::CqSleeping, 0);
+    }
+}

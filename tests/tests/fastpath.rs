@@ -1,0 +1,477 @@
+//! The fast path (`proto/npud/v1/ring.md`): dispatches through a session's shared-memory ring
+//! give what `Dispatch` gives, a client scribbling on its ring harms nobody, and a ring lives
+//! no longer than its session and its client.
+//!
+//! The reliability suite's probes run on ring sessions too: `reliability.rs`, `isolation.rs`
+//! and `faults.rs` each have `*_on_the_fast_path` tests.
+
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use npu_artifacts::emu::{DType, EmuDesign};
+use npu_client::{Client, ConnectOptions, Program};
+use npu_fd::ring::{self, Completion, RingArg, Submission, Word};
+use npu_proto::v1 as pb;
+use npud_e2e::ring::TestRing;
+use npud_e2e::{Daemon, I32Copies, Options, Session};
+use tonic::Code;
+
+/// Every test here finishes within this.
+const LIMIT: Duration = Duration::from_secs(60);
+
+async fn bounded<T>(f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(LIMIT, f)
+        .await
+        .expect("the test finished within its bound")
+}
+
+const N: u32 = 1024;
+
+fn program(c: &Client, name: &str, d: &EmuDesign) -> Program {
+    Program::from_bytes(name, d.to_pdi(), d.insts(c.generation())).unwrap()
+}
+
+async fn client(d: &Daemon, fast_path: bool) -> Client {
+    let c = Client::connect_with(
+        Some(&format!("unix:{}", d.socket.display())),
+        ConnectOptions {
+            fast_path,
+            ..ConnectOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(c.fast_path_active(), fast_path);
+    c
+}
+
+/// Digits replaced by `#`: tensor and session ids differ between the two sessions compared.
+fn shape(s: &str) -> String {
+    let mut out = String::new();
+    for ch in s.chars() {
+        if ch.is_ascii_digit() {
+            if !out.ends_with('#') {
+                out.push('#');
+            }
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+/// (successes, failures) of a session's dispatches in the daemon's statistics.
+fn counts(st: &pb::Statistics, session: u64) -> (u64, u64) {
+    let s = st
+        .sessions
+        .iter()
+        .find(|s| s.session_id == session)
+        .expect("the session is in the statistics");
+    let d = s.dispatches.as_ref();
+    (
+        d.and_then(|d| d.success).map_or(0, |x| x.count),
+        d.and_then(|d| d.fail).map_or(0, |x| x.count),
+    )
+}
+
+/// What one session saw of a fixed series of dispatches: a result or an error (shaped), per
+/// case, and its statistics.
+async fn series(c: &Client) -> (Vec<String>, (u64, u64)) {
+    let add = program(c, "add", &EmuDesign::vector_scalar_add(N, DType::I32, 1));
+    let fault = program(c, "fault", &EmuDesign::fault(N));
+    let mut input = c.alloc::<i32>(N as usize).await.unwrap();
+    let mut out = c.alloc::<i32>(N as usize).await.unwrap();
+    let mut short = c.alloc::<i32>(N as usize / 2).await.unwrap();
+    let mut seen = Vec::new();
+    for round in 0..3 {
+        input.as_mut_slice().fill(round);
+        let r = c.dispatch(&add, &[&input], &mut [&mut out]).await;
+        seen.push(match r {
+            Ok(_) => format!("ok {:?}", &out.as_slice()[..4]),
+            Err(e) => format!("error {}", shape(&e.to_string())),
+        });
+    }
+    // Refused by the daemon: an output too small for the design.
+    let r = c.dispatch(&add, &[&input], &mut [&mut short]).await;
+    seen.push(format!("{:?}", r.map_err(|e| shape(&e.to_string()))));
+    // Failed on the device, then refused as quarantined.
+    for _ in 0..2 {
+        let r = c.dispatch(&fault, &[&input], &mut [&mut out]).await;
+        seen.push(format!(
+            "{:?}",
+            r.map(|_| ()).map_err(|e| shape(&e.to_string()))
+        ));
+    }
+    let st = c.statistics().await.unwrap();
+    (seen, counts(&st, c.session_id()))
+}
+
+/// One daemon per way: a program's quarantine is daemon-wide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispatches_give_the_same_results_errors_and_statistics_through_the_ring_and_grpc() {
+    let opts = Options::default().env("NPUD_LIMITS__FAULT_BUDGET", "1000");
+    let (d1, d2) = (Daemon::start(opts.clone()), Daemon::start(opts));
+    bounded(async {
+        let ring = client(&d1, true).await;
+        let (ring_seen, ring_counts) = series(&ring).await;
+        assert!(ring.fast_path_active(), "the ring stayed attached");
+        let grpc = client(&d2, false).await;
+        let (grpc_seen, grpc_counts) = series(&grpc).await;
+        assert_eq!(ring_seen, grpc_seen);
+        assert_eq!(ring_counts, grpc_counts);
+        assert_eq!(ring_counts, (3, 3), "{ring_seen:?}");
+        assert_eq!(ring_seen[2], "ok [3, 3, 3, 3]");
+        let st = grpc.statistics().await.unwrap();
+        assert_eq!(st.pending_dispatches, 0);
+    })
+    .await;
+}
+
+/// The same refusals, word for word, from a raw ring and from `Dispatch`: an unknown program,
+/// an unknown tensor, and a slot the ring's rules refuse (which counts as a refused dispatch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_ring_answers_refusals_word_for_word_as_dispatch_does() {
+    let d = Daemon::start(Options::default());
+    bounded(async {
+        let mut s = Session::open(d.connect().await, "raw").await.unwrap();
+        let p = s
+            .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
+            .await
+            .unwrap()
+            .program_id;
+        let x = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+        let cases = [(p + 1000, vec![x.id, x.id]), (p, vec![x.id, 999_999])];
+        let mut grpc = Vec::new();
+        for (prog, tensors) in &cases {
+            grpc.push(s.dispatch(*prog, tensors).await.unwrap_err());
+        }
+        s.attach_ring().await.unwrap();
+        for ((prog, tensors), g) in cases.iter().zip(&grpc) {
+            let r = s.dispatch(*prog, tensors).await.unwrap_err();
+            assert_eq!((r.code(), r.message()), (g.code(), g.message()));
+        }
+        // A second ring for the session is refused.
+        let e = s
+            .client
+            .attach_ring(s.req(pb::AttachRingRequest {}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        // A slot with undefined flags: INVALID_ARGUMENT through the ring, counted.
+        let ring = s.ring.clone().unwrap();
+        let mut words = Submission {
+            request_id: 77,
+            program: p,
+            timeout_ms: 0,
+            args: vec![],
+        }
+        .encode();
+        words[3] |= 1 << 40;
+        let c = tokio::task::spawn_blocking(move || raw_exchange(&ring, &words))
+            .await
+            .unwrap();
+        assert_eq!((c.request_id, c.code), (77, Code::InvalidArgument as u32));
+        assert!(c.message.contains("flags"), "{}", c.message);
+        let st = s.statistics().await.unwrap();
+        assert_eq!(counts(&st, s.id), (0, 5));
+    })
+    .await;
+}
+
+/// Submits raw words as the next slot of a ring no one else uses, and waits for the
+/// completion.
+fn raw_exchange(r: &TestRing, words: &[u64]) -> Completion {
+    let m = &r.mem;
+    let tail = m.load(Word::SqTail);
+    let head = m.load(Word::CqHead);
+    m.write_raw_submission(tail, words);
+    m.store(Word::SqTail, tail.wrapping_add(1));
+    m.ring(Word::SqBell);
+    for _ in 0..5000 {
+        if m.load(Word::CqTail) != head {
+            let c = Completion::decode(&m.read_completion(head));
+            m.store(Word::CqHead, head.wrapping_add(1));
+            return c;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    panic!("no completion within 10 s");
+}
+
+/// A small xorshift: the scribbler's choices, reproducible from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// Below `n` (n > 0).
+    fn below(&mut self, n: usize) -> usize {
+        usize::try_from(self.next() % n as u64).unwrap_or(0)
+    }
+
+    fn u32(&mut self) -> u32 {
+        u32::try_from(self.next() >> 32).unwrap_or(0)
+    }
+}
+
+/// A client that scribbles on its ring from several threads (random header words, head
+/// beyond tail, huge counts, torn slots rewritten while the daemon copies them, slots naming
+/// another session's tensors) cannot crash, stall or mislead the daemon: another session on a
+/// ring and one on gRPC keep dispatching and verifying every result meanwhile, the victim's
+/// tensors are never touched, and afterwards the scribbler's session still works over gRPC and
+/// can attach a new ring. The rings it breaks are torn down, each time after at most the
+/// work it admitted has run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_scribbling_on_its_ring_cannot_crash_stall_or_mislead_the_daemon() {
+    let mut d = Daemon::start(Options::default());
+    bounded(async {
+        // The victim: its tensors' ids are what the scribbler names.
+        let victim = client(&d, true).await;
+        let add = program(
+            &victim,
+            "add",
+            &EmuDesign::vector_scalar_add(N, DType::I32, 1),
+        );
+        let mut vin = victim.alloc::<i32>(N as usize).await.unwrap();
+        let mut vout = victim.alloc::<i32>(N as usize).await.unwrap();
+        let grpc = client(&d, false).await;
+        let gadd = program(
+            &grpc,
+            "add",
+            &EmuDesign::vector_scalar_add(N, DType::I32, 2),
+        );
+        let mut gin = grpc.alloc::<i32>(N as usize).await.unwrap();
+        let mut gout = grpc.alloc::<i32>(N as usize).await.unwrap();
+        vin.as_mut_slice().fill(1);
+        victim
+            .dispatch(&add, &[&vin], &mut [&mut vout])
+            .await
+            .unwrap();
+        // The victim's tensors, and every id near them.
+        let top = vin.id().max(vout.id()).max(gin.id()).max(gout.id());
+        let victim_ids: Vec<u64> = (1..=top + 8).collect();
+
+        let mut s = Session::open(d.connect().await, "scribbler").await.unwrap();
+        let sp = s
+            .register(&EmuDesign::vector_scalar_add(N, DType::I32, 5))
+            .await
+            .unwrap()
+            .program_id;
+        let own = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let broken = Arc::new(AtomicU64::new(0));
+        let mut rounds = 0;
+        let started = std::time::Instant::now();
+        let mut checked = 0u64;
+        while started.elapsed() < Duration::from_secs(6) || rounds < 3 {
+            rounds += 1;
+            s.attach_ring().await.unwrap();
+            let ring = s.ring.take().unwrap();
+            stop.store(false, Ordering::SeqCst);
+            let mut threads = Vec::new();
+            for t in 0..3u64 {
+                let ring = ring.clone();
+                let stop = stop.clone();
+                let ids = victim_ids.clone();
+                let own = own.id;
+                threads.push(std::thread::spawn(move || {
+                    scribble(&ring, t + rounds * 7919, &stop, &ids, own, sp);
+                }));
+            }
+            // Others keep working, and every result is right.
+            for k in 0..40 {
+                vin.as_mut_slice().fill(k);
+                victim
+                    .dispatch(&add, &[&vin], &mut [&mut vout])
+                    .await
+                    .unwrap();
+                assert!(vout.as_slice().iter().all(|v| *v == k + 1));
+                gin.as_mut_slice().fill(k);
+                grpc.dispatch(&gadd, &[&gin], &mut [&mut gout])
+                    .await
+                    .unwrap();
+                assert!(gout.as_slice().iter().all(|v| *v == k + 2));
+                checked += 2;
+            }
+            stop.store(true, Ordering::SeqCst);
+            for t in threads {
+                t.join().unwrap();
+            }
+            if ring.mem.load(Word::State) == ring::STATE_BROKEN {
+                broken.fetch_add(1, Ordering::SeqCst);
+            }
+            // Dropping the ring closes its lifeline: the daemon tears it down (if the
+            // scribbling had not broken it), and a new one can be attached.
+            drop(ring);
+            let mut attached = false;
+            for _ in 0..500 {
+                match s.attach_ring().await {
+                    Ok(()) => {
+                        attached = true;
+                        break;
+                    }
+                    Err(e) if e.code() == Code::FailedPrecondition => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    Err(e) => panic!("AttachRing: {e:?}"),
+                }
+            }
+            assert!(attached, "the old ring was torn down");
+            // The fresh ring works.
+            let r = s.dispatch(sp, &[own.id, own.id]).await;
+            assert!(r.is_ok(), "{r:?}");
+            s.ring = None;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(d.running(), "the daemon survived the scribbling");
+        assert!(
+            broken.load(Ordering::SeqCst) > 0,
+            "the scribbling broke a ring's rules"
+        );
+        // The victim's tensors were never an argument of the scribbler's work: the last
+        // result is still there.
+        assert!(vout.as_slice().iter().all(|v| *v == 40));
+        // Over gRPC the scribbler's session is fine, and nothing stays pending.
+        s.ring = None;
+        s.dispatch(sp, &[own.id, own.id]).await.unwrap();
+        let st = loop {
+            let st = s.statistics().await.unwrap();
+            if st.pending_dispatches == 0 {
+                break st;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(counts(&st, victim.session_id()).1, 0);
+        assert_eq!(counts(&st, grpc.session_id()).1, 0);
+        assert!(checked >= 240);
+    })
+    .await;
+}
+
+/// Scribbles until `stop`: valid slots naming other sessions' tensors, slots rewritten under
+/// the daemon, random header words, tails far ahead, heads behind.
+fn scribble(r: &TestRing, seed: u64, stop: &AtomicBool, ids: &[u64], own: u64, program: u64) {
+    let m = &r.mem;
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    while !stop.load(Ordering::SeqCst) {
+        let pick = rng.next() % 10;
+        let index = (rng.next() % 1024) as u32;
+        match pick {
+            0..=3 => {
+                // A plausible slot naming someone else's tensors, or garbage words.
+                let a = ids[rng.below(ids.len())];
+                let s = Submission {
+                    request_id: rng.next(),
+                    program: if rng.next().is_multiple_of(2) {
+                        program
+                    } else {
+                        rng.next() % 64
+                    },
+                    timeout_ms: rng.next() % 3,
+                    args: vec![
+                        RingArg {
+                            tensor: a,
+                            offset: rng.next() % 8192,
+                            length: rng.next() % 8192,
+                            read_only: false,
+                        },
+                        RingArg {
+                            tensor: own,
+                            offset: 0,
+                            length: 0,
+                            read_only: false,
+                        },
+                    ],
+                };
+                m.write_submission(index, &s);
+            }
+            4 => {
+                let words: Vec<u64> = (0..64).map(|_| rng.next()).collect();
+                m.write_raw_submission(index, &words);
+            }
+            5 => {
+                // Publish a little: the daemon takes what is there.
+                let t = m.load(Word::SqTail);
+                m.store(Word::SqTail, t.wrapping_add((rng.next() % 4) as u32));
+                m.ring(Word::SqBell);
+            }
+            6 => m.store(Word::SqTail, rng.u32()),
+            7 => m.store(Word::CqHead, rng.u32()),
+            8 => {
+                // The daemon's own words: it never reads them back (`state` is left alone
+                // only so that the test can read what the daemon said).
+                let w = [Word::SqHead, Word::SqBell, Word::SqSleeping, Word::CqTail]
+                    [(rng.next() % 4) as usize];
+                m.store(w, rng.u32());
+                m.ring(Word::SqBell);
+            }
+            _ => {
+                // Consume completions as a client would, so the ring does not just fill.
+                let t = m.load(Word::CqTail);
+                m.store(Word::CqHead, t);
+            }
+        }
+    }
+}
+
+/// A ring ends with its lifeline (the client died) and with its session, and the daemon's
+/// reader for it is gone then (a new ring can be attached to a living session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ring_is_torn_down_when_its_lifeline_closes_or_its_session_ends() {
+    let d = Daemon::start(Options {
+        grace_ms: 60_000,
+        ..Options::default()
+    });
+    bounded(async {
+        let mut s = Session::open(d.connect().await, "lifeline").await.unwrap();
+        let p = s
+            .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
+            .await
+            .unwrap()
+            .program_id;
+        let mut x = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+        let y = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+        x.map.fill_i32(41).unwrap();
+        s.attach_ring().await.unwrap();
+        s.dispatch(p, &[x.id, y.id]).await.unwrap();
+        assert!(y.map.i32s().unwrap().iter().all(|v| *v == 42));
+        let ring = s.ring.take().unwrap();
+        let mem = ring.mem.clone();
+        // The client's end of the lifeline closes, as when the process dies; the memory stays
+        // mapped here, so the teardown is visible in it.
+        drop(Arc::try_unwrap(ring).unwrap().lifeline);
+        wait_state(&mem, ring::STATE_CLOSED).await;
+        s.attach_ring().await.unwrap();
+        let mem = s.ring.as_ref().unwrap().mem.clone();
+        s.dispatch(p, &[x.id, y.id]).await.unwrap();
+        s.client
+            .close_session(s.req(pb::CloseSessionRequest {}))
+            .await
+            .unwrap();
+        wait_state(&mem, ring::STATE_CLOSED).await;
+        let e = s.dispatch(p, &[x.id, y.id]).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    })
+    .await;
+}
+
+async fn wait_state(mem: &npu_fd::ring::RingMemory, want: u32) {
+    for _ in 0..1000 {
+        if mem.load(Word::State) == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the ring's state stayed {}", mem.load(Word::State));
+}
