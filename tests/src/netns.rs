@@ -57,43 +57,7 @@ pub fn ip(host: u8) -> Ipv4Addr {
 /// # Panics
 /// When it cannot start or takes longer.
 pub fn run_status(cmd: &mut Command) -> Output {
-    let what = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    // Read both pipes while waiting, so a chatty command cannot fill one and stall.
-    let mut out = child.stdout.take().expect("stdout");
-    let mut err = child.stderr.take().expect("stderr");
-    let o = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut out, &mut b);
-        b
-    });
-    let e = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut err, &mut b);
-        b
-    });
-    let until = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Ok(Some(s)) = child.try_wait() {
-            break s;
-        }
-        if Instant::now() > until {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} took more than 20 s");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    Output {
-        status,
-        stdout: o.join().unwrap_or_default(),
-        stderr: e.join().unwrap_or_default(),
-    }
+    crate::container::run_within(cmd, Duration::from_secs(20))
 }
 
 /// Runs `cmd` to completion within 20 s.
