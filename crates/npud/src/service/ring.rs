@@ -320,7 +320,12 @@ impl Reader {
             }
             self.ctl.parked.store(false, Ordering::SeqCst);
             mem.store(Word::SqSleeping, 0);
-            last = Instant::now();
+            // Spin again only when rung: a sleep that ran out with nothing to do (an idle
+            // ring looking for a lost wake) looks once and sleeps again, so 64 idle rings
+            // cost 64 looks a second, not 64 spins.
+            if mem.load(Word::SqBell) != seen {
+                last = Instant::now();
+            }
         }
     }
 
