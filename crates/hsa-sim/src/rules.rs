@@ -432,10 +432,20 @@ pub(crate) fn run_design(
         _ => {}
     }
     let (ins, out) = kernels::io(design.kernel);
+    // An address the packet (or a full ELF's patched control code) names outside every buffer
+    // object is a DMA the NPU's IOMMU refuses: a device error, never an empty input.
     let inputs: Vec<Vec<u8>> = ins
         .iter()
-        .map(|&i| mem.read(args[i].0, need[i]).unwrap_or_default())
-        .collect();
+        .map(|&i| {
+            mem.read(args[i].0, need[i]).ok_or_else(|| {
+                device_error(format!(
+                    "device error: argument {i} reads {} bytes at {:#x}, outside every buffer \
+                     object (an IOMMU fault on the NPU)",
+                    need[i], args[i].0
+                ))
+            })
+        })
+        .collect::<Result<_, _>>()?;
     let result =
         kernels::run(design, &inputs).map_err(|e| device_error(format!("device error: {e}")))?;
     if let (Some(bytes), Some(o)) = (result, out) {

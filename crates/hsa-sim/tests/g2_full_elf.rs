@@ -469,3 +469,26 @@ fn the_first_g2_release_reads_word_56_as_reserved_and_runs_the_control_code_as_i
         &cases,
     );
 }
+
+#[test]
+fn control_code_naming_memory_outside_every_buffer_is_a_device_error_not_an_empty_input() {
+    // The application patches the argument addresses into the control code itself: one that
+    // points past its buffers makes the NPU's DMA fault, so the dispatch fails and writes
+    // nothing (never a kernel run on no input).
+    for profile in FULL_ELF {
+        let sim = Sim::new(profile);
+        let q = sim.queue();
+        let (e, pdi, a, b, _) = setup(&sim, Some(-7));
+        let stray = e.place(&sim, &[1 << 46, b], 0);
+        let sig = sim.signal(1);
+        q.submit(&[g2_bytes(&e.packet(
+            &sim,
+            stray,
+            pdi,
+            &[(a, NB), (b, NB)],
+            sig,
+        ))]);
+        assert_eq!(q.errors(), vec![Status::ERROR], "{profile}");
+        assert_eq!(out(b), vec![-7; N], "{profile}: the output was written");
+    }
+}
