@@ -466,6 +466,93 @@ async fn a_ring_is_torn_down_when_its_lifeline_closes_or_its_session_ends() {
     .await;
 }
 
+/// A client that stops consuming completions stalls its own ring and nobody else: the daemon
+/// takes what fits, answers it, and posts it once the client makes room, without a bell.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_stops_consuming_completions_stalls_only_its_own_ring() {
+    let d = Daemon::start(Options::default());
+    bounded(async {
+        let mut s = Session::open(d.connect().await, "stalled").await.unwrap();
+        let design = EmuDesign::vector_scalar_add(N, DType::I32, 1);
+        let p = s.register(&design).await.unwrap().program_id;
+        let x = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+        let y = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+        s.attach_ring().await.unwrap();
+        let mut o = Session::open(d.connect().await, "other").await.unwrap();
+        let q = o.register(&design).await.unwrap().program_id;
+        let a = o.alloc_mapped(u64::from(N) * 4).await.unwrap();
+        let b = o.alloc_mapped(u64::from(N) * 4).await.unwrap();
+        let mem = s.ring.clone().unwrap().mem.clone();
+        let submit = |first: u64| {
+            for id in first..first + u64::from(ring::SLOTS) {
+                let tail = mem.load(Word::SqTail);
+                let sub = Submission {
+                    request_id: id,
+                    program: p,
+                    timeout_ms: 0,
+                    args: [x.id, y.id]
+                        .iter()
+                        .map(|&t| RingArg {
+                            tensor: t,
+                            offset: 0,
+                            length: 0,
+                            read_only: false,
+                        })
+                        .collect(),
+                };
+                mem.write_submission(tail, &sub);
+                mem.store(Word::SqTail, tail.wrapping_add(1));
+                mem.ring(Word::SqBell);
+            }
+        };
+        let until = |w: Word, v: u32| {
+            let mem = mem.clone();
+            async move {
+                while mem.load(w) != v {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+        };
+        // A ring's worth, answered and posted; the client reads none of it.
+        submit(1);
+        until(Word::CqTail, ring::SLOTS).await;
+        // A second ring's worth is copied out and run, but the completion ring is full.
+        submit(u64::from(ring::SLOTS) + 1);
+        until(Word::SqHead, 2 * ring::SLOTS).await;
+        // Meanwhile another session is served, again and again.
+        for _ in 0..20 {
+            o.dispatch(q, &[a.id, b.id]).await.unwrap();
+        }
+        assert_eq!(
+            mem.load(Word::CqTail),
+            ring::SLOTS,
+            "nothing was overwritten"
+        );
+        assert_eq!(mem.load(Word::State), 0);
+        // The client reads the first ring's worth and makes room, ringing nothing: the daemon
+        // posts the rest in order.
+        let mut ids = Vec::new();
+        for i in 0..ring::SLOTS {
+            let c = Completion::decode(&mem.read_completion(i));
+            assert_eq!(c.code, 0, "{}", c.message);
+            ids.push(c.request_id);
+        }
+        mem.store(Word::CqHead, ring::SLOTS);
+        until(Word::CqTail, 2 * ring::SLOTS).await;
+        for i in ring::SLOTS..2 * ring::SLOTS {
+            let c = Completion::decode(&mem.read_completion(i));
+            assert_eq!(c.code, 0, "{}", c.message);
+            ids.push(c.request_id);
+        }
+        mem.store(Word::CqHead, 2 * ring::SLOTS);
+        assert_eq!(ids, (1..=2 * u64::from(ring::SLOTS)).collect::<Vec<_>>());
+        let st = s.statistics().await.unwrap();
+        assert_eq!(counts(&st, s.id), (2 * u64::from(ring::SLOTS), 0));
+        assert!(y.map.i32s().unwrap().iter().all(|v| *v == 1));
+    })
+    .await;
+}
+
 async fn wait_state(mem: &npu_fd::ring::RingMemory, want: u32) {
     for _ in 0..1000 {
         if mem.load(Word::State) == want {

@@ -233,7 +233,8 @@ impl PingPong {
     }
 
     /// One round trip: this side publishes a count, the child echoes it, both spinning (the
-    /// child sleeps on its bell after a second without work).
+    /// child sleeps on its bell after [`SPIN`] without work, so that it leaves the CPU to the
+    /// rows measured after it).
     fn once(&mut self) {
         let m = &self.mem;
         self.count = self.count.wrapping_add(1);
@@ -274,7 +275,8 @@ impl PingPong {
 }
 
 /// The ping-pong's child: echoes `sq_tail` into `cq_tail`, spinning; sleeps on `sq_bell`
-/// after a second without work; ends when `state` is set.
+/// after [`SPIN`] without work (a round's pings follow each other at once); ends when `state`
+/// is set.
 ///
 /// # Errors
 /// The file cannot be mapped.
@@ -299,7 +301,7 @@ pub fn serve_pingpong(path: &Path) -> Result<()> {
             last = Instant::now();
             continue;
         }
-        if last.elapsed() < Duration::from_secs(1) {
+        if last.elapsed() < SPIN {
             std::hint::spin_loop();
             continue;
         }

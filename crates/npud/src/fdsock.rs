@@ -380,6 +380,7 @@ async fn connection(
                     Err(e) => Err(Response::from_error(&e)),
                     Ok(_) => service
                         .start_ring(issued.session, fd)
+                        .await
                         .map_err(|e| refusal(&e)),
                 };
                 match started {

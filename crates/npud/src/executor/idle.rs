@@ -28,6 +28,39 @@ pub const SHARED: Duration = Duration::from_millis(2);
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TryRecvError;
 
+/// Work the executor waits for besides its channel.
+pub trait Elsewhere {
+    /// Looks for work; whether any was found.
+    fn poll(&mut self) -> bool;
+    /// The wait blocks from now (`true`; answers whether work is waiting, and then it does
+    /// not block) or has ended (`false`).
+    fn park(&mut self, parked: bool) -> bool;
+}
+
+/// Nothing besides the channel.
+#[cfg(test)]
+struct Nowhere;
+
+#[cfg(test)]
+impl Elsewhere for Nowhere {
+    fn poll(&mut self) -> bool {
+        false
+    }
+    fn park(&mut self, _: bool) -> bool {
+        false
+    }
+}
+
+/// What ended a wait.
+#[derive(Debug)]
+pub enum Woke<T> {
+    Command(T),
+    /// The poll found work.
+    Elsewhere,
+    /// Every sender is gone.
+    Closed,
+}
+
 /// The executor's waiting policy.
 #[derive(Debug)]
 pub struct Idle {
@@ -72,15 +105,34 @@ impl Idle {
     }
 
     /// The next command, or `None` when every sender is gone.
+    #[cfg(test)]
     pub fn next<T>(&mut self, rx: &mut mpsc::Receiver<T>) -> Option<T> {
+        match self.next_or(rx, &mut Nowhere) {
+            Woke::Command(c) => Some(c),
+            Woke::Elsewhere => unreachable!("nothing else was polled"),
+            Woke::Closed => None,
+        }
+    }
+
+    /// The next command, or work found `elsewhere` (the dispatch rings), or that every sender
+    /// is gone. While polling, `elsewhere` is polled between looks at the channel; before
+    /// blocking, it is parked, and unparked after.
+    pub fn next_or<T>(
+        &mut self,
+        rx: &mut mpsc::Receiver<T>,
+        elsewhere: &mut impl Elsewhere,
+    ) -> Woke<T> {
         let idle_since = Instant::now();
         if self.polls(idle_since) {
             let until = idle_since + self.spin;
             loop {
                 match rx.try_recv() {
-                    Ok(cmd) => return Some(cmd),
-                    Err(TryRecvError::Disconnected) => return None,
+                    Ok(cmd) => return Woke::Command(cmd),
+                    Err(TryRecvError::Disconnected) => return Woke::Closed,
                     Err(TryRecvError::Empty) => {}
+                }
+                if elsewhere.poll() {
+                    return Woke::Elsewhere;
                 }
                 if Instant::now() >= until {
                     break;
@@ -88,9 +140,14 @@ impl Idle {
                 std::thread::yield_now();
             }
         }
+        if elsewhere.park(true) {
+            elsewhere.park(false);
+            return Woke::Elsewhere;
+        }
         let cmd = rx.blocking_recv();
+        elsewhere.park(false);
         self.armed = idle_since.elapsed() < self.spin;
-        cmd
+        cmd.map_or(Woke::Closed, Woke::Command)
     }
 
     /// Whether the next wait starts by polling.

@@ -27,6 +27,7 @@ mod cache;
 mod copy;
 mod idle;
 mod loads;
+mod ports;
 mod sched;
 mod shared;
 mod tensors;
@@ -36,7 +37,7 @@ mod worker;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -57,6 +58,7 @@ use shared::Shared;
 use tensors::Tensors;
 use worker::Worker;
 
+pub use ports::{Intake, Polled};
 pub use work::{LinkFailure, LinkPrefix, WorkDone};
 
 /// Commands queued at once before senders wait.
@@ -172,6 +174,10 @@ pub enum Command {
         session: u64,
         reply: oneshot::Sender<usize>,
     },
+    /// Poll this session's dispatch ring from now on ([`ports`]).
+    AttachIntake(Box<dyn Intake>),
+    /// A ring's client rang while the executor may be blocked: poll the rings.
+    Nudge,
     /// Finish queued work, release the device, then reply.
     Shutdown {
         reply: oneshot::Sender<()>,
@@ -199,6 +205,8 @@ fn emulator_profile(build_version: Option<&str>) -> Option<String> {
 #[derive(Debug, Clone)]
 pub struct ExecutorHandle {
     tx: mpsc::Sender<Command>,
+    /// A [`Command::Nudge`] is queued (nudges coalesce into one).
+    nudged: Arc<AtomicBool>,
     faults: Arc<AtomicU64>,
     budget: Arc<FaultBudget>,
     shared: Arc<Shared>,
@@ -214,6 +222,14 @@ impl ExecutorHandle {
             .send(cmd)
             .await
             .map_err(|_| NpudError::executor_gone())
+    }
+
+    /// Wakes the executor to poll the dispatch rings (a ring's bell rang). At most one nudge
+    /// waits in the channel; a full channel means the executor is awake and polls anyway.
+    pub fn nudge(&self) {
+        if !self.nudged.swap(true, Ordering::AcqRel) && self.tx.try_send(Command::Nudge).is_err() {
+            self.nudged.store(false, Ordering::Release);
+        }
     }
 
     /// Sends a command built around a fresh reply channel and waits for the reply.
@@ -299,6 +315,8 @@ impl Executor {
         let thread_budget = budget.clone();
         let shared = Arc::new(Shared::default());
         let thread_shared = shared.clone();
+        let nudged = Arc::new(AtomicBool::new(false));
+        let thread_nudged = nudged.clone();
         let thread = std::thread::Builder::new()
             .name("npud-executor".into())
             .spawn(move || {
@@ -349,6 +367,8 @@ impl Executor {
                     idle: Idle::new(Duration::from_micros(cfg.executor.spin_us)),
                     loader: None,
                     turn: loads::TurnLoads::default(),
+                    ports: ports::Ports::default(),
+                    nudged: thread_nudged,
                 };
                 worker.run(rx);
             })
@@ -371,6 +391,7 @@ impl Executor {
             setup: setup_tx,
             handle: ExecutorHandle {
                 tx,
+                nudged,
                 faults,
                 budget,
                 shared,

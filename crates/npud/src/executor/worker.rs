@@ -2,15 +2,16 @@
 //! rotation one bounded turn, publish what changed, and wait when there is nothing to do.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use hsa_core::Device;
 use tokio::sync::{mpsc, oneshot};
 
 use super::cache::ProgramCache;
 use super::copy::CopyJob;
-use super::idle::Idle;
+use super::idle::{Idle, Woke};
 use super::loads::TurnLoads;
+use super::ports::Ports;
 use super::sched::RoundRobin;
 use super::shared::Shared;
 use super::tensors::Tensors;
@@ -50,6 +51,10 @@ pub(super) struct Worker {
     pub(super) loader: Option<u64>,
     /// What the current turn has loaded and evicted.
     pub(super) turn: TurnLoads,
+    /// The dispatch rings this thread polls.
+    pub(super) ports: Ports,
+    /// Cleared when a [`Command::Nudge`] is taken.
+    pub(super) nudged: Arc<AtomicBool>,
 }
 
 /// What waits in a session's queue: a work item (maybe part done), a copy, or the release of an
@@ -100,6 +105,8 @@ impl Worker {
                     Err(mpsc::error::TryRecvError::Disconnected) => closed = true,
                 }
             }
+            // Then what the rings submitted, and the answers they wait for.
+            self.poll_ports(shutdown.is_some());
             // The item that just had its turn goes behind the sessions whose work arrived
             // during that turn.
             if let Some((session, job)) = self.suspended.take() {
@@ -122,19 +129,39 @@ impl Worker {
                 break;
             }
             self.shared.idle();
-            let next = self.idle.next(&mut rx);
+            let next = self.idle.next_or(&mut rx, &mut self.ports);
             self.shared.beat();
             match next {
-                Some(Command::Shutdown { reply }) => shutdown = Some(reply),
-                Some(cmd) => self.handle(cmd, false),
-                None => closed = true,
+                Woke::Command(Command::Shutdown { reply }) => shutdown = Some(reply),
+                Woke::Command(cmd) => self.handle(cmd, false),
+                Woke::Elsewhere => {}
+                Woke::Closed => closed = true,
             }
         }
+        // The queued work is done: the rings post its last answers and close.
+        self.poll_ports(true);
+        self.ports.close_all();
         self.release_all();
         drop(self);
         tracing::info!("released the NPU");
         if let Some(reply) = shutdown {
             let _ = reply.send(());
+        }
+    }
+
+    /// Polls the dispatch rings and queues what they took.
+    fn poll_ports(&mut self, draining: bool) {
+        if self.ports.is_empty() {
+            return;
+        }
+        self.ports.poll_all(draining);
+        self.queue_port_items(draining);
+    }
+
+    fn queue_port_items(&mut self, draining: bool) {
+        let items = std::mem::take(&mut self.ports.items);
+        for item in items {
+            self.handle(Command::Work(item), draining);
         }
     }
 
@@ -146,6 +173,7 @@ impl Worker {
                 | Command::Read { .. }
                 | Command::Info { .. }
                 | Command::Size { .. }
+                | Command::Nudge
         ) {
             self.usage_changed = true;
         }
@@ -284,6 +312,14 @@ impl Worker {
                 self.rr
                     .push_unbounded(session, Job::Release(Release { freed: 0, reply }));
             }
+            Command::AttachIntake(mut intake) => {
+                if draining {
+                    intake.close();
+                } else {
+                    self.ports.add(intake);
+                }
+            }
+            Command::Nudge => self.nudged.store(false, Ordering::Release),
             Command::Shutdown { reply } => {
                 // Handled by the loop; answering here keeps the match total.
                 let _ = reply.send(());

@@ -1,25 +1,24 @@
-//! AttachRing and the dispatch ring's reader (`proto/npud/v1/ring.md`).
+//! AttachRing, and the dispatch ring's two halves in the daemon (`proto/npud/v1/ring.md`).
 //!
-//! A ring's reader is a thread of its own, so that a client that stops consuming completions,
-//! or corrupts its doorbells, delays nobody else. It copies each submission slot out of the
-//! shared memory before it looks at it (`npu_fd::ring`), then admits it exactly as a `Dispatch`
-//! call ([`NpudService::admit_work`]): the same checks, the same pending count and refusals,
-//! the same executor queue and turns, the same statistics. It keeps at most a ring's worth
-//! admitted and unanswered, and posts completions in submission order.
+//! A ring is polled by the executor thread ([`crate::executor::Intake`]): its [`Port`] copies
+//! each submission slot out of the shared memory before it looks at it (`npu_fd::ring`), then
+//! admits it exactly as a `Dispatch` call ([`NpudService::admission`]): the same checks, the same
+//! pending count and refusals, the same turns, the same statistics. The executor queues the
+//! item in its session's turn, runs it, and the port posts its completion, in submission
+//! order, on the same thread: while the executor is awake and the client spins, a dispatch
+//! crosses no thread. The port keeps at most a ring's worth admitted and unanswered.
 //!
-//! Waiting: after the last thing it did, the reader polls (yielding the CPU between looks) for
-//! [`SPIN`], then sleeps on the
-//! ring's `sq_bell` futex, which the client rings when it submits to a sleeping reader and the
-//! executor's reply rings through [`Bell`] (the waker of the item at the front). Every sleep has
-//! a timeout, so a corrupted bell delays only this ring, and an idle ring wakes once a second.
+//! When the executor blocks, the port sets `sq_sleeping`, so the client rings `sq_bell`; the
+//! ring's bell thread sleeps on it and nudges the executor. The bell thread also wakes every
+//! [`IDLE_SLEEP`] (an idle ring costs one look a second), or every [`BUSY_SLEEP`] while the
+//! port holds answers the client's full completion ring has no room for, and nudges when the
+//! ring needs a look. A client that corrupts its bells or stops consuming completions delays
+//! only its own ring: the executor never waits for it.
 
 use std::collections::{HashMap, VecDeque};
-use std::future::Future;
 use std::os::fd::{AsFd, OwnedFd};
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use npu_fd::ring::{self, Completion, RingMemory, Submission, Word};
@@ -28,16 +27,16 @@ use tokio::sync::oneshot;
 use tonic::Request;
 
 use super::NpudService;
-use super::work::{Admitted, Pending, Work, dispatch_response};
+use super::work::{Admitted, Work, dispatch_response};
 use crate::error::NpudError;
-use crate::executor::WorkDone;
+use crate::executor::{Command, Intake, Polled, WorkDone, WorkItem};
 use crate::fdsock::Grant;
 
-/// How long the reader spins after its last piece of work before it sleeps.
-const SPIN: Duration = Duration::from_micros(50);
-/// The longest sleep with work admitted (a lost wake, or a full completion ring, costs this).
+/// The bell thread's longest sleep while the port holds answers it could not post (a full
+/// completion ring is retried this often).
 const BUSY_SLEEP: Duration = Duration::from_millis(10);
-/// The longest sleep of an idle ring (how soon it notices a teardown whose wake was lost).
+/// The bell thread's longest sleep otherwise (how soon a submission whose bell the client
+/// did not ring is noticed while the executor blocks).
 const IDLE_SLEEP: Duration = Duration::from_secs(1);
 
 /// The rings of the daemon's sessions, one at most per session.
@@ -92,21 +91,23 @@ impl Rings {
 pub struct RingControl {
     mem: Arc<RingMemory>,
     stopped: AtomicBool,
-    /// The reader sleeps (or is about to) on `sq_bell`.
-    parked: AtomicBool,
-    /// The reader has finished.
+    /// Submissions the port has copied out (its `sq_head`), for the bell thread.
+    taken: AtomicU32,
+    /// The port holds answers not yet posted, or work not yet answered.
+    backlog: AtomicBool,
+    /// The port has finished.
     done: tokio::sync::Notify,
     finished: AtomicBool,
 }
 
 impl RingControl {
-    /// Asks the reader to stop and wakes it.
+    /// Asks the port to stop and wakes the bell thread (which nudges the executor).
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
         self.mem.ring(Word::SqBell);
     }
 
-    /// Waits until the reader has finished (it stopped, or the client broke the ring).
+    /// Waits until the port has finished (it stopped, or the client broke the ring).
     pub async fn finished(&self) {
         loop {
             let n = self.done.notified();
@@ -114,22 +115,6 @@ impl RingControl {
                 return;
             }
             n.await;
-        }
-    }
-}
-
-/// The waker of the item the reader waits for: rings the reader's bell when it sleeps.
-#[derive(Debug)]
-struct Bell(Arc<RingControl>);
-
-impl Wake for Bell {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        if self.0.parked.load(Ordering::SeqCst) {
-            self.0.mem.ring(Word::SqBell);
         }
     }
 }
@@ -173,13 +158,18 @@ impl NpudService {
         })
     }
 
-    /// Maps a ring's memfd (already checked as an import of [`ring::RING_BYTES`]) and starts
-    /// its reader for `session`.
+    /// Maps a ring's memfd (already checked as an import of [`ring::RING_BYTES`]), starts its
+    /// bell thread and hands its port to the executor for `session`.
     ///
     /// # Errors
     /// FAILED_PRECONDITION when the session has a ring already or has ended, INTERNAL when the
-    /// memfd cannot be mapped or the thread cannot start.
-    pub fn start_ring(&self, session: u64, fd: OwnedFd) -> Result<Arc<RingControl>, NpudError> {
+    /// memfd cannot be mapped or the thread cannot start, UNAVAILABLE when the executor has
+    /// stopped.
+    pub async fn start_ring(
+        &self,
+        session: u64,
+        fd: OwnedFd,
+    ) -> Result<Arc<RingControl>, NpudError> {
         if self.state.sessions.grant(session).is_none() {
             return Err(NpudError::FailedPrecondition(format!(
                 "session {session} has ended"
@@ -191,7 +181,8 @@ impl NpudService {
         let ctl = Arc::new(RingControl {
             mem: Arc::new(mem),
             stopped: AtomicBool::new(false),
-            parked: AtomicBool::new(false),
+            taken: AtomicU32::new(0),
+            backlog: AtomicBool::new(false),
             done: tokio::sync::Notify::new(),
             finished: AtomicBool::new(false),
         });
@@ -199,34 +190,89 @@ impl NpudService {
         // As many as the ring holds: each is admitted as a `Dispatch` call is, so a session over
         // its pending limit is refused RESOURCE_EXHAUSTED, as concurrent calls would be.
         let window = ring::SLOTS as usize;
-        let reader = Reader {
+        // From here on, dropping the port tears the ring down (and ends the bell thread).
+        let port = Port {
             svc: self.clone(),
-            rt: tokio::runtime::Handle::current(),
             session,
             ctl: ctl.clone(),
             window,
             head: 0,
             cq_tail: 0,
             entries: VecDeque::new(),
+            end: None,
+            finished: false,
         };
-        let spawned = std::thread::Builder::new()
+        let bell = Bell {
+            ctl: ctl.clone(),
+            exec: self.state.exec.clone(),
+        };
+        std::thread::Builder::new()
             .name(format!("npud-ring-{session}"))
-            .spawn(move || reader.run());
-        if let Err(e) = spawned {
-            self.state.rings.remove(session, &ctl);
-            return Err(NpudError::Internal(format!(
-                "starting the ring's reader thread: {e}"
-            )));
-        }
+            .spawn(move || bell.run())
+            .map_err(|e| NpudError::Internal(format!("starting the ring's bell thread: {e}")))?;
+        self.state
+            .exec
+            .send(Command::AttachIntake(Box::new(port)))
+            .await?;
         tracing::info!(session, window, "dispatch ring attached");
         Ok(ctl)
     }
 }
 
-/// One ring's reader; runs on its own thread.
-struct Reader {
+/// The ring's bell thread: sleeps on `sq_bell` and nudges the executor when the ring needs a
+/// look while the executor may be blocked.
+struct Bell {
+    ctl: Arc<RingControl>,
+    exec: crate::executor::ExecutorHandle,
+}
+
+impl Bell {
+    fn run(self) {
+        let ctl = &self.ctl;
+        let mem = &ctl.mem;
+        let mut seen = mem.load(Word::SqBell);
+        loop {
+            if ctl.finished.load(Ordering::SeqCst) {
+                return;
+            }
+            let limit = if ctl.backlog.load(Ordering::SeqCst) {
+                BUSY_SLEEP
+            } else {
+                IDLE_SLEEP
+            };
+            mem.wait(Word::SqBell, seen, limit);
+            if ctl.finished.load(Ordering::SeqCst) {
+                return;
+            }
+            // Read before nudging: a ring after this read changes the bell again, so the next
+            // wait returns at once.
+            let now = mem.load(Word::SqBell);
+            let rung = now != seen;
+            seen = now;
+            if rung
+                || ctl.stopped.load(Ordering::SeqCst)
+                || ctl.backlog.load(Ordering::SeqCst)
+                || mem.load(Word::SqTail) != ctl.taken.load(Ordering::SeqCst)
+            {
+                self.exec.nudge();
+            }
+        }
+    }
+}
+
+/// Why a port ended.
+#[derive(Debug, Clone, Copy)]
+enum End {
+    /// The session ended, the lifeline closed or the daemon stops: answer what was taken.
+    Stopped,
+    /// The client broke a rule: its answers are counted, not posted.
+    Broken(u32),
+}
+
+/// One ring's daemon side, polled on the executor thread.
+#[derive(Debug)]
+struct Port {
     svc: NpudService,
-    rt: tokio::runtime::Handle,
     session: u64,
     ctl: Arc<RingControl>,
     window: usize,
@@ -235,131 +281,80 @@ struct Reader {
     /// Completions posted.
     cq_tail: u32,
     entries: VecDeque<Entry>,
+    end: Option<End>,
+    finished: bool,
 }
 
-/// Why the reader stopped.
-enum End {
-    Stopped,
-    Broken(u32),
-}
-
-impl Reader {
-    fn run(mut self) {
-        let end = self.serve();
-        if matches!(end, End::Stopped) {
-            self.answer_the_rest();
+impl Intake for Port {
+    fn poll(&mut self, out: &mut Vec<WorkItem>, draining: bool) -> Polled {
+        if self.end.is_none() && (draining || self.ctl.stopped.load(Ordering::SeqCst)) {
+            self.end = Some(End::Stopped);
         }
+        if self.end.is_none()
+            && let Err(why) = self.intake(out)
+        {
+            self.end = Some(End::Broken(why));
+        }
+        self.collect(self.end.is_some());
+        if !matches!(self.end, Some(End::Broken(_)))
+            && let Err(why) = self.post()
+        {
+            self.end = Some(End::Broken(why));
+        }
+        if self.end.is_some()
+            && !self
+                .entries
+                .iter()
+                .any(|e| matches!(e, Entry::Waiting { .. }))
+        {
+            self.finish();
+            return Polled::Finished;
+        }
+        self.ctl
+            .backlog
+            .store(!self.entries.is_empty(), Ordering::SeqCst);
+        Polled::Open
+    }
+
+    fn park(&mut self, parked: bool) -> bool {
         let mem = &self.ctl.mem;
-        match end {
-            End::Stopped => mem.store(Word::State, ring::STATE_CLOSED),
-            End::Broken(why) => {
-                tracing::info!(
-                    session = self.session,
-                    why,
-                    "a client broke its dispatch ring's rules; the ring is torn down"
-                );
-                mem.store(Word::Broken, why);
-                mem.store(Word::State, ring::STATE_BROKEN);
-            }
-        }
-        mem.ring(Word::CqBell);
-        // A broken ring's admitted work still runs and is counted: a Pending dropped in the
-        // runtime waits for it on a task.
-        let _rt = self.rt.enter();
-        for e in self.entries.drain(..) {
-            if let Entry::Waiting { admitted, .. } = e {
-                drop(Pending::new(self.svc.clone(), self.session, admitted));
-            }
-        }
-        self.svc.state.rings.remove(self.session, &self.ctl);
-        self.ctl.finished.store(true, Ordering::SeqCst);
-        self.ctl.done.notify_waiters();
-        tracing::info!(session = self.session, "dispatch ring closed");
+        mem.store(Word::SqSleeping, u32::from(parked));
+        parked
+            && (self.ctl.stopped.load(Ordering::SeqCst)
+                || mem.load(Word::SqTail) != self.head && self.entries.len() < self.window)
     }
 
-    fn serve(&mut self) -> End {
-        let waker = Waker::from(Arc::new(Bell(self.ctl.clone())));
-        let mut last = Instant::now();
-        loop {
-            if self.ctl.stopped.load(Ordering::SeqCst) {
-                return End::Stopped;
-            }
-            let took = match self.intake() {
-                Ok(n) => n,
-                Err(why) => return End::Broken(why),
-            };
-            let posted = match self.post() {
-                Ok(n) => n,
-                Err(why) => return End::Broken(why),
-            };
-            if took + posted > 0 {
-                last = Instant::now();
-                continue;
-            }
-            if last.elapsed() < SPIN {
-                // Yield rather than spin hot: on a small machine the client, this reader and
-                // the executor may share a core, and the one that would answer must run.
-                std::thread::yield_now();
-                continue;
-            }
-            // Sleep: say so, then look once more (the client's tail, the front item with the
-            // waker registered) before waiting on the bell's value read after saying so.
-            let mem = self.ctl.mem.clone();
-            mem.store(Word::SqSleeping, 1);
-            self.ctl.parked.store(true, Ordering::SeqCst);
-            let seen = mem.load(Word::SqBell);
-            let ready = mem.load(Word::SqTail) != self.head && self.entries.len() < self.window
-                || self.front_ready(&waker);
-            if !ready && !self.ctl.stopped.load(Ordering::SeqCst) {
-                let limit = if self.entries.is_empty() {
-                    IDLE_SLEEP
-                } else {
-                    BUSY_SLEEP
-                };
-                mem.wait(Word::SqBell, seen, limit);
-            }
-            self.ctl.parked.store(false, Ordering::SeqCst);
-            mem.store(Word::SqSleeping, 0);
-            // Spin again only when rung: a sleep that ran out with nothing to do (an idle
-            // ring looking for a lost wake) looks once and sleeps again, so 64 idle rings
-            // cost 64 looks a second, not 64 spins.
-            if mem.load(Word::SqBell) != seen {
-                last = Instant::now();
+    fn close(&mut self) {
+        if self.end.is_none() {
+            self.end = Some(End::Stopped);
+        }
+        self.collect(true);
+        for e in &mut self.entries {
+            if let Entry::Waiting { request_id, .. } = e {
+                *e = Entry::Answered(error_completion(*request_id, &NpudError::executor_gone()));
             }
         }
+        if !matches!(self.end, Some(End::Broken(_))) {
+            let _ = self.post();
+        }
+        self.finish();
     }
+}
 
-    /// After a stop: waits for every admitted item's answer, in order, and posts it while the
-    /// completion ring has room, so that a client sees the answers to what the daemon took
-    /// before it sees the ring closed. (The executor answers every item: a session's end
-    /// answers its queued items UNAVAILABLE, and shutdown finishes the queued work.)
-    fn answer_the_rest(&mut self) {
-        while let Some(e) = self.entries.pop_front() {
-            let c = match e {
-                Entry::Answered(c) => c,
-                Entry::Waiting {
-                    request_id,
-                    admitted,
-                } => {
-                    // Its pending place is given back when `admitted` drops, after the answer.
-                    let mut admitted = admitted;
-                    let rx = std::mem::replace(&mut admitted.rx, oneshot::channel().1);
-                    let r = rx
-                        .blocking_recv()
-                        .unwrap_or_else(|_| Err(NpudError::executor_gone()));
-                    self.svc
-                        .record(self.session, &admitted.programs, admitted.chain, &r);
-                    completion(request_id, r)
-                }
-            };
-            if self.room().is_ok_and(|r| r > 0) {
-                self.post_one(&c);
+impl Drop for Port {
+    fn drop(&mut self) {
+        if !self.finished {
+            if self.end.is_none() {
+                self.end = Some(End::Stopped);
             }
+            self.finish();
         }
     }
+}
 
+impl Port {
     /// Copies out and admits what the client submitted, up to the window.
-    fn intake(&mut self) -> Result<usize, u32> {
+    fn intake(&mut self, out: &mut Vec<WorkItem>) -> Result<(), u32> {
         let mem = self.ctl.mem.clone();
         let tail = mem.load(Word::SqTail);
         let avail = tail.wrapping_sub(self.head);
@@ -378,14 +373,17 @@ impl Reader {
                     self.svc.refused(self.session, 1, false, &e);
                     Entry::Answered(error_completion(bad.request_id, &e))
                 }
-                Ok(s) => self.admit(s),
+                Ok(s) => self.admit(s, out),
             };
             self.entries.push_back(entry);
         }
-        Ok(took)
+        if took > 0 {
+            self.ctl.taken.store(self.head, Ordering::SeqCst);
+        }
+        Ok(())
     }
 
-    fn admit(&self, s: Submission) -> Entry {
+    fn admit(&self, s: Submission, out: &mut Vec<WorkItem>) -> Entry {
         let request_id = s.request_id;
         let deadline =
             (s.timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(s.timeout_ms));
@@ -402,37 +400,41 @@ impl Reader {
                 })
                 .collect(),
         };
-        let svc = &self.svc;
         match self
-            .rt
-            .block_on(svc.admit_work(self.session, Work::Dispatch(d), deadline, false))
+            .svc
+            .admission(self.session, Work::Dispatch(d), deadline, false)
         {
-            Ok(admitted) => Entry::Waiting {
-                request_id,
-                admitted,
-            },
+            Ok((item, admitted)) => {
+                out.push(item);
+                Entry::Waiting {
+                    request_id,
+                    admitted,
+                }
+            }
             Err(e) => Entry::Answered(error_completion(request_id, &e)),
         }
     }
 
-    /// Whether the front entry can be posted now; polls its reply with `waker` registered.
-    fn front_ready(&mut self, waker: &Waker) -> bool {
-        match self.entries.front_mut() {
-            None => false,
-            Some(Entry::Answered(_)) => self.room().is_ok_and(|r| r > 0),
-            Some(Entry::Waiting { admitted, .. }) => {
-                let mut cx = Context::from_waker(waker);
-                match Pin::new(&mut admitted.rx).poll(&mut cx) {
-                    Poll::Pending => false,
-                    Poll::Ready(r) => {
-                        // Keep the answer: the receiver may not be polled again.
-                        let r = r.unwrap_or_else(|_| Err(NpudError::executor_gone()));
-                        let c = self.finish_front(r);
-                        self.entries[0] = Entry::Answered(c);
-                        true
-                    }
-                }
-            }
+    /// Turns the answers that came into completions, counting them: from the front while they
+    /// are in order, or all of them (`all`, when the port is ending).
+    fn collect(&mut self, all: bool) {
+        for e in &mut self.entries {
+            let Entry::Waiting {
+                request_id,
+                admitted,
+            } = e
+            else {
+                continue;
+            };
+            let r = match admitted.rx.try_recv() {
+                Ok(r) => r,
+                Err(oneshot::error::TryRecvError::Closed) => Err(NpudError::executor_gone()),
+                Err(oneshot::error::TryRecvError::Empty) if all => continue,
+                Err(oneshot::error::TryRecvError::Empty) => break,
+            };
+            self.svc
+                .record(self.session, &admitted.programs, admitted.chain, &r);
+            *e = Entry::Answered(completion(*request_id, r));
         }
     }
 
@@ -445,57 +447,25 @@ impl Reader {
         Ok(ring::SLOTS - used)
     }
 
-    /// Counts the front item's answer (it must be `Waiting`) and builds its completion.
-    fn finish_front(&mut self, r: Result<WorkDone, NpudError>) -> Completion {
-        let Some(Entry::Waiting {
-            request_id,
-            admitted,
-        }) = self.entries.front()
-        else {
-            unreachable!("finish_front is called for a waiting front entry");
-        };
-        self.svc
-            .record(self.session, &admitted.programs, admitted.chain, &r);
-        completion(*request_id, r)
-    }
-
     /// Posts answered items from the front, in order, while the completion ring has room.
-    fn post(&mut self) -> Result<usize, u32> {
-        let mut posted = 0;
+    fn post(&mut self) -> Result<(), u32> {
+        if !matches!(self.entries.front(), Some(Entry::Answered(_))) {
+            return Ok(());
+        }
         let mut room = self.room()?;
         while room > 0 {
-            let ready = match self.entries.front_mut() {
-                None => break,
-                Some(Entry::Answered(_)) => true,
-                Some(Entry::Waiting { admitted, .. }) => match admitted.rx.try_recv() {
-                    Ok(r) => {
-                        let c = self.finish_front(r);
-                        self.entries[0] = Entry::Answered(c);
-                        true
-                    }
-                    Err(oneshot::error::TryRecvError::Empty) => false,
-                    Err(oneshot::error::TryRecvError::Closed) => {
-                        let c = self.finish_front(Err(NpudError::executor_gone()));
-                        self.entries[0] = Entry::Answered(c);
-                        true
-                    }
-                },
-            };
-            if !ready {
+            let Some(Entry::Answered(_)) = self.entries.front() else {
                 break;
-            }
+            };
             let Some(Entry::Answered(c)) = self.entries.pop_front() else {
                 break;
             };
             self.post_one(&c);
             room -= 1;
-            posted += 1;
         }
-        Ok(posted)
+        Ok(())
     }
-}
 
-impl Reader {
     /// Writes a completion into the next slot and publishes it (the caller checked the room),
     /// ringing the client's bell when it sleeps.
     fn post_one(&mut self, c: &Completion) {
@@ -506,6 +476,33 @@ impl Reader {
         if mem.load(Word::CqSleeping) != 0 {
             mem.ring(Word::CqBell);
         }
+    }
+
+    /// Ends the ring: says why in its header, wakes the client and the bell thread, and lets
+    /// the lifeline go. Answers left unposted (the completion ring was full) are dropped.
+    fn finish(&mut self) {
+        self.finished = true;
+        self.entries.clear();
+        let mem = &self.ctl.mem;
+        match self.end {
+            Some(End::Broken(why)) => {
+                tracing::info!(
+                    session = self.session,
+                    why,
+                    "a client broke its dispatch ring's rules; the ring is torn down"
+                );
+                mem.store(Word::Broken, why);
+                mem.store(Word::State, ring::STATE_BROKEN);
+            }
+            Some(End::Stopped) | None => mem.store(Word::State, ring::STATE_CLOSED),
+        }
+        mem.ring(Word::CqBell);
+        self.svc.state.rings.remove(self.session, &self.ctl);
+        self.ctl.backlog.store(false, Ordering::SeqCst);
+        self.ctl.finished.store(true, Ordering::SeqCst);
+        self.ctl.done.notify_waiters();
+        mem.ring(Word::SqBell);
+        tracing::info!(session = self.session, "dispatch ring closed");
     }
 }
 

@@ -59,16 +59,33 @@ impl NpudService {
         deadline: Option<Instant>,
         flow_controlled: bool,
     ) -> Result<Admitted, NpudError> {
+        let (item, admitted) = self.admission(session, work, deadline, flow_controlled)?;
+        match self.state.exec.send(Command::Work(item)).await {
+            Ok(()) => Ok(admitted),
+            Err(e) => {
+                self.refused(session, admitted.programs.len() as u64, admitted.chain, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Checks `work` as [`NpudService::admit_work`] does and builds its work item, for a
+    /// caller that hands the item to the executor itself (a dispatch ring, polled on the
+    /// executor thread). A refusal is counted as `admit_work` counts it.
+    pub(super) fn admission(
+        &self,
+        session: u64,
+        work: Work,
+        deadline: Option<Instant>,
+        flow_controlled: bool,
+    ) -> Result<(WorkItem, Admitted), NpudError> {
         let (requests, chain) = match work {
             Work::Dispatch(d) => (vec![d], false),
             Work::Chain(links) => (links, true),
         };
         let asked = requests.len().max(1) as u64;
         let admitted = match self.links(session, requests, chain) {
-            Ok(links) => {
-                self.admit(session, links, chain, deadline, flow_controlled)
-                    .await
-            }
+            Ok(links) => self.admit(session, links, chain, deadline, flow_controlled),
             Err(e) => Err(e),
         };
         admitted.inspect_err(|e| self.refused(session, asked, chain, e))
@@ -134,14 +151,14 @@ impl NpudService {
             .collect()
     }
 
-    async fn admit(
+    fn admit(
         &self,
         session: u64,
         links: Vec<Link>,
         chain: bool,
         deadline: Option<Instant>,
         flow_controlled: bool,
-    ) -> Result<Admitted, NpudError> {
+    ) -> Result<(WorkItem, Admitted), NpudError> {
         self.check_serving()?;
         let slot = self.pending_slot(session, flow_controlled)?;
         let who = self.state.sessions.charged(session);
@@ -152,26 +169,26 @@ impl NpudService {
         let programs: Vec<u64> = links.iter().map(|l| l.program.id).collect();
         let pending = self.state.pending.admit(programs.len() as u64);
         let (tx, rx) = oneshot::channel();
-        self.state
-            .exec
-            .send(Command::Work(WorkItem {
-                session,
-                who,
-                links,
-                chain,
-                admitted: Instant::now(),
-                deadline,
-                flow_controlled,
-                reply: tx,
-            }))
-            .await?;
-        Ok(Admitted {
-            rx,
-            _slot: slot,
-            programs,
+        let item = WorkItem {
+            session,
+            who,
+            links,
             chain,
-            _pending: pending,
-        })
+            admitted: Instant::now(),
+            deadline,
+            flow_controlled,
+            reply: tx,
+        };
+        Ok((
+            item,
+            Admitted {
+                rx,
+                _slot: slot,
+                programs,
+                chain,
+                _pending: pending,
+            },
+        ))
     }
 
     /// A place for one more item in `session`'s pending count, refused when its rule lowers
@@ -525,15 +542,6 @@ impl Drop for Waiting {
 }
 
 impl Pending {
-    /// An admitted item to wait for (or, dropped, to be waited for on a task).
-    pub(super) fn new(svc: NpudService, session: u64, admitted: Admitted) -> Pending {
-        Pending {
-            svc,
-            session,
-            admitted: Some(admitted),
-        }
-    }
-
     async fn wait(mut self) -> Result<WorkDone, NpudError> {
         // `complete` builds a Pending with its item and `wait` consumes it: only Drop takes it.
         let a = self
