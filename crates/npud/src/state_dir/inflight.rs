@@ -2,11 +2,16 @@
 //! its runtime in the middle of a dispatch (some ROCR releases `abort()` from the queue's error
 //! path) knows at its next start which programs to quarantine.
 //!
-//! The executor writes the record with one `pwrite` before it rings a doorbell (a dispatch, or
-//! one batch of a chain: every distinct program of the batch; other sessions' work may run
-//! between two batches of a chain), and clears it with a second after the doorbell returns. There is no `fsync`: the page cache outlives the process, so a
-//! process that aborts leaves the record for its successor; only a crash of the whole machine
-//! loses it (and the next start then finds an older or an empty record).
+//! The executor writes the record before it rings a doorbell (a dispatch, or one batch of a
+//! chain: every distinct program of the batch; other sessions' work may run between two
+//! batches of a chain), and clears it after the doorbell returns. Once the file is reset at
+//! start (preallocated and synced), it is mapped `MAP_SHARED` and both writes are stores into
+//! the mapping, which is the file's page cache: two `pwrite`s cost more than the emulator's
+//! whole dispatch. There is no `fsync`: the page cache outlives the process, so a process that
+//! aborts leaves the record for its successor; only a crash of the whole machine loses it (and
+//! the next start then finds an older or an empty record). The mapping relies on nothing
+//! truncating the file under the daemon: it lives in the daemon's own state directory (0700),
+//! so only the daemon's user or root could, and either can kill the daemon anyway.
 //!
 //! `state/inflight` is a preallocated file of [`FILE_BYTES`] bytes, little-endian:
 //!
@@ -19,6 +24,7 @@
 
 use std::fs::File;
 use std::io::Read;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -52,6 +58,11 @@ pub struct InFlight {
     buf: Vec<u8>,
     /// Whether a write failed (logged once, not per dispatch).
     failed: bool,
+    /// The file, mapped once [`InFlight::reset`] has preallocated it.
+    map: Option<npu_fd::mapping::Mapping>,
+    /// The checksum and the entries (from offset 16) last written: a batch of the same
+    /// programs as the last writes its 8-byte header only.
+    written: Vec<u8>,
     /// Programs on the device when a daemon died once ([`super::suspects`]); a batch of theirs
     /// that completes clears them.
     suspects: Option<Suspects>,
@@ -99,6 +110,8 @@ impl InFlight {
                 path,
                 buf: Vec::with_capacity(FILE_BYTES - 8),
                 failed: false,
+                map: None,
+                written: Vec::new(),
                 suspects: None,
                 running_suspects: Vec::new(),
             },
@@ -132,11 +145,22 @@ impl InFlight {
     pub fn reset(&mut self) -> Result<(), StateError> {
         let mut empty = vec![0u8; FILE_BYTES];
         empty[..MAGIC.len()].copy_from_slice(MAGIC);
+        self.map = None;
+        self.written.clear();
         self.file
             .write_all_at(&empty, 0)
             .and_then(|()| self.file.set_len(FILE_BYTES as u64))
             .and_then(|()| self.file.sync_all())
-            .map_err(|e| StateError::io("writing", &self.path, e))
+            .map_err(|e| StateError::io("writing", &self.path, e))?;
+        match npu_fd::mapping::Mapping::new(self.file.as_fd(), 0, FILE_BYTES) {
+            Ok(m) => self.map = Some(m),
+            Err(e) => tracing::warn!(
+                file = %self.path.display(),
+                error = %e,
+                "mapping the in-flight record failed; it is written with pwrite"
+            ),
+        }
+        Ok(())
     }
 
     /// Hands the record the suspects the start found, so that a completed batch of one of
@@ -150,14 +174,14 @@ impl InFlight {
         self.suspects.as_ref().is_some_and(|s| s.contains(hash))
     }
 
-    /// Records `programs` as on the device: one `pwrite`, no sync.
+    /// Records `programs` as on the device: stores into the mapping (or one `pwrite`), no sync.
     pub fn begin<'a>(&mut self, programs: impl IntoIterator<Item = (&'a str, &'a str)>) {
         self.running_suspects.clear();
         match self.suspects.as_ref().filter(|s| !s.is_empty()) {
-            None => encode(&mut self.buf, programs),
+            None => encode_entries(&mut self.buf, programs),
             Some(suspects) => {
                 let running = &mut self.running_suspects;
-                encode(
+                encode_entries(
                     &mut self.buf,
                     programs.into_iter().inspect(|(hash, _)| {
                         if suspects.contains(hash) {
@@ -167,7 +191,34 @@ impl InFlight {
                 );
             }
         }
-        let r = self.file.write_all_at(&self.buf, 8);
+        // A batch of the programs of the last one (the common case: a client dispatching one
+        // program again and again) reuses its checksum and leaves its entries in place.
+        let same = self.written.get(4..) == Some(&self.buf[8..]);
+        if same {
+            self.buf[4..8].copy_from_slice(&self.written[..4]);
+        } else {
+            let sum = checksum(&self.buf[8..]);
+            self.buf[4..8].copy_from_slice(&sum);
+        }
+        let r = match self.map.as_mut() {
+            Some(m) => {
+                // Entries first, then the count and checksum that make them the record: a
+                // process that dies between the two leaves a record whose checksum fails.
+                let r = if same {
+                    Ok(())
+                } else {
+                    m.copy_from_slice(16, &self.buf[8..])
+                };
+                r.and_then(|()| m.copy_from_slice(8, &self.buf[..8]))
+                    .map_err(std::io::Error::other)
+            }
+            None => self.file.write_all_at(&self.buf, 8),
+        };
+        if !same {
+            self.written.clear();
+            self.written.extend_from_slice(&self.buf[4..8]);
+            self.written.extend_from_slice(&self.buf[8..]);
+        }
         self.check(r);
     }
 
@@ -183,9 +234,12 @@ impl InFlight {
         }
     }
 
-    /// Records that nothing is on the device: one 4-byte `pwrite`.
+    /// Records that nothing is on the device: a zero count (4 bytes).
     pub fn end(&mut self) {
-        let r = self.file.write_all_at(&[0; 4], 8);
+        let r = match self.map.as_mut() {
+            Some(m) => m.copy_from_slice(8, &[0; 4]).map_err(std::io::Error::other),
+            None => self.file.write_all_at(&[0; 4], 8),
+        };
         self.check(r);
     }
 
@@ -207,7 +261,15 @@ impl InFlight {
 }
 
 /// The record from offset 8 on: count, checksum, entries. Names are cut to fit the file.
+#[cfg(test)]
 fn encode<'a>(buf: &mut Vec<u8>, programs: impl IntoIterator<Item = (&'a str, &'a str)>) {
+    encode_entries(buf, programs);
+    let sum = checksum(&buf[8..]);
+    buf[4..8].copy_from_slice(&sum);
+}
+
+/// [`encode`] without the checksum (left zero).
+fn encode_entries<'a>(buf: &mut Vec<u8>, programs: impl IntoIterator<Item = (&'a str, &'a str)>) {
     buf.clear();
     buf.extend_from_slice(&[0; 8]);
     let mut count: u32 = 0;
@@ -222,9 +284,7 @@ fn encode<'a>(buf: &mut Vec<u8>, programs: impl IntoIterator<Item = (&'a str, &'
         buf.extend_from_slice(name.as_bytes());
         count += 1;
     }
-    let sum = checksum(&buf[8..]);
     buf[..4].copy_from_slice(&count.to_le_bytes());
-    buf[4..8].copy_from_slice(&sum);
 }
 
 fn truncate(s: &str, max: usize) -> &str {
@@ -337,6 +397,25 @@ mod tests {
         let left = open(dir.path()).1;
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].content_hash, B);
+    }
+
+    #[test]
+    fn a_batch_of_the_last_batchs_programs_is_recorded_again_after_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut r, _) = open(dir.path());
+        r.reset().unwrap();
+        for _ in 0..3 {
+            r.begin([(A, "a")]);
+            let left = open(dir.path()).1;
+            assert_eq!(left.len(), 1);
+            assert_eq!(left[0].content_hash, A);
+            r.end();
+            assert!(open(dir.path()).1.is_empty());
+        }
+        r.begin([(B, "b")]);
+        assert_eq!(open(dir.path()).1[0].content_hash, B);
+        r.begin([(A, "a")]);
+        assert_eq!(open(dir.path()).1[0].content_hash, A);
     }
 
     #[test]
