@@ -39,5 +39,11 @@ fn _npud(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LocalDaemon>()?;
     m.add_class::<Fleet>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    let hook = wrap_pyfunction!(runtime::after_fork_in_child, m)?;
+    let kw = pyo3::types::PyDict::new(m.py());
+    kw.set_item("after_in_child", hook)?;
+    m.py()
+        .import("os")?
+        .call_method("register_at_fork", (), Some(&kw))?;
     Ok(())
 }

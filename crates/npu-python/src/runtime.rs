@@ -3,6 +3,7 @@
 //! A process forked after the runtime was made makes its own.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use npu_client::ClientError;
@@ -15,11 +16,37 @@ use crate::errors::to_pyerr;
 /// after it was made (multiprocessing's default on Linux) cannot use it, and makes its own.
 pub(crate) static RUNTIME: Mutex<Option<(u32, Arc<tokio::runtime::Runtime>)>> = Mutex::new(None);
 
-pub(crate) fn pid() -> u32 {
+/// This process's id, once asked ([`pid`]); 0 before. A forked child's is set by
+/// [`after_fork_in_child`], which the module registers with `os.register_at_fork`.
+static PID: AtomicU32 = AtomicU32::new(0);
+
+fn getpid() -> u32 {
     rustix::process::getpid()
         .as_raw_nonzero()
         .get()
         .unsigned_abs()
+}
+
+/// This process's id. Every call and every tensor of a call checks it (objects do not cross a
+/// fork), so it is cached: `getpid` is a system call, and five of them cost a fifth of a
+/// dispatch on the fast path. Python's `os.fork` (and so `multiprocessing`) runs the
+/// `register_at_fork` hook that renews it in the child; a child forked below Python, by C code
+/// that then runs Python without `exec`, is not seen.
+pub(crate) fn pid() -> u32 {
+    match PID.load(Ordering::Relaxed) {
+        0 => {
+            let p = getpid();
+            PID.store(p, Ordering::Relaxed);
+            p
+        }
+        p => p,
+    }
+}
+
+/// `os.register_at_fork(after_in_child=...)`: this process is a new one.
+#[pyfunction]
+pub(crate) fn after_fork_in_child() {
+    PID.store(getpid(), Ordering::Relaxed);
 }
 
 pub(crate) fn runtime() -> PyResult<Arc<tokio::runtime::Runtime>> {
