@@ -553,6 +553,89 @@ async fn a_client_that_stops_consuming_completions_stalls_only_its_own_ring() {
     .await;
 }
 
+/// Submissions past the session's pending limit are refused `RESOURCE_EXHAUSTED` through the
+/// ring as concurrent `Dispatch` calls are, whether the daemon's limit or the session's rule
+/// sets it; the ones within it run.
+#[tokio::test(flavor = "multi_thread")]
+async fn submissions_past_the_pending_limit_are_refused_through_the_ring_as_dispatch_calls_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let rule = dir.path().join("npud.toml");
+    std::fs::write(
+        &rule,
+        "[[auth.rules]]\nname = \"local\"\nmatch = [\"uid:*\"]\nmax_pending_per_session = 2\n",
+    )
+    .unwrap();
+    for (opts, key) in [
+        (
+            Options::default().env("NPUD_LIMITS__MAX_PENDING_PER_SESSION", "2"),
+            "limits.max_pending_per_session",
+        ),
+        (
+            Options::default()
+                .arg("--config")
+                .arg(&rule.display().to_string()),
+            "auth.rules[\"local\"].max_pending_per_session",
+        ),
+    ] {
+        let d = Daemon::start(opts);
+        bounded(async {
+            let mut s = Session::open(d.connect().await, "limited").await.unwrap();
+            let p = s
+                .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
+                .await
+                .unwrap()
+                .program_id;
+            let x = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+            let y = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+            s.attach_ring().await.unwrap();
+            let mem = s.ring.clone().unwrap().mem.clone();
+            // Four slots published at once: the daemon takes them in one look.
+            for id in 0..4_u32 {
+                let sub = Submission {
+                    request_id: u64::from(id) + 1,
+                    program: p,
+                    timeout_ms: 0,
+                    args: [x.id, y.id]
+                        .iter()
+                        .map(|&t| RingArg {
+                            tensor: t,
+                            offset: 0,
+                            length: 0,
+                            read_only: false,
+                        })
+                        .collect(),
+                };
+                mem.write_submission(id, &sub);
+            }
+            mem.store(Word::SqTail, 4);
+            mem.ring(Word::SqBell);
+            while mem.load(Word::CqTail) != 4 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let got: Vec<(u64, u32, String)> = (0..4)
+                .map(|i| {
+                    let c = Completion::decode(&mem.read_completion(i));
+                    (c.request_id, c.code, c.message)
+                })
+                .collect();
+            mem.store(Word::CqHead, 4);
+            assert_eq!((got[0].0, got[0].1), (1, 0), "{got:?}");
+            assert_eq!((got[1].0, got[1].1), (2, 0), "{got:?}");
+            for (id, code, message) in &got[2..] {
+                assert_eq!(
+                    *code,
+                    Code::ResourceExhausted as u32,
+                    "request {id}: {message}"
+                );
+                assert!(message.contains(key), "request {id}: {message}");
+            }
+            let st = s.statistics().await.unwrap();
+            assert_eq!(counts(&st, s.id), (2, 2));
+        })
+        .await;
+    }
+}
+
 async fn wait_state(mem: &npu_fd::ring::RingMemory, want: u32) {
     for _ in 0..1000 {
         if mem.load(Word::State) == want {

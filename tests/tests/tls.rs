@@ -646,11 +646,14 @@ async fn token_files_are_identities_until_removed_with_their_rules_quotas() {
         );
 
         // pod-b's rule allows one dispatch in flight: a second, while a hanging one waits for
-        // the emulator's timeout, is refused naming the rule's key.
+        // the emulator's timeout, is refused naming the rule's key. Through gRPC: a ring's
+        // submission is admitted when the executor next looks at the ring, after the hang
+        // (`fastpath.rs` checks the rule's limit on a ring).
         let cb = Client::connect_with(
             Some(&d.socket.display().to_string()),
             ConnectOptions {
                 token: Some("b".repeat(64)),
+                fast_path: false,
                 ..ConnectOptions::default()
             },
         )
