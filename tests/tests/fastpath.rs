@@ -486,21 +486,7 @@ async fn a_client_that_stops_consuming_completions_stalls_only_its_own_ring() {
         let submit = |first: u64| {
             for id in first..first + u64::from(ring::SLOTS) {
                 let tail = mem.load(Word::SqTail);
-                let sub = Submission {
-                    request_id: id,
-                    program: p,
-                    timeout_ms: 0,
-                    args: [x.id, y.id]
-                        .iter()
-                        .map(|&t| RingArg {
-                            tensor: t,
-                            offset: 0,
-                            length: 0,
-                            read_only: false,
-                        })
-                        .collect(),
-                };
-                mem.write_submission(tail, &sub);
+                mem.write_submission(tail, &whole(id, p, &[x.id, y.id]));
                 mem.store(Word::SqTail, tail.wrapping_add(1));
                 mem.ring(Word::SqBell);
             }
@@ -591,21 +577,7 @@ async fn submissions_past_the_pending_limit_are_refused_through_the_ring_as_disp
             let mem = s.ring.clone().unwrap().mem.clone();
             // Four slots published at once: the daemon takes them in one look.
             for id in 0..4_u32 {
-                let sub = Submission {
-                    request_id: u64::from(id) + 1,
-                    program: p,
-                    timeout_ms: 0,
-                    args: [x.id, y.id]
-                        .iter()
-                        .map(|&t| RingArg {
-                            tensor: t,
-                            offset: 0,
-                            length: 0,
-                            read_only: false,
-                        })
-                        .collect(),
-                };
-                mem.write_submission(id, &sub);
+                mem.write_submission(id, &whole(u64::from(id) + 1, p, &[x.id, y.id]));
             }
             mem.store(Word::SqTail, 4);
             mem.ring(Word::SqBell);
@@ -633,6 +605,24 @@ async fn submissions_past_the_pending_limit_are_refused_through_the_ring_as_disp
             assert_eq!(counts(&st, s.id), (2, 2));
         })
         .await;
+    }
+}
+
+/// A submission of `program` over whole `tensors`, written.
+fn whole(request_id: u64, program: u64, tensors: &[u64]) -> Submission {
+    Submission {
+        request_id,
+        program,
+        timeout_ms: 0,
+        args: tensors
+            .iter()
+            .map(|&t| RingArg {
+                tensor: t,
+                offset: 0,
+                length: 0,
+                read_only: false,
+            })
+            .collect(),
     }
 }
 
