@@ -181,6 +181,54 @@ async fn a_raw_ring_answers_refusals_word_for_word_as_dispatch_does() {
     .await;
 }
 
+/// `Client::dispatch_now` (the blocking caller's path: Python's `dispatch`) answers what
+/// `dispatch` answers, and declines, sending nothing, where it cannot run at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn dispatch_now_answers_as_dispatch_does_and_declines_what_it_cannot_run_at_once() {
+    let d = Daemon::start(Options::default());
+    bounded(async {
+        let c = client(&d, true).await;
+        let add = program(&c, "add", &EmuDesign::vector_scalar_add(N, DType::I32, 1));
+        let mut input = c.alloc::<i32>(N as usize).await.unwrap();
+        let mut out = c.alloc::<i32>(N as usize).await.unwrap();
+        let mut short = c.alloc::<i32>(N as usize / 2).await.unwrap();
+        input.as_mut_slice().fill(41);
+        // Not registered yet: declined, nothing sent.
+        let now = tokio::task::block_in_place(|| c.dispatch_now(&add, &[&input], &mut [&mut out]));
+        assert!(now.is_none());
+        let st = c.statistics().await.unwrap();
+        assert_eq!(counts(&st, c.session_id()), (0, 0));
+        c.register(&add).await.unwrap();
+        let now = tokio::task::block_in_place(|| c.dispatch_now(&add, &[&input], &mut [&mut out]));
+        now.expect("taken").expect("the dispatch runs");
+        assert!(out.as_slice().iter().all(|v| *v == 42));
+        // A refusal is the daemon's, word for word.
+        let via_now =
+            tokio::task::block_in_place(|| c.dispatch_now(&add, &[&input], &mut [&mut short]))
+                .expect("taken")
+                .unwrap_err()
+                .to_string();
+        let via_dispatch = c
+            .dispatch(&add, &[&input], &mut [&mut short])
+            .await
+            .unwrap_err()
+            .to_string();
+        assert_eq!(via_now, via_dispatch);
+        let st = c.statistics().await.unwrap();
+        assert_eq!(counts(&st, c.session_id()), (1, 2));
+        // Without a ring: declined.
+        let g = client(&d, false).await;
+        let gadd = program(&g, "add", &EmuDesign::vector_scalar_add(N, DType::I32, 1));
+        g.register(&gadd).await.unwrap();
+        let gi = g.alloc::<i32>(N as usize).await.unwrap();
+        let mut go = g.alloc::<i32>(N as usize).await.unwrap();
+        assert!(
+            tokio::task::block_in_place(|| g.dispatch_now(&gadd, &[&gi], &mut [&mut go])).is_none()
+        );
+    })
+    .await;
+}
+
 /// Submits raw words as the next slot of a ring no one else uses, and waits for the
 /// completion.
 fn raw_exchange(r: &TestRing, words: &[u64]) -> Completion {

@@ -129,31 +129,12 @@ impl Client {
         let inner = &self.inner;
         if let Some(fp) = inner.fast_path() {
             let timeout = inner.opts.call_timeout;
-            match tokio::time::timeout(timeout, fp.dispatch(&req, timeout)).await {
-                Err(_) => {
-                    return Err(ClientError::Timeout {
-                        call: "Dispatch",
-                        timeout,
-                    });
-                }
-                Ok(Ok(c)) if c.code == 0 => {
-                    return Ok(pb::DispatchResponse {
-                        queue_ns: c.queue_ns,
-                        device_ns: c.device_ns,
-                    });
-                }
-                Ok(Ok(c)) => {
-                    let code = tonic::Code::from_i32(i32::try_from(c.code).unwrap_or(2));
-                    let status = tonic::Status::new(code, c.message);
-                    return Err(inner.daemon_error("Dispatch", &status));
-                }
-                Ok(Err(crate::fastpath::RingMiss::Lost(why))) => {
-                    return Err(ClientError::Connect {
-                        address: inner.addr.to_string(),
-                        message: format!("Dispatch: {why}"),
-                    });
-                }
-                Ok(Err(crate::fastpath::RingMiss::NotTaken)) => {}
+            let answer = match tokio::time::timeout(timeout, fp.dispatch(&req, timeout)).await {
+                Err(_) => Err(crate::fastpath::RingMiss::TimedOut),
+                Ok(r) => r,
+            };
+            if let Some(r) = self.ring_answer(answer) {
+                return r;
             }
         }
         let r = inner
@@ -166,6 +147,89 @@ impl Client {
             inner.maybe_reattach().await;
         }
         r
+    }
+
+    /// What a dispatch through the ring answered, as `Dispatch` would have: `None` when the
+    /// daemon never took it (it goes through gRPC then).
+    fn ring_answer(
+        &self,
+        r: Result<npu_fd::ring::Completion, crate::fastpath::RingMiss>,
+    ) -> Option<Result<pb::DispatchResponse, ClientError>> {
+        let inner = &self.inner;
+        Some(match r {
+            Ok(c) if c.code == 0 => Ok(pb::DispatchResponse {
+                queue_ns: c.queue_ns,
+                device_ns: c.device_ns,
+            }),
+            Ok(c) => {
+                let code = tonic::Code::from_i32(i32::try_from(c.code).unwrap_or(2));
+                let status = tonic::Status::new(code, c.message);
+                Err(inner.daemon_error("Dispatch", &status))
+            }
+            Err(crate::fastpath::RingMiss::TimedOut) => Err(ClientError::Timeout {
+                call: "Dispatch",
+                timeout: inner.opts.call_timeout,
+            }),
+            Err(crate::fastpath::RingMiss::Lost(why)) => Err(ClientError::Connect {
+                address: inner.addr.to_string(),
+                message: format!("Dispatch: {why}"),
+            }),
+            Err(crate::fastpath::RingMiss::NotTaken) => return None,
+        })
+    }
+
+    /// [`Client::dispatch`] on the calling thread, for a caller that blocks for the answer
+    /// anyway (the Python package): through the session's ring with no future or runtime in
+    /// between, when that is possible at once. `None`, having sent nothing, when it is not (no
+    /// ring, a program not registered yet, a staged tensor, the ring busy or full): the caller
+    /// then uses [`Client::dispatch`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::dispatch`].
+    pub fn dispatch_now(
+        &self,
+        program: &Program,
+        reads: &[&dyn TensorArg],
+        writes: &mut [&mut dyn TensorArg],
+    ) -> Option<Result<DispatchResult, ClientError>> {
+        let fp = self.inner.fast_path()?;
+        let program_id = self.inner.programs.get_now(program.key())?.id;
+        let reads: Vec<&RawTensor> = reads.iter().map(|a| a.raw()).collect();
+        let mut writes: Vec<&mut RawTensor> = writes.iter_mut().map(|a| a.raw_mut()).collect();
+        if let Err(e) = check_reads(program, reads.len()) {
+            return Some(Err(e));
+        }
+        let all: Vec<&RawTensor> = reads
+            .iter()
+            .copied()
+            .chain(writes.iter().map(|w| &**w))
+            .collect();
+        if let Err(e) = self.check_owned(&all) {
+            return Some(Err(e));
+        }
+        if all.iter().any(|r| r.is_staged()) {
+            return None;
+        }
+        let req = link(program_id, &all, reads.len());
+        drop(all);
+        for w in &mut writes {
+            w.lend();
+        }
+        let answer = self.ring_answer(fp.dispatch_now(&req, self.inner.opts.call_timeout));
+        let reclaim = match &answer {
+            None => true,
+            Some(r) => answered(r),
+        };
+        if reclaim {
+            for w in &mut writes {
+                w.reclaim();
+            }
+        }
+        Some(answer?.map(|r| DispatchResult {
+            queue: Duration::from_nanos(r.queue_ns),
+            device: Duration::from_nanos(r.device_ns),
+        }))
     }
 
     /// Whether this session dispatches through its shared-memory ring now.

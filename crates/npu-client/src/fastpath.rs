@@ -11,6 +11,11 @@
 //! Waiting: the caller spins (yielding to its runtime) for [`SPIN`], then parks its task and
 //! lets the ring's waiter thread sleep on the completion doorbell for it. The waiter thread
 //! sleeps on its own, costing nothing, while no task waits.
+//!
+//! A caller that blocks for the answer anyway (the Python package's `dispatch`) uses
+//! [`crate::Client::dispatch_now`]: the same slot and completion, written and awaited on the
+//! calling thread (spinning, then parked until the waiter thread wakes it), with no future,
+//! timer or runtime in between.
 
 use std::collections::HashMap;
 use std::os::fd::AsFd;
@@ -51,6 +56,8 @@ pub(crate) enum RingMiss {
     NotTaken,
     /// The daemon took it, then the ring closed before its completion came.
     Lost(String),
+    /// [`FastPath::dispatch_now`] waited its whole timeout.
+    TimedOut,
 }
 
 #[derive(Debug, Default)]
@@ -155,25 +162,72 @@ impl FastPath {
             return Err(RingMiss::NotTaken);
         }
         let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let s = Submission {
-            request_id,
-            program: d.program_id,
-            timeout_ms: u64::try_from(timeout.as_millis())
-                .unwrap_or(u64::MAX)
-                .max(1),
-            args: d
-                .args
-                .iter()
-                .map(|a| RingArg {
-                    tensor: a.tensor_id,
-                    offset: a.offset,
-                    length: a.length,
-                    read_only: a.read_only,
-                })
-                .collect(),
-        };
-        let index = self.submit(&s).await?;
+        let index = self.submit(&submission(request_id, d, timeout)).await?;
         self.wait(request_id, index).await
+    }
+
+    /// [`FastPath::dispatch`] on the calling thread, for a caller that blocks anyway (Python's
+    /// `dispatch`): no future, timer or runtime between the caller and the ring. `NotTaken`
+    /// when it did not send (another task holds the submission side, the ring is full or
+    /// closed, or the dispatch does not fit a slot): the caller then uses `dispatch`.
+    pub(crate) fn dispatch_now(
+        &self,
+        d: &pb::DispatchRequest,
+        timeout: Duration,
+    ) -> Result<Completion, RingMiss> {
+        if d.args.len() > ring::MAX_ARGS || !self.is_open() {
+            return Err(RingMiss::NotTaken);
+        }
+        let Ok(mut tail) = self.sq.try_lock() else {
+            return Err(RingMiss::NotTaken);
+        };
+        if tail.wrapping_sub(self.mem.load(Word::SqHead)) >= ring::SLOTS {
+            return Err(RingMiss::NotTaken);
+        }
+        let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let index = *tail;
+        self.mem
+            .write_submission(index, &submission(request_id, d, timeout));
+        *tail = index.wrapping_add(1);
+        self.mem.store(Word::SqTail, *tail);
+        if self.mem.load(Word::SqSleeping) != 0 {
+            self.mem.ring(Word::SqBell);
+        }
+        drop(tail);
+        self.wait_now(request_id, index, timeout)
+    }
+
+    /// [`FastPath::wait`] on the calling thread: spins for [`SPIN`], then parks until the
+    /// waiter thread wakes it or `timeout` has passed.
+    fn wait_now(
+        &self,
+        request_id: u64,
+        index: u32,
+        timeout: Duration,
+    ) -> Result<Completion, RingMiss> {
+        let started = Instant::now();
+        let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+        loop {
+            let waited = started.elapsed();
+            // Parks only after a look that registered the waker (the look is told to).
+            let park = waited >= SPIN;
+            match self.poll_completion(request_id, index, &waker, park) {
+                Poll::Ready(r) => return r,
+                Poll::Pending => {}
+            }
+            if waited >= timeout {
+                let mut cq = self.lock_cq();
+                if cq.parked.remove(&request_id).is_some() {
+                    self.parked.fetch_sub(1, Ordering::SeqCst);
+                }
+                return Err(RingMiss::TimedOut);
+            }
+            if park {
+                std::thread::park_timeout(timeout - waited);
+            } else {
+                std::hint::spin_loop();
+            }
+        }
     }
 
     async fn submit(&self, s: &Submission) -> Result<u32, RingMiss> {
@@ -222,54 +276,103 @@ impl FastPath {
     async fn wait(&self, request_id: u64, index: u32) -> Result<Completion, RingMiss> {
         let started = Instant::now();
         std::future::poll_fn(|cx| {
-            let mut cq = self.lock_cq();
-            self.drain(&mut cq);
-            if let Some(c) = cq.done.remove(&request_id) {
-                if cq.parked.remove(&request_id).is_some() {
-                    self.parked.fetch_sub(1, Ordering::SeqCst);
-                }
-                return Poll::Ready(Ok(c));
-            }
-            if !self.is_open() {
-                // The daemon posts what it answered before it closes the ring.
-                self.drain(&mut cq);
-                if let Some(c) = cq.done.remove(&request_id) {
-                    return Poll::Ready(Ok(c));
-                }
-                if cq.parked.remove(&request_id).is_some() {
-                    self.parked.fetch_sub(1, Ordering::SeqCst);
-                }
-                let taken = self
-                    .mem
-                    .load(Word::SqHead)
-                    .wrapping_sub(index.wrapping_add(1))
-                    < ring::SLOTS;
-                return Poll::Ready(Err(if taken {
-                    RingMiss::Lost(format!(
-                        "the dispatch ring closed (state {}) before the daemon answered",
-                        self.mem.load(Word::State)
-                    ))
-                } else {
-                    RingMiss::NotTaken
-                }));
-            }
-            if started.elapsed() < SPIN {
+            let park = started.elapsed() >= SPIN;
+            let r = self.poll_completion(request_id, index, cx.waker(), park);
+            if r.is_pending() && !park {
                 cx.waker().wake_by_ref();
-                return Poll::Pending;
             }
-            if cq.parked.insert(request_id, cx.waker().clone()).is_none()
-                && self.parked.fetch_add(1, Ordering::SeqCst) == 0
-                && let Some(t) = self
-                    .waiter
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .as_ref()
-            {
-                t.unpark();
-            }
-            Poll::Pending
+            r
         })
         .await
+    }
+
+    /// Whether request `request_id` (submitted at `index`) has its answer: the completion, or
+    /// why it will not come. While not, and `park` is set, `waker` is registered for the
+    /// waiter thread to wake when it comes.
+    fn poll_completion(
+        &self,
+        request_id: u64,
+        index: u32,
+        waker: &Waker,
+        park: bool,
+    ) -> Poll<Result<Completion, RingMiss>> {
+        let mut cq = self.lock_cq();
+        self.drain(&mut cq);
+        if let Some(c) = cq.done.remove(&request_id) {
+            if cq.parked.remove(&request_id).is_some() {
+                self.parked.fetch_sub(1, Ordering::SeqCst);
+            }
+            return Poll::Ready(Ok(c));
+        }
+        if !self.is_open() {
+            // The daemon posts what it answered before it closes the ring.
+            self.drain(&mut cq);
+            if let Some(c) = cq.done.remove(&request_id) {
+                return Poll::Ready(Ok(c));
+            }
+            if cq.parked.remove(&request_id).is_some() {
+                self.parked.fetch_sub(1, Ordering::SeqCst);
+            }
+            let taken = self
+                .mem
+                .load(Word::SqHead)
+                .wrapping_sub(index.wrapping_add(1))
+                < ring::SLOTS;
+            return Poll::Ready(Err(if taken {
+                RingMiss::Lost(format!(
+                    "the dispatch ring closed (state {}) before the daemon answered",
+                    self.mem.load(Word::State)
+                ))
+            } else {
+                RingMiss::NotTaken
+            }));
+        }
+        if park
+            && cq.parked.insert(request_id, waker.clone()).is_none()
+            && self.parked.fetch_add(1, Ordering::SeqCst) == 0
+            && let Some(t) = self
+                .waiter
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+        {
+            t.unpark();
+        }
+        Poll::Pending
+    }
+}
+
+/// Wakes a thread parked in [`FastPath::wait_now`].
+struct ThreadWaker(std::thread::Thread);
+
+impl std::task::Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// A dispatch as a ring slot.
+fn submission(request_id: u64, d: &pb::DispatchRequest, timeout: Duration) -> Submission {
+    Submission {
+        request_id,
+        program: d.program_id,
+        timeout_ms: u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1),
+        args: d
+            .args
+            .iter()
+            .map(|a| RingArg {
+                tensor: a.tensor_id,
+                offset: a.offset,
+                length: a.length,
+                read_only: a.read_only,
+            })
+            .collect(),
     }
 }
 

@@ -606,6 +606,15 @@ pub(crate) struct ProgramCache {
 }
 
 impl ProgramCache {
+    /// The registration of `key`, if it has been made.
+    pub fn get_now(&self, key: u64) -> Option<ProgramInfo> {
+        self.cells
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key)
+            .and_then(|c| c.get().cloned())
+    }
+
     /// The registration of `key`, made by `register` if there is none yet (a failed one is
     /// tried again by the next caller).
     pub async fn get_or_register<F, Fut, E>(&self, key: u64, register: F) -> Result<ProgramInfo, E>

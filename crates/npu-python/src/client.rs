@@ -197,8 +197,12 @@ impl Client {
         args: Vec<Bound<'_, RawTensor>>,
     ) -> PyResult<Timing> {
         let c = self.get()?;
-        let fut = dispatch(c, program.program.clone(), tensors(&args)?);
-        wait(py, fut)
+        let t = tensors(&args)?;
+        let now = py.detach(|| work::dispatch_now(&c, &program.program, &t));
+        if let Some(r) = now {
+            return r.map_err(|e| crate::errors::to_pyerr(py, &e));
+        }
+        wait(py, dispatch(c, program.program.clone(), t))
     }
 
     /// One dispatch over byte ranges of tensors: `(tensor, offset, nbytes)` each, in the

@@ -30,15 +30,7 @@ pub(crate) struct Locked {
 /// that concurrent calls cannot deadlock. A tensor read at one position and written at another
 /// is locked for writing.
 pub(crate) async fn lock_args(args: &[Arc<Shared>], reads: usize) -> Locked {
-    let mut distinct: Vec<(&Arc<Shared>, bool)> = Vec::new();
-    for (i, a) in args.iter().enumerate() {
-        let write = i >= reads;
-        match distinct.iter_mut().find(|(d, _)| d.id == a.id) {
-            Some((_, w)) => *w |= write,
-            None => distinct.push((a, write)),
-        }
-    }
-    distinct.sort_by_key(|(d, _)| d.id);
+    let distinct = distinct(args, reads);
     let mut held = Vec::with_capacity(distinct.len());
     for (d, write) in &distinct {
         let lock = Arc::clone(&d.tensor);
@@ -48,11 +40,49 @@ pub(crate) async fn lock_args(args: &[Arc<Shared>], reads: usize) -> Locked {
             Held::Read(lock.read_owned().await)
         });
     }
-    let index = args
-        .iter()
+    Locked {
+        held,
+        index: positions(args, &distinct),
+    }
+}
+
+/// [`lock_args`] without waiting: `None` when another call holds one of the locks.
+fn try_lock_args(args: &[Arc<Shared>], reads: usize) -> Option<Locked> {
+    let distinct = distinct(args, reads);
+    let mut held = Vec::with_capacity(distinct.len());
+    for (d, write) in &distinct {
+        let lock = Arc::clone(&d.tensor);
+        held.push(if *write {
+            Held::Write(lock.try_write_owned().ok()?)
+        } else {
+            Held::Read(lock.try_read_owned().ok()?)
+        });
+    }
+    Some(Locked {
+        held,
+        index: positions(args, &distinct),
+    })
+}
+
+/// The distinct tensors of `args` in id order, each with whether a call writes it.
+fn distinct(args: &[Arc<Shared>], reads: usize) -> Vec<(&Arc<Shared>, bool)> {
+    let mut distinct: Vec<(&Arc<Shared>, bool)> = Vec::new();
+    for (i, a) in args.iter().enumerate() {
+        let write = i >= reads;
+        match distinct.iter_mut().find(|(d, _)| d.id == a.id) {
+            Some((_, w)) => *w |= write,
+            None => distinct.push((a, write)),
+        }
+    }
+    distinct.sort_by_key(|(d, _)| d.id);
+    distinct
+}
+
+/// For each argument, the index of its tensor's lock.
+fn positions(args: &[Arc<Shared>], distinct: &[(&Arc<Shared>, bool)]) -> Vec<usize> {
+    args.iter()
         .map(|a| distinct.iter().position(|(d, _)| d.id == a.id).unwrap_or(0))
-        .collect();
-    Locked { held, index }
+        .collect()
 }
 
 /// Uploads every staged argument: Python writes a numpy view without the dirty mark the Rust
@@ -72,26 +102,68 @@ pub(crate) async fn upload_staged(l: &Locked) -> Result<(), ClientError> {
 pub(crate) async fn dispatch_locked(
     client: &npu_client::Client,
     program: &NativeProgram,
-    mut l: Locked,
+    l: Locked,
 ) -> Result<Timing, ClientError> {
     upload_staged(&l).await?;
-    let n = l.index.len();
+    let mut args = in_order(l)?;
+    let (reads, mut writes) = split(&mut args)?;
+    client
+        .dispatch(program, &reads, &mut writes)
+        .await
+        .map(timing)
+}
+
+/// One dispatch on the calling thread through the session's ring (npu-client's
+/// `Client::dispatch_now`), when its tensors are free at once: `None`, having sent nothing,
+/// otherwise (the caller then waits for [`dispatch`]). Python's `dispatch` blocks anyway, and
+/// on the ring the runtime's future, timer and wake-ups were a large part of a dispatch.
+pub(crate) fn dispatch_now(
+    client: &npu_client::Client,
+    program: &NativeProgram,
+    args: &[Arc<Shared>],
+) -> Option<Result<Timing, ClientError>> {
+    if !client.fast_path_active() {
+        return None;
+    }
+    let l = try_lock_args(args, program.read_only_args())?;
+    let mut args = match in_order(l) {
+        Ok(a) => a,
+        Err(e) => return Some(Err(e)),
+    };
+    let (reads, mut writes) = match split(&mut args) {
+        Ok(rw) => rw,
+        Err(e) => return Some(Err(e)),
+    };
+    client
+        .dispatch_now(program, &reads, &mut writes)
+        .map(|r| r.map(timing))
+}
+
+/// Each argument's lock, in the design's order.
+fn in_order(mut l: Locked) -> Result<Vec<Held>, ClientError> {
     let mut slots: Vec<Option<Held>> = l.held.drain(..).map(Some).collect();
     // Each position takes its tensor's lock; a distinct tensor stands at one position only
     // (checked by the caller), so every slot is taken once.
-    let mut args: Vec<Held> = Vec::with_capacity(n);
-    for &i in &l.index {
-        args.push(slots[i].take().ok_or_else(|| {
-            ClientError::Invalid(
-                "one tensor stands at two argument positions of one dispatch; npud's client \
-                 lends each tensor to one position: use separate tensors, or a chain"
-                    .into(),
-            )
-        })?);
-    }
+    l.index
+        .iter()
+        .map(|&i| {
+            slots[i].take().ok_or_else(|| {
+                ClientError::Invalid(
+                    "one tensor stands at two argument positions of one dispatch; npud's \
+                     client lends each tensor to one position: use separate tensors, or a chain"
+                        .into(),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The arguments a dispatch reads, then the ones it may write.
+#[allow(clippy::type_complexity)]
+fn split(args: &mut [Held]) -> Result<(Vec<&dyn TensorArg>, Vec<&mut dyn TensorArg>), ClientError> {
     let mut reads: Vec<&dyn TensorArg> = Vec::new();
     let mut writes: Vec<&mut dyn TensorArg> = Vec::new();
-    for h in &mut args {
+    for h in args {
         match h {
             Held::Read(g) if writes.is_empty() => reads.push(&**g as &dyn TensorArg),
             Held::Read(_) => {
@@ -102,10 +174,7 @@ pub(crate) async fn dispatch_locked(
             Held::Write(g) => writes.push(&mut **g as &mut dyn TensorArg),
         }
     }
-    client
-        .dispatch(program, &reads, &mut writes)
-        .await
-        .map(timing)
+    Ok((reads, writes))
 }
 
 pub(crate) async fn dispatch(
