@@ -656,6 +656,39 @@ async fn submissions_past_the_pending_limit_are_refused_through_the_ring_as_disp
     }
 }
 
+/// A client that publishes a submission without ringing the bell while the daemon sleeps is
+/// still answered: the ring's thread looks at `sq_tail` when its sleep runs out (once a
+/// second) and wakes the executor.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_submission_whose_bell_was_never_rung_is_answered_all_the_same() {
+    let d = Daemon::start(Options::default());
+    bounded(async {
+        let mut s = Session::open(d.connect().await, "silent").await.unwrap();
+        let p = s
+            .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
+            .await
+            .unwrap()
+            .program_id;
+        let mut x = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+        let y = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+        x.map.fill_i32(6).unwrap();
+        s.attach_ring().await.unwrap();
+        let mem = s.ring.clone().unwrap().mem.clone();
+        // Long enough for the executor to stop polling and block.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(mem.load(Word::SqSleeping), 1, "the daemon asks to be rung");
+        mem.write_submission(0, &whole(9, p, &[x.id, y.id]));
+        mem.store(Word::SqTail, 1);
+        while mem.load(Word::CqTail) != 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let c = Completion::decode(&mem.read_completion(0));
+        assert_eq!((c.request_id, c.code), (9, 0), "{}", c.message);
+        assert!(y.map.i32s().unwrap().iter().all(|v| *v == 7));
+    })
+    .await;
+}
+
 /// A submission of `program` over whole `tensors`, written.
 fn whole(request_id: u64, program: u64, tensors: &[u64]) -> Submission {
     Submission {
