@@ -319,7 +319,11 @@ impl Intake for Port {
     fn park(&mut self, parked: bool) -> bool {
         let mem = &self.ctl.mem;
         mem.store(Word::SqSleeping, u32::from(parked));
+        // An ended port takes nothing more: what it waits for is the executor's own work, so
+        // it never keeps the executor from blocking (a broken ring's client may go on
+        // publishing).
         parked
+            && self.end.is_none()
             && (self.ctl.stopped.load(Ordering::SeqCst)
                 || mem.load(Word::SqTail) != self.head && self.entries.len() < self.window)
     }
