@@ -93,7 +93,7 @@ pub struct RingControl {
     stopped: AtomicBool,
     /// Submissions the port has copied out (its `sq_head`), for the bell thread.
     taken: AtomicU32,
-    /// The port holds answers not yet posted, or work not yet answered.
+    /// The port holds answers the completion ring has no room for.
     backlog: AtomicBool,
     /// The port has finished.
     done: tokio::sync::Notify,
@@ -310,9 +310,11 @@ impl Intake for Port {
             self.finish();
             return Polled::Finished;
         }
-        self.ctl
-            .backlog
-            .store(!self.entries.is_empty(), Ordering::SeqCst);
+        // Answers left at the front after posting found no room: the client must consume
+        // first, and nothing tells the executor when it has (items still running are the
+        // executor's own, and it polls after each turn).
+        let stuck = matches!(self.entries.front(), Some(Entry::Answered(_)));
+        self.ctl.backlog.store(stuck, Ordering::SeqCst);
         Polled::Open
     }
 
