@@ -5,7 +5,7 @@
 //! the least-recently-used program that the work in hand does not use is unloaded; it is
 //! reloaded on demand later.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use hsa_core::ProgramId;
 
@@ -67,7 +67,7 @@ impl ProgramCache {
     }
 
     /// The least-recently-used loaded program not in `protect`.
-    pub fn victim(&self, protect: &HashSet<u64>) -> Option<u64> {
+    pub fn victim(&self, protect: &[u64]) -> Option<u64> {
         self.loaded
             .iter()
             .filter(|(id, _)| !protect.contains(id))
@@ -95,11 +95,11 @@ mod tests {
         c.insert(2, ProgramId(12));
         c.insert(3, ProgramId(13));
         assert!(c.is_full());
-        assert_eq!(c.victim(&HashSet::new()), Some(1));
+        assert_eq!(c.victim(&[]), Some(1));
         assert_eq!(c.touch(1), Some(ProgramId(11)));
-        assert_eq!(c.victim(&HashSet::new()), Some(2));
-        assert_eq!(c.victim(&HashSet::from([2])), Some(3));
-        assert_eq!(c.victim(&HashSet::from([1, 2, 3])), None);
+        assert_eq!(c.victim(&[]), Some(2));
+        assert_eq!(c.victim(&[2]), Some(3));
+        assert_eq!(c.victim(&[1, 2, 3]), None);
         assert_eq!(c.remove(2), Some(ProgramId(12)));
         assert!(!c.is_full());
         assert_eq!(c.touch(2), None);

@@ -27,8 +27,6 @@
 //! needs; when it still runs out the runtime refuses the packet, which the executor reports
 //! as a refusal, not a device fault.
 
-use std::collections::HashSet;
-
 use hsa_core::sys::DEVICE_HEAP_ALIGNMENT;
 use hsa_core::{HsaError, ProgramId};
 
@@ -71,7 +69,7 @@ impl Worker {
         &mut self,
         session: u64,
         programs: &[&Program],
-        protect: &HashSet<u64>,
+        protect: &[u64],
     ) -> Result<Step, NpudError> {
         loop {
             let Some(p) = programs.iter().find(|p| self.cache.touch(p.id).is_none()) else {
@@ -122,7 +120,7 @@ impl Worker {
     fn evict_one(
         &mut self,
         session: u64,
-        protect: &HashSet<u64>,
+        protect: &[u64],
         none: impl FnOnce() -> NpudError,
     ) -> Result<bool, NpudError> {
         if self.turn.evictions >= MAX_EVICTIONS_PER_TURN {
@@ -149,7 +147,7 @@ impl Worker {
         &mut self,
         session: u64,
         p: &Program,
-        protect: &HashSet<u64>,
+        protect: &[u64],
         may_evict: bool,
     ) -> Result<Step, NpudError> {
         while self.cache.is_full() {
@@ -223,7 +221,7 @@ impl Worker {
         &mut self,
         session: u64,
         links: &[&Program],
-        protect: &HashSet<u64>,
+        protect: &[u64],
     ) -> Result<Result<usize, Step>, NpudError> {
         if !self.dev.info().packet_abi.loads_code_objects()
             || !links.iter().any(|p| p.is_full_elf())

@@ -23,7 +23,6 @@
 //! on the device); the next start suspects them, and quarantines those it already suspected
 //! (`state_dir::suspects`). A batch that completes clears its programs' suspicion.
 
-use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -316,7 +315,7 @@ impl Worker {
                 programs.push(&l.program);
             }
         }
-        let protect: HashSet<u64> = programs.iter().map(|x| x.id).collect();
+        let protect: Vec<u64> = programs.iter().map(|x| x.id).collect();
         if self.load_step(item.session, &programs, &protect)? == Step::Wait {
             return Ok(Step::Wait);
         }
@@ -395,7 +394,7 @@ impl Worker {
             .iter()
             .map(|l| l.program.as_ref())
             .collect();
-        let protect: HashSet<u64> = programs.iter().map(|x| x.id).collect();
+        let protect = distinct_ids(&programs);
         let end = match self.full_elf_room(item.session, &programs, &protect) {
             Ok(Ok(fit)) if fit < end - first => {
                 // The heap holds the control code of only `fit` commands at once: the rest
@@ -589,7 +588,7 @@ impl Worker {
                 programs.push(&link.program);
             }
         }
-        let protect: HashSet<u64> = programs.iter().map(|x| x.id).collect();
+        let protect: Vec<u64> = programs.iter().map(|x| x.id).collect();
         if self
             .load_step(item.session, &programs, &protect)
             .map_err(|e| (links.start, e))?
@@ -698,4 +697,16 @@ impl std::fmt::Display for LinkPrefix {
 
 fn nanos(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The distinct program ids of `programs` (a batch's links, which usually share one), in
+/// order: what eviction must leave loaded.
+fn distinct_ids(programs: &[&Program]) -> Vec<u64> {
+    let mut ids: Vec<u64> = Vec::new();
+    for p in programs {
+        if !ids.contains(&p.id) {
+            ids.push(p.id);
+        }
+    }
+    ids
 }

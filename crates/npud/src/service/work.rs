@@ -113,6 +113,8 @@ impl NpudService {
         // the store (under its lock) once per request, not once per link.
         let mut last: Option<Arc<crate::programs::Program>> = None;
         let mut found: HashMap<u64, Arc<crate::programs::Program>> = HashMap::new();
+        // A single dispatch looks its program up once: no map to fill.
+        let many = requests.len() > 1;
         requests
             .into_iter()
             .enumerate()
@@ -135,7 +137,9 @@ impl NpudService {
                                     d.program_id,
                                     format_args!("{prefix}program_id"),
                                 )?;
-                                found.insert(d.program_id, p.clone());
+                                if many {
+                                    found.insert(d.program_id, p.clone());
+                                }
                                 p
                             }
                         };
