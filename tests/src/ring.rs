@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use npu_fd::ring::{self, Completion, RingArg, RingMemory, Submission, Word};
+use npu_fd::ring::{self, Completion, RingMemory, Word};
 use npu_fd::wire::{Ticket, client};
 use npu_proto::v1 as pb;
 use tonic::{Code, Status};
@@ -74,21 +74,7 @@ impl TestRing {
             *n += 1;
             *n
         };
-        let s = Submission {
-            request_id: id,
-            program: d.program_id,
-            timeout_ms: 0,
-            args: d
-                .args
-                .iter()
-                .map(|a| RingArg {
-                    tensor: a.tensor_id,
-                    offset: a.offset,
-                    length: a.length,
-                    read_only: a.read_only,
-                })
-                .collect(),
-        };
+        let s = npu_client::fastpath::submission(id, d, None);
         let m = &self.mem;
         let (tail, head) = *g;
         m.write_submission(tail, &s);

@@ -691,20 +691,17 @@ async fn a_submission_whose_bell_was_never_rung_is_answered_all_the_same() {
 
 /// A submission of `program` over whole `tensors`, written.
 fn whole(request_id: u64, program: u64, tensors: &[u64]) -> Submission {
-    Submission {
-        request_id,
-        program,
-        timeout_ms: 0,
+    let d = pb::DispatchRequest {
+        program_id: program,
         args: tensors
             .iter()
-            .map(|&t| RingArg {
-                tensor: t,
-                offset: 0,
-                length: 0,
-                read_only: false,
+            .map(|&t| pb::TensorArg {
+                tensor_id: t,
+                ..Default::default()
             })
             .collect(),
-    }
+    };
+    npu_client::fastpath::submission(request_id, &d, None)
 }
 
 async fn wait_state(mem: &npu_fd::ring::RingMemory, want: u32) {

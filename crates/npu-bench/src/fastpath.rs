@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use npu_fd::ring::{self, Completion, RingArg, RingMemory, Submission, Word};
+use npu_fd::ring::{self, Completion, RingMemory, Word};
 use npu_fd::wire::{Ticket, client as fdclient};
 use npu_proto::v1 as pb;
 
@@ -61,21 +61,7 @@ impl BenchRing {
     }
 
     fn submit(&mut self, d: &pb::DispatchRequest) {
-        let s = Submission {
-            request_id: self.next,
-            program: d.program_id,
-            timeout_ms: 0,
-            args: d
-                .args
-                .iter()
-                .map(|a| RingArg {
-                    tensor: a.tensor_id,
-                    offset: a.offset,
-                    length: a.length,
-                    read_only: a.read_only,
-                })
-                .collect(),
-        };
+        let s = npu_client::fastpath::submission(self.next, d, None);
         self.next += 1;
         self.mem.write_submission(self.tail, &s);
         self.tail = self.tail.wrapping_add(1);

@@ -17,7 +17,7 @@
 //! calling thread (spinning, then parked until the waiter thread wakes it), with no future,
 //! timer or runtime in between.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -68,6 +68,9 @@ struct Cq {
     done: HashMap<u64, Completion>,
     /// Tasks parked for a completion, by request id.
     parked: HashMap<u64, Waker>,
+    /// Requests whose callers stopped waiting (a timeout, a dropped future): their completions
+    /// are dropped as they come, so `done` holds only what someone will take.
+    abandoned: HashSet<u64>,
 }
 
 /// A session's ring, client side.
@@ -162,7 +165,9 @@ impl FastPath {
             return Err(RingMiss::NotTaken);
         }
         let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let index = self.submit(&submission(request_id, d, timeout)).await?;
+        let index = self
+            .submit(&submission(request_id, d, Some(timeout)))
+            .await?;
         self.wait(request_id, index).await
     }
 
@@ -187,7 +192,7 @@ impl FastPath {
         let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let index = *tail;
         self.mem
-            .write_submission(index, &submission(request_id, d, timeout));
+            .write_submission(index, &submission(request_id, d, Some(timeout)));
         *tail = index.wrapping_add(1);
         self.mem.store(Word::SqTail, *tail);
         if self.mem.load(Word::SqSleeping) != 0 {
@@ -216,10 +221,7 @@ impl FastPath {
                 Poll::Pending => {}
             }
             if waited >= timeout {
-                let mut cq = self.lock_cq();
-                if cq.parked.remove(&request_id).is_some() {
-                    self.parked.fetch_sub(1, Ordering::SeqCst);
-                }
+                self.abandon(request_id);
                 return Err(RingMiss::TimedOut);
             }
             if park {
@@ -264,7 +266,9 @@ impl FastPath {
                 self.parked.fetch_sub(1, Ordering::SeqCst);
                 w.wake();
             }
-            cq.done.insert(c.request_id, c);
+            if !cq.abandoned.remove(&c.request_id) {
+                cq.done.insert(c.request_id, c);
+            }
             any = true;
         }
         if any {
@@ -274,8 +278,19 @@ impl FastPath {
     }
 
     async fn wait(&self, request_id: u64, index: u32) -> Result<Completion, RingMiss> {
+        /// Abandons the request if the wait is dropped before its answer (the caller's
+        /// timeout): no parked waker or unclaimed completion is left behind.
+        struct Waiting<'a>(&'a FastPath, u64, bool);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                if !self.2 {
+                    self.0.abandon(self.1);
+                }
+            }
+        }
+        let mut guard = Waiting(self, request_id, false);
         let started = Instant::now();
-        std::future::poll_fn(|cx| {
+        let r = std::future::poll_fn(|cx| {
             let park = started.elapsed() >= SPIN;
             let r = self.poll_completion(request_id, index, cx.waker(), park);
             if r.is_pending() && !park {
@@ -283,7 +298,21 @@ impl FastPath {
             }
             r
         })
-        .await
+        .await;
+        guard.2 = true;
+        r
+    }
+
+    /// The caller of `request_id` stopped waiting: forget its parked waker, and its
+    /// completion whether it came already or comes later.
+    fn abandon(&self, request_id: u64) {
+        let mut cq = self.lock_cq();
+        if cq.parked.remove(&request_id).is_some() {
+            self.parked.fetch_sub(1, Ordering::SeqCst);
+        }
+        if cq.done.remove(&request_id).is_none() {
+            cq.abandoned.insert(request_id);
+        }
     }
 
     /// Whether request `request_id` (submitted at `index`) has its answer: the completion, or
@@ -355,14 +384,22 @@ impl std::task::Wake for ThreadWaker {
     }
 }
 
-/// A dispatch as a ring slot.
-fn submission(request_id: u64, d: &pb::DispatchRequest, timeout: Duration) -> Submission {
+/// A dispatch as a ring slot (`proto/npud/v1/ring.md`): its program and arguments, and the
+/// time the daemon may hold it before it starts (`None`: no deadline; a deadline rounds up to
+/// a whole millisecond, never 0, which would mean none). Every writer of slots uses this one
+/// mapping: the client, `npuctl bench`'s raw ring and the tests.
+#[must_use]
+pub fn submission(
+    request_id: u64,
+    d: &pb::DispatchRequest,
+    timeout: Option<Duration>,
+) -> Submission {
     Submission {
         request_id,
         program: d.program_id,
-        timeout_ms: u64::try_from(timeout.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1),
+        timeout_ms: timeout.map_or(0, |t| {
+            u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1)
+        }),
         args: d
             .args
             .iter()
