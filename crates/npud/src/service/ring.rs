@@ -200,7 +200,6 @@ impl NpudService {
             cq_tail: 0,
             entries: VecDeque::new(),
             end: None,
-            finished: false,
         };
         let bell = Bell {
             ctl: ctl.clone(),
@@ -282,7 +281,6 @@ struct Port {
     cq_tail: u32,
     entries: VecDeque<Entry>,
     end: Option<End>,
-    finished: bool,
 }
 
 impl Intake for Port {
@@ -349,7 +347,7 @@ impl Intake for Port {
 
 impl Drop for Port {
     fn drop(&mut self) {
-        if !self.finished {
+        if !self.ctl.finished.load(Ordering::SeqCst) {
             if self.end.is_none() {
                 self.end = Some(End::Stopped);
             }
@@ -487,7 +485,6 @@ impl Port {
     /// Ends the ring: says why in its header, wakes the client and the bell thread, and lets
     /// the lifeline go. Answers left unposted (the completion ring was full) are dropped.
     fn finish(&mut self) {
-        self.finished = true;
         self.entries.clear();
         let mem = &self.ctl.mem;
         match self.end {
