@@ -27,6 +27,7 @@ mod cache;
 mod copy;
 mod idle;
 mod loads;
+mod merge;
 mod ports;
 mod sched;
 mod shared;

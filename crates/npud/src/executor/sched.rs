@@ -83,6 +83,31 @@ impl<T> RoundRobin<T> {
         None
     }
 
+    /// Whether no session but `session` has anything queued.
+    pub fn alone(&self, session: u64) -> bool {
+        self.order.iter().all(|s| *s == session)
+    }
+
+    /// `session`'s next item.
+    pub fn peek(&self, session: u64) -> Option<&T> {
+        self.queues.get(&session)?.front()
+    }
+
+    /// Takes `session`'s next item when `accept` does, out of turn (the session keeps its
+    /// place in the rotation while it has more).
+    pub fn take_next_if(&mut self, session: u64, accept: impl FnOnce(&T) -> bool) -> Option<T> {
+        let q = self.queues.get_mut(&session)?;
+        if !q.front().is_some_and(accept) {
+            return None;
+        }
+        let item = q.pop_front();
+        if q.is_empty() {
+            self.queues.remove(&session);
+            self.order.retain(|s| *s != session);
+        }
+        item
+    }
+
     /// Removes and returns everything `session` has queued.
     pub fn take_session(&mut self, session: u64) -> Vec<T> {
         self.order.retain(|s| *s != session);
@@ -178,6 +203,29 @@ mod tests {
         assert_eq!(rr.pop(), Some((3, "write")));
         assert_eq!(rr.pop(), Some((1, "after-chain")));
         assert_eq!(rr.pop(), None);
+    }
+
+    #[test]
+    fn items_taken_out_of_turn_leave_the_rotation_as_popping_does() {
+        let mut rr = RoundRobin::new(100);
+        rr.push(1, 10).unwrap();
+        rr.push(1, 11).unwrap();
+        rr.push(1, 12).unwrap();
+        assert_eq!(rr.pop(), Some((1, 10)));
+        assert!(rr.alone(1));
+        assert_eq!(rr.peek(1), Some(&11));
+        assert_eq!(rr.take_next_if(1, |x| *x == 99), None, "refused: left in place");
+        assert_eq!(rr.take_next_if(1, |x| *x == 11), Some(11));
+        rr.push(2, 20).unwrap();
+        assert!(!rr.alone(1), "another session waits");
+        assert_eq!(rr.take_next_if(1, |_| true), Some(12));
+        assert_eq!(rr.peek(1), None);
+        // Session 1's queue emptied out of turn: it left the rotation, and comes back last.
+        rr.resume(1, 13);
+        assert_eq!(rr.pop(), Some((2, 20)));
+        assert_eq!(rr.pop(), Some((1, 13)));
+        assert_eq!(rr.pop(), None);
+        assert!(rr.alone(1) && rr.alone(2), "nothing queued");
     }
 
     #[test]

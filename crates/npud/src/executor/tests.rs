@@ -138,6 +138,39 @@ impl Fixture {
         rx
     }
 
+    /// A single dispatch whose deadline has already passed.
+    fn late(
+        &self,
+        session: u64,
+        program: Arc<Program>,
+        t: [u64; 2],
+    ) -> oneshot::Receiver<Result<WorkDone, NpudError>> {
+        let (reply, rx) = oneshot::channel();
+        let now = Instant::now();
+        self.queue(Command::Work(WorkItem {
+            session,
+            who: String::from("uid:1000").into(),
+            links: vec![Link {
+                program,
+                args: t
+                    .iter()
+                    .map(|id| pb::TensorArg {
+                        tensor_id: *id,
+                        offset: 0,
+                        length: 0,
+                        read_only: false,
+                    })
+                    .collect(),
+            }],
+            chain: false,
+            admitted: now,
+            deadline: Some(now),
+            flow_controlled: false,
+            reply,
+        }));
+        rx
+    }
+
     /// Declares an import of `size` bytes for `session` and attaches a fresh memfd to it: a
     /// tensor staged around every dispatch that uses it.
     fn import(&self, session: u64, size: u64) -> oneshot::Receiver<Result<u64, NpudError>> {
@@ -598,6 +631,176 @@ fn a_session_release_frees_its_tensors_in_turns_and_others_run_between() {
         size.blocking_recv().unwrap().unwrap_err().code_name(),
         "NOT_FOUND"
     );
+    shutdown(exec);
+}
+
+type Answer = oneshot::Receiver<Result<WorkDone, NpudError>>;
+
+/// Every answer, in the order the dispatches were queued.
+fn answers(rxs: Vec<Answer>) -> Vec<Result<WorkDone, NpudError>> {
+    rxs.into_iter().map(|r| r.blocking_recv().unwrap()).collect()
+}
+
+/// (doorbells, completed, failure's code) of each answer: what a merged batch changes.
+fn shapes(done: &[Result<WorkDone, NpudError>]) -> Vec<(u32, usize, Option<&'static str>)> {
+    done.iter()
+        .map(|r| match r {
+            Ok(d) => (
+                d.doorbells,
+                d.completed,
+                d.failure.as_ref().map(|f| f.error.code_name()),
+            ),
+            Err(e) => (0, 0, Some(e.code_name())),
+        })
+        .collect()
+}
+
+#[test]
+fn one_sessions_queued_single_dispatches_ring_together_a_doorbell_batch_at_a_time() {
+    let mut f = fixture(1 << 20);
+    let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let allocations = [f.allocate(A, 4096), f.allocate(A, 4096)];
+    // 40 single dispatches queued at once: a batch of 32 (the noop plan's doorbell) and one of 8.
+    let rxs: Vec<Answer> = (0..40)
+        .map(|_| f.work(A, vec![(add.clone(), [1, 2])]))
+        .collect();
+    let exec = f.serve();
+    for r in allocations {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    let done = answers(rxs);
+    let shapes = shapes(&done);
+    assert!(shapes.iter().all(|(_, c, e)| (*c, *e) == (1, None)), "{shapes:?}");
+    let rang: Vec<usize> = (0..40).filter(|k| shapes[*k].0 == 1).collect();
+    assert_eq!(rang, [0, 32], "one doorbell for the first 32, one for the last 8");
+    assert_eq!(shapes.iter().map(|s| s.0).sum::<u32>(), 2);
+    // Each has its own queue time and a share of its batch's device time.
+    for d in done.iter().flatten() {
+        assert!(d.device_ns > 0, "{d:?}");
+    }
+    shutdown(exec);
+}
+
+#[test]
+fn nothing_merges_while_another_session_waits() {
+    let mut f = fixture(1 << 20);
+    let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let other = f.register(B, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let allocations = [
+        f.allocate(A, 4096),
+        f.allocate(A, 4096),
+        f.allocate(B, 4096),
+        f.allocate(B, 4096),
+    ];
+    let a: Vec<Answer> = (0..3)
+        .map(|_| f.work(A, vec![(add.clone(), [1, 2])]))
+        .collect();
+    let b = f.work(B, vec![(other, [3, 4])]);
+    let exec = f.serve();
+    for r in allocations {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    let mut a = a.into_iter();
+    let first = a.next().unwrap().blocking_recv().unwrap().unwrap();
+    assert_eq!(first.doorbells, 1, "B waits: A's first rings alone");
+    let mut second = a.next().unwrap();
+    let done = b.blocking_recv().unwrap().unwrap();
+    assert_eq!((done.doorbells, done.completed), (1, 1));
+    assert!(
+        matches!(second.try_recv(), Err(TryRecvError::Empty)),
+        "B's dispatch had its turn before A's second"
+    );
+    // B is served: A's last two ring together.
+    let rest = answers(vec![second, a.next().unwrap()]);
+    assert_eq!(shapes(&rest), [(1, 1, None), (0, 1, None)]);
+    shutdown(exec);
+}
+
+/// A merged batch that faults at its third dispatch: the two before it completed, the third
+/// is answered as alone (its program quarantined, the fault charged), and the two after it
+/// did not run with it: they run at their own turn, checked again.
+#[test]
+fn a_fault_inside_a_merged_batch_answers_each_dispatch_as_if_it_had_rung_alone() {
+    for budget in [3, 1] {
+        let mut f = fixture_with(Config {
+            limits: crate::config::Limits {
+                fault_budget: budget,
+                ..crate::config::Limits::default()
+            },
+            ..Config::default()
+        });
+        let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+        let fault = f.register(A, &EmuDesign::fault(4096));
+        let allocations = [f.allocate(A, 4096), f.allocate(A, 4096)];
+        let rxs = vec![
+            f.work(A, vec![(add.clone(), [1, 2])]),
+            f.work(A, vec![(add.clone(), [1, 2])]),
+            f.work(A, vec![(fault.clone(), [1, 2])]),
+            f.work(A, vec![(add.clone(), [1, 2])]),
+            f.work(A, vec![(add.clone(), [1, 2])]),
+        ];
+        let exec = f.serve();
+        for r in allocations {
+            r.blocking_recv().unwrap().unwrap();
+        }
+        let done = answers(rxs);
+        let shapes = shapes(&done);
+        assert_eq!(shapes[..2], [(1, 1, None), (0, 1, None)], "{shapes:?}");
+        assert_eq!(shapes[2].1, 0);
+        assert_eq!(shapes[2].2, Some("INTERNAL"), "{:?}", done[2]);
+        let failure = done[2].as_ref().unwrap().failure.as_ref().unwrap();
+        assert!(
+            failure.error.to_string().contains("is quarantined"),
+            "{failure:?}"
+        );
+        assert_eq!(
+            f.programs.runnable(fault.id),
+            crate::programs::Runnable::Quarantined
+        );
+        assert_eq!(f.handle.fault_budget().session_faults(A), 1);
+        if budget == 1 {
+            // The fault spent the identity's budget: what came after it is refused at its
+            // turn instead of running.
+            for r in &done[3..] {
+                let e = r.as_ref().unwrap_err();
+                assert_eq!(e.code_name(), "RESOURCE_EXHAUSTED", "{e}");
+                assert!(e.to_string().starts_with("uid:1000 faulted the device once"), "{e}");
+            }
+        } else {
+            // Budget left: they ran after the fault, together.
+            assert_eq!(shapes[3..], [(1, 1, None), (0, 1, None)], "{shapes:?}");
+        }
+        shutdown(exec);
+    }
+}
+
+/// A dispatch refused by its own checks (here its deadline passed in the queue) ends the
+/// batch and is answered at its turn, after the ones before it and before the ones after it.
+#[test]
+fn a_dispatch_refused_by_its_checks_is_answered_in_its_place_between_merged_batches() {
+    let mut f = fixture(1 << 20);
+    let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let allocations = [f.allocate(A, 4096), f.allocate(A, 4096)];
+    let first = vec![
+        f.work(A, vec![(add.clone(), [1, 2])]),
+        f.work(A, vec![(add.clone(), [1, 2])]),
+    ];
+    let mut late = f.late(A, add.clone(), [1, 2]);
+    let after = vec![
+        f.work(A, vec![(add.clone(), [1, 2])]),
+        f.work(A, vec![(add.clone(), [1, 2])]),
+    ];
+    let exec = f.serve();
+    for r in allocations {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    let done = answers(first);
+    assert_eq!(shapes(&done), [(1, 1, None), (0, 1, None)]);
+    let done = answers(after);
+    assert_eq!(shapes(&done), [(1, 1, None), (0, 1, None)]);
+    // Answered before the ones queued after it ran.
+    let e = late.try_recv().unwrap().unwrap_err();
+    assert_eq!(e.code_name(), "DEADLINE_EXCEEDED", "{e}");
     shutdown(exec);
 }
 

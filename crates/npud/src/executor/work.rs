@@ -59,7 +59,7 @@ pub struct WorkDone {
 #[derive(Debug)]
 pub struct Running {
     pub item: WorkItem,
-    progress: Option<Progress>,
+    pub(super) progress: Option<Progress>,
 }
 
 impl Running {
@@ -79,7 +79,7 @@ impl Running {
 const CHECK_LINKS_PER_TURN: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
+pub(super) enum Phase {
     /// Checking the links, [`CHECK_LINKS_PER_TURN`] a turn; nothing runs before all are checked.
     Check,
     /// Loading the item's programs, one a turn ([`super::loads`]).
@@ -91,29 +91,29 @@ enum Phase {
 
 /// An item that has started: its checks, then its batches.
 #[derive(Debug)]
-struct Progress {
+pub(super) struct Progress {
     /// One per link checked so far (all of them past [`Phase::Check`]).
-    dispatches: Vec<Dispatch>,
+    pub(super) dispatches: Vec<Dispatch>,
     /// Links per doorbell batch, in order.
-    batches: Vec<usize>,
+    pub(super) batches: Vec<usize>,
     /// The next batch, and its first link.
-    batch: usize,
-    link: usize,
+    pub(super) batch: usize,
+    pub(super) link: usize,
     /// Staged memfds (store id, bytes, whether an argument naming it may be written), and the
     /// copy's position: (index, bytes done). Only written ones are copied back after the work:
     /// the client lends those, and may write the others again as soon as it stops waiting.
-    staged: Vec<(u64, u64, bool)>,
-    cursor: (usize, u64),
-    phase: Phase,
+    pub(super) staged: Vec<(u64, u64, bool)>,
+    pub(super) cursor: (usize, u64),
+    pub(super) phase: Phase,
     /// Whether the item gave its turn up since its programs, their quarantine and the
     /// identity's fault budget were last checked: other sessions ran meanwhile, so the next
     /// batch checks them again.
-    yielded: bool,
-    queue_ns: Option<u64>,
-    device: Duration,
-    doorbells: u32,
+    pub(super) yielded: bool,
+    pub(super) queue_ns: Option<u64>,
+    pub(super) device: Duration,
+    pub(super) doorbells: u32,
     /// The reply, held while staged results are copied out.
-    outcome: Option<Result<WorkDone, NpudError>>,
+    pub(super) outcome: Option<Result<WorkDone, NpudError>>,
 }
 
 impl Worker {
@@ -203,7 +203,7 @@ impl Worker {
         }
     }
 
-    fn reply(&mut self, item: WorkItem, result: Result<WorkDone, NpudError>) {
+    pub(super) fn reply(&mut self, item: WorkItem, result: Result<WorkDone, NpudError>) {
         self.loader_done(item.session);
         match &result {
             Ok(done) => tracing::debug!(
@@ -224,7 +224,7 @@ impl Worker {
     /// What an item checks when it reaches the front: the deadline and the fault budget, and
     /// the links of an item of at most [`CHECK_LINKS_PER_TURN`]; a longer item's links are
     /// checked next, a slice a turn ([`Phase::Check`]).
-    fn start(&mut self, item: &WorkItem) -> Result<Progress, NpudError> {
+    pub(super) fn start(&mut self, item: &WorkItem) -> Result<Progress, NpudError> {
         let now = Instant::now();
         if !may_start(item.deadline, now) {
             return Err(NpudError::DeadlineExceeded(format!(
@@ -308,7 +308,7 @@ impl Worker {
 
     /// The Load phase: loads the item's distinct programs (at most one a turn), then fills in
     /// their device ids and plans the doorbell batches.
-    fn load_item(&mut self, item: &WorkItem, p: &mut Progress) -> Result<Step, NpudError> {
+    pub(super) fn load_item(&mut self, item: &WorkItem, p: &mut Progress) -> Result<Step, NpudError> {
         let mut programs: Vec<&Program> = Vec::new();
         for l in &item.links {
             if !programs.iter().any(|x| x.id == l.program.id) {
@@ -426,18 +426,7 @@ impl Worker {
         self.publish();
         self.record_in_flight(item, first..end);
         let result = self.dev.run_chain(&p.dispatches[first..end]);
-        let fault = match &result {
-            Err(ChainError {
-                error: HsaError::Timeout { .. },
-                ..
-            }) => true,
-            Err(ChainError {
-                error: HsaError::Device { status, .. },
-                ..
-            }) => !crate::faults::is_refusal(*status),
-            _ => false,
-        };
-        if !fault {
+        if !result.as_ref().is_err_and(faulted) {
             // A device fault keeps the record until its program's quarantine is on disk.
             self.clear_in_flight();
         }
@@ -503,7 +492,7 @@ impl Worker {
     /// the next turn; when it is the batch's first, the item ends there: an error when no link
     /// ran, a link failure after the completed ones (so that, as the API says, links before
     /// the failure completed and links after it did not run).
-    fn refused(&self, p: &mut Progress, first: usize, end: usize, index: usize, error: NpudError) {
+    pub(super) fn refused(&self, p: &mut Progress, first: usize, end: usize, index: usize, error: NpudError) {
         if index > first && index < end {
             p.batches[p.batch] = index - first;
             p.batches.insert(p.batch + 1, end - index);
@@ -530,7 +519,7 @@ impl Worker {
     /// The runtime refused link `index` when the doorbell rang, before running it (the links
     /// before it completed). Not a device fault: nothing is quarantined or charged. The queue,
     /// which the runtime suspends after any failed batch, is recreated; the item ends there.
-    fn runtime_refused(&mut self, item: &WorkItem, p: &mut Progress, index: usize, e: NpudError) {
+    pub(super) fn runtime_refused(&mut self, item: &WorkItem, p: &mut Progress, index: usize, e: NpudError) {
         tracing::warn!(session = item.session, error = %e, "the runtime refused a dispatch");
         if let Err(e) = self.dev.recover() {
             tracing::error!(
@@ -553,7 +542,7 @@ impl Worker {
         p.phase = Phase::StageOut;
     }
 
-    fn done(&self, p: &Progress, completed: usize, failure: Option<LinkFailure>) -> WorkDone {
+    pub(super) fn done(&self, p: &Progress, completed: usize, failure: Option<LinkFailure>) -> WorkDone {
         WorkDone {
             queue_ns: p.queue_ns.unwrap_or(0),
             device_ns: nanos(p.device),
@@ -566,7 +555,7 @@ impl Worker {
     /// Before a batch of an item that yielded: the identity may still use the device, and the
     /// batch's programs may still run and are loaded (loading them, within the turn's bounds,
     /// and refreshing their device ids); `Wait` when loads are left for the next turn.
-    fn recheck(
+    pub(super) fn recheck(
         &mut self,
         item: &WorkItem,
         p: &mut Progress,
@@ -605,25 +594,29 @@ impl Worker {
     /// Records the distinct programs of `links` of `item` as on the device (nothing without a
     /// state directory).
     fn record_in_flight(&mut self, item: &WorkItem, links: std::ops::Range<usize>) {
+        self.record_programs(item.links[links].iter().map(|l| l.program.as_ref()));
+    }
+
+    /// Records the distinct programs among `programs` as on the device.
+    pub(super) fn record_programs<'a>(&mut self, programs: impl Iterator<Item = &'a Program>) {
         let Some(r) = self.inflight.as_mut() else {
             return;
         };
         let mut seen: Vec<u64> = Vec::new();
         r.begin(
-            item.links[links]
-                .iter()
-                .filter(|l| {
-                    let new = !seen.contains(&l.program.id);
+            programs
+                .filter(|p| {
+                    let new = !seen.contains(&p.id);
                     if new {
-                        seen.push(l.program.id);
+                        seen.push(p.id);
                     }
                     new
                 })
-                .map(|l| (l.program.hash.as_str(), l.program.name.as_str())),
+                .map(|p| (p.hash.as_str(), p.name.as_str())),
         );
     }
 
-    fn clear_in_flight(&mut self) {
+    pub(super) fn clear_in_flight(&mut self) {
         if let Some(r) = self.inflight.as_mut() {
             r.end();
         }
@@ -633,7 +626,7 @@ impl Worker {
     /// would otherwise quarantine every program of the batch at the next start is cleared),
     /// count the fault, charge it to the session and its identity, and report the service
     /// NOT_SERVING while the queue is recreated.
-    fn device_fault(
+    pub(super) fn device_fault(
         &mut self,
         item: &WorkItem,
         program: Option<&Program>,
@@ -695,7 +688,22 @@ impl std::fmt::Display for LinkPrefix {
     }
 }
 
-fn nanos(d: std::time::Duration) -> u64 {
+/// Whether a batch's failure is a device fault (a timeout, or a device error that is not the
+/// runtime's refusal): the in-flight record stays until the program's quarantine is on disk.
+pub(super) fn faulted(e: &ChainError) -> bool {
+    faulted_error(&e.error)
+}
+
+/// As [`faulted`], of the error alone.
+pub(super) fn faulted_error(e: &HsaError) -> bool {
+    match e {
+        HsaError::Timeout { .. } => true,
+        HsaError::Device { status, .. } => !crate::faults::is_refusal(*status),
+        _ => false,
+    }
+}
+
+pub(super) fn nanos(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 

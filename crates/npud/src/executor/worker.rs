@@ -118,6 +118,9 @@ impl Worker {
                 self.turn = TurnLoads::default();
                 self.idle.serving(session);
                 let left = match job {
+                    Job::Work(r) if self.merges(session, &r) => {
+                        self.merged_turn(session, r).map(Job::Work)
+                    }
                     Job::Work(r) => self.work_turn(r).map(Job::Work),
                     Job::Copy(c) => self.copy_turn(c).map(Job::Copy),
                     Job::Release(r) => self.release_turn(session, r).map(Job::Release),

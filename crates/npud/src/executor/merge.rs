@@ -1,0 +1,274 @@
+//! Consecutive single dispatches of one session rung as one doorbell batch.
+//!
+//! A client that pipelines (a `Submit` stream, a dispatch ring) leaves several single
+//! dispatches in its session's queue. When that session is the only one with work and its
+//! next items are single dispatches too, the executor rings up to one doorbell batch of them
+//! together ([`MERGE_MAX`], fewer when the packet ABI's plan ends the batch sooner): the
+//! doorbell, the wait for completion and the in-flight record are paid once per batch instead
+//! of once per dispatch. A turn is still one doorbell batch, and nothing merges while another
+//! session waits, so the round-robin bound is unchanged.
+//!
+//! Each dispatch keeps its own checks (deadline, fault budget, program, arguments) and its own
+//! answer. Only dispatches whose program is loaded and whose tensors need no staging join; the
+//! first item that cannot ends the batch and has a turn of its own. The device reports one
+//! completion per batch, so its time is shared equally among the dispatches that ran.
+//!
+//! When the batch fails at a dispatch, those before it completed and are answered so; the one
+//! that failed gets the answer it would have had alone (a device fault quarantines its program
+//! and charges its identity); those after it did not run and go back to the front of the
+//! session's queue, where their next turn checks their programs and the fault budget again.
+//! A refusal before the doorbell (nothing of the batch ran) answers only the dispatch refused;
+//! the others go back unrun.
+
+use std::time::Instant;
+
+use hsa_core::{ChainError, Dispatch, HsaError};
+
+use super::loads::Step;
+use super::work::{LinkFailure, Phase, Running, faulted, faulted_error, nanos};
+use super::worker::{Job, Worker};
+use crate::error::NpudError;
+
+/// Dispatches merged into one doorbell batch at most: the emulator's noop design, 2
+/// arguments, plans 32 commands to a doorbell (fewer for wider ones).
+pub(super) const MERGE_MAX: usize = 32;
+
+/// Whether `r` may share a doorbell batch with its neighbours: a single dispatch that has not
+/// started, or one that a merged batch gave back unrun.
+pub(super) fn mergeable(r: &Running) -> bool {
+    !r.item.chain
+        && r.item.links.len() == 1
+        && r.progress
+            .as_ref()
+            .is_none_or(|p| p.phase == Phase::Run && p.link == 0 && p.staged.is_empty())
+}
+
+/// What preparing a dispatch for a merged batch found.
+enum Prep {
+    /// Checked, its program loaded, ready to ring.
+    Ready(Box<Running>),
+    /// Refused by its checks.
+    Refused(Box<Running>, NpudError),
+    /// It needs a turn of its own (a load, staging, a FullElf command's heap room).
+    Alone(Box<Running>),
+}
+
+impl Worker {
+    /// Whether the item `r` of `session`, popped for a turn, rings together with the next
+    /// ones: it and the next item are mergeable single dispatches and no other session waits.
+    pub(super) fn merges(&self, session: u64, r: &Running) -> bool {
+        mergeable(r)
+            && self.rr.alone(session)
+            && self
+                .rr
+                .peek(session)
+                .is_some_and(|j| matches!(j, Job::Work(w) if mergeable(w)))
+    }
+
+    /// The turn of `first` and the mergeable dispatches queued behind it: one doorbell batch.
+    /// What cannot join has its own turn ([`Worker::work_turn`]); what the batch did not run
+    /// goes back to the front of the session's queue.
+    pub(super) fn merged_turn(&mut self, session: u64, first: Box<Running>) -> Option<Box<Running>> {
+        let mut members = match self.prepare(first, true) {
+            Prep::Ready(r) => vec![r],
+            Prep::Refused(r, e) => {
+                self.reply(r.item, Err(e));
+                return None;
+            }
+            Prep::Alone(r) => return self.work_turn(r),
+        };
+        let mut back: Vec<Box<Running>> = Vec::new();
+        while members.len() < MERGE_MAX {
+            let Some(Job::Work(next)) = self
+                .rr
+                .take_next_if(session, |j| matches!(j, Job::Work(w) if mergeable(w)))
+            else {
+                break;
+            };
+            match self.prepare(next, false) {
+                Prep::Ready(r) => members.push(r),
+                // Answered at its own turn, after the dispatches before it.
+                Prep::Refused(r, _) | Prep::Alone(r) => {
+                    back.push(r);
+                    break;
+                }
+            }
+        }
+        if members.len() == 1 {
+            self.give_back(session, back);
+            return members.pop().and_then(|r| self.work_turn(r));
+        }
+        let dispatches: Vec<Dispatch> = members
+            .iter()
+            .filter_map(|r| r.progress.as_ref()?.dispatches.first().cloned())
+            .collect();
+        // As many as the packet ABI rings at once; a dispatch the plan refuses rings alone
+        // below and is refused as it would be alone.
+        let n = match self.dev.doorbell_plan(&dispatches) {
+            Ok(batches) => batches.first().copied().unwrap_or(1),
+            Err(e) => e.index,
+        }
+        .clamp(1, members.len());
+        let rest = members.split_off(n);
+        self.give_back(session, rest.into_iter().chain(back).collect());
+        self.ring_merged(members, &dispatches[..n]);
+        None
+    }
+
+    /// Checks `r` (its start, or again after it gave its turn up) and fills in its program's
+    /// device id. The batch's first dispatch may load its program, within the turn's bounds;
+    /// a later one joins only when its program is loaded, so that nothing loads or evicts a
+    /// program an earlier member runs.
+    fn prepare(&mut self, mut r: Box<Running>, first: bool) -> Prep {
+        if r.progress.is_none() {
+            match self.start(&r.item) {
+                Ok(p) => r.progress = Some(p),
+                Err(e) => return Prep::Refused(r, e),
+            }
+        }
+        let program = r.item.links[0].program.clone();
+        if program.is_full_elf() && self.dev.info().packet_abi.loads_code_objects() {
+            return Prep::Alone(r);
+        }
+        let loaded = self.cache.touch(program.id);
+        let item = &r.item;
+        let Some(p) = r.progress.as_mut() else {
+            return Prep::Alone(r);
+        };
+        if !p.staged.is_empty() || (loaded.is_none() && !first) {
+            return Prep::Alone(r);
+        }
+        match p.phase {
+            Phase::Load => match self.load_item(item, p) {
+                Ok(Step::Ready) => p.phase = Phase::Run,
+                Ok(Step::Wait) => return Prep::Alone(r),
+                Err(e) => return Prep::Refused(r, e),
+            },
+            Phase::Run if p.yielded => match self.recheck(item, p, 0..1) {
+                Ok(Step::Ready) => p.yielded = false,
+                Ok(Step::Wait) => return Prep::Alone(r),
+                Err((_, e)) => return Prep::Refused(r, e),
+            },
+            Phase::Run => {}
+            _ => return Prep::Alone(r),
+        }
+        Prep::Ready(r)
+    }
+
+    /// Puts `items`, which did nothing but their checks, back in order at the front of
+    /// `session`'s queue, as they were before: each starts again at its turn, checking its
+    /// deadline, the fault budget, its program and its arguments then.
+    fn give_back(&mut self, session: u64, items: Vec<Box<Running>>) {
+        for mut r in items.into_iter().rev() {
+            r.progress = None;
+            self.rr.resume(session, Job::Work(r));
+        }
+    }
+
+    /// Rings `dispatches`, one per member, as one doorbell batch and answers each member.
+    fn ring_merged(&mut self, mut members: Vec<Box<Running>>, dispatches: &[Dispatch]) {
+        let session = members[0].item.session;
+        let start = Instant::now();
+        for r in &mut members {
+            if let Some(p) = r.progress.as_mut() {
+                p.queue_ns = Some(nanos(start.duration_since(r.item.admitted)));
+            }
+        }
+        // Statistics read what the executor published: the programs just loaded count.
+        self.publish();
+        let programs: Vec<_> = members
+            .iter()
+            .map(|r| r.item.links[0].program.clone())
+            .collect();
+        self.record_programs(programs.iter().map(AsRef::as_ref));
+        let result = self.dev.run_chain(dispatches);
+        if !result.as_ref().is_err_and(faulted) {
+            self.clear_in_flight();
+        }
+        let (report, failure) = match result {
+            Ok(report) => {
+                if let Some(r) = self.inflight.as_mut() {
+                    r.completed();
+                }
+                self.serving.recovered();
+                (report, None)
+            }
+            Err(ChainError {
+                index,
+                error,
+                report,
+            }) => (report, Some((index, error))),
+        };
+        // A device error or a timeout comes after the doorbell: the dispatches before it ran
+        // (and, unless the runtime refused it, the failed one too). Anything else was refused
+        // before it, and none ran.
+        let on_device =
+            |e: &HsaError| matches!(e, HsaError::Device { .. } | HsaError::Timeout { .. });
+        let (ran, ran_failed) = match &failure {
+            None => (members.len(), false),
+            Some((index, e)) if on_device(e) => (*index, faulted_error(e)),
+            Some(_) => (0, false),
+        };
+        // The device's time, shared among the dispatches it ran.
+        let share = report.device_time
+            / u32::try_from((ran + usize::from(ran_failed)).max(1)).unwrap_or(u32::MAX);
+        let failed = failure.as_ref().map_or(usize::MAX, |(index, _)| *index);
+        let mut unrun = Vec::new();
+        let mut answered = 0u32;
+        let mut failure = failure;
+        for (k, mut r) in members.into_iter().enumerate() {
+            let item = &r.item;
+            let Some(p) = r.progress.as_mut() else {
+                continue;
+            };
+            if k != failed && k >= ran {
+                unrun.push(r);
+                continue;
+            }
+            if k < ran || ran_failed {
+                p.device = share;
+                p.doorbells = u32::from(answered == 0) * report.doorbells;
+                answered += 1;
+            }
+            if k != failed {
+                let done = self.done(p, 1, None);
+                self.reply(r.item, Ok(done));
+                continue;
+            }
+            let Some((_, error)) = failure.take() else {
+                continue;
+            };
+            let link = item.links.first().map(|l| l.program.as_ref());
+            let refusal = match &error {
+                HsaError::Device { status, .. } => link.and_then(|l| {
+                    let name = format!("{} ({})", l.id, l.display_name());
+                    crate::faults::refusal(*status, &name, &error)
+                }),
+                _ => None,
+            };
+            if let Some(e) = refusal {
+                // The runtime refused it at the doorbell: not a device fault.
+                self.runtime_refused(item, p, 0, e);
+            } else if on_device(&error) {
+                let error = self.device_fault(item, link, &error);
+                p.outcome = Some(Ok(self.done(p, 0, Some(LinkFailure { index: 0, error }))));
+            } else {
+                self.refused(p, 0, 1, 0, NpudError::from(error));
+            }
+            let outcome = p.outcome.take().unwrap_or_else(|| {
+                Err(NpudError::Internal(
+                    "a work item ended without a result".into(),
+                ))
+            });
+            self.reply(r.item, outcome);
+        }
+        if !unrun.is_empty() {
+            tracing::debug!(
+                session,
+                unrun = unrun.len(),
+                "dispatches a merged batch did not run go back to the queue"
+            );
+            self.give_back(session, unrun);
+        }
+    }
+}
