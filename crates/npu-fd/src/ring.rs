@@ -36,6 +36,11 @@ pub const MAX_MESSAGE: usize = COMPLETION_BYTES - 32;
 
 const SUB_WORDS: usize = SUBMISSION_BYTES / 8;
 const COMP_WORDS: usize = COMPLETION_BYTES / 8;
+/// Words before a submission's arguments, and per argument.
+const SUB_HEADER_WORDS: usize = 4;
+const ARG_WORDS: usize = 4;
+/// Words before a completion's message.
+const COMP_HEADER_WORDS: usize = 4;
 
 /// A submission slot as copied out of the ring, before any check.
 pub type RawSubmission = [u64; SUB_WORDS];
@@ -199,29 +204,37 @@ impl RingMemory {
             + (index % SLOTS) as usize * COMPLETION_BYTES
     }
 
-    fn copy_out<const N: usize>(&self, at: usize) -> [u64; N] {
-        let mut out = [0_u64; N];
-        for (i, w) in out.iter_mut().enumerate() {
-            *w = self.u64_at(at + 8 * i).load(Ordering::Relaxed);
-        }
-        out
-    }
-
     fn copy_in(&self, at: usize, words: &[u64]) {
         for (i, w) in words.iter().enumerate() {
             self.u64_at(at + 8 * i).store(*w, Ordering::Relaxed);
         }
     }
 
-    /// Copies submission slot `index mod SLOTS` out. Publish or consume with an acquire
-    /// (the [`RingMemory::load`] of `sq_tail` before this).
-    pub fn read_submission(&self, index: u32) -> RawSubmission {
-        self.copy_out(Self::submission_at(index))
+    /// Copies words `from..to` of the slot at `at` into `out`.
+    fn copy_words(&self, at: usize, out: &mut [u64], from: usize, to: usize) {
+        for (i, w) in out.iter_mut().enumerate().take(to).skip(from) {
+            *w = self.u64_at(at + 8 * i).load(Ordering::Relaxed);
+        }
     }
 
-    /// Writes submission slot `index mod SLOTS`; publish it with a store of `sq_tail` after.
+    /// Copies submission slot `index mod SLOTS` out: its header, then the arguments the copied
+    /// count names (at most [`MAX_ARGS`]; the other words stay zero). Every word is read once,
+    /// so what is checked is the copy. Publish or consume with an acquire (the
+    /// [`RingMemory::load`] of `sq_tail` before this).
+    pub fn read_submission(&self, index: u32) -> RawSubmission {
+        let at = Self::submission_at(index);
+        let mut w = [0_u64; SUB_WORDS];
+        self.copy_words(at, &mut w, 0, SUB_HEADER_WORDS);
+        let n = usize::try_from(w[3] & 0xffff_ffff).map_or(MAX_ARGS, |n| n.min(MAX_ARGS));
+        self.copy_words(at, &mut w, SUB_HEADER_WORDS, SUB_HEADER_WORDS + ARG_WORDS * n);
+        w
+    }
+
+    /// Writes submission slot `index mod SLOTS` (its header and arguments: the rest of the
+    /// slot is not read); publish it with a store of `sq_tail` after.
     pub fn write_submission(&self, index: u32, s: &Submission) {
-        self.copy_in(Self::submission_at(index), &s.encode());
+        let w = s.encode();
+        self.copy_in(Self::submission_at(index), &w[..s.words()]);
     }
 
     /// Writes raw words into submission slot `index mod SLOTS`, whatever they say (tests of a
@@ -231,14 +244,26 @@ impl RingMemory {
         self.copy_in(Self::submission_at(index), &words[..n]);
     }
 
-    /// Copies completion slot `index mod SLOTS` out.
+    /// Copies completion slot `index mod SLOTS` out: its header, then the message's words
+    /// (the length read is cut to [`MAX_MESSAGE`]; the other words stay zero).
     pub fn read_completion(&self, index: u32) -> RawCompletion {
-        self.copy_out(Self::completion_at(index))
+        let at = Self::completion_at(index);
+        let mut w = [0_u64; COMP_WORDS];
+        self.copy_words(at, &mut w, 0, COMP_HEADER_WORDS);
+        let m = usize::try_from(w[1] >> 32).map_or(MAX_MESSAGE, |m| m.min(MAX_MESSAGE));
+        self.copy_words(at, &mut w, COMP_HEADER_WORDS, COMP_HEADER_WORDS + m.div_ceil(8));
+        w
     }
 
-    /// Writes completion slot `index mod SLOTS`; publish it with a store of `cq_tail` after.
+    /// Writes completion slot `index mod SLOTS` (its header and message: the rest of the slot
+    /// is not read); publish it with a store of `cq_tail` after.
     pub fn write_completion(&self, index: u32, c: &Completion) {
-        self.copy_in(Self::completion_at(index), &c.encode());
+        let w = c.encode();
+        let m = usize::try_from(w[1] >> 32).unwrap_or(MAX_MESSAGE);
+        self.copy_in(
+            Self::completion_at(index),
+            &w[..COMP_HEADER_WORDS + m.div_ceil(8)],
+        );
     }
 }
 
@@ -297,6 +322,12 @@ impl Submission {
             w[at + 3] = if a.read_only { READ_ONLY } else { 0 };
         }
         w
+    }
+
+    /// Words of the slot [`Submission::encode`] fills: the header and the arguments.
+    #[must_use]
+    pub fn words(&self) -> usize {
+        SUB_HEADER_WORDS + ARG_WORDS * self.args.len().min(MAX_ARGS)
     }
 
     /// Checks a slot copied out of the ring.
@@ -465,6 +496,56 @@ mod tests {
         let mut c = [u64::MAX; COMP_WORDS];
         c[1] = u64::MAX;
         assert!(Completion::decode(&c).message.len() <= 3 * MAX_MESSAGE);
+    }
+
+    #[test]
+    fn only_the_words_a_slot_names_are_written_and_copied() {
+        let (_fd, m) = RingMemory::create().unwrap();
+        // A slot left full of an earlier writer's bytes.
+        m.write_raw_submission(3, &[0xAAAA_AAAA_AAAA_AAAA; SUB_WORDS]);
+        let s = Submission {
+            request_id: 1,
+            program: 2,
+            timeout_ms: 0,
+            args: vec![RingArg {
+                tensor: 4,
+                offset: 0,
+                length: 0,
+                read_only: true,
+            }],
+        };
+        assert_eq!(s.words(), 8);
+        m.write_submission(3, &s);
+        let copy = m.read_submission(3);
+        assert_eq!(Submission::decode(&copy).unwrap(), s);
+        assert!(copy[8..].iter().all(|w| *w == 0), "the words after the arguments are not read");
+        // A count past the limit copies the limit's worth, and is refused on the copy.
+        let mut w = [7_u64; SUB_WORDS];
+        w[3] = u64::from(u32::MAX);
+        m.write_raw_submission(4, &w);
+        let copy = m.read_submission(4);
+        assert!(Submission::decode(&copy).unwrap_err().why.contains("arguments"));
+        // A short message after a long one in the same slot reads as itself.
+        let long = Completion {
+            request_id: 1,
+            code: 3,
+            message: "x".repeat(MAX_MESSAGE),
+            queue_ns: 0,
+            device_ns: 0,
+        };
+        m.write_completion(9, &long);
+        let short = Completion {
+            request_id: 2,
+            code: 5,
+            message: "gone".into(),
+            queue_ns: 0,
+            device_ns: 0,
+        };
+        m.write_completion(9, &short);
+        let copy = m.read_completion(9);
+        assert_eq!(Completion::decode(&copy), short);
+        assert!(copy[5..].iter().all(|w| *w == 0));
+        assert_eq!(Completion::decode(&m.read_completion(9 + SLOTS)), short);
     }
 
     #[test]
