@@ -226,7 +226,12 @@ impl RingMemory {
         let mut w = [0_u64; SUB_WORDS];
         self.copy_words(at, &mut w, 0, SUB_HEADER_WORDS);
         let n = usize::try_from(w[3] & 0xffff_ffff).map_or(MAX_ARGS, |n| n.min(MAX_ARGS));
-        self.copy_words(at, &mut w, SUB_HEADER_WORDS, SUB_HEADER_WORDS + ARG_WORDS * n);
+        self.copy_words(
+            at,
+            &mut w,
+            SUB_HEADER_WORDS,
+            SUB_HEADER_WORDS + ARG_WORDS * n,
+        );
         w
     }
 
@@ -251,7 +256,12 @@ impl RingMemory {
         let mut w = [0_u64; COMP_WORDS];
         self.copy_words(at, &mut w, 0, COMP_HEADER_WORDS);
         let m = usize::try_from(w[1] >> 32).map_or(MAX_MESSAGE, |m| m.min(MAX_MESSAGE));
-        self.copy_words(at, &mut w, COMP_HEADER_WORDS, COMP_HEADER_WORDS + m.div_ceil(8));
+        self.copy_words(
+            at,
+            &mut w,
+            COMP_HEADER_WORDS,
+            COMP_HEADER_WORDS + m.div_ceil(8),
+        );
         w
     }
 
@@ -518,13 +528,21 @@ mod tests {
         m.write_submission(3, &s);
         let copy = m.read_submission(3);
         assert_eq!(Submission::decode(&copy).unwrap(), s);
-        assert!(copy[8..].iter().all(|w| *w == 0), "the words after the arguments are not read");
+        assert!(
+            copy[8..].iter().all(|w| *w == 0),
+            "the words after the arguments are not read"
+        );
         // A count past the limit copies the limit's worth, and is refused on the copy.
         let mut w = [7_u64; SUB_WORDS];
         w[3] = u64::from(u32::MAX);
         m.write_raw_submission(4, &w);
         let copy = m.read_submission(4);
-        assert!(Submission::decode(&copy).unwrap_err().why.contains("arguments"));
+        assert!(
+            Submission::decode(&copy)
+                .unwrap_err()
+                .why
+                .contains("arguments")
+        );
         // A short message after a long one in the same slot reads as itself.
         let long = Completion {
             request_id: 1,

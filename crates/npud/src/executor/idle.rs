@@ -140,7 +140,7 @@ impl Idle {
                     return Woke::Elsewhere;
                 }
                 looks += 1;
-                if looks % LOOKS_PER_YIELD != 0 {
+                if !looks.is_multiple_of(LOOKS_PER_YIELD) {
                     std::hint::spin_loop();
                     continue;
                 }

@@ -68,7 +68,11 @@ impl Worker {
     /// The turn of `first` and the mergeable dispatches queued behind it: one doorbell batch.
     /// What cannot join has its own turn ([`Worker::work_turn`]); what the batch did not run
     /// goes back to the front of the session's queue.
-    pub(super) fn merged_turn(&mut self, session: u64, first: Box<Running>) -> Option<Box<Running>> {
+    pub(super) fn merged_turn(
+        &mut self,
+        session: u64,
+        first: Box<Running>,
+    ) -> Option<Box<Running>> {
         let mut members = match self.prepare(first, true) {
             Prep::Ready(r) => vec![r],
             Prep::Refused(r, e) => {
@@ -139,6 +143,14 @@ impl Worker {
             return Prep::Alone(r);
         }
         match p.phase {
+            // Loaded: its device id is all it needs (the batch's plan covers its command).
+            Phase::Load if let Some(id) = loaded => {
+                if let Some(d) = p.dispatches.first_mut() {
+                    d.program = id;
+                }
+                p.batches = vec![1];
+                p.phase = Phase::Run;
+            }
             Phase::Load => match self.load_item(item, p) {
                 Ok(Step::Ready) => p.phase = Phase::Run,
                 Ok(Step::Wait) => return Prep::Alone(r),
@@ -158,6 +170,10 @@ impl Worker {
     /// Puts `items`, which did nothing but their checks, back in order at the front of
     /// `session`'s queue, as they were before: each starts again at its turn, checking its
     /// deadline, the fault budget, its program and its arguments then.
+    #[expect(
+        clippy::vec_box,
+        reason = "items come out of, and go back into, the queue's boxes"
+    )]
     fn give_back(&mut self, session: u64, items: Vec<Box<Running>>) {
         for mut r in items.into_iter().rev() {
             r.progress = None;
@@ -166,6 +182,10 @@ impl Worker {
     }
 
     /// Rings `dispatches`, one per member, as one doorbell batch and answers each member.
+    #[expect(
+        clippy::vec_box,
+        reason = "members came out of the queue's boxes and may go back"
+    )]
     fn ring_merged(&mut self, mut members: Vec<Box<Running>>, dispatches: &[Dispatch]) {
         let session = members[0].item.session;
         let start = Instant::now();

@@ -214,7 +214,11 @@ mod tests {
         assert_eq!(rr.pop(), Some((1, 10)));
         assert!(rr.alone(1));
         assert_eq!(rr.peek(1), Some(&11));
-        assert_eq!(rr.take_next_if(1, |x| *x == 99), None, "refused: left in place");
+        assert_eq!(
+            rr.take_next_if(1, |x| *x == 99),
+            None,
+            "refused: left in place"
+        );
         assert_eq!(rr.take_next_if(1, |x| *x == 11), Some(11));
         rr.push(2, 20).unwrap();
         assert!(!rr.alone(1), "another session waits");

@@ -638,7 +638,9 @@ type Answer = oneshot::Receiver<Result<WorkDone, NpudError>>;
 
 /// Every answer, in the order the dispatches were queued.
 fn answers(rxs: Vec<Answer>) -> Vec<Result<WorkDone, NpudError>> {
-    rxs.into_iter().map(|r| r.blocking_recv().unwrap()).collect()
+    rxs.into_iter()
+        .map(|r| r.blocking_recv().unwrap())
+        .collect()
 }
 
 /// (doorbells, completed, failure's code) of each answer: what a merged batch changes.
@@ -670,9 +672,16 @@ fn one_sessions_queued_single_dispatches_ring_together_a_doorbell_batch_at_a_tim
     }
     let done = answers(rxs);
     let shapes = shapes(&done);
-    assert!(shapes.iter().all(|(_, c, e)| (*c, *e) == (1, None)), "{shapes:?}");
+    assert!(
+        shapes.iter().all(|(_, c, e)| (*c, *e) == (1, None)),
+        "{shapes:?}"
+    );
     let rang: Vec<usize> = (0..40).filter(|k| shapes[*k].0 == 1).collect();
-    assert_eq!(rang, [0, 32], "one doorbell for the first 32, one for the last 8");
+    assert_eq!(
+        rang,
+        [0, 32],
+        "one doorbell for the first 32, one for the last 8"
+    );
     assert_eq!(shapes.iter().map(|s| s.0).sum::<u32>(), 2);
     // Each has its own queue time and a share of its batch's device time.
     for d in done.iter().flatten() {
@@ -764,7 +773,11 @@ fn a_fault_inside_a_merged_batch_answers_each_dispatch_as_if_it_had_rung_alone()
             for r in &done[3..] {
                 let e = r.as_ref().unwrap_err();
                 assert_eq!(e.code_name(), "RESOURCE_EXHAUSTED", "{e}");
-                assert!(e.to_string().starts_with("uid:1000 faulted the device once"), "{e}");
+                assert!(
+                    e.to_string()
+                        .starts_with("uid:1000 faulted the device once"),
+                    "{e}"
+                );
             }
         } else {
             // Budget left: they ran after the fault, together.

@@ -308,7 +308,11 @@ impl Worker {
 
     /// The Load phase: loads the item's distinct programs (at most one a turn), then fills in
     /// their device ids and plans the doorbell batches.
-    pub(super) fn load_item(&mut self, item: &WorkItem, p: &mut Progress) -> Result<Step, NpudError> {
+    pub(super) fn load_item(
+        &mut self,
+        item: &WorkItem,
+        p: &mut Progress,
+    ) -> Result<Step, NpudError> {
         let mut programs: Vec<&Program> = Vec::new();
         for l in &item.links {
             if !programs.iter().any(|x| x.id == l.program.id) {
@@ -492,7 +496,14 @@ impl Worker {
     /// the next turn; when it is the batch's first, the item ends there: an error when no link
     /// ran, a link failure after the completed ones (so that, as the API says, links before
     /// the failure completed and links after it did not run).
-    pub(super) fn refused(&self, p: &mut Progress, first: usize, end: usize, index: usize, error: NpudError) {
+    pub(super) fn refused(
+        &self,
+        p: &mut Progress,
+        first: usize,
+        end: usize,
+        index: usize,
+        error: NpudError,
+    ) {
         if index > first && index < end {
             p.batches[p.batch] = index - first;
             p.batches.insert(p.batch + 1, end - index);
@@ -519,7 +530,13 @@ impl Worker {
     /// The runtime refused link `index` when the doorbell rang, before running it (the links
     /// before it completed). Not a device fault: nothing is quarantined or charged. The queue,
     /// which the runtime suspends after any failed batch, is recreated; the item ends there.
-    pub(super) fn runtime_refused(&mut self, item: &WorkItem, p: &mut Progress, index: usize, e: NpudError) {
+    pub(super) fn runtime_refused(
+        &mut self,
+        item: &WorkItem,
+        p: &mut Progress,
+        index: usize,
+        e: NpudError,
+    ) {
         tracing::warn!(session = item.session, error = %e, "the runtime refused a dispatch");
         if let Err(e) = self.dev.recover() {
             tracing::error!(
@@ -542,7 +559,12 @@ impl Worker {
         p.phase = Phase::StageOut;
     }
 
-    pub(super) fn done(&self, p: &Progress, completed: usize, failure: Option<LinkFailure>) -> WorkDone {
+    pub(super) fn done(
+        &self,
+        p: &Progress,
+        completed: usize,
+        failure: Option<LinkFailure>,
+    ) -> WorkDone {
         WorkDone {
             queue_ns: p.queue_ns.unwrap_or(0),
             device_ns: nanos(p.device),

@@ -142,6 +142,11 @@ pub struct Metrics {
     fd_exchanges: Family<OpStatus, Counter>,
     program_labels: CappedLabels,
     program_ids: Mutex<HashMap<u64, Arc<str>>>,
+    /// The counter of each (kind, program id, outcome) counted lately: a finished dispatch
+    /// costs one lookup, not a label's and a family's (a `Counter` shares its value).
+    counters: Mutex<HashMap<(Kind, u64, &'static str), Counter>>,
+    /// (queue, device) time histograms of each kind, in [`Kind`] order.
+    times: [(Histogram, Histogram); 2],
     methods: HashSet<Arc<str>>,
 }
 
@@ -152,28 +157,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Metrics {
     /// Counters with at most `max_program_labels` distinct program label values.
     pub fn new(max_program_labels: u32) -> Self {
-        let m = Self {
+        let queue_time: Family<KindLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(time_histogram);
+        let device_time: Family<KindLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(time_histogram);
+        // Both kinds from the start, so that quantile panels have series before any work.
+        let times = [Kind::Dispatch, Kind::Chain].map(|kind| {
+            let l = KindLabel {
+                kind: kind.as_str(),
+            };
+            (
+                queue_time.get_or_create(&l).clone(),
+                device_time.get_or_create(&l).clone(),
+            )
+        });
+        Self {
             dispatches: Family::default(),
             chain_links: Family::default(),
             refused: Family::default(),
-            queue_time: Family::new_with_constructor(time_histogram),
-            device_time: Family::new_with_constructor(time_histogram),
+            queue_time,
+            device_time,
             rpcs: Family::default(),
             rpc_errors: Family::default(),
             fd_exchanges: Family::default(),
             program_labels: CappedLabels::new(max_program_labels as usize),
             program_ids: Mutex::new(HashMap::new()),
+            counters: Mutex::new(HashMap::new()),
+            times,
             methods: rpc::api_methods(),
-        };
-        // Both kinds from the start, so that quantile panels have series before any work.
-        for kind in [Kind::Dispatch, Kind::Chain] {
-            let l = KindLabel {
-                kind: kind.as_str(),
-            };
-            let _ = m.queue_time.get_or_create(&l);
-            let _ = m.device_time.get_or_create(&l);
         }
-        m
     }
 
     /// Registers the event counters in `registry` (names without the `npud_` prefix, which
@@ -249,6 +261,11 @@ impl Metrics {
         links: u64,
         outcome: &'static str,
     ) {
+        let key = (kind, program, outcome);
+        if let Some(c) = lock(&self.counters).get(&key) {
+            c.inc_by(links);
+            return;
+        }
         let l = ProgramOutcome {
             program: self.program_label(programs, program),
             outcome,
@@ -257,21 +274,25 @@ impl Metrics {
             Kind::Dispatch => &self.dispatches,
             Kind::Chain => &self.chain_links,
         };
-        family.get_or_create(&l).inc_by(links);
+        let c = family.get_or_create(&l).clone();
+        c.inc_by(links);
+        let mut counters = lock(&self.counters);
+        if counters.len() >= PROGRAM_ID_CACHE {
+            counters.clear();
+        }
+        counters.insert(key, c);
     }
 
     /// Times of one work item that the device queue answered.
     pub fn timed(&self, kind: Kind, queue_ns: u64, device_ns: u64) {
-        let l = KindLabel {
-            kind: kind.as_str(),
-        };
         #[expect(
             clippy::cast_precision_loss,
             reason = "seconds as f64, as Prometheus has them"
         )]
         let secs = |ns: u64| ns as f64 / 1e9;
-        self.queue_time.get_or_create(&l).observe(secs(queue_ns));
-        self.device_time.get_or_create(&l).observe(secs(device_ns));
+        let (queue, device) = &self.times[kind as usize];
+        queue.observe(secs(queue_ns));
+        device.observe(secs(device_ns));
     }
 
     /// Counts `links` refused before they were queued.
