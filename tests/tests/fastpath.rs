@@ -713,3 +713,78 @@ async fn wait_state(mem: &npu_fd::ring::RingMemory, want: u32) {
     }
     panic!("the ring's state stayed {}", mem.load(Word::State));
 }
+
+/// Dispatches published at once, each reading what the one before it wrote, with a device
+/// fault among them: the daemon rings a session's queued dispatches together (one doorbell
+/// batch), and still every dispatch is answered in order as if it had rung alone. Those before
+/// the fault completed, the fault is answered as a fault (its program quarantined), and those
+/// after it ran afterwards, in order: the last value counts every increment.
+#[tokio::test(flavor = "multi_thread")]
+async fn dependent_dispatches_published_at_once_run_in_order_around_a_fault() {
+    let d = Daemon::start(Options::default());
+    bounded(async {
+        let mut s = Session::open(d.connect().await, "pipelined").await.unwrap();
+        let add = s
+            .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
+            .await
+            .unwrap()
+            .program_id;
+        let fault = s
+            .register(&EmuDesign::fault(N * 4))
+            .await
+            .unwrap()
+            .program_id;
+        let x = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+        let y = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+        let f = [
+            s.alloc_mapped(u64::from(N) * 4).await.unwrap(),
+            s.alloc_mapped(u64::from(N) * 4).await.unwrap(),
+        ];
+        s.attach_ring().await.unwrap();
+        let mem = s.ring.clone().unwrap().mem.clone();
+        // x → y, y → x, ...: 20 increments, with the fault published after the 10th.
+        let mut subs = Vec::new();
+        for k in 0..20u64 {
+            if k == 10 {
+                subs.push(whole(100, fault, &[f[0].id, f[1].id]));
+            }
+            let (from, to) = if k % 2 == 0 {
+                (x.id, y.id)
+            } else {
+                (y.id, x.id)
+            };
+            subs.push(whole(k + 1, add, &[from, to]));
+        }
+        // Published at once, with one bell: the executor finds them queued together.
+        for (i, sub) in subs.iter().enumerate() {
+            mem.write_submission(i as u32, sub);
+        }
+        mem.store(Word::SqTail, subs.len() as u32);
+        mem.ring(Word::SqBell);
+        while mem.load(Word::CqTail) != subs.len() as u32 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let done: Vec<Completion> = (0..subs.len() as u32)
+            .map(|i| Completion::decode(&mem.read_completion(i)))
+            .collect();
+        mem.store(Word::CqHead, subs.len() as u32);
+        let ids: Vec<u64> = done.iter().map(|c| c.request_id).collect();
+        let want: Vec<u64> = subs.iter().map(|s| s.request_id).collect();
+        assert_eq!(ids, want, "answered in the order published");
+        for c in &done {
+            if c.request_id == 100 {
+                assert_eq!(c.code, Code::Internal as u32, "{}", c.message);
+                assert!(c.message.contains("is quarantined"), "{}", c.message);
+            } else {
+                assert_eq!(c.code, 0, "dispatch {}: {}", c.request_id, c.message);
+                assert!(c.device_ns > 0, "{c:?}");
+            }
+        }
+        // The 20th increment wrote x, the 19th y.
+        assert!(x.map.i32s().unwrap().iter().all(|v| *v == 20));
+        assert!(y.map.i32s().unwrap().iter().all(|v| *v == 19));
+        let st = s.statistics().await.unwrap();
+        assert_eq!(counts(&st, s.id), (20, 1));
+    })
+    .await;
+}

@@ -30,6 +30,9 @@ use npu_proto::v1 as pb;
 
 /// How long a caller spins for its completion before it sleeps.
 pub(crate) const SPIN: Duration = Duration::from_micros(50);
+
+/// Looks at the completion ring's tail between two looks at the completions while spinning.
+const SPIN_LOOKS: u32 = 16;
 /// The waiter thread's longest sleep while a task waits (bounds a lost wake).
 const WAITER_SLEEP: Duration = Duration::from_millis(5);
 /// The waiter thread's sleep while no task waits.
@@ -227,7 +230,21 @@ impl FastPath {
             if park {
                 std::thread::park_timeout(timeout - waited);
             } else {
-                std::hint::spin_loop();
+                self.spin_on_tail();
+            }
+        }
+    }
+
+    /// Spins on the completion ring's tail, a load and a pause at a time, until it moves or
+    /// [`SPIN_LOOKS`] looks have passed: lighter than a look at the completions (a lock, a
+    /// map) on a CPU whose sibling may be the daemon's executor, and soon enough to see a
+    /// completion another thread of this process drained.
+    fn spin_on_tail(&self) {
+        let tail = self.mem.load(Word::CqTail);
+        for _ in 0..SPIN_LOOKS {
+            std::hint::spin_loop();
+            if self.mem.load(Word::CqTail) != tail {
+                return;
             }
         }
     }

@@ -725,11 +725,13 @@ fn nothing_merges_while_another_session_waits() {
     shutdown(exec);
 }
 
-/// A merged batch that faults at its third dispatch: the two before it completed, the third
-/// is answered as alone (its program quarantined, the fault charged), and the two after it
-/// did not run with it: they run at their own turn, checked again.
+/// Five dispatches, the third a fault whose program is not loaded yet: the first two ring
+/// together; the fault loads its program at its turn and rings first in a batch with the last
+/// two, is answered as alone (its program quarantined, the fault charged), and the last two,
+/// not run with it, are checked again at their turn: they run while the budget allows, and
+/// are refused once it is spent.
 #[test]
-fn a_fault_inside_a_merged_batch_answers_each_dispatch_as_if_it_had_rung_alone() {
+fn a_fault_heading_a_merged_batch_gives_the_dispatches_after_it_back_unrun() {
     for budget in [3, 1] {
         let mut f = fixture_with(Config {
             limits: crate::config::Limits {
@@ -785,6 +787,88 @@ fn a_fault_inside_a_merged_batch_answers_each_dispatch_as_if_it_had_rung_alone()
         }
         shutdown(exec);
     }
+}
+
+/// A fault in the middle of a merged batch, with the faulting program already loaded: the
+/// dispatch before it completed, the fault is answered as alone, and the ones after it were
+/// not run with it; their turn finds the identity's fault budget spent and refuses them.
+///
+/// Loading the fault program without running it: A's chain loads it at its second turn and is
+/// then refused, its uid's budget spent meanwhile by B's fault (another program). C, another
+/// uid, registered the same bytes (the same program) and finds it loaded.
+#[test]
+fn a_fault_after_a_completed_dispatch_in_a_merged_batch_stops_the_batch_there() {
+    let mut f = fixture_with(Config {
+        limits: crate::config::Limits {
+            fault_budget: 1,
+            ..crate::config::Limits::default()
+        },
+        ..Config::default()
+    });
+    let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let fault = f.register(A, &EmuDesign::fault(4096));
+    let other_fault = f.register(B, &EmuDesign::fault(8192));
+    assert_eq!(f.register(C, &EmuDesign::fault(4096)).id, fault.id);
+    assert_eq!(
+        f.register(C, &EmuDesign::vector_scalar_add(1024, DType::I32, 1))
+            .id,
+        add.id
+    );
+    let allocations = [
+        f.allocate(A, 4096),
+        f.allocate(A, 4096),
+        f.allocate(B, 8192),
+        f.allocate(B, 8192),
+        f.allocate(C, 4096),
+        f.allocate(C, 4096),
+    ];
+    let chain = f.work_as(
+        A,
+        1000,
+        vec![(add.clone(), [1, 2]), (fault.clone(), [1, 2])],
+    );
+    let spends = f.work_as(B, 1000, vec![(other_fault, [3, 4])]);
+    let c: Vec<Answer> = [&add, &add, &fault, &add, &add]
+        .into_iter()
+        .map(|p| f.work_as(C, 1001, vec![(p.clone(), [5, 6])]))
+        .collect();
+    let exec = f.serve();
+    for (k, r) in allocations.into_iter().enumerate() {
+        assert_eq!(r.blocking_recv().unwrap().unwrap(), k as u64 + 1);
+    }
+    let done = spends.blocking_recv().unwrap().unwrap();
+    assert_eq!(done.failure.unwrap().error.code_name(), "INTERNAL");
+    let e = chain.blocking_recv().unwrap().unwrap_err();
+    assert_eq!(e.code_name(), "RESOURCE_EXHAUSTED", "{e}");
+    let done = answers(c);
+    let shapes = shapes(&done);
+    // C's first ran alone (A still waited); the rest rang as one batch: the second completed
+    // and rang it, the third faulted, the last two did not run.
+    assert_eq!(
+        shapes,
+        [
+            (1, 1, None),
+            (1, 1, None),
+            (0, 0, Some("INTERNAL")),
+            (0, 0, Some("RESOURCE_EXHAUSTED")),
+            (0, 0, Some("RESOURCE_EXHAUSTED")),
+        ]
+    );
+    let failure = done[2].as_ref().unwrap().failure.as_ref().unwrap();
+    assert!(
+        failure.error.to_string().contains("is quarantined"),
+        "{failure:?}"
+    );
+    for r in &done[3..] {
+        let e = r.as_ref().unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("uid:1001 faulted the device once"),
+            "{e}"
+        );
+    }
+    assert_eq!(f.handle.fault_budget().session_faults(C), 1);
+    shutdown(exec);
 }
 
 /// A dispatch refused by its own checks (here its deadline passed in the queue) ends the
