@@ -11,7 +11,8 @@
 //! chunks, staging copies of client memfds) or of freeing an ended session's tensors (at least
 //! one tensor) before the next session's turn: a 1,024-link chain is 4 turns of checks then 32
 //! of doorbell batches, a 16 MiB chunk 16 turns, a chain of eight programs not yet loaded eight
-//! turns before its first doorbell. The remaining control
+//! turns before its first doorbell. A session alone with work rings its queued single
+//! dispatches together, one doorbell batch a turn (`merge.rs`). The remaining control
 //! commands (allocate, import, export, free of one tensor, info, unloads) are small and run in
 //! arrival order between turns; allocation does not touch the memory (hsa-core's tensors are
 //! fresh pages the kernel zeroed). A work item whose
