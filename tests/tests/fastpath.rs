@@ -756,18 +756,19 @@ async fn dependent_dispatches_published_at_once_run_in_order_around_a_fault() {
             subs.push(whole(k + 1, add, &[from, to]));
         }
         // Published at once, with one bell: the executor finds them queued together.
-        for (i, sub) in subs.iter().enumerate() {
-            mem.write_submission(i as u32, sub);
+        let n = u32::try_from(subs.len()).unwrap();
+        for (i, sub) in (0..n).zip(&subs) {
+            mem.write_submission(i, sub);
         }
-        mem.store(Word::SqTail, subs.len() as u32);
+        mem.store(Word::SqTail, n);
         mem.ring(Word::SqBell);
-        while mem.load(Word::CqTail) != subs.len() as u32 {
+        while mem.load(Word::CqTail) != n {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        let done: Vec<Completion> = (0..subs.len() as u32)
+        let done: Vec<Completion> = (0..n)
             .map(|i| Completion::decode(&mem.read_completion(i)))
             .collect();
-        mem.store(Word::CqHead, subs.len() as u32);
+        mem.store(Word::CqHead, n);
         let ids: Vec<u64> = done.iter().map(|c| c.request_id).collect();
         let want: Vec<u64> = subs.iter().map(|s| s.request_id).collect();
         assert_eq!(ids, want, "answered in the order published");
