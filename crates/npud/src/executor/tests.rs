@@ -62,6 +62,17 @@ fn fixture_with(cfg: Config) -> Fixture {
     }
 }
 
+/// A fixture whose identities may fault the device `budget` times.
+fn with_fault_budget(budget: u32) -> Fixture {
+    fixture_with(Config {
+        limits: crate::config::Limits {
+            fault_budget: budget,
+            ..crate::config::Limits::default()
+        },
+        ..Config::default()
+    })
+}
+
 impl Fixture {
     /// Queues a command before the executor serves.
     fn queue(&self, cmd: Command) {
@@ -282,13 +293,7 @@ fn other_sessions_are_served_between_the_slices_of_a_big_write_and_the_batches_o
 
 #[test]
 fn a_chain_stops_at_its_next_batch_when_its_uid_spent_the_fault_budget_between_two() {
-    let mut f = fixture_with(Config {
-        limits: crate::config::Limits {
-            fault_budget: 1,
-            ..crate::config::Limits::default()
-        },
-        ..Config::default()
-    });
+    let mut f = with_fault_budget(1);
     let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
     let fault = f.register(B, &EmuDesign::fault(4096));
     let other = f.register(3, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
@@ -733,13 +738,7 @@ fn nothing_merges_while_another_session_waits() {
 #[test]
 fn a_fault_heading_a_merged_batch_gives_the_dispatches_after_it_back_unrun() {
     for budget in [3, 1] {
-        let mut f = fixture_with(Config {
-            limits: crate::config::Limits {
-                fault_budget: budget,
-                ..crate::config::Limits::default()
-            },
-            ..Config::default()
-        });
+        let mut f = with_fault_budget(budget);
         let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
         let fault = f.register(A, &EmuDesign::fault(4096));
         let allocations = [f.allocate(A, 4096), f.allocate(A, 4096)];
@@ -798,13 +797,7 @@ fn a_fault_heading_a_merged_batch_gives_the_dispatches_after_it_back_unrun() {
 /// uid, registered the same bytes (the same program) and finds it loaded.
 #[test]
 fn a_fault_after_a_completed_dispatch_in_a_merged_batch_stops_the_batch_there() {
-    let mut f = fixture_with(Config {
-        limits: crate::config::Limits {
-            fault_budget: 1,
-            ..crate::config::Limits::default()
-        },
-        ..Config::default()
-    });
+    let mut f = with_fault_budget(1);
     let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
     let fault = f.register(A, &EmuDesign::fault(4096));
     let other_fault = f.register(B, &EmuDesign::fault(8192));
