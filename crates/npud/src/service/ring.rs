@@ -322,7 +322,9 @@ impl Intake for Port {
         // first, and nothing tells the executor when it has (items still running are the
         // executor's own, and it polls after each turn).
         let stuck = matches!(self.entries.front(), Some(Entry::Answered(_)));
-        self.ctl.backlog.store(stuck, Ordering::SeqCst);
+        if self.ctl.backlog.load(Ordering::Relaxed) != stuck {
+            self.ctl.backlog.store(stuck, Ordering::SeqCst);
+        }
         Polled::Open
     }
 

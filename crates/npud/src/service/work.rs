@@ -320,8 +320,12 @@ impl NpudService {
             Ok(done) => {
                 m.timed(kind, done.queue_ns, done.device_ns);
                 let ok = done.completed.min(programs.len());
-                for (p, c) in group(&programs[..ok]) {
-                    m.links(&st.programs, kind, p, c, "OK");
+                if let [p] = &programs[..ok] {
+                    m.links(&st.programs, kind, *p, 1, "OK");
+                } else {
+                    for (p, c) in group(&programs[..ok]) {
+                        m.links(&st.programs, kind, p, c, "OK");
+                    }
                 }
                 if let Some(f) = &done.failure
                     && let Some(p) = programs.get(f.index)
