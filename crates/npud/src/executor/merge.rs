@@ -25,7 +25,7 @@ use std::time::Instant;
 use hsa_core::{ChainError, Dispatch, HsaError};
 
 use super::loads::Step;
-use super::work::{LinkFailure, Phase, Running, faulted, faulted_error, nanos};
+use super::work::{Phase, Running, faulted, faulted_error, nanos};
 use super::worker::{Job, Worker};
 use crate::error::NpudError;
 
@@ -196,11 +196,7 @@ impl Worker {
         }
         // Statistics read what the executor published: the programs just loaded count.
         self.publish();
-        let programs: Vec<_> = members
-            .iter()
-            .map(|r| r.item.links[0].program.clone())
-            .collect();
-        self.record_programs(programs.iter().map(AsRef::as_ref));
+        self.record_programs(members.iter().map(|r| r.item.links[0].program.as_ref()));
         let result = self.dev.run_chain(dispatches);
         if !result.as_ref().is_err_and(faulted) {
             self.clear_in_flight();
@@ -233,9 +229,8 @@ impl Worker {
         let share = report.device_time
             / u32::try_from((ran + usize::from(ran_failed)).max(1)).unwrap_or(u32::MAX);
         let failed = failure.as_ref().map_or(usize::MAX, |(index, _)| *index);
+        let mut failure = failure.map(|(_, e)| e);
         let mut unrun = Vec::new();
-        let mut answered = 0u32;
-        let mut failure = failure;
         for (k, mut r) in members.into_iter().enumerate() {
             let item = &r.item;
             let Some(p) = r.progress.as_mut() else {
@@ -247,39 +242,22 @@ impl Worker {
             }
             if k < ran || ran_failed {
                 p.device = share;
-                p.doorbells = u32::from(answered == 0) * report.doorbells;
-                answered += 1;
+                // The batch's one doorbell, counted on its first dispatch.
+                p.doorbells = u32::from(k == 0) * report.doorbells;
             }
-            if k != failed {
-                let done = self.done(p, 1, None);
-                self.reply(r.item, Ok(done));
-                continue;
-            }
-            let Some((_, error)) = failure.take() else {
-                continue;
+            let outcome = match failure.take_if(|_| k == failed) {
+                None => Ok(self.done(p, 1, None)),
+                Some(error) => {
+                    if let Some(other) = self.failed_on_device(item, p, 0, error) {
+                        self.refused(p, 0, 1, 0, NpudError::from(other));
+                    }
+                    p.outcome.take().unwrap_or_else(|| {
+                        Err(NpudError::Internal(
+                            "a work item ended without a result".into(),
+                        ))
+                    })
+                }
             };
-            let link = item.links.first().map(|l| l.program.as_ref());
-            let refusal = match &error {
-                HsaError::Device { status, .. } => link.and_then(|l| {
-                    let name = format!("{} ({})", l.id, l.display_name());
-                    crate::faults::refusal(*status, &name, &error)
-                }),
-                _ => None,
-            };
-            if let Some(e) = refusal {
-                // The runtime refused it at the doorbell: not a device fault.
-                self.runtime_refused(item, p, 0, e);
-            } else if on_device(&error) {
-                let error = self.device_fault(item, link, &error);
-                p.outcome = Some(Ok(self.done(p, 0, Some(LinkFailure { index: 0, error }))));
-            } else {
-                self.refused(p, 0, 1, 0, NpudError::from(error));
-            }
-            let outcome = p.outcome.take().unwrap_or_else(|| {
-                Err(NpudError::Internal(
-                    "a work item ended without a result".into(),
-                ))
-            });
             self.reply(r.item, outcome);
         }
         if !unrun.is_empty() {

@@ -459,35 +459,50 @@ impl Worker {
                 p.device += report.device_time;
                 p.doorbells += report.doorbells;
                 let index = first + index;
-                let link = item.links.get(index).map(|l| l.program.as_ref());
-                if let HsaError::Device { status, .. } = &error
-                    && let Some(e) = link.and_then(|l| {
-                        let name = format!("{} ({})", l.id, l.display_name());
-                        crate::faults::refusal(*status, &name, &error)
-                    })
-                {
-                    self.runtime_refused(item, p, index, e);
-                    return;
-                }
-                match error {
-                    HsaError::Device { .. } | HsaError::Timeout { .. } => {
-                        let error = self.device_fault(item, link, &error);
-                        p.outcome =
-                            Some(Ok(self.done(p, index, Some(LinkFailure { index, error }))));
-                        p.phase = Phase::StageOut;
-                    }
-                    other => {
-                        let e = NpudError::from(other);
-                        let e = if item.chain {
-                            e.within(&format!("links[{index}]"))
-                        } else {
-                            e
-                        };
-                        // Refused before the doorbell: none of this batch ran.
-                        self.refused(p, first, end, index, e);
-                    }
+                if let Some(other) = self.failed_on_device(item, p, index, error) {
+                    let e = NpudError::from(other);
+                    let e = if item.chain {
+                        e.within(&format!("links[{index}]"))
+                    } else {
+                        e
+                    };
+                    // Refused before the doorbell: none of this batch ran.
+                    self.refused(p, first, end, index, e);
                 }
             }
+        }
+    }
+
+    /// Link `index` of `item` failed at its doorbell: the runtime refused it
+    /// ([`Worker::runtime_refused`]), or it faulted the device or timed out (its program
+    /// quarantined, the fault charged, the item ended with a link failure). Either way the
+    /// item's outcome is set. Any other error was a refusal before the doorbell, and is given
+    /// back for the caller to answer.
+    pub(super) fn failed_on_device(
+        &mut self,
+        item: &WorkItem,
+        p: &mut Progress,
+        index: usize,
+        error: HsaError,
+    ) -> Option<HsaError> {
+        let link = item.links.get(index).map(|l| l.program.as_ref());
+        if let HsaError::Device { status, .. } = &error
+            && let Some(e) = link.and_then(|l| {
+                let name = format!("{} ({})", l.id, l.display_name());
+                crate::faults::refusal(*status, &name, &error)
+            })
+        {
+            self.runtime_refused(item, p, index, e);
+            return None;
+        }
+        match error {
+            HsaError::Device { .. } | HsaError::Timeout { .. } => {
+                let error = self.device_fault(item, link, &error);
+                p.outcome = Some(Ok(self.done(p, index, Some(LinkFailure { index, error }))));
+                p.phase = Phase::StageOut;
+                None
+            }
+            other => Some(other),
         }
     }
 
