@@ -77,12 +77,7 @@ impl TestRing {
         let s = npu_client::fastpath::submission(id, d, None);
         let m = &self.mem;
         let (tail, head) = *g;
-        m.write_submission(tail, &s);
-        m.store(Word::SqTail, tail.wrapping_add(1));
-        if m.load(Word::SqSleeping) != 0 {
-            m.ring(Word::SqBell);
-        }
-        g.0 = tail.wrapping_add(1);
+        g.0 = m.submit(tail, &s);
         let until = Instant::now() + limit;
         let spin_until = Instant::now() + Duration::from_micros(50);
         loop {

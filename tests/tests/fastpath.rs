@@ -16,7 +16,7 @@ use npu_client::{Client, ConnectOptions, Program};
 use npu_fd::ring::{self, Completion, RingArg, Submission, Word};
 use npu_proto::v1 as pb;
 use npud_e2e::ring::TestRing;
-use npud_e2e::{Daemon, I32Copies, Options, Session};
+use npud_e2e::{Daemon, I32Copies, Mapped, Options, Session};
 use tonic::Code;
 
 /// Every test here finishes within this.
@@ -482,14 +482,7 @@ async fn a_ring_is_torn_down_when_its_lifeline_closes_or_its_session_ends() {
         ..Options::default()
     });
     bounded(async {
-        let mut s = Session::open(d.connect().await, "lifeline").await.unwrap();
-        let p = s
-            .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
-            .await
-            .unwrap()
-            .program_id;
-        let mut x = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
-        let y = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+        let (mut s, p, mut x, y) = adder(&d, "lifeline").await;
         x.map.fill_i32(41).unwrap();
         s.attach_ring().await.unwrap();
         s.dispatch(p, &[x.id, y.id]).await.unwrap();
@@ -520,16 +513,9 @@ async fn a_ring_is_torn_down_when_its_lifeline_closes_or_its_session_ends() {
 async fn a_client_that_stops_consuming_completions_stalls_only_its_own_ring() {
     let d = Daemon::start(Options::default());
     bounded(async {
-        let mut s = Session::open(d.connect().await, "stalled").await.unwrap();
-        let design = EmuDesign::vector_scalar_add(N, DType::I32, 1);
-        let p = s.register(&design).await.unwrap().program_id;
-        let x = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
-        let y = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+        let (mut s, p, x, y) = adder(&d, "stalled").await;
         s.attach_ring().await.unwrap();
-        let mut o = Session::open(d.connect().await, "other").await.unwrap();
-        let q = o.register(&design).await.unwrap().program_id;
-        let a = o.alloc_mapped(u64::from(N) * 4).await.unwrap();
-        let b = o.alloc_mapped(u64::from(N) * 4).await.unwrap();
+        let (mut o, q, a, b) = adder(&d, "other").await;
         let mem = s.ring.clone().unwrap().mem.clone();
         let submit = |first: u64| {
             for id in first..first + u64::from(ring::SLOTS) {
@@ -613,14 +599,7 @@ async fn submissions_past_the_pending_limit_are_refused_through_the_ring_as_disp
     ] {
         let d = Daemon::start(opts);
         bounded(async {
-            let mut s = Session::open(d.connect().await, "limited").await.unwrap();
-            let p = s
-                .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
-                .await
-                .unwrap()
-                .program_id;
-            let x = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
-            let y = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+            let (mut s, p, x, y) = adder(&d, "limited").await;
             s.attach_ring().await.unwrap();
             let mem = s.ring.clone().unwrap().mem.clone();
             // Four slots published at once: the daemon takes them in one look.
@@ -663,14 +642,7 @@ async fn submissions_past_the_pending_limit_are_refused_through_the_ring_as_disp
 async fn a_submission_whose_bell_was_never_rung_is_answered_all_the_same() {
     let d = Daemon::start(Options::default());
     bounded(async {
-        let mut s = Session::open(d.connect().await, "silent").await.unwrap();
-        let p = s
-            .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
-            .await
-            .unwrap()
-            .program_id;
-        let mut x = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
-        let y = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+        let (mut s, p, mut x, y) = adder(&d, "silent").await;
         x.map.fill_i32(6).unwrap();
         s.attach_ring().await.unwrap();
         let mem = s.ring.clone().unwrap().mem.clone();
@@ -687,6 +659,19 @@ async fn a_submission_whose_bell_was_never_rung_is_answered_all_the_same() {
         assert!(y.map.i32s().unwrap().iter().all(|v| *v == 7));
     })
     .await;
+}
+
+/// A session named `name` with the add-one design registered and two tensors of its size.
+async fn adder(d: &Daemon, name: &str) -> (Session, u64, Mapped, Mapped) {
+    let mut s = Session::open(d.connect().await, name).await.unwrap();
+    let p = s
+        .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
+        .await
+        .unwrap()
+        .program_id;
+    let x = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+    let y = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
+    (s, p, x, y)
 }
 
 /// A submission of `program` over whole `tensors`, written.
@@ -723,19 +708,12 @@ async fn wait_state(mem: &npu_fd::ring::RingMemory, want: u32) {
 async fn dependent_dispatches_published_at_once_run_in_order_around_a_fault() {
     let d = Daemon::start(Options::default());
     bounded(async {
-        let mut s = Session::open(d.connect().await, "pipelined").await.unwrap();
-        let add = s
-            .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
-            .await
-            .unwrap()
-            .program_id;
+        let (mut s, add, x, y) = adder(&d, "pipelined").await;
         let fault = s
             .register(&EmuDesign::fault(N * 4))
             .await
             .unwrap()
             .program_id;
-        let x = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
-        let y = s.alloc_mapped(u64::from(N) * 4).await.unwrap();
         let f = [
             s.alloc_mapped(u64::from(N) * 4).await.unwrap(),
             s.alloc_mapped(u64::from(N) * 4).await.unwrap(),

@@ -63,12 +63,7 @@ impl BenchRing {
     fn submit(&mut self, d: &pb::DispatchRequest) {
         let s = npu_client::fastpath::submission(self.next, d, None);
         self.next += 1;
-        self.mem.write_submission(self.tail, &s);
-        self.tail = self.tail.wrapping_add(1);
-        self.mem.store(Word::SqTail, self.tail);
-        if self.mem.load(Word::SqSleeping) != 0 {
-            self.mem.ring(Word::SqBell);
-        }
+        self.tail = self.mem.submit(self.tail, &s);
     }
 
     /// Waits for the next completion: spins, then sleeps on the bell.

@@ -158,13 +158,18 @@ impl FastPath {
         self.cq.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether `d` fits a slot and the ring is open.
+    fn takes(&self, d: &pb::DispatchRequest) -> bool {
+        d.args.len() <= ring::MAX_ARGS && self.is_open()
+    }
+
     /// Runs one dispatch through the ring: `Ok` with the daemon's completion, or why not.
     pub(crate) async fn dispatch(
         &self,
         d: &pb::DispatchRequest,
         timeout: Duration,
     ) -> Result<Completion, RingMiss> {
-        if d.args.len() > ring::MAX_ARGS || !self.is_open() {
+        if !self.takes(d) {
             return Err(RingMiss::NotTaken);
         }
         let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -183,7 +188,7 @@ impl FastPath {
         d: &pb::DispatchRequest,
         timeout: Duration,
     ) -> Result<Completion, RingMiss> {
-        if d.args.len() > ring::MAX_ARGS || !self.is_open() {
+        if !self.takes(d) {
             return Err(RingMiss::NotTaken);
         }
         let Ok(mut tail) = self.sq.try_lock() else {
@@ -194,13 +199,9 @@ impl FastPath {
         }
         let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let index = *tail;
-        self.mem
-            .write_submission(index, &submission(request_id, d, Some(timeout)));
-        *tail = index.wrapping_add(1);
-        self.mem.store(Word::SqTail, *tail);
-        if self.mem.load(Word::SqSleeping) != 0 {
-            self.mem.ring(Word::SqBell);
-        }
+        *tail = self
+            .mem
+            .submit(index, &submission(request_id, d, Some(timeout)));
         drop(tail);
         self.wait_now(request_id, index, timeout)
     }
@@ -259,12 +260,7 @@ impl FastPath {
             tokio::task::yield_now().await;
         }
         let index = *tail;
-        self.mem.write_submission(index, s);
-        *tail = index.wrapping_add(1);
-        self.mem.store(Word::SqTail, *tail);
-        if self.mem.load(Word::SqSleeping) != 0 {
-            self.mem.ring(Word::SqBell);
-        }
+        *tail = self.mem.submit(index, s);
         Ok(index)
     }
 

@@ -606,13 +606,15 @@ pub(crate) struct ProgramCache {
 }
 
 impl ProgramCache {
+    fn cells(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<tokio::sync::OnceCell<ProgramInfo>>>> {
+        self.cells.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The registration of `key`, if it has been made.
     pub fn get_now(&self, key: u64) -> Option<ProgramInfo> {
-        self.cells
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&key)
-            .and_then(|c| c.get().cloned())
+        self.cells().get(&key).and_then(|c| c.get().cloned())
     }
 
     /// The registration of `key`, made by `register` if there is none yet (a failed one is
@@ -622,23 +624,13 @@ impl ProgramCache {
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<ProgramInfo, E>>,
     {
-        let cell = self
-            .cells
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(key)
-            .or_default()
-            .clone();
+        let cell = self.cells().entry(key).or_default().clone();
         cell.get_or_try_init(register).await.cloned()
     }
 
     /// Forgets `key`; its registration, when it had one.
     pub fn remove(&self, key: u64) -> Option<ProgramInfo> {
-        self.cells
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&key)
-            .and_then(|c| c.get().cloned())
+        self.cells().remove(&key).and_then(|c| c.get().cloned())
     }
 }
 

@@ -242,6 +242,19 @@ impl RingMemory {
         self.copy_in(Self::submission_at(index), &w[..s.words()]);
     }
 
+    /// Submits `s` as the client does: writes slot `tail mod SLOTS`, publishes it with a
+    /// store of `sq_tail = tail + 1`, and rings the bell when the daemon sleeps. Returns the
+    /// new tail. The caller has checked that the ring has room (`tail − sq_head < SLOTS`).
+    pub fn submit(&self, tail: u32, s: &Submission) -> u32 {
+        self.write_submission(tail, s);
+        let next = tail.wrapping_add(1);
+        self.store(Word::SqTail, next);
+        if self.load(Word::SqSleeping) != 0 {
+            self.ring(Word::SqBell);
+        }
+        next
+    }
+
     /// Writes raw words into submission slot `index mod SLOTS`, whatever they say (tests of a
     /// hostile client use it).
     pub fn write_raw_submission(&self, index: u32, words: &[u64]) {
