@@ -167,6 +167,7 @@ async fn a_raw_ring_answers_refusals_word_for_word_as_dispatch_does() {
             program: p,
             timeout_ms: 0,
             args: vec![],
+            queued: false,
         }
         .encode();
         words[3] |= 1 << 40;
@@ -441,6 +442,8 @@ fn scribble(r: &TestRing, seed: u64, stop: &AtomicBool, ids: &[u64], own: u64, p
                             read_only: false,
                         },
                     ],
+                    // Half of them a pipeline's: queued, never refused for the limit.
+                    queued: rng.next().is_multiple_of(2),
                 };
                 m.write_submission(index, &s);
             }
@@ -575,7 +578,8 @@ async fn a_client_that_stops_consuming_completions_stalls_only_its_own_ring() {
 
 /// Submissions past the session's pending limit are refused `RESOURCE_EXHAUSTED` through the
 /// ring as concurrent `Dispatch` calls are, whether the daemon's limit or the session's rule
-/// sets it; the ones within it run.
+/// sets it; the ones within it run. Queued slots (a pipeline's) are a `Submit` stream's items
+/// instead: published far past the limit at once, they all run, in order.
 #[tokio::test(flavor = "multi_thread")]
 async fn submissions_past_the_pending_limit_are_refused_through_the_ring_as_dispatch_calls_are() {
     let dir = tempfile::tempdir().unwrap();
@@ -630,9 +634,89 @@ async fn submissions_past_the_pending_limit_are_refused_through_the_ring_as_disp
             }
             let st = s.statistics().await.unwrap();
             assert_eq!(counts(&st, s.id), (2, 2));
+            // Twenty queued slots at once, ten times the limit.
+            for id in 4..24_u32 {
+                let mut q = whole(u64::from(id) + 1, p, &[x.id, y.id]);
+                q.queued = true;
+                mem.write_submission(id, &q);
+            }
+            mem.store(Word::SqTail, 24);
+            mem.ring(Word::SqBell);
+            while mem.load(Word::CqTail) != 24 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            for i in 4..24_u32 {
+                let c = Completion::decode(&mem.read_completion(i));
+                assert_eq!(
+                    (c.request_id, c.code),
+                    (u64::from(i) + 1, 0),
+                    "{}",
+                    c.message
+                );
+            }
+            mem.store(Word::CqHead, 24);
+            let st = s.statistics().await.unwrap();
+            assert_eq!(counts(&st, s.id), (22, 2));
+            assert_eq!(st.pending_dispatches, 0);
         })
         .await;
     }
+}
+
+/// Queued slots are taken a `Submit` stream's window at a time (the session's pending limit):
+/// while a hanging dispatch holds the device, the daemon has copied out only the window's
+/// worth of what was published, and the rest wait in the ring, to run after it.
+#[tokio::test(flavor = "multi_thread")]
+async fn queued_slots_are_taken_a_submit_windows_worth_at_a_time() {
+    let d = Daemon::start(
+        Options::default()
+            .env("NPUD_LIMITS__MAX_PENDING_PER_SESSION", "2")
+            .arg("--emulator-timeout-ms")
+            .arg("1500"),
+    );
+    bounded(async {
+        let (mut s, p, x, y) = adder(&d, "window").await;
+        let hang = s
+            .register(&EmuDesign::hang(N * 4))
+            .await
+            .unwrap()
+            .program_id;
+        s.attach_ring().await.unwrap();
+        let mem = s.ring.clone().unwrap().mem.clone();
+        for id in 0..10_u32 {
+            let program = if id == 0 { hang } else { p };
+            let mut q = whole(u64::from(id), program, &[x.id, y.id]);
+            q.queued = true;
+            mem.write_submission(id, &q);
+        }
+        mem.store(Word::SqTail, 10);
+        mem.ring(Word::SqBell);
+        while mem.load(Word::SqHead) < 2 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // The hang holds the device for 1.5 s; look well inside it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(mem.load(Word::SqHead), 2, "a window's worth copied out");
+        assert_eq!(mem.load(Word::CqTail), 0, "the hang is still running");
+        let st = s.statistics().await.unwrap();
+        assert_eq!(st.pending_dispatches, 2);
+        while mem.load(Word::CqTail) != 10 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let got: Vec<(u64, u32)> = (0..10)
+            .map(|i| {
+                let c = Completion::decode(&mem.read_completion(i));
+                (c.request_id, c.code)
+            })
+            .collect();
+        assert_eq!(got[0].0, 0);
+        assert_ne!(got[0].1, 0, "the hang fails");
+        for (i, (id, code)) in got.iter().enumerate().skip(1) {
+            assert_eq!((*id, *code), (i as u64, 0));
+        }
+        assert!(y.map.i32s().unwrap().iter().all(|v| *v == 1));
+    })
+    .await;
 }
 
 /// A client that publishes a submission without ringing the bell while the daemon sleeps is

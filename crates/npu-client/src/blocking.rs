@@ -98,6 +98,12 @@ impl Client {
         self.inner.generation()
     }
 
+    /// See [`crate::Client::fast_path_active`].
+    #[must_use]
+    pub fn fast_path_active(&self) -> bool {
+        self.inner.fast_path_active()
+    }
+
     /// See [`crate::Client::device_info`].
     ///
     /// # Errors
@@ -260,6 +266,12 @@ pub struct Pipeline<'a> {
 }
 
 impl<'a> Pipeline<'a> {
+    /// See [`crate::Pipeline::on_ring`].
+    #[must_use]
+    pub fn on_ring(&self) -> bool {
+        self.inner.on_ring()
+    }
+
     /// See [`crate::Pipeline::in_flight`].
     #[must_use]
     pub fn in_flight(&self) -> usize {

@@ -92,6 +92,8 @@ pub(crate) struct FastPath {
     /// The lifeline closed: the daemon is gone.
     dead: AtomicBool,
     waiter: Mutex<Option<std::thread::Thread>>,
+    /// The daemon takes queued slots ([`ring::QUEUED`]): a pipeline may use the ring.
+    queues: bool,
 }
 
 impl FastPath {
@@ -126,6 +128,7 @@ impl FastPath {
             stop: AtomicBool::new(false),
             dead: AtomicBool::new(false),
             waiter: Mutex::new(None),
+            queues: r.slot_flags & ring::QUEUED != 0,
         });
         let weak = Arc::downgrade(&fp);
         let t = std::thread::Builder::new()
@@ -159,8 +162,30 @@ impl FastPath {
     }
 
     /// Whether `d` fits a slot and the ring is open.
-    fn takes(&self, d: &pb::DispatchRequest) -> bool {
+    pub(crate) fn takes(&self, d: &pb::DispatchRequest) -> bool {
         d.args.len() <= ring::MAX_ARGS && self.is_open()
+    }
+
+    /// Whether the daemon takes a pipeline's submissions on this ring: queued, as a `Submit`
+    /// stream's items are, instead of refused past the session's pending limit.
+    pub(crate) fn queues(&self) -> bool {
+        self.queues
+    }
+
+    /// Publishes `d` as a queued submission (a pipeline's; no deadline, as a `Submit` item
+    /// without one) and returns its ring request id and index, for [`FastPath::wait`].
+    /// `NotTaken` when it did not fit or the ring closed while it waited for a free slot.
+    pub(crate) async fn submit_queued(
+        &self,
+        d: &pb::DispatchRequest,
+    ) -> Result<(u64, u32), RingMiss> {
+        if !self.takes(d) {
+            return Err(RingMiss::NotTaken);
+        }
+        let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut s = submission(request_id, d, None);
+        s.queued = true;
+        Ok((request_id, self.submit(&s).await?))
     }
 
     /// Runs one dispatch through the ring: `Ok` with the daemon's completion, or why not.
@@ -290,6 +315,8 @@ impl FastPath {
         any
     }
 
+    /// Waits for the completion of `request_id`, submitted at `index`, abandoning the request
+    /// if the wait is dropped before its answer.
     async fn wait(&self, request_id: u64, index: u32) -> Result<Completion, RingMiss> {
         /// Abandons the request if the wait is dropped before its answer (the caller's
         /// timeout): no parked waker or unclaimed completion is left behind.
@@ -302,8 +329,22 @@ impl FastPath {
             }
         }
         let mut guard = Waiting(self, request_id, false);
+        let r = self.wait_kept(request_id, index).await;
+        guard.2 = true;
+        r
+    }
+
+    /// Waits for the completion of `request_id`, submitted at `index`: spins (yielding to the
+    /// runtime) for [`SPIN`], then parks the task for the waiter thread to wake. A wait
+    /// dropped before its answer keeps the request: a later wait gets its completion, and a
+    /// caller that gives up for good calls [`FastPath::abandon`].
+    pub(crate) async fn wait_kept(
+        &self,
+        request_id: u64,
+        index: u32,
+    ) -> Result<Completion, RingMiss> {
         let started = Instant::now();
-        let r = std::future::poll_fn(|cx| {
+        std::future::poll_fn(|cx| {
             let park = started.elapsed() >= SPIN;
             let r = self.poll_completion(request_id, index, cx.waker(), park);
             if r.is_pending() && !park {
@@ -311,14 +352,12 @@ impl FastPath {
             }
             r
         })
-        .await;
-        guard.2 = true;
-        r
+        .await
     }
 
     /// The caller of `request_id` stopped waiting: forget its parked waker, and its
     /// completion whether it came already or comes later.
-    fn abandon(&self, request_id: u64) {
+    pub(crate) fn abandon(&self, request_id: u64) {
         let mut cq = self.lock_cq();
         if cq.parked.remove(&request_id).is_some() {
             self.parked.fetch_sub(1, Ordering::SeqCst);
@@ -423,6 +462,7 @@ pub fn submission(
                 read_only: a.read_only,
             })
             .collect(),
+        queued: false,
     }
 }
 

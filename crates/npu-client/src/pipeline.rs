@@ -1,7 +1,14 @@
-//! Pipelined submission: [`Client::pipeline`] keeps several dispatches in flight on one
-//! long-lived `Submit` stream, so the round trip is paid once per window instead of once per
-//! dispatch (`npuctl bench` row 9: ≈ 5 µs per dispatch with 16 in flight, against ≈ 60 µs for
-//! one unary dispatch at a time, on the emulator).
+//! Pipelined submission: [`Client::pipeline`] keeps several dispatches in flight, so the
+//! round trip is paid once per window instead of once per dispatch.
+//!
+//! A local session with a dispatch ring ([`crate::fastpath`]) sends them through the ring as
+//! queued slots, which the daemon treats as a `Submit` stream's items; otherwise they go on one
+//! long-lived `Submit` stream. The completions, errors and flow control are the same either
+//! way: past the session's pending limit, items wait for room instead of being refused. A
+//! dispatch that does not fit a ring slot (more than 15 arguments), or one sent after the ring
+//! closed, goes on the stream, after every dispatch in flight on the ring has completed, so
+//! dispatches still run and complete in submission order. On a ring, at most its slot count
+//! (64) are in flight, whatever `depth` asks for.
 //!
 //! # Contract
 //!
@@ -36,6 +43,7 @@
 //! ```
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use npu_proto::v1 as pb;
@@ -46,6 +54,7 @@ use tonic::Streaming;
 use crate::client::Client;
 use crate::dispatch::DispatchResult;
 use crate::error::ClientError;
+use crate::fastpath::{FastPath, RingMiss};
 use crate::program::Program;
 use crate::tensor::{RawTensor, TensorArg};
 
@@ -58,55 +67,101 @@ pub struct Completion {
     pub result: Result<DispatchResult, ClientError>,
 }
 
-/// Dispatches in flight on one `Submit` stream; see the module documentation.
+/// Dispatches in flight on the session's ring or one `Submit` stream; see the module
+/// documentation.
 #[derive(Debug)]
 pub struct Pipeline<'a> {
     client: &'a Client,
     depth: usize,
-    requests: Option<mpsc::Sender<pb::SubmitRequest>>,
-    completions: Streaming<pb::SubmitResponse>,
+    /// The session's ring, when the pipeline opened on it (kept after it closes, for the
+    /// dispatches it has in flight).
+    ring: Option<Arc<FastPath>>,
+    /// The ring closed: what is sent now goes on the stream.
+    ring_closed: bool,
+    /// The `Submit` stream, opened when first needed.
+    stream: Option<Stream>,
     next_id: u64,
-    /// Ids sent and not yet completed, oldest first, each with the tensors it writes (lent
-    /// until its completion arrives).
-    in_flight: VecDeque<(u64, Vec<&'a mut RawTensor>)>,
+    /// Dispatches sent and not yet completed, oldest first, each with the tensors it writes
+    /// (lent until its completion arrives). All on one route at a time.
+    in_flight: VecDeque<Flight<'a>>,
     /// Completions taken off the stream to make room, not yet returned by `next_completion`.
     ready: VecDeque<Completion>,
 }
 
+#[derive(Debug)]
+struct Stream {
+    /// `None` once [`Pipeline::finish`] closed the sending side.
+    requests: Option<mpsc::Sender<pb::SubmitRequest>>,
+    completions: Streaming<pb::SubmitResponse>,
+}
+
+#[derive(Debug)]
+struct Flight<'a> {
+    /// The pipeline's request id.
+    id: u64,
+    route: Route,
+    /// What a ring slot carries, kept for the case of a ring that closes before it takes it
+    /// (it is then sent on the stream).
+    request: Option<pb::DispatchRequest>,
+    writes: Vec<&'a mut RawTensor>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Stream,
+    /// The ring's request id and the slot's index.
+    Ring(u64, u32),
+}
+
 impl Client {
     /// Opens a pipeline that keeps up to `depth` dispatches in flight (at least 1, at most the
-    /// daemon's `max_pending_per_session`).
+    /// daemon's `max_pending_per_session`, and at most 64 on a ring).
     ///
     /// # Errors
     ///
     /// [`ClientError::SessionLost`], the daemon's refusal, or a transport error opening the
-    /// stream.
+    /// stream (a pipeline on the session's ring opens its stream only if it needs one).
     pub async fn pipeline(&self, depth: usize) -> Result<Pipeline<'_>, ClientError> {
         let most = self
             .device()
             .limits
             .as_ref()
             .map_or(1, |l| l.max_pending_per_session as usize);
-        let depth = depth.clamp(1, most.max(1));
-        let (tx, rx) = mpsc::channel(depth);
-        let completions = self
-            .inner
-            .open_stream("Submit", |mut c| async move {
-                c.submit(ReceiverStream::new(rx))
-                    .await
-                    .map(tonic::Response::into_inner)
-            })
-            .await?;
+        let mut depth = depth.clamp(1, most.max(1));
+        let ring = self.inner.fast_path().filter(|fp| fp.queues());
+        let stream = if ring.is_some() {
+            depth = depth.min(npu_fd::ring::SLOTS as usize);
+            None
+        } else {
+            Some(open_stream(self, depth).await?)
+        };
         Ok(Pipeline {
             client: self,
             depth,
-            requests: Some(tx),
-            completions,
+            ring,
+            ring_closed: false,
+            stream,
             next_id: 0,
             in_flight: VecDeque::new(),
             ready: VecDeque::new(),
         })
     }
+}
+
+async fn open_stream(client: &Client, depth: usize) -> Result<Stream, ClientError> {
+    let (tx, rx) = mpsc::channel(depth);
+    let completions = client
+        .inner
+        .open_stream("Submit", |mut c| async move {
+            c.submit(ReceiverStream::new(rx))
+                .await
+                .map(tonic::Response::into_inner)
+        })
+        .await?;
+    Ok(Stream {
+        requests: Some(tx),
+        completions,
+    })
 }
 
 impl<'a> Pipeline<'a> {
@@ -126,6 +181,13 @@ impl<'a> Pipeline<'a> {
     #[must_use]
     pub fn pending(&self) -> usize {
         self.in_flight.len() + self.ready.len()
+    }
+
+    /// Whether the pipeline sends through the session's dispatch ring (until the ring
+    /// closes).
+    #[must_use]
+    pub fn on_ring(&self) -> bool {
+        self.ring.is_some() && !self.ring_closed
     }
 
     /// Sends `program` over `reads` followed by `writes`, in the design's order (registering
@@ -163,39 +225,96 @@ impl<'a> Pipeline<'a> {
             }
         }
         let program_id = self.client.register(program).await?.id;
-        while self.in_flight.len() >= self.depth {
-            let c = self.receive().await?;
-            self.ready.push_back(c);
+        let request = crate::dispatch::link(program_id, &raws, reads.len());
+        drop(raws);
+        loop {
+            let on_ring =
+                !self.ring_closed && self.ring.as_ref().is_some_and(|fp| fp.takes(&request));
+            // One route in flight at a time: the daemon orders a session's ring and stream
+            // items only as they reach it.
+            if self
+                .in_flight
+                .back()
+                .is_some_and(|f| matches!(f.route, Route::Ring(..)) != on_ring)
+            {
+                self.wait_for_all().await?;
+            }
+            while self.in_flight.len() >= self.depth {
+                let c = self.receive().await?;
+                self.ready.push_back(c);
+            }
+            // Lent before the request leaves: the daemon may write them as soon as it has it.
+            for w in &mut writes {
+                w.lend();
+            }
+            let (sent, request) = match &self.ring {
+                Some(fp) if on_ring => match fp.submit_queued(&request).await {
+                    Ok((ring_id, index)) => (Ok(Route::Ring(ring_id, index)), Some(request)),
+                    // The ring closed before it took the dispatch: the stream takes it.
+                    Err(_) => {
+                        for w in &mut writes {
+                            w.reclaim();
+                        }
+                        self.ring_closed = true;
+                        continue;
+                    }
+                },
+                _ => (self.send_on_stream(self.next_id, request).await, None),
+            };
+            let route = match sent {
+                Ok(route) => route,
+                Err(e) => {
+                    // Never sent, so the daemon does not have it.
+                    for w in &mut writes {
+                        w.reclaim();
+                    }
+                    return Err(e);
+                }
+            };
+            let id = self.next_id;
+            self.next_id += 1;
+            self.in_flight.push_back(Flight {
+                id,
+                route,
+                request,
+                writes,
+            });
+            return Ok(id);
         }
-        let request_id = self.next_id;
+    }
+
+    /// Sends one item on the stream, opening it first if needed.
+    async fn send_on_stream(
+        &mut self,
+        request_id: u64,
+        d: pb::DispatchRequest,
+    ) -> Result<Route, ClientError> {
+        if self.stream.is_none() {
+            self.stream = Some(open_stream(self.client, self.depth).await?);
+        }
         let req = pb::SubmitRequest {
             request_id,
-            work: Some(pb::submit_request::Work::Dispatch(crate::dispatch::link(
-                program_id,
-                &raws,
-                reads.len(),
-            ))),
+            work: Some(pb::submit_request::Work::Dispatch(d)),
             timeout_ms: 0,
         };
-        drop(raws);
-        // Lent before the request leaves: the daemon may write them as soon as it has it.
-        for w in &mut writes {
-            w.lend();
-        }
-        let sent = match &self.requests {
+        let sent = match self.stream.as_ref().and_then(|s| s.requests.as_ref()) {
             Some(tx) => tx.send(req).await.is_ok(),
             None => false,
         };
-        if !sent {
-            // Never sent, so the daemon does not have it.
-            for w in &mut writes {
-                w.reclaim();
-            }
-            return Err(self.ended("the stream is closed"));
+        if sent {
+            Ok(Route::Stream)
+        } else {
+            Err(self.ended("the stream is closed"))
         }
-        self.next_id += 1;
-        self.in_flight.push_back((request_id, writes));
-        Ok(request_id)
+    }
+
+    /// Takes every completion in flight into `ready`.
+    async fn wait_for_all(&mut self) -> Result<(), ClientError> {
+        while !self.in_flight.is_empty() {
+            let c = self.receive().await?;
+            self.ready.push_back(c);
+        }
+        Ok(())
     }
 
     /// The next completion in submission order, or `None` when every dispatch sent has been
@@ -203,8 +322,9 @@ impl<'a> Pipeline<'a> {
     ///
     /// # Errors
     ///
-    /// The stream's end: the daemon's status or a transport error (the dispatches still in
-    /// flight are then unknown).
+    /// The stream's end, or the ring's closing with the dispatch taken and unanswered: the
+    /// daemon's status or a transport error (the dispatches still in flight are then
+    /// unknown).
     pub async fn next_completion(&mut self) -> Result<Option<Completion>, ClientError> {
         if let Some(c) = self.ready.pop_front() {
             return Ok(Some(c));
@@ -223,7 +343,9 @@ impl<'a> Pipeline<'a> {
     /// As [`Pipeline::next_completion`].
     pub async fn finish(mut self) -> Result<Vec<Completion>, ClientError> {
         // Nothing more will be sent: the daemon ends the stream after the last completion.
-        self.requests = None;
+        if let Some(s) = &mut self.stream {
+            s.requests = None;
+        }
         let mut all = Vec::with_capacity(self.pending());
         while let Some(c) = self.next_completion().await? {
             all.push(c);
@@ -231,29 +353,72 @@ impl<'a> Pipeline<'a> {
         Ok(all)
     }
 
+    /// The oldest dispatch's completion.
     async fn receive(&mut self) -> Result<Completion, ClientError> {
-        let r = match self.completions.message().await {
+        loop {
+            let Some(front) = self.in_flight.front_mut() else {
+                return Err(protocol(
+                    "a completion was awaited with none in flight".into(),
+                ));
+            };
+            let id = front.id;
+            let result = match front.route {
+                Route::Stream => self.receive_from_stream(id).await?,
+                Route::Ring(ring_id, index) => {
+                    let Some(fp) = self.ring.clone() else {
+                        return Err(protocol("a ring dispatch without its ring".into()));
+                    };
+                    match fp.wait_kept(ring_id, index).await {
+                        Ok(c) => ring_result(c),
+                        Err(RingMiss::NotTaken) => {
+                            // The ring closed before the daemon took it, and took everything
+                            // before it: the stream takes it in its place, in order.
+                            self.ring_closed = true;
+                            let d = front.request.take().unwrap_or_default();
+                            let route = self.send_on_stream(id, d).await?;
+                            if let Some(f) = self.in_flight.front_mut() {
+                                f.route = route;
+                            }
+                            continue;
+                        }
+                        Err(RingMiss::Lost(why)) => return Err(self.ended(&why)),
+                        Err(RingMiss::TimedOut) => return Err(self.ended("the ring timed out")),
+                    }
+                }
+            };
+            // The daemon is done with this dispatch, whatever its outcome.
+            if let Some(mut f) = self.in_flight.pop_front() {
+                for w in &mut f.writes {
+                    w.reclaim();
+                }
+            }
+            return Ok(Completion {
+                request_id: id,
+                result,
+            });
+        }
+    }
+
+    /// The stream's next completion, which must be request `id`'s.
+    async fn receive_from_stream(
+        &mut self,
+        id: u64,
+    ) -> Result<Result<DispatchResult, ClientError>, ClientError> {
+        let Some(stream) = &mut self.stream else {
+            return Err(protocol("a stream dispatch without its stream".into()));
+        };
+        let r = match stream.completions.message().await {
             Ok(Some(r)) => r,
             Ok(None) => return Err(self.ended("the daemon ended the stream")),
             Err(status) => return Err(ClientError::daemon("Submit", &status)),
         };
-        match self.in_flight.front_mut() {
-            Some((id, writes)) if *id == r.request_id => {
-                // The daemon is done with this dispatch, whatever its outcome.
-                for w in writes.iter_mut() {
-                    w.reclaim();
-                }
-                self.in_flight.pop_front();
-            }
-            expected => {
-                return Err(protocol(format!(
-                    "a completion for request {} while {:?} was due",
-                    r.request_id,
-                    expected.map(|(id, _)| *id)
-                )));
-            }
+        if r.request_id != id {
+            return Err(protocol(format!(
+                "a completion for request {} while {id} was due",
+                r.request_id
+            )));
         }
-        let result = if r.code == 0 {
+        Ok(if r.code == 0 {
             match r.result {
                 Some(pb::submit_response::Result::Dispatch(d)) => Ok(DispatchResult {
                     queue: Duration::from_nanos(d.queue_ns),
@@ -265,15 +430,7 @@ impl<'a> Pipeline<'a> {
                 ))),
             }
         } else {
-            Err(ClientError::Daemon {
-                call: "Submit",
-                code: tonic::Code::from_i32(r.code),
-                message: r.message,
-            })
-        };
-        Ok(Completion {
-            request_id: r.request_id,
-            result,
+            Err(item_error(r.code, r.message))
         })
     }
 
@@ -285,6 +442,41 @@ impl<'a> Pipeline<'a> {
                 self.in_flight.len()
             ),
         }
+    }
+}
+
+impl Drop for Pipeline<'_> {
+    /// Dispatches still in flight on the ring are left to the daemon, which runs them; their
+    /// completions are dropped as they come.
+    fn drop(&mut self) {
+        if let Some(fp) = &self.ring {
+            for f in &self.in_flight {
+                if let Route::Ring(ring_id, _) = f.route {
+                    fp.abandon(ring_id);
+                }
+            }
+        }
+    }
+}
+
+/// A ring completion as the stream's item would have been.
+fn ring_result(c: npu_fd::ring::Completion) -> Result<DispatchResult, ClientError> {
+    if c.code == 0 {
+        Ok(DispatchResult {
+            queue: Duration::from_nanos(c.queue_ns),
+            device: Duration::from_nanos(c.device_ns),
+        })
+    } else {
+        Err(item_error(i32::try_from(c.code).unwrap_or(2), c.message))
+    }
+}
+
+/// A dispatch the daemon refused or the device failed, as the stream reports it.
+fn item_error(code: i32, message: String) -> ClientError {
+    ClientError::Daemon {
+        call: "Submit",
+        code: tonic::Code::from_i32(code),
+        message,
     }
 }
 

@@ -1,20 +1,45 @@
-//! Pipelined submission against the real daemon: completions in order with their ids, a
+//! Pipelined submission against the real daemon, on a session's dispatch ring and on a
+//! `Submit` stream (each test runs both routes): completions in order with their ids, a
 //! failing dispatch reported in its completion while the stream goes on, staged tensors
-//! refused before anything is sent, and written tensors lent until their completion.
+//! refused before anything is sent, written tensors lent until their completion, and a
+//! dispatch too wide for a ring slot sent on the stream in its place.
 
 mod common;
 
 use common::Daemon;
 use npu_client::artifacts::emu::{DType, EmuDesign};
-use npu_client::{Client, ClientError, Program};
+use npu_client::{Client, ClientError, ConnectOptions, Program};
 
 const N: u32 = 1024;
 const LEN: usize = N as usize;
 
+/// The routes a local pipeline takes: the session's ring, or (fast path off) the stream.
+const ROUTES: [bool; 2] = [true, false];
+
+async fn connect(d: &Daemon, ring: bool) -> Client {
+    let c = Client::connect_with(
+        Some(&d.unix()),
+        ConnectOptions {
+            fast_path: ring,
+            ..ConnectOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(c.fast_path_active(), ring);
+    c
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_of_100_add_one_dispatches_completes_in_order() {
     let d = Daemon::start();
-    let client = Client::connect(Some(&d.unix())).await.unwrap();
+    for ring in ROUTES {
+        a_pipeline_of_100(&d, ring).await;
+    }
+}
+
+async fn a_pipeline_of_100(d: &Daemon, ring: bool) {
+    let client = connect(d, ring).await;
     let add = Program::emulated(
         &EmuDesign::vector_scalar_add(N, DType::I32, 1),
         client.generation(),
@@ -28,6 +53,7 @@ async fn a_pipeline_of_100_add_one_dispatches_completes_in_order() {
     }
     let mut p = client.pipeline(8).await.unwrap();
     assert_eq!(p.depth(), 8);
+    assert_eq!(p.on_ring(), ring);
     let mut ids = Vec::new();
     // Every dispatch reads a and writes its own output: the pipeline holds each output
     // borrowed until it is finished, so no two dispatches in it write one tensor.
@@ -70,8 +96,14 @@ async fn a_pipeline_of_100_add_one_dispatches_completes_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_dispatch_is_its_completion_and_the_stream_goes_on() {
-    let d = Daemon::start();
-    let client = Client::connect(Some(&d.unix())).await.unwrap();
+    // A daemon each: the fault quarantines its program.
+    for ring in ROUTES {
+        a_failing_dispatch(&Daemon::start(), ring).await;
+    }
+}
+
+async fn a_failing_dispatch(d: &Daemon, ring: bool) {
+    let client = connect(d, ring).await;
     let g = client.generation();
     let add = Program::emulated(&EmuDesign::vector_scalar_add(N, DType::I32, 1), g).unwrap();
     let fault = Program::emulated(&EmuDesign::fault(N * 4), g).unwrap();
@@ -80,6 +112,7 @@ async fn a_failing_dispatch_is_its_completion_and_the_stream_goes_on() {
     let mut c = client.alloc::<i32>(LEN).await.unwrap();
     let mut e = client.alloc::<i32>(LEN).await.unwrap();
     let mut p = client.pipeline(4).await.unwrap();
+    assert_eq!(p.on_ring(), ring);
     p.submit(&add, &[&a], vec![&mut b]).await.unwrap();
     let bad = p.submit(&fault, &[&a], vec![&mut c]).await.unwrap();
     // The device recovers; the good program still runs.
@@ -168,6 +201,7 @@ async fn staged_tensors_are_refused_before_anything_is_sent() {
 fn the_blocking_facade_pipelines_too() {
     let d = Daemon::start();
     let client = npu_client::blocking::Client::connect(Some(&d.unix())).unwrap();
+    assert!(client.fast_path_active());
     let add = Program::emulated(
         &EmuDesign::vector_scalar_add(N, DType::I32, 5),
         client.generation(),
@@ -176,6 +210,7 @@ fn the_blocking_facade_pipelines_too() {
     let a = client.tensor_from(&vec![0_i32; LEN]).unwrap();
     let mut outs: Vec<_> = (0..10).map(|_| client.alloc::<i32>(LEN).unwrap()).collect();
     let mut p = client.pipeline(4).unwrap();
+    assert!(p.on_ring());
     for out in &mut outs {
         p.submit(&add, &[&a], vec![out]).unwrap();
         assert!(p.in_flight() <= 4);
@@ -191,13 +226,20 @@ fn the_blocking_facade_pipelines_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_dropped_in_flight_leaves_its_outputs_lent() {
     let d = Daemon::start();
-    let client = Client::connect(Some(&d.unix())).await.unwrap();
+    for ring in ROUTES {
+        dropped_in_flight(&d, ring).await;
+    }
+}
+
+async fn dropped_in_flight(d: &Daemon, ring: bool) {
+    let client = connect(d, ring).await;
     let g = client.generation();
     let add = Program::emulated(&EmuDesign::vector_scalar_add(N, DType::I32, 1), g).unwrap();
     let a = client.tensor_from(&vec![1_i32; LEN]).await.unwrap();
     let mut done = client.alloc::<i32>(LEN).await.unwrap();
     let mut open = client.alloc::<i32>(LEN).await.unwrap();
     let mut p = client.pipeline(4).await.unwrap();
+    assert_eq!(p.on_ring(), ring);
     p.submit(&add, &[&a], vec![&mut done]).await.unwrap();
     let first = p.next_completion().await.unwrap().unwrap();
     assert!(first.result.is_ok(), "{first:?}");
@@ -231,4 +273,59 @@ async fn a_pipeline_dropped_in_flight_leaves_its_outputs_lent() {
         .unwrap();
     assert!(fresh.as_slice().iter().all(|v| *v == 3));
     open.free().await.unwrap();
+}
+
+/// A dispatch with more arguments than a ring slot holds goes on the stream, after what the
+/// ring has in flight: completions stay in submission order, and the ring takes the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatch_too_wide_for_a_ring_slot_goes_on_the_stream_in_order() {
+    let d = Daemon::start();
+    let client = connect(&d, true).await;
+    let g = client.generation();
+    let add = Program::emulated(&EmuDesign::vector_scalar_add(N, DType::I32, 1), g).unwrap();
+    let wide = Program::emulated(&EmuDesign::noop(16, N * 4), g).unwrap();
+    let a = client.tensor_from(&vec![41_i32; LEN]).await.unwrap();
+    let mut outs = Vec::new();
+    for _ in 0..6 {
+        outs.push(client.alloc::<i32>(LEN).await.unwrap());
+    }
+    let sixteen: Vec<&dyn npu_client::TensorArg> = (0..16).map(|_| &a as _).collect();
+    let mut p = client.pipeline(8).await.unwrap();
+    assert!(p.on_ring());
+    let mut outs_it = outs.iter_mut();
+    for _ in 0..3 {
+        p.submit(&add, &[&a], vec![outs_it.next().unwrap()])
+            .await
+            .unwrap();
+    }
+    let w = p.submit(&wide, &sixteen, vec![]).await.unwrap();
+    assert_eq!(w, 3);
+    assert_eq!(
+        p.in_flight(),
+        1,
+        "the ring's three completed before the stream's one left"
+    );
+    for _ in 0..3 {
+        p.submit(&add, &[&a], vec![outs_it.next().unwrap()])
+            .await
+            .unwrap();
+    }
+    assert!(
+        p.on_ring(),
+        "the ring takes the dispatches that fit it again"
+    );
+    let done = p.finish().await.unwrap();
+    let ids: Vec<u64> = done.iter().map(|c| c.request_id).collect();
+    assert_eq!(ids, (0..7).collect::<Vec<u64>>());
+    for c in &done {
+        assert!(c.result.is_ok(), "{c:?}");
+    }
+    assert!(outs.iter().all(|o| o.as_slice().iter().all(|v| *v == 42)));
+    let st = client.statistics().await.unwrap();
+    let mine = st
+        .sessions
+        .iter()
+        .find(|s| s.session_id == client.session_id())
+        .unwrap();
+    assert_eq!(mine.dispatches.as_ref().unwrap().success.unwrap().count, 7);
 }

@@ -314,6 +314,12 @@ pub struct Submission {
     pub timeout_ms: u64,
     /// At most [`MAX_ARGS`].
     pub args: Vec<RingArg>,
+    /// Queued as an item of a `Submit` stream rather than admitted as a `Dispatch` call:
+    /// counted in the session's pending work but not refused past its limit, the daemon
+    /// reading no further slot while the ring has a `Submit` stream's window of them
+    /// unanswered (slot flag [`QUEUED`]; only for a daemon whose `AttachRingResponse`
+    /// offers it in `slot_flags`).
+    pub queued: bool,
 }
 
 /// Why a submission slot was refused: its request id (as read) and what is wrong.
@@ -327,6 +333,10 @@ pub struct BadSubmission {
 
 const READ_ONLY: u64 = 1;
 
+/// Submission-slot flag: the slot is queued as a `Submit` stream's item (see
+/// [`Submission::queued`]).
+pub const QUEUED: u32 = 1;
+
 impl Submission {
     /// The slot's words. More than [`MAX_ARGS`] arguments are not representable: callers send
     /// such a dispatch through gRPC; here the extra ones are dropped.
@@ -336,7 +346,8 @@ impl Submission {
         w[1] = self.program;
         w[2] = self.timeout_ms;
         let n = self.args.len().min(MAX_ARGS);
-        w[3] = n as u64; // argument count (low 32 bits), flags 0 (high 32 bits)
+        // Argument count (low 32 bits), flags (high 32 bits).
+        w[3] = n as u64 | u64::from(if self.queued { QUEUED } else { 0 }) << 32;
         for (k, a) in self.args.iter().take(n).enumerate() {
             let at = 4 + 4 * k;
             w[at] = a.tensor;
@@ -358,15 +369,15 @@ impl Submission {
     /// # Errors
     ///
     /// [`BadSubmission`] for flags, argument flags or an argument count version 1 does not
-    /// allow.
+    /// allow (of the slot's flags, only [`QUEUED`]).
     pub fn decode(w: &RawSubmission) -> Result<Submission, BadSubmission> {
         let request_id = w[0];
         let bad = |why: String| BadSubmission { request_id, why };
         let count = w[3] & 0xffff_ffff;
         let flags = w[3] >> 32;
-        if flags != 0 {
+        if flags & !u64::from(QUEUED) != 0 {
             return Err(bad(format!(
-                "ring slot: flags {flags:#x}; version 1 defines none"
+                "ring slot: flags {flags:#x}; version 1 defines bit 0 (queued) only"
             )));
         }
         if count > MAX_ARGS as u64 {
@@ -395,6 +406,7 @@ impl Submission {
             program: w[1],
             timeout_ms: w[2],
             args,
+            queued: flags & u64::from(QUEUED) != 0,
         })
     }
 }
@@ -490,8 +502,10 @@ mod tests {
                     read_only: false,
                 },
             ],
+            queued: true,
         };
         assert_eq!(Submission::decode(&s.encode()).unwrap(), s);
+        assert_eq!(s.encode()[3], 2 | u64::from(QUEUED) << 32);
         let c = Completion {
             request_id: 7,
             code: 3,
@@ -511,7 +525,7 @@ mod tests {
         w[0] = 42;
         w[3] = 16;
         assert_eq!(Submission::decode(&w).unwrap_err().request_id, 42);
-        w[3] = 1 << 32;
+        w[3] = 2 << 32;
         assert!(Submission::decode(&w).unwrap_err().why.contains("flags"));
         w[3] = 1;
         w[7] = 2;
@@ -536,6 +550,7 @@ mod tests {
                 length: 0,
                 read_only: true,
             }],
+            queued: false,
         };
         assert_eq!(s.words(), 8);
         m.write_submission(3, &s);
@@ -590,6 +605,7 @@ mod tests {
             program: 2,
             timeout_ms: 0,
             args: vec![],
+            queued: false,
         };
         a.write_submission(SLOTS + 5, &s);
         assert_eq!(Submission::decode(&b.read_submission(5)).unwrap(), s);

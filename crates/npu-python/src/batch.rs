@@ -1,5 +1,5 @@
-//! The task behind a `Pipeline`: submissions batched onto `Submit` streams, completions
-//! answered in submission order.
+//! The task behind a `Pipeline`: submissions batched onto npu-client pipelines (the session's
+//! dispatch ring, or `Submit` streams), completions answered in submission order.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

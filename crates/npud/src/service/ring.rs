@@ -123,7 +123,12 @@ impl RingControl {
 #[derive(Debug)]
 enum Entry {
     Answered(Completion),
-    Waiting { request_id: u64, admitted: Admitted },
+    Waiting {
+        request_id: u64,
+        admitted: Admitted,
+        /// Queued as a `Submit` stream's item (slot flag [`ring::QUEUED`]).
+        queued: bool,
+    },
 }
 
 impl NpudService {
@@ -155,6 +160,7 @@ impl NpudService {
             slots: ring::SLOTS,
             ring_bytes: ring::RING_BYTES as u64,
             version: 1,
+            slot_flags: ring::QUEUED,
         })
     }
 
@@ -188,14 +194,19 @@ impl NpudService {
         });
         self.state.rings.insert(session, &ctl)?;
         // As many as the ring holds: each is admitted as a `Dispatch` call is, so a session over
-        // its pending limit is refused RESOURCE_EXHAUSTED, as concurrent calls would be.
+        // its pending limit is refused RESOURCE_EXHAUSTED, as concurrent calls would be. Queued
+        // slots are a Submit stream's items: never refused for the limit, and held to a
+        // stream's window instead.
         let window = ring::SLOTS as usize;
+        let queued_window = self.submit_window(session).min(window);
         // From here on, dropping the port tears the ring down (and ends the bell thread).
         let port = Port {
             svc: self.clone(),
             session,
             ctl: ctl.clone(),
             window,
+            queued_window,
+            queued: 0,
             head: 0,
             cq_tail: 0,
             entries: VecDeque::new(),
@@ -275,6 +286,10 @@ struct Port {
     session: u64,
     ctl: Arc<RingControl>,
     window: usize,
+    /// Queued submissions admitted and unanswered at most (a `Submit` stream's window).
+    queued_window: usize,
+    /// Queued submissions admitted and unanswered.
+    queued: usize,
     /// Submissions copied out (the daemon's own count; `sq_head` is only written).
     head: u32,
     /// Completions posted.
@@ -337,7 +352,7 @@ impl Intake for Port {
         parked
             && self.end.is_none()
             && (self.ctl.stopped.load(Ordering::SeqCst)
-                || mem.load(Word::SqTail) != self.head && self.entries.len() < self.window)
+                || mem.load(Word::SqTail) != self.head && self.has_room())
     }
 
     fn close(&mut self) {
@@ -369,6 +384,14 @@ impl Drop for Port {
 }
 
 impl Port {
+    /// Whether the port reads another slot: fewer than a ring's worth admitted and unanswered,
+    /// and fewer than a stream's window of them queued. A slot is read before its flags are
+    /// known, so a full queued window holds back every slot behind it: completions are in
+    /// submission order anyway.
+    fn has_room(&self) -> bool {
+        self.entries.len() < self.window && self.queued < self.queued_window
+    }
+
     /// Copies out and admits what the client submitted, up to the window.
     fn intake(&mut self, out: &mut Vec<WorkItem>) -> Result<(), u32> {
         let mem = &self.ctl.mem;
@@ -378,7 +401,7 @@ impl Port {
             return Err(ring::BROKEN_SQ_TAIL);
         }
         let mut took = 0;
-        while took < avail as usize && self.entries.len() < self.window {
+        while took < avail as usize && self.has_room() {
             let raw = mem.read_submission(self.head);
             self.head = self.head.wrapping_add(1);
             mem.store(Word::SqHead, self.head);
@@ -391,6 +414,9 @@ impl Port {
                 }
                 Ok(s) => self.admit(s, out),
             };
+            if let Entry::Waiting { queued: true, .. } = entry {
+                self.queued += 1;
+            }
             self.entries.push_back(entry);
         }
         if took > 0 {
@@ -401,6 +427,7 @@ impl Port {
 
     fn admit(&self, s: Submission, out: &mut Vec<WorkItem>) -> Entry {
         let request_id = s.request_id;
+        let queued = s.queued;
         let deadline =
             (s.timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(s.timeout_ms));
         let d = pb::DispatchRequest {
@@ -418,13 +445,14 @@ impl Port {
         };
         match self
             .svc
-            .admission(self.session, Work::Dispatch(d), deadline, false)
+            .admission(self.session, Work::Dispatch(d), deadline, queued)
         {
             Ok((item, admitted)) => {
                 out.push(item);
                 Entry::Waiting {
                     request_id,
                     admitted,
+                    queued,
                 }
             }
             Err(e) => Entry::Answered(error_completion(request_id, &e)),
@@ -438,6 +466,7 @@ impl Port {
             let Entry::Waiting {
                 request_id,
                 admitted,
+                queued,
             } = e
             else {
                 continue;
@@ -450,6 +479,7 @@ impl Port {
             };
             self.svc
                 .record(self.session, &admitted.programs, admitted.chain, &r);
+            self.queued -= usize::from(*queued);
             *e = Entry::Answered(completion(*request_id, r));
         }
     }
