@@ -216,24 +216,49 @@ impl FastPath {
         if !self.takes(d) {
             return Err(RingMiss::NotTaken);
         }
+        let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let index = self.submit_now(&submission(request_id, d, Some(timeout)))?;
+        let r = self.wait_now(request_id, index, timeout);
+        if matches!(r, Err(RingMiss::TimedOut)) {
+            self.abandon(request_id);
+        }
+        r
+    }
+
+    /// [`FastPath::submit_queued`] on the calling thread: `NotTaken`, having sent nothing,
+    /// when it cannot send at once (see [`FastPath::dispatch_now`]).
+    pub(crate) fn submit_queued_now(
+        &self,
+        d: &pb::DispatchRequest,
+    ) -> Result<(u64, u32), RingMiss> {
+        if !self.takes(d) {
+            return Err(RingMiss::NotTaken);
+        }
+        let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut s = submission(request_id, d, None);
+        s.queued = true;
+        Ok((request_id, self.submit_now(&s)?))
+    }
+
+    /// Writes `s` into the next slot and publishes it, from the calling thread: `NotTaken`
+    /// when another task holds the submission side or the ring is full.
+    fn submit_now(&self, s: &Submission) -> Result<u32, RingMiss> {
         let Ok(mut tail) = self.sq.try_lock() else {
             return Err(RingMiss::NotTaken);
         };
         if tail.wrapping_sub(self.mem.load(Word::SqHead)) >= ring::SLOTS {
             return Err(RingMiss::NotTaken);
         }
-        let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let index = *tail;
-        *tail = self
-            .mem
-            .submit(index, &submission(request_id, d, Some(timeout)));
-        drop(tail);
-        self.wait_now(request_id, index, timeout)
+        *tail = self.mem.submit(index, s);
+        Ok(index)
     }
 
-    /// [`FastPath::wait`] on the calling thread: spins for [`SPIN`], then parks until the
-    /// waiter thread wakes it or `timeout` has passed.
-    fn wait_now(
+    /// [`FastPath::wait_kept`] on the calling thread: spins for [`SPIN`], then parks until
+    /// the waiter thread wakes it. `TimedOut` when `timeout` passed first: the request is
+    /// kept (a later wait gets its completion; a caller that gives up calls
+    /// [`FastPath::abandon`]).
+    pub(crate) fn wait_now(
         &self,
         request_id: u64,
         index: u32,
@@ -250,7 +275,6 @@ impl FastPath {
                 Poll::Pending => {}
             }
             if waited >= timeout {
-                self.abandon(request_id);
                 return Err(RingMiss::TimedOut);
             }
             if park {

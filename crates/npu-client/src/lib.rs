@@ -59,6 +59,7 @@ pub mod json;
 pub mod local;
 mod pipeline;
 mod program;
+mod queued;
 mod session;
 pub mod tensor;
 mod view;
@@ -70,6 +71,7 @@ pub use error::{ClientError, code_name};
 pub use fleet::{Fleet, FleetOptions, FleetSpec, HostHealth, HostStatus};
 pub use pipeline::{Completion, Pipeline};
 pub use program::{HsacoSource, Program, ProgramInfo};
+pub use queued::{HeldArgs, Queued};
 pub use tensor::{Element, Tensor, TensorArg};
 pub use view::DispatchArg;
 

@@ -122,18 +122,13 @@ impl Client {
     /// [`ClientError::SessionLost`], the daemon's refusal, or a transport error opening the
     /// stream (a pipeline on the session's ring opens its stream only if it needs one).
     pub async fn pipeline(&self, depth: usize) -> Result<Pipeline<'_>, ClientError> {
-        let most = self
-            .device()
-            .limits
-            .as_ref()
-            .map_or(1, |l| l.max_pending_per_session as usize);
-        let mut depth = depth.clamp(1, most.max(1));
         let ring = self.inner.fast_path().filter(|fp| fp.queues());
-        let stream = if ring.is_some() {
-            depth = depth.min(npu_fd::ring::SLOTS as usize);
-            None
-        } else {
-            Some(open_stream(self, depth).await?)
+        let (depth, stream) = match self.ring_pipeline_depth(depth) {
+            Some(depth) if ring.is_some() => (depth, None),
+            _ => {
+                let depth = self.pipeline_depth(depth);
+                (depth, Some(open_stream(self, depth).await?))
+            }
         };
         Ok(Pipeline {
             client: self,
@@ -145,6 +140,29 @@ impl Client {
             in_flight: VecDeque::new(),
             ready: VecDeque::new(),
         })
+    }
+}
+
+impl Client {
+    /// The depth a pipeline asking for `depth` gets when it runs on this session's dispatch
+    /// ring, or `None` when it would not (no ring, or a daemon without queued slots): at
+    /// least 1, at most the daemon's `max_pending_per_session` and the ring's 64 slots.
+    #[must_use]
+    pub fn ring_pipeline_depth(&self, depth: usize) -> Option<usize> {
+        self.inner
+            .fast_path()
+            .is_some_and(|fp| fp.queues())
+            .then(|| self.pipeline_depth(depth).min(npu_fd::ring::SLOTS as usize))
+    }
+
+    /// `depth` within 1 and the daemon's `max_pending_per_session`.
+    fn pipeline_depth(&self, depth: usize) -> usize {
+        let most = self
+            .device()
+            .limits
+            .as_ref()
+            .map_or(1, |l| l.max_pending_per_session as usize);
+        depth.clamp(1, most.max(1))
     }
 }
 
@@ -460,7 +478,7 @@ impl Drop for Pipeline<'_> {
 }
 
 /// A ring completion as the stream's item would have been.
-fn ring_result(c: npu_fd::ring::Completion) -> Result<DispatchResult, ClientError> {
+pub(crate) fn ring_result(c: npu_fd::ring::Completion) -> Result<DispatchResult, ClientError> {
     if c.code == 0 {
         Ok(DispatchResult {
             queue: Duration::from_nanos(c.queue_ns),

@@ -1,6 +1,7 @@
 //! `npud._npud.Client`: a session on npud.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use npu_client::ClientError;
 use pyo3::exceptions::PyRuntimeError;
@@ -10,6 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::batch::pipeline_task;
 use crate::pipeline::Pipeline;
 use crate::program::Program;
+use crate::ringpipe::RingPipe;
 use crate::runtime::{pid, runtime, start, wait};
 use crate::tensor::{RawTensor, tensors};
 use crate::work::{
@@ -246,6 +248,16 @@ impl Client {
 
     fn pipeline(&self, py: Python<'_>, depth: usize) -> PyResult<Pipeline> {
         let c = self.get()?;
+        if let Some(depth) = c.ring_pipeline_depth(depth) {
+            return Ok(Pipeline {
+                tx: None,
+                ring: Some(Arc::new(RingPipe::new(c.clone(), depth))),
+                depth,
+                client: c,
+                next_id: std::sync::atomic::AtomicU64::new(0),
+                pid: pid(),
+            });
+        }
         let rt = runtime()?;
         // Room for a whole batch waiting to be sent while the previous one runs.
         let (tx, rx) = mpsc::channel(
@@ -261,7 +273,8 @@ impl Client {
                 .unwrap_or_else(|_| Err(ClientError::Invalid("the pipeline task ended".into())))
         })?;
         Ok(Pipeline {
-            tx,
+            tx: Some(tx),
+            ring: None,
             depth,
             client: self.get()?,
             next_id: std::sync::atomic::AtomicU64::new(0),

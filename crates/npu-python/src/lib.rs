@@ -17,6 +17,7 @@ mod errors;
 mod fleet;
 mod pipeline;
 mod program;
+mod ringpipe;
 mod runtime;
 mod tensor;
 mod work;

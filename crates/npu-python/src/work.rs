@@ -47,7 +47,7 @@ pub(crate) async fn lock_args(args: &[Arc<Shared>], reads: usize) -> Locked {
 }
 
 /// [`lock_args`] without waiting: `None` when another call holds one of the locks.
-fn try_lock_args(args: &[Arc<Shared>], reads: usize) -> Option<Locked> {
+pub(crate) fn try_lock_args(args: &[Arc<Shared>], reads: usize) -> Option<Locked> {
     let distinct = distinct(args, reads);
     let mut held = Vec::with_capacity(distinct.len());
     for (d, write) in &distinct {
@@ -106,7 +106,16 @@ pub(crate) async fn dispatch_locked(
 ) -> Result<Timing, ClientError> {
     upload_staged(&l).await?;
     let mut args = in_order(l)?;
-    let (reads, mut writes) = split(&mut args)?;
+    dispatch_held(client, program, &mut args).await
+}
+
+/// Runs one dispatch over its locked arguments, in the design's order.
+pub(crate) async fn dispatch_held(
+    client: &npu_client::Client,
+    program: &NativeProgram,
+    args: &mut [Held],
+) -> Result<Timing, ClientError> {
+    let (reads, mut writes) = split(args)?;
     client
         .dispatch(program, &reads, &mut writes)
         .await
@@ -140,7 +149,7 @@ pub(crate) fn dispatch_now(
 }
 
 /// Each argument's lock, in the design's order.
-fn in_order(mut l: Locked) -> Result<Vec<Held>, ClientError> {
+pub(crate) fn in_order(mut l: Locked) -> Result<Vec<Held>, ClientError> {
     let mut slots: Vec<Option<Held>> = l.held.drain(..).map(Some).collect();
     // Each position takes its tensor's lock; a distinct tensor stands at one position only
     // (checked by the caller), so every slot is taken once.

@@ -51,7 +51,21 @@ def test_empty_chain_is_invalid_argument(client):
     assert e.value.code == 3 and e.value.message
 
 
-def test_pipeline(client):
+@pytest.fixture(params=["ring", "stream"])
+def pipelining(request, daemon, monkeypatch):
+    """A local client whose pipelines run on its dispatch ring, or (fast path off) on streams."""
+    if request.param == "stream":
+        monkeypatch.setenv("NPUD_FAST_PATH", "0")
+    c = npud.Client(daemon.address)
+    yield c, request.param
+    try:
+        c.close()
+    except npud.NpudError:
+        pass
+
+
+def test_pipeline(pipelining):
+    client, route = pipelining
     p = vsa(client)
     ins = [client.array(np.full(N, i, np.int32)) for i in range(8)]
     outs = [client.alloc(N, np.int32) for _ in range(8)]
@@ -59,6 +73,7 @@ def test_pipeline(client):
     ids = []
     with client.pipeline(depth=4) as pl:
         assert pl.depth == 4
+        assert pl.on_ring == (route == "ring")
         for r in range(6):
             for i in range(8):
                 ids.append(pl.submit(p, ins[i], outs[i]))
@@ -75,6 +90,41 @@ def test_pipeline(client):
     for i in range(8):
         np.testing.assert_array_equal(outs[i], np.full(N, i + 1))
     assert pl.pending == 0
+
+
+def test_pipelined_work_on_one_tensor_keeps_its_order(pipelining):
+    """Each dispatch reads what the one before it wrote: a submission takes its tensors once
+    the dispatch in flight that holds them has completed."""
+    client, route = pipelining
+    p = vsa(client)
+    a = client.array(np.zeros(N, np.int32))
+    b = client.alloc(N, np.int32)
+    with client.pipeline(depth=8) as pl:
+        assert pl.on_ring == (route == "ring")
+        for _ in range(20):
+            pl.submit(p, a, b)
+            pl.submit(p, b, a)
+        done = pl.finish()
+    assert len(done) == 40 and all(d.error is None for d in done)
+    np.testing.assert_array_equal(a, np.full(N, 40))
+
+
+def test_a_pipeline_dropped_in_flight_lets_its_tensors_go_once_answered(pipelining):
+    """Dropped with dispatches in flight, the pipeline's tensors stay held until the daemon has
+    answered them: a later dispatch on one of them runs after, and sees what they wrote."""
+    client, route = pipelining
+    p = vsa(client)
+    ins = [client.array(np.full(N, i, np.int32)) for i in range(8)]
+    outs = [client.alloc(N, np.int32) for _ in range(8)]
+    pl = client.pipeline(depth=8)
+    for i in range(8):
+        pl.submit(p, ins[i], outs[i])
+    del pl
+    last = client.alloc(N, np.int32)
+    client.dispatch(p, outs[7], last)
+    np.testing.assert_array_equal(last, np.full(N, 9))
+    for i in range(8):
+        np.testing.assert_array_equal(outs[i], np.full(N, i + 1))
 
 
 def test_pipeline_refuses_staged_tensors(remote):

@@ -528,8 +528,9 @@ class Client:
         return Chain(self)
 
     def pipeline(self, depth: int = 16) -> Pipeline:
-        """A pipeline keeping up to ``depth`` dispatches in flight on one stream (tensors
-        shared in place only: a local connection)."""
+        """A pipeline keeping up to ``depth`` dispatches in flight (tensors shared in place
+        only: a local connection), on the session's dispatch ring when it has one (at most 64
+        in flight there), else on ``Submit`` streams."""
         return Pipeline(self._c.pipeline(depth))
 
     def close(self) -> None:
@@ -584,10 +585,13 @@ class Pipeline:
     them, alone where it may write them), so work on one tensor keeps its order while work on
     other tensors overlaps.
 
-    :meth:`submit` returns a request id at once (it waits only while ``depth`` dispatches are
-    in flight and eight times ``depth`` more wait to be sent: one stream carries that many
-    before it is drained, so opening and draining it is paid once per eight windows); a
-    dispatch refused by the daemon, or by the
+    On the session's dispatch ring (:attr:`on_ring`: a local session with the fast path on),
+    :meth:`submit` writes the dispatch into the ring on the calling thread and returns its
+    request id; it waits only while ``depth`` dispatches are in flight, or for a tensor that
+    one in flight (or another call) holds. On ``Submit`` streams, it returns at once (it waits
+    only while ``depth`` dispatches are in flight and eight times ``depth`` more wait to be
+    sent: one stream carries that many before it is drained, so opening and draining it is
+    paid once per eight windows). A dispatch refused by the daemon, or by the
     client after it was numbered (a tensor of another session), comes back as a completion with
     ``error`` set. Completions come back in submission order, a refused or failed
     dispatch as a :class:`Completion` with ``error`` set, and the stream goes on. Used as a
@@ -604,6 +608,12 @@ class Pipeline:
     @property
     def depth(self) -> int:
         return self._p.depth
+
+    @property
+    def on_ring(self) -> bool:
+        """Whether the dispatches go through the session's dispatch ring (a local session with
+        the fast path on), rather than ``Submit`` streams."""
+        return self._p.on_ring
 
     @property
     def pending(self) -> int:

@@ -1,0 +1,219 @@
+//! A `Pipeline` on the session's dispatch ring, driven from the Python thread: each submission
+//! locks its tensors and writes its slot on the calling thread (npu-client's
+//! `Client::queue_now`), and `next_completion` waits for the oldest on the calling thread, so
+//! no runtime thread stands between Python and the ring (the `Submit`-stream pipeline of
+//! [`crate::batch`] hands every submission to one).
+//!
+//! The contract is the stream pipeline's: ids in submission order, completions in that order,
+//! at most `depth` in flight, each submission taking its tensors in submission order (a tensor
+//! one in flight holds is taken once that one has completed). What the ring cannot take at
+//! once (more arguments than a slot holds, the ring busy or full or closed) runs as a plain
+//! dispatch after everything in flight has completed, so the order holds.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use npu_client::{ClientError, HeldArgs, Program as NativeProgram, Queued, TensorArg};
+
+use crate::batch::Done;
+use crate::tensor::{Held, Shared};
+use crate::work::{Timing, dispatch_held, in_order, lock_args, timing, try_lock_args};
+
+/// How long one wait for a completion lasts before Python's signals are looked at.
+pub(crate) const WAIT_SLICE: Duration = Duration::from_millis(200);
+
+/// A submission's locked arguments, in the design's order (the reads first).
+pub(crate) struct Args(Vec<Held>);
+
+impl HeldArgs for Args {
+    fn args(&mut self) -> (Vec<&dyn TensorArg>, Vec<&mut dyn TensorArg>) {
+        let mut reads: Vec<&dyn TensorArg> = Vec::new();
+        let mut writes: Vec<&mut dyn TensorArg> = Vec::new();
+        for h in &mut self.0 {
+            match h {
+                Held::Read(g) => reads.push(&**g as &dyn TensorArg),
+                Held::Write(g) => writes.push(&mut **g as &mut dyn TensorArg),
+            }
+        }
+        (reads, writes)
+    }
+}
+
+/// A submission: in flight on the ring, or answered.
+pub(crate) enum Entry {
+    Flying(Queued<Args>),
+    Ready(Result<Timing, ClientError>),
+}
+
+/// The pipeline's state: its submissions not yet returned, oldest first.
+pub(crate) struct RingPipe {
+    pub(crate) client: npu_client::Client,
+    pub(crate) depth: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    entries: VecDeque<(u64, Entry)>,
+}
+
+impl State {
+    fn flying(&self) -> usize {
+        self.entries
+            .iter()
+            .filter(|(_, e)| matches!(e, Entry::Flying(_)))
+            .count()
+    }
+
+    fn push(&mut self, e: Entry) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.entries.push_back((id, e));
+        id
+    }
+
+    /// Waits on this thread for the oldest submission in flight.
+    fn complete_oldest(&mut self) {
+        if let Some((_, e)) = self
+            .entries
+            .iter_mut()
+            .find(|(_, e)| matches!(e, Entry::Flying(_)))
+        {
+            complete_now(e);
+        }
+    }
+}
+
+/// Waits on this thread until `e` is answered.
+fn complete_now(e: &mut Entry) {
+    if let Entry::Flying(q) = e {
+        let r = loop {
+            if let Some(r) = q.wait_now(WAIT_SLICE) {
+                break r;
+            }
+        };
+        *e = Entry::Ready(r.map(timing));
+    }
+}
+
+impl RingPipe {
+    pub(crate) fn new(client: npu_client::Client, depth: usize) -> RingPipe {
+        RingPipe {
+            client,
+            depth,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sends one dispatch (its program registered) and returns its id; its refusal, if any,
+    /// is its completion. Blocks while `depth` are in flight, or while a tensor it names is
+    /// held elsewhere. Call without the GIL.
+    pub(crate) fn submit(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        program: &NativeProgram,
+        args: &[Arc<Shared>],
+    ) -> u64 {
+        let mut st = self.lock();
+        while st.flying() >= self.depth {
+            st.complete_oldest();
+        }
+        let reads = program.read_only_args();
+        // The tensors, in submission order: one this pipeline holds comes back when the
+        // submission holding it completes; one held elsewhere is waited for.
+        let locked = loop {
+            if let Some(l) = try_lock_args(args, reads) {
+                break l;
+            }
+            if st.flying() == 0 {
+                break rt.block_on(lock_args(args, reads));
+            }
+            st.complete_oldest();
+        };
+        // By position: the reads (shared) first, then the writes (held alone).
+        let held = match in_order(locked) {
+            Ok(h) => h,
+            Err(e) => return st.push(Entry::Ready(Err(e))),
+        };
+        match self.client.queue_now(program, Args(held)) {
+            Ok(q) => st.push(Entry::Flying(q)),
+            Err((_, Some(e))) => st.push(Entry::Ready(Err(e))),
+            Err((Args(mut held), None)) => {
+                // Not on the ring at once: a plain dispatch, after what is in flight.
+                while st.flying() > 0 {
+                    st.complete_oldest();
+                }
+                let r = rt.block_on(dispatch_held(&self.client, program, &mut held));
+                st.push(Entry::Ready(r))
+            }
+        }
+    }
+
+    /// The oldest submission's completion, waiting for it on this thread; `None` when none is
+    /// pending. Call without the GIL.
+    pub(crate) fn next_now(&self) -> Option<Done> {
+        let mut st = self.lock();
+        let (id, mut e) = st.entries.pop_front()?;
+        drop(st);
+        complete_now(&mut e);
+        Some((id, ready(e)))
+    }
+
+    /// The oldest submission, taken out to be awaited (by a task, for Python's asyncio).
+    pub(crate) fn take_next(&self) -> Option<(u64, Entry)> {
+        self.lock().entries.pop_front()
+    }
+
+    /// Every submission not yet returned, taken out in order.
+    pub(crate) fn take_all(&self) -> Vec<(u64, Entry)> {
+        self.lock().entries.drain(..).collect()
+    }
+}
+
+/// An entry's outcome, awaiting it if it is still in flight.
+pub(crate) async fn settle(e: Entry) -> Result<Timing, ClientError> {
+    match e {
+        Entry::Ready(r) => r,
+        Entry::Flying(mut q) => q.wait().await.map(timing),
+    }
+}
+
+fn ready(e: Entry) -> Result<Timing, ClientError> {
+    match e {
+        Entry::Ready(r) => r,
+        Entry::Flying(_) => Err(ClientError::Invalid(
+            "a pipelined dispatch was returned before its answer (a bug in the npud package)"
+                .into(),
+        )),
+    }
+}
+
+impl Drop for RingPipe {
+    /// Submissions still in flight keep their tensors until the daemon answers them: a task
+    /// waits for them, then lets the tensors go.
+    fn drop(&mut self) {
+        let flying: Vec<Entry> = self
+            .lock()
+            .entries
+            .drain(..)
+            .map(|(_, e)| e)
+            .filter(|e| matches!(e, Entry::Flying(_)))
+            .collect();
+        if flying.is_empty() {
+            return;
+        }
+        if let Ok(rt) = crate::runtime::runtime() {
+            drop(rt.spawn(async move {
+                for e in flying {
+                    let _ = settle(e).await;
+                }
+            }));
+        }
+    }
+}
