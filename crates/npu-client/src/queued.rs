@@ -105,6 +105,15 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Whether `program` is registered in this session already (so [`Client::queue_now`] can
+    /// send it at once).
+    #[must_use]
+    pub fn is_registered(&self, program: &Program) -> bool {
+        self.inner.programs.get_now(program.key()).is_some()
+    }
+}
+
 /// Lends (or takes back) the tensors `args` may write.
 fn lend(args: &mut impl HeldArgs, lent: bool) {
     let (_, mut writes) = args.args();

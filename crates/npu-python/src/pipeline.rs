@@ -85,9 +85,11 @@ impl Pipeline {
                 ));
             }
         }
-        let c = self.client.clone();
-        let p = program.program.clone();
-        wait(py, async move { c.register(&p).await })?;
+        if !self.client.is_registered(&program.program) {
+            let c = self.client.clone();
+            let p = program.program.clone();
+            wait(py, async move { c.register(&p).await })?;
+        }
         Ok(args)
     }
 

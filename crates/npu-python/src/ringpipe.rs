@@ -53,36 +53,53 @@ pub(crate) struct RingPipe {
     state: Mutex<State>,
 }
 
+/// Submissions are numbered in order and returned from the front, so the entry of id `k` is
+/// at `k − (the front's id)`.
 #[derive(Default)]
 struct State {
     next_id: u64,
     entries: VecDeque<(u64, Entry)>,
+    /// Ids of the entries in flight, oldest first.
+    flying: VecDeque<u64>,
 }
 
 impl State {
     fn flying(&self) -> usize {
-        self.entries
-            .iter()
-            .filter(|(_, e)| matches!(e, Entry::Flying(_)))
-            .count()
+        self.flying.len()
     }
 
     fn push(&mut self, e: Entry) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
+        if matches!(e, Entry::Flying(_)) {
+            self.flying.push_back(id);
+        }
         self.entries.push_back((id, e));
         id
     }
 
     /// Waits on this thread for the oldest submission in flight.
     fn complete_oldest(&mut self) {
-        if let Some((_, e)) = self
-            .entries
-            .iter_mut()
-            .find(|(_, e)| matches!(e, Entry::Flying(_)))
+        let Some(id) = self.flying.pop_front() else {
+            return;
+        };
+        let front = self.entries.front().map_or(id, |(f, _)| *f);
+        if let Some((_, e)) = id
+            .checked_sub(front)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| self.entries.get_mut(i))
         {
             complete_now(e);
         }
+    }
+
+    /// The oldest submission, taken out (no longer counted in flight).
+    fn pop(&mut self) -> Option<(u64, Entry)> {
+        let (id, e) = self.entries.pop_front()?;
+        if self.flying.front() == Some(&id) {
+            self.flying.pop_front();
+        }
+        Some((id, e))
     }
 }
 
@@ -159,7 +176,7 @@ impl RingPipe {
     /// pending. Call without the GIL.
     pub(crate) fn next_now(&self) -> Option<Done> {
         let mut st = self.lock();
-        let (id, mut e) = st.entries.pop_front()?;
+        let (id, mut e) = st.pop()?;
         drop(st);
         complete_now(&mut e);
         Some((id, ready(e)))
@@ -167,12 +184,14 @@ impl RingPipe {
 
     /// The oldest submission, taken out to be awaited (by a task, for Python's asyncio).
     pub(crate) fn take_next(&self) -> Option<(u64, Entry)> {
-        self.lock().entries.pop_front()
+        self.lock().pop()
     }
 
     /// Every submission not yet returned, taken out in order.
     pub(crate) fn take_all(&self) -> Vec<(u64, Entry)> {
-        self.lock().entries.drain(..).collect()
+        let mut st = self.lock();
+        st.flying.clear();
+        st.entries.drain(..).collect()
     }
 }
 
@@ -199,9 +218,8 @@ impl Drop for RingPipe {
     /// waits for them, then lets the tensors go.
     fn drop(&mut self) {
         let flying: Vec<Entry> = self
-            .lock()
-            .entries
-            .drain(..)
+            .take_all()
+            .into_iter()
             .map(|(_, e)| e)
             .filter(|e| matches!(e, Entry::Flying(_)))
             .collect();
