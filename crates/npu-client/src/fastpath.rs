@@ -17,7 +17,10 @@
 //! calling thread (spinning, then parked until the waiter thread wakes it), with no future,
 //! timer or runtime in between.
 
-use std::collections::{HashMap, HashSet};
+/// The ring's maps, keyed by request ids this library numbers: foldhash rather than SipHash,
+/// whose resistance to chosen keys these do not need.
+type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type IdSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -68,12 +71,12 @@ struct Cq {
     /// Completions consumed (the client's `cq_head`).
     head: u32,
     /// Completions read out of the ring that their callers have not taken yet.
-    done: HashMap<u64, Completion>,
+    done: IdMap<u64, Completion>,
     /// Tasks parked for a completion, by request id.
-    parked: HashMap<u64, Waker>,
+    parked: IdMap<u64, Waker>,
     /// Requests whose callers stopped waiting (a timeout, a dropped future): their completions
     /// are dropped as they come, so `done` holds only what someone will take.
-    abandoned: HashSet<u64>,
+    abandoned: IdSet<u64>,
 }
 
 /// A session's ring, client side.

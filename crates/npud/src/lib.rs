@@ -36,3 +36,9 @@ pub mod stats;
 pub mod systemd;
 pub mod tls;
 pub mod token_layer;
+
+/// A map keyed by ids the daemon assigns (sessions, tensors, programs), on the dispatch path:
+/// foldhash, seeded per process, instead of SipHash. SipHash's strength is against keys an
+/// attacker chooses; these keys are the daemon's own (a client can only look one up), and
+/// SipHash cost a few percent of a fast-path dispatch.
+pub(crate) type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

@@ -70,7 +70,7 @@ struct Replays {
 
 #[derive(Debug, Default)]
 struct Inner {
-    sessions: HashMap<u64, Session>,
+    sessions: crate::IdMap<u64, Session>,
     next_id: u64,
     opened: u64,
     ended: u64,

@@ -5,8 +5,6 @@
 //! the least-recently-used program that the work in hand does not use is unloaded; it is
 //! reloaded on demand later.
 
-use std::collections::HashMap;
-
 use hsa_core::ProgramId;
 
 #[derive(Debug, Clone, Copy)]
@@ -18,7 +16,7 @@ struct Slot {
 /// The loaded programs, by store id.
 #[derive(Debug)]
 pub struct ProgramCache {
-    loaded: HashMap<u64, Slot>,
+    loaded: crate::IdMap<u64, Slot>,
     tick: u64,
     max: usize,
 }
@@ -26,7 +24,7 @@ pub struct ProgramCache {
 impl ProgramCache {
     pub fn new(max: usize) -> Self {
         Self {
-            loaded: HashMap::new(),
+            loaded: crate::IdMap::default(),
             tick: 0,
             max,
         }

@@ -369,6 +369,7 @@ impl Executor {
                     idle: Idle::new(Duration::from_micros(cfg.executor.spin_us)),
                     loader: None,
                     turn: loads::TurnLoads::default(),
+                    turn_started: Instant::now(),
                     ports: ports::Ports::default(),
                     nudged: thread_nudged,
                 };

@@ -7,13 +7,13 @@
 //! with a thousand pending items, or one very large item, therefore delays another session's
 //! next item by at most one turn.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Instant;
 
 /// Round-robin queues of `T`, keyed by session.
 #[derive(Debug)]
 pub struct RoundRobin<T> {
-    queues: HashMap<u64, VecDeque<T>>,
+    queues: crate::IdMap<u64, VecDeque<T>>,
     /// Sessions with pending items, in serving order; each appears once.
     order: VecDeque<u64>,
     max_per_session: usize,
@@ -22,7 +22,7 @@ pub struct RoundRobin<T> {
 impl<T> RoundRobin<T> {
     pub fn new(max_per_session: usize) -> Self {
         Self {
-            queues: HashMap::new(),
+            queues: crate::IdMap::default(),
             order: VecDeque::new(),
             max_per_session,
         }

@@ -47,7 +47,13 @@ impl Shared {
 
     /// The executor starts a turn (or handles a command).
     pub fn beat(&self) {
-        let since = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+        self.beat_at(Instant::now());
+    }
+
+    /// [`Shared::beat`] with the time the caller read already.
+    pub fn beat_at(&self, now: Instant) {
+        let since = u64::try_from(now.saturating_duration_since(self.epoch).as_nanos())
+            .unwrap_or(u64::MAX - 1);
         self.busy_since.store(since + 1, Ordering::Relaxed);
     }
 

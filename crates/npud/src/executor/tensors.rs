@@ -55,7 +55,7 @@ struct Tensor {
 /// Tensors of every session.
 #[derive(Debug)]
 pub struct Tensors {
-    map: HashMap<u64, Tensor>,
+    map: crate::IdMap<u64, Tensor>,
     next_id: u64,
     /// (tensors, bytes) per session.
     usage: HashMap<u64, (u32, u64)>,
@@ -78,7 +78,7 @@ pub struct Resolved {
 impl Tensors {
     pub fn new(max_count: u32, max_bytes: u64, budget: MemoryBudget) -> Self {
         Self {
-            map: HashMap::new(),
+            map: crate::IdMap::default(),
             next_id: 1,
             usage: HashMap::new(),
             max_count,

@@ -225,7 +225,7 @@ impl Worker {
     /// the links of an item of at most [`CHECK_LINKS_PER_TURN`]; a longer item's links are
     /// checked next, a slice a turn ([`Phase::Check`]).
     pub(super) fn start(&mut self, item: &WorkItem) -> Result<Progress, NpudError> {
-        let now = Instant::now();
+        let now = self.turn_started;
         if !may_start(item.deadline, now) {
             return Err(NpudError::DeadlineExceeded(format!(
                 "the deadline passed after {:?} in the queue; the work did not run",

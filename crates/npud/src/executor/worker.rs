@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
 
 use hsa_core::Device;
 use tokio::sync::{mpsc, oneshot};
@@ -51,6 +52,8 @@ pub(super) struct Worker {
     pub(super) loader: Option<u64>,
     /// What the current turn has loaded and evicted.
     pub(super) turn: TurnLoads,
+    /// When the current turn started.
+    pub(super) turn_started: Instant,
     /// The dispatch rings this thread polls.
     pub(super) ports: Ports,
     /// Cleared when a [`Command::Nudge`] is taken.
@@ -114,9 +117,13 @@ impl Worker {
             }
             self.publish();
             if let Some((session, job)) = self.rr.pop() {
-                self.shared.beat();
+                // The turn's one reading of the clock: the heartbeat, the idle policy and the
+                // checks at the turn's start use it.
+                let now = Instant::now();
+                self.turn_started = now;
+                self.shared.beat_at(now);
                 self.turn = TurnLoads::default();
-                self.idle.serving(session);
+                self.idle.serving(session, now);
                 let left = match job {
                     Job::Work(r) if self.merges(session, &r) => {
                         self.merged_turn(session, r).map(Job::Work)

@@ -20,7 +20,7 @@ pub mod collect;
 pub mod http;
 pub mod rpc;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -141,10 +141,10 @@ pub struct Metrics {
     rpc_errors: Family<MethodCode, Counter>,
     fd_exchanges: Family<OpStatus, Counter>,
     program_labels: CappedLabels,
-    program_ids: Mutex<HashMap<u64, Arc<str>>>,
+    program_ids: Mutex<crate::IdMap<u64, Arc<str>>>,
     /// The counter of each (kind, program id, outcome) counted lately: a finished dispatch
     /// costs one lookup, not a label's and a family's (a `Counter` shares its value).
-    counters: Mutex<HashMap<(Kind, u64, &'static str), Counter>>,
+    counters: Mutex<crate::IdMap<(Kind, u64, &'static str), Counter>>,
     /// (queue, device) time histograms of each kind, in [`Kind`] order.
     times: [(Histogram, Histogram); 2],
     methods: HashSet<Arc<str>>,
@@ -181,8 +181,8 @@ impl Metrics {
             rpc_errors: Family::default(),
             fd_exchanges: Family::default(),
             program_labels: CappedLabels::new(max_program_labels as usize),
-            program_ids: Mutex::new(HashMap::new()),
-            counters: Mutex::new(HashMap::new()),
+            program_ids: Mutex::new(crate::IdMap::default()),
+            counters: Mutex::new(crate::IdMap::default()),
             times,
             methods: rpc::api_methods(),
         }

@@ -15,7 +15,7 @@
 //! ring needs a look. A client that corrupts its bells or stops consuming completions delays
 //! only its own ring: the executor never waits for it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -42,11 +42,11 @@ const IDLE_SLEEP: Duration = Duration::from_secs(1);
 /// The rings of the daemon's sessions, one at most per session.
 #[derive(Debug, Default)]
 pub struct Rings {
-    map: Mutex<HashMap<u64, Arc<RingControl>>>,
+    map: Mutex<crate::IdMap<u64, Arc<RingControl>>>,
 }
 
 impl Rings {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Arc<RingControl>>> {
+    fn lock(&self) -> MutexGuard<'_, crate::IdMap<u64, Arc<RingControl>>> {
         self.map.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

@@ -166,10 +166,11 @@ impl NpudService {
         self.check_serving()?;
         let slot = self.pending_slot(session, flow_controlled)?;
         let who = self.state.sessions.charged(session);
+        let now = Instant::now();
         self.state
             .exec
             .fault_budget()
-            .check(&who, "dispatch", Instant::now())?;
+            .check(&who, "dispatch", now)?;
         let programs: Vec<u64> = links.iter().map(|l| l.program.id).collect();
         let pending = self.state.pending.admit(programs.len() as u64);
         let (tx, rx) = oneshot::channel();
@@ -178,7 +179,7 @@ impl NpudService {
             who,
             links,
             chain,
-            admitted: Instant::now(),
+            admitted: now,
             deadline,
             flow_controlled,
             reply: tx,
