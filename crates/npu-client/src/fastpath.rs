@@ -182,13 +182,19 @@ impl FastPath {
         &self,
         d: &pb::DispatchRequest,
     ) -> Result<(u64, u32), RingMiss> {
+        let (request_id, s) = self.queued_slot(d)?;
+        Ok((request_id, self.submit(&s).await?))
+    }
+
+    /// `d` as a queued slot with a new request id, if it fits one and the ring is open.
+    fn queued_slot(&self, d: &pb::DispatchRequest) -> Result<(u64, Submission), RingMiss> {
         if !self.takes(d) {
             return Err(RingMiss::NotTaken);
         }
         let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut s = submission(request_id, d, None);
         s.queued = true;
-        Ok((request_id, self.submit(&s).await?))
+        Ok((request_id, s))
     }
 
     /// Runs one dispatch through the ring: `Ok` with the daemon's completion, or why not.
@@ -234,12 +240,7 @@ impl FastPath {
         &self,
         d: &pb::DispatchRequest,
     ) -> Result<(u64, u32), RingMiss> {
-        if !self.takes(d) {
-            return Err(RingMiss::NotTaken);
-        }
-        let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut s = submission(request_id, d, None);
-        s.queued = true;
+        let (request_id, s) = self.queued_slot(d)?;
         Ok((request_id, self.submit_now(&s)?))
     }
 

@@ -51,6 +51,8 @@ pub(crate) struct RingPipe {
     pub(crate) client: npu_client::Client,
     pub(crate) depth: usize,
     state: Mutex<State>,
+    /// The process that made it: a forked child must not touch the ring it shares.
+    pid: u32,
 }
 
 /// Submissions are numbered in order and returned from the front, so the entry of id `k` is
@@ -121,6 +123,7 @@ impl RingPipe {
             client,
             depth,
             state: Mutex::new(State::default()),
+            pid: crate::runtime::pid(),
         }
     }
 
@@ -217,6 +220,14 @@ impl Drop for RingPipe {
     /// Submissions still in flight keep their tensors until the daemon answers them: a task
     /// waits for them, then lets the tensors go.
     fn drop(&mut self) {
+        if self.pid != crate::runtime::pid() {
+            // A forked child: waiting would consume the parent's completions from the memory
+            // they share, and the ring's locks may have been held at the fork. Its copy of the
+            // submissions is let go without a look.
+            let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+            std::mem::forget(std::mem::take(st));
+            return;
+        }
         let flying: Vec<Entry> = self
             .take_all()
             .into_iter()
