@@ -583,7 +583,9 @@ class Pipeline:
 
     Each submission takes its tensors in submission order (shared where the design only reads
     them, alone where it may write them), so work on one tensor keeps its order while work on
-    other tensors overlaps.
+    other tensors overlaps. On the ring a submission takes them before :meth:`submit` returns,
+    so a call made after it on the same tensor runs after it; on ``Submit`` streams it takes
+    them when the pipeline's task reaches it, and such a call may run first.
 
     On the session's dispatch ring (:attr:`on_ring`: a local session with the fast path on),
     :meth:`submit` writes the dispatch into the ring on the calling thread and returns its
