@@ -176,7 +176,7 @@ impl FastPath {
     }
 
     /// Publishes `d` as a queued submission (a pipeline's; no deadline, as a `Submit` item
-    /// without one) and returns its ring request id and index, for [`FastPath::wait`].
+    /// without one) and returns its ring request id and index, for [`FastPath::wait_kept`].
     /// `NotTaken` when it did not fit or the ring closed while it waited for a free slot.
     pub(crate) async fn submit_queued(
         &self,
