@@ -607,14 +607,9 @@ async fn submissions_past_the_pending_limit_are_refused_through_the_ring_as_disp
             s.attach_ring().await.unwrap();
             let mem = s.ring.clone().unwrap().mem.clone();
             // Four slots published at once: the daemon takes them in one look.
-            for id in 0..4_u32 {
-                mem.write_submission(id, &whole(u64::from(id) + 1, p, &[x.id, y.id]));
-            }
-            mem.store(Word::SqTail, 4);
-            mem.ring(Word::SqBell);
-            while mem.load(Word::CqTail) != 4 {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
+            let subs: Vec<Submission> = (1..=4).map(|id| whole(id, p, &[x.id, y.id])).collect();
+            publish(&mem, 0, &subs);
+            until(&mem, Word::CqTail, |t| t == 4).await;
             let got: Vec<(u64, u32, String)> = (0..4)
                 .map(|i| {
                     let c = Completion::decode(&mem.read_completion(i));
@@ -635,16 +630,14 @@ async fn submissions_past_the_pending_limit_are_refused_through_the_ring_as_disp
             let st = s.statistics().await.unwrap();
             assert_eq!(counts(&st, s.id), (2, 2));
             // Twenty queued slots at once, ten times the limit.
-            for id in 4..24_u32 {
-                let mut q = whole(u64::from(id) + 1, p, &[x.id, y.id]);
-                q.queued = true;
-                mem.write_submission(id, &q);
-            }
-            mem.store(Word::SqTail, 24);
-            mem.ring(Word::SqBell);
-            while mem.load(Word::CqTail) != 24 {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
+            let queued: Vec<Submission> = (5..=24)
+                .map(|id| Submission {
+                    queued: true,
+                    ..whole(id, p, &[x.id, y.id])
+                })
+                .collect();
+            publish(&mem, 4, &queued);
+            until(&mem, Word::CqTail, |t| t == 24).await;
             for i in 4..24_u32 {
                 let c = Completion::decode(&mem.read_completion(i));
                 assert_eq!(
@@ -683,26 +676,21 @@ async fn queued_slots_are_taken_a_submit_windows_worth_at_a_time() {
             .program_id;
         s.attach_ring().await.unwrap();
         let mem = s.ring.clone().unwrap().mem.clone();
-        for id in 0..10_u32 {
-            let program = if id == 0 { hang } else { p };
-            let mut q = whole(u64::from(id), program, &[x.id, y.id]);
-            q.queued = true;
-            mem.write_submission(id, &q);
-        }
-        mem.store(Word::SqTail, 10);
-        mem.ring(Word::SqBell);
-        while mem.load(Word::SqHead) < 2 {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        let queued: Vec<Submission> = (0..10)
+            .map(|id| Submission {
+                queued: true,
+                ..whole(id, if id == 0 { hang } else { p }, &[x.id, y.id])
+            })
+            .collect();
+        publish(&mem, 0, &queued);
+        until(&mem, Word::SqHead, |h| h >= 2).await;
         // The hang holds the device for 1.5 s; look well inside it.
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(mem.load(Word::SqHead), 2, "a window's worth copied out");
         assert_eq!(mem.load(Word::CqTail), 0, "the hang is still running");
         let st = s.statistics().await.unwrap();
         assert_eq!(st.pending_dispatches, 2);
-        while mem.load(Word::CqTail) != 10 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        until(&mem, Word::CqTail, |t| t == 10).await;
         let got: Vec<(u64, u32)> = (0..10)
             .map(|i| {
                 let c = Completion::decode(&mem.read_completion(i));
@@ -773,6 +761,27 @@ fn whole(request_id: u64, program: u64, tensors: &[u64]) -> Submission {
     npu_client::fastpath::submission(request_id, &d, None)
 }
 
+/// Writes `subs` into the slots from index `from` on, publishes them with one store of
+/// `sq_tail` and rings the daemon's bell; returns the new tail.
+fn publish(mem: &npu_fd::ring::RingMemory, from: u32, subs: &[Submission]) -> u32 {
+    let mut tail = from;
+    for sub in subs {
+        mem.write_submission(tail, sub);
+        tail += 1;
+    }
+    mem.store(Word::SqTail, tail);
+    mem.ring(Word::SqBell);
+    tail
+}
+
+/// Waits until the ring's `word` satisfies `done` (the test's [`bounded`] ends a wait that
+/// never does).
+async fn until(mem: &npu_fd::ring::RingMemory, word: Word, done: impl Fn(u32) -> bool) {
+    while !done(mem.load(word)) {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 async fn wait_state(mem: &npu_fd::ring::RingMemory, want: u32) {
     for _ in 0..1000 {
         if mem.load(Word::State) == want {
@@ -818,15 +827,8 @@ async fn dependent_dispatches_published_at_once_run_in_order_around_a_fault() {
             subs.push(whole(k + 1, add, &[from, to]));
         }
         // Published at once, with one bell: the executor finds them queued together.
-        let n = u32::try_from(subs.len()).unwrap();
-        for (i, sub) in (0..n).zip(&subs) {
-            mem.write_submission(i, sub);
-        }
-        mem.store(Word::SqTail, n);
-        mem.ring(Word::SqBell);
-        while mem.load(Word::CqTail) != n {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        let n = publish(&mem, 0, &subs);
+        until(&mem, Word::CqTail, |t| t == n).await;
         let done: Vec<Completion> = (0..n)
             .map(|i| Completion::decode(&mem.read_completion(i)))
             .collect();

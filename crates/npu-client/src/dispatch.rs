@@ -194,24 +194,16 @@ impl Client {
         writes: &mut [&mut dyn TensorArg],
     ) -> Option<Result<DispatchResult, ClientError>> {
         let fp = self.inner.fast_path()?;
-        let program_id = self.inner.programs.get_now(program.key())?.id;
-        let reads: Vec<&RawTensor> = reads.iter().map(|a| a.raw()).collect();
         let mut writes: Vec<&mut RawTensor> = writes.iter_mut().map(|a| a.raw_mut()).collect();
-        if let Err(e) = check_reads(program, reads.len()) {
-            return Some(Err(e));
-        }
         let all: Vec<&RawTensor> = reads
             .iter()
-            .copied()
+            .map(|a| a.raw())
             .chain(writes.iter().map(|w| &**w))
             .collect();
-        if let Err(e) = self.check_owned(&all) {
-            return Some(Err(e));
-        }
-        if all.iter().any(|r| r.is_staged()) {
-            return None;
-        }
-        let req = link(program_id, &all, reads.len());
+        let req = match self.ring_request(program, &all, reads.len())? {
+            Ok(req) => req,
+            Err(e) => return Some(Err(e)),
+        };
         drop(all);
         for w in &mut writes {
             w.lend();
@@ -230,6 +222,26 @@ impl Client {
             queue: Duration::from_nanos(r.queue_ns),
             device: Duration::from_nanos(r.device_ns),
         }))
+    }
+
+    /// The request for `program` over `all` (the first `reads` only read) when it can go on
+    /// the ring at once, as [`Client::dispatch_now`] and [`Client::queue_now`] send it: `None`
+    /// when the program is not registered in this session yet or a tensor is staged, `Some`
+    /// error for what [`Client::dispatch`] refuses before sending.
+    pub(crate) fn ring_request(
+        &self,
+        program: &Program,
+        all: &[&RawTensor],
+        reads: usize,
+    ) -> Option<Result<pb::DispatchRequest, ClientError>> {
+        let program_id = self.inner.programs.id_now(program.key())?;
+        if let Err(e) = check_reads(program, reads).and_then(|()| self.check_owned(all)) {
+            return Some(Err(e));
+        }
+        if all.iter().any(|r| r.is_staged()) {
+            return None;
+        }
+        Some(Ok(link(program_id, all, reads)))
     }
 
     /// Whether this session dispatches through its shared-memory ring now.

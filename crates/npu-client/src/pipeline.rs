@@ -123,12 +123,10 @@ impl Client {
     /// stream (a pipeline on the session's ring opens its stream only if it needs one).
     pub async fn pipeline(&self, depth: usize) -> Result<Pipeline<'_>, ClientError> {
         let ring = self.inner.fast_path().filter(|fp| fp.queues());
-        let (depth, stream) = match self.ring_pipeline_depth(depth) {
-            Some(depth) if ring.is_some() => (depth, None),
-            _ => {
-                let depth = self.pipeline_depth(depth);
-                (depth, Some(open_stream(self, depth).await?))
-            }
+        let depth = self.pipeline_depth(depth, ring.is_some());
+        let stream = match ring {
+            Some(_) => None,
+            None => Some(open_stream(self, depth).await?),
         };
         Ok(Pipeline {
             client: self,
@@ -149,20 +147,29 @@ impl Client {
     /// least 1, at most the daemon's `max_pending_per_session` and the ring's 64 slots.
     #[must_use]
     pub fn ring_pipeline_depth(&self, depth: usize) -> Option<usize> {
-        self.inner
-            .fast_path()
-            .is_some_and(|fp| fp.queues())
-            .then(|| self.pipeline_depth(depth).min(npu_fd::ring::SLOTS as usize))
+        self.pipelines_on_ring()
+            .then(|| self.pipeline_depth(depth, true))
     }
 
-    /// `depth` within 1 and the daemon's `max_pending_per_session`.
-    fn pipeline_depth(&self, depth: usize) -> usize {
+    fn pipelines_on_ring(&self) -> bool {
+        self.inner.fast_path().is_some_and(|fp| fp.queues())
+    }
+
+    /// `depth` within 1 and the daemon's `max_pending_per_session`, and within the ring's
+    /// slots for a pipeline `on_ring`.
+    fn pipeline_depth(&self, depth: usize, on_ring: bool) -> usize {
         let most = self
             .device()
             .limits
             .as_ref()
-            .map_or(1, |l| l.max_pending_per_session as usize);
-        depth.clamp(1, most.max(1))
+            .map_or(1, |l| l.max_pending_per_session as usize)
+            .max(1);
+        let most = if on_ring {
+            most.min(npu_fd::ring::SLOTS as usize)
+        } else {
+            most
+        };
+        depth.clamp(1, most)
     }
 }
 
@@ -262,17 +269,13 @@ impl<'a> Pipeline<'a> {
                 self.ready.push_back(c);
             }
             // Lent before the request leaves: the daemon may write them as soon as it has it.
-            for w in &mut writes {
-                w.lend();
-            }
+            set_lent(&mut writes, true);
             let (sent, request) = match &self.ring {
                 Some(fp) if on_ring => match fp.submit_queued(&request).await {
                     Ok((ring_id, index)) => (Ok(Route::Ring(ring_id, index)), Some(request)),
                     // The ring closed before it took the dispatch: the stream takes it.
                     Err(_) => {
-                        for w in &mut writes {
-                            w.reclaim();
-                        }
+                        set_lent(&mut writes, false);
                         self.ring_closed = true;
                         continue;
                     }
@@ -283,9 +286,7 @@ impl<'a> Pipeline<'a> {
                 Ok(route) => route,
                 Err(e) => {
                     // Never sent, so the daemon does not have it.
-                    for w in &mut writes {
-                        w.reclaim();
-                    }
+                    set_lent(&mut writes, false);
                     return Err(e);
                 }
             };
@@ -406,9 +407,7 @@ impl<'a> Pipeline<'a> {
             };
             // The daemon is done with this dispatch, whatever its outcome.
             if let Some(mut f) = self.in_flight.pop_front() {
-                for w in &mut f.writes {
-                    w.reclaim();
-                }
+                set_lent(&mut f.writes, false);
             }
             return Ok(Completion {
                 request_id: id,
@@ -473,6 +472,17 @@ impl Drop for Pipeline<'_> {
                     fp.abandon(ring_id);
                 }
             }
+        }
+    }
+}
+
+/// Lends the tensors a dispatch writes to the daemon, or takes them back.
+fn set_lent(writes: &mut [&mut RawTensor], lent: bool) {
+    for w in writes {
+        if lent {
+            w.lend();
+        } else {
+            w.reclaim();
         }
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::client::Client;
-use crate::dispatch::{DispatchResult, check_reads, link};
+use crate::dispatch::DispatchResult;
 use crate::error::ClientError;
 use crate::fastpath::{FastPath, RingMiss};
 use crate::program::Program;
@@ -62,32 +62,30 @@ impl Client {
         let Some(fp) = self.inner.fast_path().filter(|fp| fp.queues()) else {
             return Err((args, None));
         };
-        let Some(program_id) = self.inner.programs.get_now(program.key()).map(|p| p.id) else {
-            return Err((args, None));
-        };
         let req = {
             let (reads, mut writes) = args.args();
-            let reads: Vec<&RawTensor> = reads.iter().map(|a| a.raw()).collect();
-            let writes: Vec<&mut RawTensor> = writes.iter_mut().map(|a| a.raw_mut()).collect();
+            let mut writes: Vec<&mut RawTensor> = writes.iter_mut().map(|a| a.raw_mut()).collect();
             let all: Vec<&RawTensor> = reads
                 .iter()
-                .copied()
+                .map(|a| a.raw())
                 .chain(writes.iter().map(|w| &**w))
                 .collect();
-            let checked = check_reads(program, reads.len()).and_then(|()| self.check_owned(&all));
-            match checked {
-                Err(e) => Some(Err(e)),
-                Ok(()) if all.iter().any(|r| r.is_staged()) => None,
-                Ok(()) => Some(Ok(link(program_id, &all, reads.len()))),
+            let req = self.ring_request(program, &all, reads.len());
+            drop(all);
+            if let Some(Ok(_)) = req {
+                // Lent before the slot is published: the daemon may write them as soon as it
+                // has it.
+                for w in &mut writes {
+                    w.lend();
+                }
             }
+            req
         };
         let req = match req {
             None => return Err((args, None)),
             Some(Err(e)) => return Err((args, Some(e))),
             Some(Ok(req)) => req,
         };
-        // Lent before the slot is published: the daemon may write them as soon as it has it.
-        lend(&mut args, true);
         match fp.submit_queued_now(&req) {
             Ok((ring_id, index)) => Ok(Queued {
                 client: self.clone(),
@@ -98,7 +96,7 @@ impl Client {
                 answered: false,
             }),
             Err(_) => {
-                lend(&mut args, false);
+                reclaim(&mut args);
                 Err((args, None))
             }
         }
@@ -110,20 +108,16 @@ impl Client {
     /// send it at once).
     #[must_use]
     pub fn is_registered(&self, program: &Program) -> bool {
-        self.inner.programs.get_now(program.key()).is_some()
+        self.inner.programs.id_now(program.key()).is_some()
     }
 }
 
-/// Lends (or takes back) the tensors `args` may write.
-fn lend(args: &mut impl HeldArgs, lent: bool) {
+/// Takes back the tensors `args` may write, once the daemon is done with them (or never had
+/// them).
+fn reclaim(args: &mut impl HeldArgs) {
     let (_, mut writes) = args.args();
     for w in &mut writes {
-        let raw = w.raw_mut();
-        if lent {
-            raw.lend();
-        } else {
-            raw.reclaim();
-        }
+        w.raw_mut().reclaim();
     }
 }
 
@@ -195,7 +189,7 @@ impl<A: HeldArgs> Queued<A> {
             }),
         };
         if let Some(a) = &mut self.args {
-            lend(a, false);
+            reclaim(a);
         }
         self.answered = true;
         r

@@ -613,8 +613,8 @@ impl ProgramCache {
     }
 
     /// The registration of `key`, if it has been made.
-    pub fn get_now(&self, key: u64) -> Option<ProgramInfo> {
-        self.cells().get(&key).and_then(|c| c.get().cloned())
+    pub fn id_now(&self, key: u64) -> Option<u64> {
+        self.cells().get(&key).and_then(|c| c.get().map(|p| p.id))
     }
 
     /// The registration of `key`, made by `register` if there is none yet (a failed one is

@@ -18,25 +18,20 @@ use npu_client::{ClientError, HeldArgs, Program as NativeProgram, Queued, Tensor
 
 use crate::batch::Done;
 use crate::tensor::{Held, Shared};
-use crate::work::{Timing, dispatch_held, in_order, lock_args, timing, try_lock_args};
+use crate::work::{Timing, dispatch_held, in_order, lock_args, split, timing, try_lock_args};
 
 /// How long one wait for a completion lasts before Python's signals are looked at.
 pub(crate) const WAIT_SLICE: Duration = Duration::from_millis(200);
 
-/// A submission's locked arguments, in the design's order (the reads first).
+/// A submission's locked arguments, in the design's order: by position, so the ones the
+/// design only reads (shared) come before the ones it may write (held alone), as [`split`]
+/// needs.
 pub(crate) struct Args(Vec<Held>);
 
 impl HeldArgs for Args {
     fn args(&mut self) -> (Vec<&dyn TensorArg>, Vec<&mut dyn TensorArg>) {
-        let mut reads: Vec<&dyn TensorArg> = Vec::new();
-        let mut writes: Vec<&mut dyn TensorArg> = Vec::new();
-        for h in &mut self.0 {
-            match h {
-                Held::Read(g) => reads.push(&**g as &dyn TensorArg),
-                Held::Write(g) => writes.push(&mut **g as &mut dyn TensorArg),
-            }
-        }
-        (reads, writes)
+        // In position order a read never follows a write, so the split cannot fail.
+        split(&mut self.0).unwrap_or_default()
     }
 }
 

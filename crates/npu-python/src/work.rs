@@ -169,7 +169,9 @@ pub(crate) fn in_order(mut l: Locked) -> Result<Vec<Held>, ClientError> {
 
 /// The arguments a dispatch reads, then the ones it may write.
 #[allow(clippy::type_complexity)]
-fn split(args: &mut [Held]) -> Result<(Vec<&dyn TensorArg>, Vec<&mut dyn TensorArg>), ClientError> {
+pub(crate) fn split(
+    args: &mut [Held],
+) -> Result<(Vec<&dyn TensorArg>, Vec<&mut dyn TensorArg>), ClientError> {
     let mut reads: Vec<&dyn TensorArg> = Vec::new();
     let mut writes: Vec<&mut dyn TensorArg> = Vec::new();
     for h in args {
