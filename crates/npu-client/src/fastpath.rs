@@ -86,7 +86,7 @@ pub(crate) struct FastPath {
     /// The ring's lifeline: the daemon tears the ring down when it closes.
     lifeline: UnixStream,
     /// The next submission index (the client's `sq_tail`).
-    sq: tokio::sync::Mutex<u32>,
+    sq: tokio::sync::Mutex<Sq>,
     cq: Mutex<Cq>,
     next_id: AtomicU64,
     /// Tasks parked in `cq.parked` (the waiter thread sleeps on the bell while non-zero).
@@ -97,6 +97,28 @@ pub(crate) struct FastPath {
     waiter: Mutex<Option<std::thread::Thread>>,
     /// The daemon takes queued slots ([`ring::QUEUED`]): a pipeline may use the ring.
     queues: bool,
+}
+
+/// The submission side of a ring: the next slot to write, and the daemon's `sq_head` as last
+/// read.
+#[derive(Debug, Default)]
+struct Sq {
+    tail: u32,
+    head: u32,
+}
+
+impl Sq {
+    /// Whether slot `tail` is free: fewer than SLOTS submissions are not yet copied out.
+    /// `sq_head` is read again only when the head last read leaves no room: the daemon writes
+    /// it as it copies each slot, so reading it on every submission would fetch its cache line
+    /// from the daemon's core each time.
+    fn has_room(&mut self, mem: &RingMemory) -> bool {
+        if self.tail.wrapping_sub(self.head) < ring::SLOTS {
+            return true;
+        }
+        self.head = mem.load(Word::SqHead);
+        self.tail.wrapping_sub(self.head) < ring::SLOTS
+    }
 }
 
 impl FastPath {
@@ -124,7 +146,7 @@ impl FastPath {
         let fp = Arc::new(FastPath {
             mem: Arc::new(mem),
             lifeline: sock,
-            sq: tokio::sync::Mutex::new(0),
+            sq: tokio::sync::Mutex::new(Sq::default()),
             cq: Mutex::new(Cq::default()),
             next_id: AtomicU64::new(1),
             parked: AtomicUsize::new(0),
@@ -247,14 +269,14 @@ impl FastPath {
     /// Writes `s` into the next slot and publishes it, from the calling thread: `NotTaken`
     /// when another task holds the submission side or the ring is full.
     fn submit_now(&self, s: &Submission) -> Result<u32, RingMiss> {
-        let Ok(mut tail) = self.sq.try_lock() else {
+        let Ok(mut sq) = self.sq.try_lock() else {
             return Err(RingMiss::NotTaken);
         };
-        if tail.wrapping_sub(self.mem.load(Word::SqHead)) >= ring::SLOTS {
+        if !sq.has_room(&self.mem) {
             return Err(RingMiss::NotTaken);
         }
-        let index = *tail;
-        *tail = self.mem.submit(index, s);
+        let index = sq.tail;
+        sq.tail = self.mem.submit(index, s);
         Ok(index)
     }
 
@@ -269,12 +291,20 @@ impl FastPath {
         timeout: Duration,
     ) -> Result<Completion, RingMiss> {
         let started = Instant::now();
-        let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+        // Made when the wait first parks: most waits end while spinning.
+        let mut parker: Option<Waker> = None;
         loop {
             let waited = started.elapsed();
             // Parks only after a look that registered the waker (the look is told to).
             let park = waited >= SPIN;
-            match self.poll_completion(request_id, index, &waker, park) {
+            let waker = if park {
+                parker.get_or_insert_with(|| {
+                    Waker::from(Arc::new(ThreadWaker(std::thread::current())))
+                })
+            } else {
+                Waker::noop()
+            };
+            match self.poll_completion(request_id, index, waker, park) {
                 Poll::Ready(r) => return r,
                 Poll::Pending => {}
             }
@@ -304,16 +334,15 @@ impl FastPath {
     }
 
     async fn submit(&self, s: &Submission) -> Result<u32, RingMiss> {
-        let mut tail = self.sq.lock().await;
-        // The ring is full while SLOTS submissions are not yet copied out.
-        while tail.wrapping_sub(self.mem.load(Word::SqHead)) >= ring::SLOTS {
+        let mut sq = self.sq.lock().await;
+        while !sq.has_room(&self.mem) {
             if !self.is_open() {
                 return Err(RingMiss::NotTaken);
             }
             tokio::task::yield_now().await;
         }
-        let index = *tail;
-        *tail = self.mem.submit(index, s);
+        let index = sq.tail;
+        sq.tail = self.mem.submit(index, s);
         Ok(index)
     }
 

@@ -17,7 +17,15 @@ pub struct RoundRobin<T> {
     /// Sessions with pending items, in serving order; each appears once.
     order: VecDeque<u64>,
     max_per_session: usize,
+    /// Emptied queues kept for the next session that queues (a session dispatching one item
+    /// at a time empties its queue at every turn): at most [`SPARE_QUEUES`], none large.
+    spare: Vec<VecDeque<T>>,
 }
+
+/// Emptied queues kept at most.
+const SPARE_QUEUES: usize = 16;
+/// The largest capacity of an emptied queue that is kept.
+const SPARE_CAPACITY: usize = 64;
 
 impl<T> RoundRobin<T> {
     pub fn new(max_per_session: usize) -> Self {
@@ -25,42 +33,68 @@ impl<T> RoundRobin<T> {
             queues: crate::IdMap::default(),
             order: VecDeque::new(),
             max_per_session,
+            spare: Vec::new(),
+        }
+    }
+
+    /// `session`'s queue, made (or taken from the spares) when it has none.
+    fn queue(&mut self, session: u64) -> &mut VecDeque<T> {
+        let spare = &mut self.spare;
+        self.queues
+            .entry(session)
+            .or_insert_with(|| spare.pop().unwrap_or_default())
+    }
+
+    /// Drops `session`'s queue, which is empty, keeping it as a spare when there is room.
+    fn retire(&mut self, session: u64) {
+        if let Some(q) = self.queues.remove(&session)
+            && self.spare.len() < SPARE_QUEUES
+            && q.capacity() <= SPARE_CAPACITY
+        {
+            self.spare.push(q);
         }
     }
 
     /// Queues `item` for `session`, or gives it back when the session's queue is full.
     pub fn push(&mut self, session: u64, item: T) -> Result<(), T> {
-        let q = self.queues.entry(session).or_default();
-        if q.len() >= self.max_per_session {
+        let max = self.max_per_session;
+        let q = self.queue(session);
+        if q.len() >= max {
+            if q.is_empty() {
+                self.retire(session);
+            }
             return Err(item);
         }
-        if q.is_empty() {
+        let first = q.is_empty();
+        q.push_back(item);
+        if first {
             self.order.push_back(session);
         }
-        q.push_back(item);
         Ok(())
     }
 
     /// Queues `item` for `session` whatever the session's queue holds (control work, which the
     /// request channel already bounds).
     pub fn push_unbounded(&mut self, session: u64, item: T) {
-        let q = self.queues.entry(session).or_default();
-        if q.is_empty() {
+        let q = self.queue(session);
+        let first = q.is_empty();
+        q.push_back(item);
+        if first {
             self.order.push_back(session);
         }
-        q.push_back(item);
     }
 
     /// Puts back an item that [`RoundRobin::pop`] returned and that has work left: first in its
     /// session's queue, with the session last in the rotation.
     pub fn resume(&mut self, session: u64, item: T) {
-        let q = self.queues.entry(session).or_default();
-        if q.is_empty() {
+        let q = self.queue(session);
+        let first = q.is_empty();
+        q.push_front(item);
+        if first {
             // `pop` took the session out of the rotation when its queue emptied; otherwise it
             // is already at the back.
             self.order.push_back(session);
         }
-        q.push_front(item);
     }
 
     /// The next item in round-robin order.
@@ -70,11 +104,11 @@ impl<T> RoundRobin<T> {
                 continue;
             };
             let Some(item) = q.pop_front() else {
-                self.queues.remove(&session);
+                self.retire(session);
                 continue;
             };
             if q.is_empty() {
-                self.queues.remove(&session);
+                self.retire(session);
             } else {
                 self.order.push_back(session);
             }
@@ -102,7 +136,7 @@ impl<T> RoundRobin<T> {
         }
         let item = q.pop_front();
         if q.is_empty() {
-            self.queues.remove(&session);
+            self.retire(session);
             self.order.retain(|s| *s != session);
         }
         item

@@ -27,6 +27,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use hsa_core::{ChainError, Dispatch, HsaError, ProgramId};
+use smallvec::SmallVec;
 
 use super::WorkItem;
 use super::loads::Step;
@@ -34,6 +35,10 @@ use super::sched::may_start;
 use super::worker::Worker;
 use crate::error::NpudError;
 use crate::programs::{Program, Runnable};
+
+/// An item's distinct programs (or their ids): inline for up to four, as most items have one.
+type Programs<'a> = SmallVec<[&'a Program; 4]>;
+type Ids = SmallVec<[u64; 4]>;
 
 /// A link that failed on the device after earlier links completed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -313,13 +318,13 @@ impl Worker {
         item: &WorkItem,
         p: &mut Progress,
     ) -> Result<Step, NpudError> {
-        let mut programs: Vec<&Program> = Vec::new();
+        let mut programs: Programs<'_> = SmallVec::new();
         for l in &item.links {
             if !programs.iter().any(|x| x.id == l.program.id) {
                 programs.push(&l.program);
             }
         }
-        let protect: Vec<u64> = programs.iter().map(|x| x.id).collect();
+        let protect: Ids = programs.iter().map(|x| x.id).collect();
         if self.load_step(item.session, &programs, &protect)? == Step::Wait {
             return Ok(Step::Wait);
         }
@@ -394,7 +399,7 @@ impl Worker {
                 Ok(Step::Ready) => p.yielded = false,
             }
         }
-        let programs: Vec<&Program> = item.links[first..end]
+        let programs: Programs<'_> = item.links[first..end]
             .iter()
             .map(|l| l.program.as_ref())
             .collect();
@@ -639,7 +644,7 @@ impl Worker {
         let Some(r) = self.inflight.as_mut() else {
             return;
         };
-        let mut seen: Vec<u64> = Vec::new();
+        let mut seen = Ids::new();
         r.begin(
             programs
                 .filter(|p| {
@@ -746,8 +751,8 @@ pub(super) fn nanos(d: std::time::Duration) -> u64 {
 
 /// The distinct program ids of `programs` (a batch's links, which usually share one), in
 /// order: what eviction must leave loaded.
-fn distinct_ids(programs: &[&Program]) -> Vec<u64> {
-    let mut ids: Vec<u64> = Vec::new();
+fn distinct_ids(programs: &[&Program]) -> Ids {
+    let mut ids = Ids::new();
     for p in programs {
         if !ids.contains(&p.id) {
             ids.push(p.id);

@@ -209,6 +209,7 @@ impl NpudService {
             queued: 0,
             head: 0,
             cq_tail: 0,
+            cq_head: 0,
             entries: VecDeque::new(),
             end: None,
         };
@@ -294,6 +295,8 @@ struct Port {
     head: u32,
     /// Completions posted.
     cq_tail: u32,
+    /// The client's `cq_head` as last read (completions it had consumed then).
+    cq_head: u32,
     entries: VecDeque<Entry>,
     end: Option<End>,
 }
@@ -485,12 +488,21 @@ impl Port {
     }
 
     /// Room in the completion ring, or the rule the client's `cq_head` broke.
-    fn room(&self) -> Result<u32, u32> {
-        let used = self.cq_tail.wrapping_sub(self.ctl.mem.load(Word::CqHead));
-        if used > ring::SLOTS {
-            return Err(ring::BROKEN_CQ_HEAD);
+    ///
+    /// `cq_head` is read again only when the room last read is used up: the client writes it
+    /// after every completion it consumes, so reading it on every post would fetch its cache
+    /// line from the client's core each time. A head read earlier only undercounts the room
+    /// (the client's head only moves forward), and every value read is checked.
+    fn room(&mut self) -> Result<u32, u32> {
+        if self.cq_tail.wrapping_sub(self.cq_head) >= ring::SLOTS {
+            let head = self.ctl.mem.load(Word::CqHead);
+            let used = self.cq_tail.wrapping_sub(head);
+            if used > ring::SLOTS {
+                return Err(ring::BROKEN_CQ_HEAD);
+            }
+            self.cq_head = head;
         }
-        Ok(ring::SLOTS - used)
+        Ok(ring::SLOTS - self.cq_tail.wrapping_sub(self.cq_head))
     }
 
     /// Posts answered items from the front, in order, while the completion ring has room.

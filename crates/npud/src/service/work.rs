@@ -79,12 +79,15 @@ impl NpudService {
         deadline: Option<Instant>,
         flow_controlled: bool,
     ) -> Result<(WorkItem, Admitted), NpudError> {
-        let (requests, chain) = match work {
-            Work::Dispatch(d) => (vec![d], false),
-            Work::Chain(links) => (links, true),
+        let (asked, chain) = match &work {
+            Work::Dispatch(_) => (1, false),
+            Work::Chain(links) => (links.len().max(1) as u64, true),
         };
-        let asked = requests.len().max(1) as u64;
-        let admitted = match self.links(session, requests, chain) {
+        let links = match work {
+            Work::Dispatch(d) => self.links(session, std::iter::once(d), false),
+            Work::Chain(links) => self.links(session, links.into_iter(), true),
+        };
+        let admitted = match links {
             Ok(links) => self.admit(session, links, chain, deadline, flow_controlled),
             Err(e) => Err(e),
         };
@@ -94,11 +97,11 @@ impl NpudService {
     fn links(
         &self,
         session: u64,
-        requests: Vec<pb::DispatchRequest>,
+        requests: impl ExactSizeIterator<Item = pb::DispatchRequest>,
         chain: bool,
     ) -> Result<Vec<Link>, NpudError> {
         let max = self.state.limits.max_chain_links as usize;
-        if chain && requests.is_empty() {
+        if chain && requests.len() == 0 {
             return Err(NpudError::InvalidArgument(
                 "links: a chain needs at least one link".into(),
             ));
@@ -116,7 +119,6 @@ impl NpudService {
         // A single dispatch looks its program up once: no map to fill.
         let many = requests.len() > 1;
         requests
-            .into_iter()
             .enumerate()
             .map(|(k, d)| {
                 let prefix = LinkPrefix { chain, k };
