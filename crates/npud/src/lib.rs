@@ -42,3 +42,5 @@ pub mod token_layer;
 /// attacker chooses; these keys are the daemon's own (a client can only look one up), and
 /// SipHash cost a few percent of a fast-path dispatch.
 pub(crate) type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+/// A set of ids, as [`IdMap`].
+pub(crate) type IdSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;

@@ -359,8 +359,28 @@ impl Sessions {
 
     /// Counts a finished work item against its session.
     pub fn record(&self, id: u64, links: u64, outcome: Outcome, queue_ns: u64, device_ns: u64) {
+        self.record_at(
+            id,
+            links,
+            outcome,
+            queue_ns,
+            device_ns,
+            crate::stats::unix_ms(),
+        );
+    }
+
+    /// [`Sessions::record`] at `at_ms` ([`crate::stats::unix_ms`]).
+    pub fn record_at(
+        &self,
+        id: u64,
+        links: u64,
+        outcome: Outcome,
+        queue_ns: u64,
+        device_ns: u64,
+        at_ms: u64,
+    ) {
         if let Some(s) = self.lock().sessions.get_mut(&id) {
-            s.stats.record(links, outcome, queue_ns, device_ns);
+            s.stats.record(links, outcome, queue_ns, device_ns, at_ms);
         }
     }
 
@@ -371,6 +391,19 @@ impl Sessions {
             .sessions
             .get(&id)
             .map_or_else(|| String::new().into(), |s| s.charged.clone())
+    }
+
+    /// What admitting work for session `id` needs, in one lookup: its grant, its count of
+    /// pending work, and the identities it is charged to (the fault budget's keys); `None`
+    /// for a session that has ended.
+    pub fn for_admission(
+        &self,
+        id: u64,
+    ) -> Option<(Arc<Grant>, Arc<AtomicU32>, crate::faults::Charged)> {
+        self.lock()
+            .sessions
+            .get(&id)
+            .map(|s| (s.grant.clone(), s.pending.clone(), s.charged.clone()))
     }
 
     /// Whether connection `conn` is attached to a session.

@@ -52,6 +52,15 @@ pub enum Outcome {
     Fail(&'static str),
 }
 
+/// Now, in ms since the Unix epoch (0 before it): read once for all the statistics one
+/// finished item updates.
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
 /// Counters for one session or one program.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DispatchStats {
@@ -68,7 +77,15 @@ impl DispatchStats {
     ///
     /// `queue_ns` and `device_ns` are the whole item's; they are counted once per item so the
     /// totals stay wall-clock time, while the counts are per link.
-    pub fn record(&mut self, links: u64, outcome: Outcome, queue_ns: u64, device_ns: u64) {
+    /// `at_ms`: when, in ms since the Unix epoch ([`unix_ms`]).
+    pub fn record(
+        &mut self,
+        links: u64,
+        outcome: Outcome,
+        queue_ns: u64,
+        device_ns: u64,
+        at_ms: u64,
+    ) {
         let total = queue_ns.saturating_add(device_ns);
         match outcome {
             Outcome::Success => add(&mut self.success, links, total),
@@ -81,10 +98,7 @@ impl DispatchStats {
             add(&mut self.queue, links, queue_ns);
             add(&mut self.execute, links, device_ns);
         }
-        self.last_unix_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            .unwrap_or(0);
+        self.last_unix_ms = at_ms;
     }
 
     /// The counters as the API reports them.
@@ -129,10 +143,12 @@ mod tests {
     #[test]
     fn counts_links_and_errors_by_code() {
         let mut s = DispatchStats::default();
-        s.record(1, Outcome::Success, 10, 100);
-        s.record(64, Outcome::Success, 5, 50);
-        s.record(1, Outcome::Fail("DEADLINE_EXCEEDED"), 7, 0);
-        s.record(3, Outcome::Fail("INTERNAL"), 1, 2);
+        let at = unix_ms();
+        assert!(at > 0);
+        s.record(1, Outcome::Success, 10, 100, at - 3);
+        s.record(64, Outcome::Success, 5, 50, at - 2);
+        s.record(1, Outcome::Fail("DEADLINE_EXCEEDED"), 7, 0, at - 1);
+        s.record(3, Outcome::Fail("INTERNAL"), 1, 2, at);
         let p = s.to_proto();
         assert_eq!(p.success.unwrap().count, 65);
         assert_eq!(p.success.unwrap().ns, 165);
@@ -142,6 +158,6 @@ mod tests {
         // A refused item never reached the device: no queue or execute time.
         assert_eq!(p.queue.unwrap().count, 68);
         assert_eq!(p.execute.unwrap().ns, 152);
-        assert!(p.last_dispatch_unix_ms > 0);
+        assert_eq!(p.last_dispatch_unix_ms, at, "the last record's time");
     }
 }

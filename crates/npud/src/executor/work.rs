@@ -279,7 +279,7 @@ impl Worker {
                 runnable = Some(link.program.id);
             }
             let mut args = Vec::with_capacity(link.args.len());
-            let mut sizes = Vec::with_capacity(link.args.len());
+            let mut sizes: SmallVec<[u64; 16]> = SmallVec::new();
             for (i, a) in link.args.iter().enumerate() {
                 let r = self
                     .tensors

@@ -169,10 +169,12 @@ impl Worker {
     }
 
     fn queue_port_items(&mut self, draining: bool) {
-        let items = std::mem::take(&mut self.ports.items);
-        for item in items {
+        // The list goes back empty, keeping its room for the next poll.
+        let mut items = std::mem::take(&mut self.ports.items);
+        for item in items.drain(..) {
             self.handle(Command::Work(item), draining);
         }
+        self.ports.items = items;
     }
 
     fn handle(&mut self, cmd: Command, draining: bool) {

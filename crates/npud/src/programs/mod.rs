@@ -14,7 +14,7 @@
 //! `std::sync::Mutex`; device state (what is loaded) lives in the executor, which reports it
 //! back through [`Programs::set_loaded`].
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use npu_artifacts::NpuGen;
@@ -38,7 +38,7 @@ pub use program::{Code, FORM_HSACO, FORM_PDI_INSTS, Program, content_hash, hsaco
 #[derive(Debug)]
 struct Entry {
     program: Arc<Program>,
-    refs: HashSet<u64>,
+    refs: crate::IdSet<u64>,
     quarantined: bool,
     loaded: bool,
     loads: u64,
@@ -352,7 +352,7 @@ impl Programs {
             id,
             Entry {
                 program: program.clone(),
-                refs: HashSet::from([session]),
+                refs: std::iter::once(session).collect(),
                 quarantined: false,
                 loaded: false,
                 loads: 0,
@@ -425,7 +425,13 @@ impl Programs {
                 e.program.display_name(),
                 e.program.hash,
             ));
-            e.stats.record(1, Outcome::Fail(err.code_name()), 0, 0);
+            e.stats.record(
+                1,
+                Outcome::Fail(err.code_name()),
+                0,
+                0,
+                crate::stats::unix_ms(),
+            );
             return Err(err);
         }
         Ok(e.program.clone())
@@ -483,9 +489,18 @@ impl Programs {
         })
     }
 
-    pub fn record(&self, id: u64, links: u64, outcome: Outcome, queue_ns: u64, device_ns: u64) {
+    /// Counts finished links of program `id`; `at_ms` as [`crate::stats::unix_ms`].
+    pub fn record(
+        &self,
+        id: u64,
+        links: u64,
+        outcome: Outcome,
+        queue_ns: u64,
+        device_ns: u64,
+        at_ms: u64,
+    ) {
         if let Some(e) = self.lock().entries.get_mut(&id) {
-            e.stats.record(links, outcome, queue_ns, device_ns);
+            e.stats.record(links, outcome, queue_ns, device_ns, at_ms);
         }
     }
 

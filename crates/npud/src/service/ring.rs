@@ -27,7 +27,7 @@ use tokio::sync::oneshot;
 use tonic::Request;
 
 use super::NpudService;
-use super::work::{Admitted, Work, dispatch_response};
+use super::work::{Admitted, Work};
 use crate::error::NpudError;
 use crate::executor::{Command, Intake, Polled, WorkDone, WorkItem};
 use crate::fdsock::Grant;
@@ -211,6 +211,7 @@ impl NpudService {
             cq_tail: 0,
             cq_head: 0,
             entries: VecDeque::new(),
+            metrics_due: Vec::new(),
             end: None,
         };
         let bell = Bell {
@@ -263,12 +264,20 @@ impl Bell {
             if rung
                 || ctl.stopped.load(Ordering::SeqCst)
                 || ctl.backlog.load(Ordering::SeqCst)
-                || mem.load(Word::SqTail) != ctl.taken.load(Ordering::SeqCst)
+                || mem.load(Word::SqTail) != ctl.taken.load(Ordering::Acquire)
             {
                 self.exec.nudge();
             }
         }
     }
+}
+
+/// An answered item still to be counted in the metrics ([`Port::count_due`]).
+#[derive(Debug)]
+struct Due {
+    programs: Vec<u64>,
+    chain: bool,
+    result: Result<WorkDone, NpudError>,
 }
 
 /// Why a port ended.
@@ -298,6 +307,8 @@ struct Port {
     /// The client's `cq_head` as last read (completions it had consumed then).
     cq_head: u32,
     entries: VecDeque<Entry>,
+    /// Answered, counted in the statistics, not yet in the metrics.
+    metrics_due: Vec<Due>,
     end: Option<End>,
 }
 
@@ -327,6 +338,7 @@ impl Intake for Port {
         {
             self.end = Some(End::Broken(why));
         }
+        self.count_due();
         if self.end.is_some()
             && !self
                 .entries
@@ -371,6 +383,7 @@ impl Intake for Port {
         if !matches!(self.end, Some(End::Broken(_))) {
             let _ = self.post();
         }
+        self.count_due();
         self.finish();
     }
 }
@@ -423,7 +436,7 @@ impl Port {
             self.entries.push_back(entry);
         }
         if took > 0 {
-            self.ctl.taken.store(self.head, Ordering::SeqCst);
+            self.ctl.taken.store(self.head, Ordering::Release);
         }
         Ok(())
     }
@@ -480,10 +493,25 @@ impl Port {
                 Err(oneshot::error::TryRecvError::Empty) if all => continue,
                 Err(oneshot::error::TryRecvError::Empty) => break,
             };
-            self.svc
-                .record(self.session, &admitted.programs, admitted.chain, &r);
+            self.svc.record_stats(self.session, &admitted.programs, &r);
             self.queued -= usize::from(*queued);
-            *e = Entry::Answered(completion(*request_id, r));
+            let c = completion(*request_id, &r);
+            self.metrics_due.push(Due {
+                programs: std::mem::take(&mut admitted.programs),
+                chain: admitted.chain,
+                result: r,
+            });
+            *e = Entry::Answered(c);
+        }
+    }
+
+    /// Counts in the metrics what [`Port::collect`] answered. The API's statistics were
+    /// updated before the answers were posted, so a client that has its completion sees its
+    /// dispatch counted there; the Prometheus metrics, which a scraper reads from time to time,
+    /// are updated after the post, off the client's wait.
+    fn count_due(&mut self) {
+        for d in self.metrics_due.drain(..) {
+            self.svc.record_metrics(&d.programs, d.chain, &d.result);
         }
     }
 
@@ -563,17 +591,26 @@ impl Port {
     }
 }
 
-/// A dispatch's answer as its completion: what `Dispatch` would have returned.
-fn completion(request_id: u64, r: Result<WorkDone, NpudError>) -> Completion {
-    match r.and_then(dispatch_response) {
-        Ok(d) => Completion {
+/// A dispatch's answer as its completion: what `Dispatch` would have returned
+/// (as `service::work::dispatch_response` makes it).
+fn completion(request_id: u64, r: &Result<WorkDone, NpudError>) -> Completion {
+    match r {
+        Ok(WorkDone {
+            failure: None,
+            queue_ns,
+            device_ns,
+            ..
+        }) => Completion {
             request_id,
             code: 0,
             message: String::new(),
-            queue_ns: d.queue_ns,
-            device_ns: d.device_ns,
+            queue_ns: *queue_ns,
+            device_ns: *device_ns,
         },
-        Err(e) => error_completion(request_id, &e),
+        Ok(WorkDone {
+            failure: Some(f), ..
+        }) => error_completion(request_id, &f.error),
+        Err(e) => error_completion(request_id, e),
     }
 }
 

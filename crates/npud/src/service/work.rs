@@ -166,8 +166,14 @@ impl NpudService {
         flow_controlled: bool,
     ) -> Result<(WorkItem, Admitted), NpudError> {
         self.check_serving()?;
-        let slot = self.pending_slot(session, flow_controlled)?;
-        let who = self.state.sessions.charged(session);
+        let (slot, who) = match self.state.sessions.for_admission(session) {
+            Some((grant, count, who)) => (
+                Some(self.pending_slot(&grant, count, flow_controlled)?),
+                who,
+            ),
+            // The session ended meanwhile: there is no count to hold a place in.
+            None => (None, String::new().into()),
+        };
         let now = Instant::now();
         self.state
             .exec
@@ -203,18 +209,16 @@ impl NpudService {
     /// the limit itself otherwise).
     fn pending_slot(
         &self,
-        session: u64,
+        grant: &crate::auth::Grant,
+        count: Arc<AtomicU32>,
         flow_controlled: bool,
-    ) -> Result<Option<PendingSlot>, NpudError> {
-        let Some((grant, count)) = self.state.sessions.grant(session) else {
-            return Ok(None);
-        };
+    ) -> Result<PendingSlot, NpudError> {
         let q = &grant.quotas.pending;
         // A Submit item is counted but not refused: its stream's window (the rule's quota at
         // most) already bounds it.
         if flow_controlled || q.max >= self.state.limits.max_pending_per_session {
             count.fetch_add(1, Ordering::AcqRel);
-            return Ok(Some(PendingSlot(count)));
+            return Ok(PendingSlot(count));
         }
         count
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -226,7 +230,7 @@ impl NpudService {
                     q.key
                 ))
             })?;
-        Ok(Some(PendingSlot(count)))
+        Ok(PendingSlot(count))
     }
 
     /// Waits for an admitted item and counts it in statistics. The wait runs in the caller's
@@ -260,24 +264,42 @@ impl NpudService {
         chain: bool,
         r: &Result<WorkDone, NpudError>,
     ) {
+        self.record_metrics(programs, chain, r);
+        self.record_stats(session, programs, r);
+    }
+
+    /// The part of [`NpudService::record`] the API's statistics read: a caller that has its
+    /// answer sees its work counted in them.
+    pub(super) fn record_stats(
+        &self,
+        session: u64,
+        programs: &[u64],
+        r: &Result<WorkDone, NpudError>,
+    ) {
         let st = &self.state;
         let n = programs.len() as u64;
-        let kind = if chain { Kind::Chain } else { Kind::Dispatch };
-        self.record_metrics(kind, programs, r);
+        let at = crate::stats::unix_ms();
         match r {
             Ok(done) => {
                 let ok = done.completed.min(programs.len());
                 if ok > 0 {
-                    st.sessions.record(
+                    st.sessions.record_at(
                         session,
                         ok as u64,
                         Outcome::Success,
                         done.queue_ns,
                         done.device_ns,
+                        at,
                     );
                     if let [p] = programs {
-                        st.programs
-                            .record(*p, 1, Outcome::Success, done.queue_ns, done.device_ns);
+                        st.programs.record(
+                            *p,
+                            1,
+                            Outcome::Success,
+                            done.queue_ns,
+                            done.device_ns,
+                            at,
+                        );
                     } else {
                         for (p, c) in group(&programs[..ok]) {
                             st.programs.record(
@@ -286,6 +308,7 @@ impl NpudService {
                                 Outcome::Success,
                                 done.queue_ns,
                                 done.device_ns,
+                                at,
                             );
                         }
                     }
@@ -297,17 +320,17 @@ impl NpudService {
                         (0, 0)
                     };
                     let code = Outcome::Fail(f.error.code_name());
-                    st.sessions.record(session, 1, code, q, d);
+                    st.sessions.record_at(session, 1, code, q, d, at);
                     if let Some(p) = programs.get(f.index) {
-                        st.programs.record(*p, 1, code, q, d);
+                        st.programs.record(*p, 1, code, q, d, at);
                     }
                 }
             }
             Err(e) => {
                 let code = Outcome::Fail(e.code_name());
-                st.sessions.record(session, n, code, 0, 0);
+                st.sessions.record_at(session, n, code, 0, 0, at);
                 for (p, c) in group(programs) {
-                    st.programs.record(p, c, code, 0, 0);
+                    st.programs.record(p, c, code, 0, 0, at);
                 }
             }
         }
@@ -316,7 +339,13 @@ impl NpudService {
     /// Counts a finished item's links by program and outcome, and its times when the device
     /// queue answered it (an item refused there, for its deadline or its session ending, has
     /// none).
-    fn record_metrics(&self, kind: Kind, programs: &[u64], r: &Result<WorkDone, NpudError>) {
+    pub(super) fn record_metrics(
+        &self,
+        programs: &[u64],
+        chain: bool,
+        r: &Result<WorkDone, NpudError>,
+    ) {
+        let kind = if chain { Kind::Chain } else { Kind::Dispatch };
         let st = &self.state;
         let m = &st.metrics;
         match r {
