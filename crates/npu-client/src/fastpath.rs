@@ -293,10 +293,9 @@ impl FastPath {
         let started = Instant::now();
         // Made when the wait first parks: most waits end while spinning.
         let mut parker: Option<Waker> = None;
+        // Parks only after a look that registered the waker (the look is told to).
+        let mut park = false;
         loop {
-            let waited = started.elapsed();
-            // Parks only after a look that registered the waker (the look is told to).
-            let park = waited >= SPIN;
             let waker = if park {
                 parker.get_or_insert_with(|| {
                     Waker::from(Arc::new(ThreadWaker(std::thread::current())))
@@ -308,11 +307,16 @@ impl FastPath {
                 Poll::Ready(r) => return r,
                 Poll::Pending => {}
             }
+            // The clock is read after a look that found nothing, not between the completion's
+            // arrival and the look that takes it.
+            let waited = started.elapsed();
             if waited >= timeout {
                 return Err(RingMiss::TimedOut);
             }
             if park {
                 std::thread::park_timeout(timeout - waited);
+            } else if waited >= SPIN {
+                park = true;
             } else {
                 self.spin_on_tail();
             }
