@@ -98,7 +98,10 @@ impl Worker {
         let mut shutdown: Option<oneshot::Sender<()>> = None;
         let mut closed = false;
         loop {
-            // Take every command that is already waiting, so control commands and newly
+            // The rings first: the answers the last turn gave are posted before anything else
+            // (a client spins on its completion), and what they submitted is taken.
+            self.poll_ports(shutdown.is_some());
+            // Then every command that is already waiting, so control commands and newly
             // admitted work are seen between work items.
             while !closed {
                 match rx.try_recv() {
@@ -108,8 +111,6 @@ impl Worker {
                     Err(mpsc::error::TryRecvError::Disconnected) => closed = true,
                 }
             }
-            // Then what the rings submitted, and the answers they wait for.
-            self.poll_ports(shutdown.is_some());
             // The item that just had its turn goes behind the sessions whose work arrived
             // during that turn.
             if let Some((session, job)) = self.suspended.take() {
