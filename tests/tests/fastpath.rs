@@ -853,3 +853,57 @@ async fn dependent_dispatches_published_at_once_run_in_order_around_a_fault() {
     })
     .await;
 }
+
+/// The daemon reads `cq_head` only when the completions it knows consumed leave no room
+/// (`proto/npud/v1/ring.md`): a `cq_head` ahead of `cq_tail` is harmless while there is room,
+/// and breaks the ring (`broken` 2) once the completion ring fills, with nothing overwritten.
+/// A head read earlier never lets the daemon post over a completion the client has not
+/// consumed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_cq_head_breaks_the_ring_when_the_completion_ring_fills() {
+    let d = Daemon::start(Options::default());
+    bounded(async {
+        let (mut s, p, x, y) = adder(&d, "bad-head").await;
+        s.attach_ring().await.unwrap();
+        let mem = s.ring.clone().unwrap().mem.clone();
+        let slots = ring::SLOTS;
+        // Half a ring's worth, answered; the client consumes them and then claims far more.
+        let subs: Vec<Submission> = (1..=u64::from(slots / 2))
+            .map(|id| whole(id, p, &[x.id, y.id]))
+            .collect();
+        let tail = publish(&mem, 0, &subs);
+        until(&mem, Word::CqTail, |t| t == slots / 2).await;
+        mem.store(Word::CqHead, slots / 2 + 1000);
+        // Room is left as far as the daemon knows: the next half is answered and posted, and the
+        // bad head goes unread.
+        let subs: Vec<Submission> = (u64::from(slots / 2) + 1..=u64::from(slots))
+            .map(|id| whole(id, p, &[x.id, y.id]))
+            .collect();
+        let tail = publish(&mem, tail, &subs);
+        until(&mem, Word::CqTail, |t| t == slots).await;
+        assert_eq!(
+            mem.load(Word::State),
+            0,
+            "read only when the ring looks full"
+        );
+        // The completion ring is full as far as the daemon knows: it reads the head, which is
+        // ahead of its tail, and tears the ring down without posting.
+        publish(&mem, tail, &[whole(u64::from(slots) + 1, p, &[x.id, y.id])]);
+        wait_state(&mem, ring::STATE_BROKEN).await;
+        assert_eq!(mem.load(Word::Broken), ring::BROKEN_CQ_HEAD);
+        assert_eq!(
+            mem.load(Word::CqTail),
+            slots,
+            "nothing was posted past the full ring"
+        );
+        let ids: Vec<u64> = (0..slots)
+            .map(|i| Completion::decode(&mem.read_completion(i)).request_id)
+            .collect();
+        assert_eq!(ids, (1..=u64::from(slots)).collect::<Vec<_>>());
+        // The session lives on, and every dispatch that ran is counted: the last one too,
+        // whose answer found the ring full and was counted, not posted.
+        let st = s.statistics().await.unwrap();
+        assert_eq!(counts(&st, s.id), (u64::from(slots) + 1, 0));
+    })
+    .await;
+}
