@@ -18,7 +18,7 @@ use tonic::metadata::MetadataMap;
 use crate::auth::{Grant, Identity};
 use crate::conn::ConnInfo;
 use crate::error::NpudError;
-use crate::stats::{DispatchStats, Outcome};
+use crate::stats::{DispatchStats, Tally};
 
 /// Longest client name accepted, in bytes.
 pub const MAX_NAME_BYTES: usize = 128;
@@ -358,29 +358,9 @@ impl Sessions {
     }
 
     /// Counts a finished work item against its session.
-    pub fn record(&self, id: u64, links: u64, outcome: Outcome, queue_ns: u64, device_ns: u64) {
-        self.record_at(
-            id,
-            links,
-            outcome,
-            queue_ns,
-            device_ns,
-            crate::stats::unix_ms(),
-        );
-    }
-
-    /// [`Sessions::record`] at `at_ms` ([`crate::stats::unix_ms`]).
-    pub fn record_at(
-        &self,
-        id: u64,
-        links: u64,
-        outcome: Outcome,
-        queue_ns: u64,
-        device_ns: u64,
-        at_ms: u64,
-    ) {
+    pub fn record(&self, id: u64, t: Tally) {
         if let Some(s) = self.lock().sessions.get_mut(&id) {
-            s.stats.record(links, outcome, queue_ns, device_ns, at_ms);
+            s.stats.record(t);
         }
     }
 

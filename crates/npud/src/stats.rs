@@ -61,6 +61,31 @@ pub fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// One finished work item's share of a statistics table: `links` dispatches with one outcome,
+/// sharing one queue wait and one device run, finished at `at_ms` ([`unix_ms`], read once for
+/// every table the item updates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    pub links: u64,
+    pub outcome: Outcome,
+    pub queue_ns: u64,
+    pub device_ns: u64,
+    pub at_ms: u64,
+}
+
+impl Tally {
+    /// `links` refused before they reached the device (no queue or device time), now.
+    pub fn refused(links: u64, code: &'static str) -> Tally {
+        Tally {
+            links,
+            outcome: Outcome::Fail(code),
+            queue_ns: 0,
+            device_ns: 0,
+            at_ms: unix_ms(),
+        }
+    }
+}
+
 /// Counters for one session or one program.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DispatchStats {
@@ -77,15 +102,14 @@ impl DispatchStats {
     ///
     /// `queue_ns` and `device_ns` are the whole item's; they are counted once per item so the
     /// totals stay wall-clock time, while the counts are per link.
-    /// `at_ms`: when, in ms since the Unix epoch ([`unix_ms`]).
-    pub fn record(
-        &mut self,
-        links: u64,
-        outcome: Outcome,
-        queue_ns: u64,
-        device_ns: u64,
-        at_ms: u64,
-    ) {
+    pub fn record(&mut self, t: Tally) {
+        let Tally {
+            links,
+            outcome,
+            queue_ns,
+            device_ns,
+            at_ms,
+        } = t;
         let total = queue_ns.saturating_add(device_ns);
         match outcome {
             Outcome::Success => add(&mut self.success, links, total),
@@ -145,10 +169,34 @@ mod tests {
         let mut s = DispatchStats::default();
         let at = unix_ms();
         assert!(at > 0);
-        s.record(1, Outcome::Success, 10, 100, at - 3);
-        s.record(64, Outcome::Success, 5, 50, at - 2);
-        s.record(1, Outcome::Fail("DEADLINE_EXCEEDED"), 7, 0, at - 1);
-        s.record(3, Outcome::Fail("INTERNAL"), 1, 2, at);
+        s.record(Tally {
+            links: 1,
+            outcome: Outcome::Success,
+            queue_ns: 10,
+            device_ns: 100,
+            at_ms: at - 3,
+        });
+        s.record(Tally {
+            links: 64,
+            outcome: Outcome::Success,
+            queue_ns: 5,
+            device_ns: 50,
+            at_ms: at - 2,
+        });
+        s.record(Tally {
+            links: 1,
+            outcome: Outcome::Fail("DEADLINE_EXCEEDED"),
+            queue_ns: 7,
+            device_ns: 0,
+            at_ms: at - 1,
+        });
+        s.record(Tally {
+            links: 3,
+            outcome: Outcome::Fail("INTERNAL"),
+            queue_ns: 1,
+            device_ns: 2,
+            at_ms: at,
+        });
         let p = s.to_proto();
         assert_eq!(p.success.unwrap().count, 65);
         assert_eq!(p.success.unwrap().ns, 165);

@@ -515,19 +515,8 @@ class Client:
             InvalidArgument: too few or too small arguments (the message names the argument).
             NotFound, FailedPrecondition, Internal, ...: the daemon's refusal, with its message.
         """
-        # The arrays a program is dispatched over again and again are known (as _raws looks
-        # them up, inline here: a call less on every dispatch).
-        raws = []
-        known = _KNOWN.get
-        for a in args:
-            hit = known(id(a))
-            if hit is None or hit[0]() is not a:
-                break
-            raws.append(hit[1])
-        else:
-            return _timing(self._c.dispatch(program._p, raws))
         try:
-            raws = _each(args, tensor_of)
+            raws = _raws(args)
         except ValueError:
             # Sub-views (contiguous slices of a tensor's array): their byte ranges, in place.
             return Timing(*self._c.dispatch_views(program._p, _ranges(args)))

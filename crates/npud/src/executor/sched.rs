@@ -57,14 +57,10 @@ impl<T> RoundRobin<T> {
 
     /// Queues `item` for `session`, or gives it back when the session's queue is full.
     pub fn push(&mut self, session: u64, item: T) -> Result<(), T> {
-        let max = self.max_per_session;
-        let q = self.queue(session);
-        if q.len() >= max {
-            if q.is_empty() {
-                self.retire(session);
-            }
+        if self.queues.get(&session).map_or(0, VecDeque::len) >= self.max_per_session {
             return Err(item);
         }
+        let q = self.queue(session);
         let first = q.is_empty();
         q.push_back(item);
         if first {

@@ -27,7 +27,7 @@ use crate::state_dir::{QuarantineDir, QuarantineRecord};
 mod quarantine;
 mod validate;
 
-use crate::stats::{DispatchStats, Outcome};
+use crate::stats::{DispatchStats, Tally};
 pub use quarantine::record_proto;
 use quarantine::{explain, refused_at_registration};
 pub use validate::{validate, validate_hsaco};
@@ -425,13 +425,7 @@ impl Programs {
                 e.program.display_name(),
                 e.program.hash,
             ));
-            e.stats.record(
-                1,
-                Outcome::Fail(err.code_name()),
-                0,
-                0,
-                crate::stats::unix_ms(),
-            );
+            e.stats.record(Tally::refused(1, err.code_name()));
             return Err(err);
         }
         Ok(e.program.clone())
@@ -489,18 +483,10 @@ impl Programs {
         })
     }
 
-    /// Counts finished links of program `id`; `at_ms` as [`crate::stats::unix_ms`].
-    pub fn record(
-        &self,
-        id: u64,
-        links: u64,
-        outcome: Outcome,
-        queue_ns: u64,
-        device_ns: u64,
-        at_ms: u64,
-    ) {
+    /// Counts finished links of program `id`.
+    pub fn record(&self, id: u64, t: Tally) {
         if let Some(e) = self.lock().entries.get_mut(&id) {
-            e.stats.record(links, outcome, queue_ns, device_ns, at_ms);
+            e.stats.record(t);
         }
     }
 

@@ -20,7 +20,7 @@ use super::{BoxStream, NpudService, deadline};
 use crate::error::NpudError;
 use crate::executor::{Command, Link, LinkPrefix, WorkDone, WorkItem};
 use crate::metrics::Kind;
-use crate::stats::{Outcome, PendingGuard};
+use crate::stats::{Outcome, PendingGuard, Tally};
 
 /// Most buffer arguments one dispatch may pass.
 const MAX_ARGS: usize = 64;
@@ -251,7 +251,7 @@ impl NpudService {
     pub(super) fn refused(&self, session: u64, links: u64, chain: bool, e: &NpudError) {
         self.state
             .sessions
-            .record(session, links, Outcome::Fail(e.code_name()), 0, 0);
+            .record(session, Tally::refused(links, e.code_name()));
         let kind = if chain { Kind::Chain } else { Kind::Dispatch };
         self.state.metrics.refused(kind, links, e.code_name());
     }
@@ -277,39 +277,26 @@ impl NpudService {
         r: &Result<WorkDone, NpudError>,
     ) {
         let st = &self.state;
-        let n = programs.len() as u64;
-        let at = crate::stats::unix_ms();
+        let at_ms = crate::stats::unix_ms();
+        let tally = |links: u64, outcome: Outcome, queue_ns: u64, device_ns: u64| Tally {
+            links,
+            outcome,
+            queue_ns,
+            device_ns,
+            at_ms,
+        };
         match r {
             Ok(done) => {
                 let ok = done.completed.min(programs.len());
                 if ok > 0 {
-                    st.sessions.record_at(
-                        session,
-                        ok as u64,
-                        Outcome::Success,
-                        done.queue_ns,
-                        done.device_ns,
-                        at,
-                    );
+                    let t = |links| tally(links, Outcome::Success, done.queue_ns, done.device_ns);
+                    st.sessions.record(session, t(ok as u64));
+                    // A single dispatch needs no grouping map.
                     if let [p] = programs {
-                        st.programs.record(
-                            *p,
-                            1,
-                            Outcome::Success,
-                            done.queue_ns,
-                            done.device_ns,
-                            at,
-                        );
+                        st.programs.record(*p, t(1));
                     } else {
                         for (p, c) in group(&programs[..ok]) {
-                            st.programs.record(
-                                p,
-                                c,
-                                Outcome::Success,
-                                done.queue_ns,
-                                done.device_ns,
-                                at,
-                            );
+                            st.programs.record(p, t(c));
                         }
                     }
                 }
@@ -319,18 +306,18 @@ impl NpudService {
                     } else {
                         (0, 0)
                     };
-                    let code = Outcome::Fail(f.error.code_name());
-                    st.sessions.record_at(session, 1, code, q, d, at);
+                    let t = tally(1, Outcome::Fail(f.error.code_name()), q, d);
+                    st.sessions.record(session, t);
                     if let Some(p) = programs.get(f.index) {
-                        st.programs.record(*p, 1, code, q, d, at);
+                        st.programs.record(*p, t);
                     }
                 }
             }
             Err(e) => {
-                let code = Outcome::Fail(e.code_name());
-                st.sessions.record_at(session, n, code, 0, 0, at);
+                let t = |links| tally(links, Outcome::Fail(e.code_name()), 0, 0);
+                st.sessions.record(session, t(programs.len() as u64));
                 for (p, c) in group(programs) {
-                    st.programs.record(p, c, code, 0, 0, at);
+                    st.programs.record(p, t(c));
                 }
             }
         }
