@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use npu_proto::v1 as pb;
+use smallvec::SmallVec;
 
 use crate::client::Client;
 use crate::error::ClientError;
@@ -194,8 +195,11 @@ impl Client {
         writes: &mut [&mut dyn TensorArg],
     ) -> Option<Result<DispatchResult, ClientError>> {
         let fp = self.inner.fast_path()?;
-        let mut writes: Vec<&mut RawTensor> = writes.iter_mut().map(|a| a.raw_mut()).collect();
-        let all: Vec<&RawTensor> = reads
+        // Inline for a dispatch's handful of arguments: this path is the one a latency-bound
+        // caller takes for every dispatch.
+        let mut writes: SmallVec<[&mut RawTensor; 8]> =
+            writes.iter_mut().map(|a| a.raw_mut()).collect();
+        let all: SmallVec<[&RawTensor; 8]> = reads
             .iter()
             .map(|a| a.raw())
             .chain(writes.iter().map(|w| &**w))

@@ -18,7 +18,7 @@ use npu_client::{ClientError, HeldArgs, Program as NativeProgram, Queued, Tensor
 
 use crate::batch::Done;
 use crate::tensor::{Held, Shared};
-use crate::work::{Timing, dispatch_held, in_order, lock_args, split, timing, try_lock_args};
+use crate::work::{Few, Timing, dispatch_held, in_order, lock_args, split, timing, try_lock_args};
 
 /// How long one wait for a completion lasts before Python's signals are looked at.
 pub(crate) const WAIT_SLICE: Duration = Duration::from_millis(200);
@@ -26,7 +26,7 @@ pub(crate) const WAIT_SLICE: Duration = Duration::from_millis(200);
 /// A submission's locked arguments, in the design's order: by position, so the ones the
 /// design only reads (shared) come before the ones it may write (held alone), as [`split`]
 /// needs.
-pub(crate) struct Args(Vec<Held>);
+pub(crate) struct Args(Few<Held>);
 
 impl HeldArgs for Args {
     fn args(&mut self) -> (Vec<&dyn TensorArg>, Vec<&mut dyn TensorArg>) {

@@ -11,13 +11,14 @@ use pyo3::prelude::*;
 use crate::runtime::{forked, pid, wait};
 
 pub(crate) fn tensors(args: &[Bound<'_, RawTensor>]) -> PyResult<Vec<Arc<Shared>>> {
-    args.iter()
-        .map(|a| {
-            let t = &a.get().tensor;
-            t.check_fork()?;
-            Ok(t.clone())
-        })
-        .collect()
+    args.iter().map(shared).collect()
+}
+
+/// The tensor behind `a`, refused in a forked child.
+pub(crate) fn shared(a: &Bound<'_, RawTensor>) -> PyResult<Arc<Shared>> {
+    let t = &a.get().tensor;
+    t.check_fork()?;
+    Ok(t.clone())
 }
 
 /// A tensor Python holds. Python reaches its bytes only through the raw pointer of the buffer

@@ -5,9 +5,14 @@ use std::sync::Arc;
 
 use npu_client::{ClientError, Program as NativeProgram, TensorArg};
 use pyo3::prelude::*;
+use smallvec::SmallVec;
 
 use crate::program::Program;
 use crate::tensor::{Held, RawTensor, Shared, tensors};
+
+/// One item per argument (or per distinct tensor) of one call, kept inline: a dispatch's
+/// handful of arguments costs no allocation on the way to the ring.
+pub(crate) type Few<T> = SmallVec<[T; 8]>;
 
 /// Timing of one dispatch: (queue_ns, device_ns).
 pub(crate) type Timing = (u64, u64);
@@ -22,8 +27,8 @@ pub(crate) fn timing(r: npu_client::DispatchResult) -> Timing {
 /// The locks one call holds: each distinct tensor once, and for each argument the index of
 /// its lock.
 pub(crate) struct Locked {
-    pub(crate) held: Vec<Held>,
-    pub(crate) index: Vec<usize>,
+    pub(crate) held: Few<Held>,
+    pub(crate) index: Few<usize>,
 }
 
 /// Locks the distinct tensors of `args` (`args[i]` for `i < reads` only read), in id order so
@@ -31,7 +36,7 @@ pub(crate) struct Locked {
 /// is locked for writing.
 pub(crate) async fn lock_args(args: &[Arc<Shared>], reads: usize) -> Locked {
     let distinct = distinct(args, reads);
-    let mut held = Vec::with_capacity(distinct.len());
+    let mut held = Few::with_capacity(distinct.len());
     for (d, write) in &distinct {
         let lock = Arc::clone(&d.tensor);
         held.push(if *write {
@@ -49,7 +54,7 @@ pub(crate) async fn lock_args(args: &[Arc<Shared>], reads: usize) -> Locked {
 /// [`lock_args`] without waiting: `None` when another call holds one of the locks.
 pub(crate) fn try_lock_args(args: &[Arc<Shared>], reads: usize) -> Option<Locked> {
     let distinct = distinct(args, reads);
-    let mut held = Vec::with_capacity(distinct.len());
+    let mut held = Few::with_capacity(distinct.len());
     for (d, write) in &distinct {
         let lock = Arc::clone(&d.tensor);
         held.push(if *write {
@@ -65,8 +70,8 @@ pub(crate) fn try_lock_args(args: &[Arc<Shared>], reads: usize) -> Option<Locked
 }
 
 /// The distinct tensors of `args` in id order, each with whether a call writes it.
-fn distinct(args: &[Arc<Shared>], reads: usize) -> Vec<(&Arc<Shared>, bool)> {
-    let mut distinct: Vec<(&Arc<Shared>, bool)> = Vec::new();
+fn distinct(args: &[Arc<Shared>], reads: usize) -> Few<(&Arc<Shared>, bool)> {
+    let mut distinct: Few<(&Arc<Shared>, bool)> = Few::new();
     for (i, a) in args.iter().enumerate() {
         let write = i >= reads;
         match distinct.iter_mut().find(|(d, _)| d.id == a.id) {
@@ -79,7 +84,7 @@ fn distinct(args: &[Arc<Shared>], reads: usize) -> Vec<(&Arc<Shared>, bool)> {
 }
 
 /// For each argument, the index of its tensor's lock.
-fn positions(args: &[Arc<Shared>], distinct: &[(&Arc<Shared>, bool)]) -> Vec<usize> {
+fn positions(args: &[Arc<Shared>], distinct: &[(&Arc<Shared>, bool)]) -> Few<usize> {
     args.iter()
         .map(|a| distinct.iter().position(|(d, _)| d.id == a.id).unwrap_or(0))
         .collect()
@@ -115,7 +120,7 @@ pub(crate) async fn dispatch_held(
     program: &NativeProgram,
     args: &mut [Held],
 ) -> Result<Timing, ClientError> {
-    let (reads, mut writes) = split(args)?;
+    let (reads, mut writes): (Few<_>, Few<_>) = split(args)?;
     client
         .dispatch(program, &reads, &mut writes)
         .await
@@ -139,7 +144,7 @@ pub(crate) fn dispatch_now(
         Ok(a) => a,
         Err(e) => return Some(Err(e)),
     };
-    let (reads, mut writes) = match split(&mut args) {
+    let (reads, mut writes): (Few<_>, Few<_>) = match split(&mut args) {
         Ok(rw) => rw,
         Err(e) => return Some(Err(e)),
     };
@@ -149,8 +154,8 @@ pub(crate) fn dispatch_now(
 }
 
 /// Each argument's lock, in the design's order.
-pub(crate) fn in_order(mut l: Locked) -> Result<Vec<Held>, ClientError> {
-    let mut slots: Vec<Option<Held>> = l.held.drain(..).map(Some).collect();
+pub(crate) fn in_order(mut l: Locked) -> Result<Few<Held>, ClientError> {
+    let mut slots: Few<Option<Held>> = l.held.drain(..).map(Some).collect();
     // Each position takes its tensor's lock; a distinct tensor stands at one position only
     // (checked by the caller), so every slot is taken once.
     l.index
@@ -168,21 +173,26 @@ pub(crate) fn in_order(mut l: Locked) -> Result<Vec<Held>, ClientError> {
 }
 
 /// The arguments a dispatch reads, then the ones it may write.
-#[allow(clippy::type_complexity)]
-pub(crate) fn split(
-    args: &mut [Held],
-) -> Result<(Vec<&dyn TensorArg>, Vec<&mut dyn TensorArg>), ClientError> {
-    let mut reads: Vec<&dyn TensorArg> = Vec::new();
-    let mut writes: Vec<&mut dyn TensorArg> = Vec::new();
+pub(crate) fn split<'a, R, W>(args: &'a mut [Held]) -> Result<(R, W), ClientError>
+where
+    R: Default + Extend<&'a dyn TensorArg>,
+    W: Default + Extend<&'a mut dyn TensorArg>,
+{
+    let mut reads = R::default();
+    let mut writes = W::default();
+    let mut wrote = false;
     for h in args {
         match h {
-            Held::Read(g) if writes.is_empty() => reads.push(&**g as &dyn TensorArg),
+            Held::Read(g) if !wrote => reads.extend([&**g as &dyn TensorArg]),
             Held::Read(_) => {
                 return Err(ClientError::Invalid(
                     "a read-only argument after a written one".into(),
                 ));
             }
-            Held::Write(g) => writes.push(&mut **g as &mut dyn TensorArg),
+            Held::Write(g) => {
+                wrote = true;
+                writes.extend([&mut **g as &mut dyn TensorArg]);
+            }
         }
     }
     Ok((reads, writes))

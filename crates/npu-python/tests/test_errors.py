@@ -3,6 +3,8 @@ and message."""
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 
@@ -103,3 +105,26 @@ def test_arrays_that_are_not_tensors(client):
         client.dispatch(p, a, other.alloc(N))
     # A reshape is the whole tensor.
     client.dispatch(p, a.reshape(32, 32), client.alloc((4, 256)))
+
+
+def test_a_stale_known_entry_is_not_taken_for_another_array(client):
+    # Arrays dispatched before are resolved natively from the package's table of arrays it
+    # made (by id); an id is reused once its array is gone, so an entry counts only while its
+    # weak reference still names the argument.
+    p = vsa(client)
+    a, b = client.alloc(N), client.alloc(N)
+    client.dispatch(p, a, b)
+    assert client._c.dispatch_known(p._p, (a, b), npud._KNOWN) is not None
+    foreign = np.zeros(N, np.int32)
+    assert client._c.dispatch_known(p._p, (a, foreign), npud._KNOWN) is None
+    # An entry for `foreign`'s id that names another array, as after the id was reused.
+    npud._KNOWN[id(foreign)] = (weakref.ref(b), npud.tensor_of(b))
+    try:
+        assert client._c.dispatch_known(p._p, (a, foreign), npud._KNOWN) is None
+        with pytest.raises(TypeError, match="args\\[1\\].*not npud tensor memory"):
+            client.dispatch(p, a, foreign)
+    finally:
+        npud._KNOWN.pop(id(foreign), None)
+    # Tensors themselves need no entry.
+    ra, rb = npud.tensor_of(a), npud.tensor_of(b)
+    assert client._c.dispatch_known(p._p, (ra, rb), {}) is not None

@@ -515,6 +515,11 @@ class Client:
             InvalidArgument: too few or too small arguments (the message names the argument).
             NotFound, FailedPrecondition, Internal, ...: the daemon's refusal, with its message.
         """
+        # Arrays dispatched before are resolved natively; the rest (an array seen for the
+        # first time, a sub-view, a wrong argument) here.
+        t = self._c.dispatch_known(program._p, args, _KNOWN)
+        if t is not None:
+            return _timing(t)
         try:
             raws = _raws(args)
         except ValueError:
