@@ -783,23 +783,13 @@ async fn fastpath_rows(
     let mut cpu = CpuMeter::new(pid);
     let mut pcpu = CpuMeter::new(pid);
     for _ in 0..n_rounds {
-        let a = inproc.samples(round)?;
-        let b = pingpong.measure(round);
+        inp.add(inproc.samples(round)?);
+        pp.add(pingpong.measure(round));
         let ops = round.warmup + round.measured;
-        let c = cpu
-            .measure(ops, async { ring.unary(&fast.request, round) })
-            .await?;
-        if std::env::var_os("DBG_ROUNDS").is_some() {
-            let med = |v: &Vec<u64>| {
-                let mut v = v.clone();
-                v.sort_unstable();
-                v[v.len() / 2]
-            };
-            eprintln!("DBG {} {} {}", med(&a.0), med(&b.0), med(&c.0));
-        }
-        inp.add(a);
-        pp.add(b);
-        unary.add(c);
+        unary.add(
+            cpu.measure(ops, async { ring.unary(&fast.request, round) })
+                .await?,
+        );
         let (a, b, w) = pcpu
             .measure(ops, async { ring.pipelined(&fast.request, DEPTH, round) })
             .await?;

@@ -194,35 +194,6 @@ impl RingMemory {
         );
     }
 
-    /// Asks the CPU to fetch submission slot `index mod SLOTS` (its header and first three
-    /// arguments) into this core's cache, without waiting and without reading it. A side
-    /// spinning on `sq_tail` calls it on each look, so the slot's cache lines cross from the
-    /// writer's core alongside the index's instead of after it. Reads nothing: what is read
-    /// is still only the copy made after `sq_tail` moved.
-    pub fn prefetch_submission(&self, index: u32) {
-        self.prefetch(Self::submission_at(index), 2);
-    }
-
-    /// As [`RingMemory::prefetch_submission`], for completion slot `index mod SLOTS`'s header.
-    pub fn prefetch_completion(&self, index: u32) {
-        self.prefetch(Self::completion_at(index), 1);
-    }
-
-    fn prefetch(&self, at: usize, lines: usize) {
-        const LINE: usize = 64;
-        assert!(at + lines * LINE <= RING_BYTES);
-        #[cfg(target_arch = "x86_64")]
-        for l in 0..lines {
-            // SAFETY: a prefetch is a hint: it neither reads nor writes memory as the program
-            // sees it and cannot fault; the address is inside the mapping (asserted).
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    self.base.as_ptr().add(at + l * LINE).cast::<i8>(),
-                );
-            }
-        }
-    }
-
     fn submission_at(index: u32) -> usize {
         HEADER_BYTES + (index % SLOTS) as usize * SUBMISSION_BYTES
     }

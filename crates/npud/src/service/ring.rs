@@ -319,7 +319,7 @@ impl Intake for Port {
         if self.entries.is_empty()
             && self.end.is_none()
             && !draining
-            && self.quiet()
+            && self.ctl.mem.load(Word::SqTail) == self.head
             && !self.ctl.stopped.load(Ordering::Relaxed)
         {
             return Polled::Open;
@@ -400,15 +400,6 @@ impl Drop for Port {
 }
 
 impl Port {
-    /// Whether the client has submitted nothing new. The next slot is prefetched on each
-    /// look, so that when the client publishes it, its cache lines cross to this core
-    /// together with `sq_tail`'s rather than after it.
-    fn quiet(&self) -> bool {
-        let mem = &self.ctl.mem;
-        mem.prefetch_submission(self.head);
-        mem.load(Word::SqTail) == self.head
-    }
-
     /// Whether the port reads another slot: fewer than a ring's worth admitted and unanswered,
     /// and fewer than a stream's window of them queued. A slot is read before its flags are
     /// known, so a full queued window holds back every slot behind it: completions are in
