@@ -451,15 +451,22 @@ impl Completion {
     /// are not UTF-8 are replaced).
     pub fn decode(w: &RawCompletion) -> Completion {
         let len = ((w[1] >> 32) as usize).min(MAX_MESSAGE);
-        let mut bytes = Vec::with_capacity(len);
-        for word in &w[4..] {
-            bytes.extend_from_slice(&word.to_le_bytes());
-        }
-        bytes.truncate(len);
+        // Only the words the length covers: a success has no message, and copying the whole
+        // slot's 992 bytes into a growing buffer cost a completion more than its own fields.
+        let message = if len == 0 {
+            String::new()
+        } else {
+            let mut bytes = Vec::with_capacity(len.next_multiple_of(8));
+            for word in &w[COMP_HEADER_WORDS..COMP_HEADER_WORDS + len.div_ceil(8)] {
+                bytes.extend_from_slice(&word.to_le_bytes());
+            }
+            bytes.truncate(len);
+            String::from_utf8_lossy(&bytes).into_owned()
+        };
         Completion {
             request_id: w[0],
             code: (w[1] & 0xffff_ffff) as u32,
-            message: String::from_utf8_lossy(&bytes).into_owned(),
+            message,
             queue_ns: w[2],
             device_ns: w[3],
         }
@@ -517,6 +524,20 @@ mod tests {
         assert!(back.message.len() <= MAX_MESSAGE);
         assert!(c.message.starts_with(&back.message));
         assert_eq!((back.code, back.queue_ns, back.device_ns), (3, 5, 6));
+    }
+
+    #[test]
+    fn a_completion_message_of_any_length_comes_back_whole() {
+        for len in (0..=24).chain([MAX_MESSAGE - 1, MAX_MESSAGE]) {
+            let c = Completion {
+                request_id: len as u64,
+                code: 9,
+                message: "m".repeat(len),
+                queue_ns: 1,
+                device_ns: 2,
+            };
+            assert_eq!(Completion::decode(&c.encode()), c, "length {len}");
+        }
     }
 
     #[test]
