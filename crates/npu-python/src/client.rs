@@ -234,8 +234,7 @@ impl Client {
         program: &Program,
         args: Vec<Bound<'_, RawTensor>>,
     ) -> PyResult<Timing> {
-        let t = args.iter().map(shared).collect::<PyResult<_>>()?;
-        self.dispatch_tensors(py, program, t)
+        self.dispatch_tensors(py, program, tensors(&args)?)
     }
 
     /// `dispatch` over arguments given as they were to `Client.dispatch`: each a `RawTensor`

@@ -71,7 +71,7 @@ impl Pipeline {
         args: &[Bound<'_, RawTensor>],
     ) -> PyResult<Vec<Arc<Shared>>> {
         self.check_fork()?;
-        let args = tensors(args)?;
+        let args: Vec<_> = tensors(args)?;
         for (i, t) in args.iter().enumerate() {
             if !t.shared {
                 return Err(to_pyerr(

@@ -10,7 +10,8 @@ use pyo3::prelude::*;
 
 use crate::runtime::{forked, pid, wait};
 
-pub(crate) fn tensors(args: &[Bound<'_, RawTensor>]) -> PyResult<Vec<Arc<Shared>>> {
+/// The tensors behind `args`, in whatever collection the caller keeps them.
+pub(crate) fn tensors<C: FromIterator<Arc<Shared>>>(args: &[Bound<'_, RawTensor>]) -> PyResult<C> {
     args.iter().map(shared).collect()
 }
 

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use smallvec::SmallVec;
 
 use crate::program::Program;
-use crate::tensor::{Held, RawTensor, Shared, tensors};
+use crate::tensor::{Held, RawTensor, Shared, shared};
 
 /// One item per argument (or per distinct tensor) of one call, kept inline: a dispatch's
 /// handful of arguments costs no allocation on the way to the ring.
@@ -289,13 +289,10 @@ pub(crate) type Links<'py> = Vec<(Bound<'py, Program>, Vec<PyArg<'py>>)>;
 /// A dispatch argument as Python gives it: `(tensor, offset, length)`.
 pub(crate) type PyArg<'py> = (Bound<'py, RawTensor>, u64, u64);
 
-/// The tensors of `args`, checked as [`tensors`] checks them, with their ranges.
+/// The tensors of `args`, checked as [`shared`] checks them, with their ranges.
 pub(crate) fn args(args: &[PyArg<'_>]) -> PyResult<Vec<Arg>> {
     args.iter()
-        .map(|(t, offset, len)| {
-            let shared = tensors(std::slice::from_ref(t))?.remove(0);
-            Ok((shared, *offset, *len))
-        })
+        .map(|(t, offset, len)| Ok((shared(t)?, *offset, *len)))
         .collect()
 }
 

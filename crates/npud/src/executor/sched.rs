@@ -60,12 +60,7 @@ impl<T> RoundRobin<T> {
         if self.queues.get(&session).map_or(0, VecDeque::len) >= self.max_per_session {
             return Err(item);
         }
-        let q = self.queue(session);
-        let first = q.is_empty();
-        q.push_back(item);
-        if first {
-            self.order.push_back(session);
-        }
+        self.push_unbounded(session, item);
         Ok(())
     }
 
