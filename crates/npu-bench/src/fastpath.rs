@@ -216,6 +216,11 @@ impl PingPong {
         })
     }
 
+    /// The child's process id.
+    pub fn child_pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// One round trip: this side publishes a count, the child echoes it, both spinning (the
     /// child sleeps on its bell after [`SPIN`] without work, so that it leaves the CPU to the
     /// rows measured after it).

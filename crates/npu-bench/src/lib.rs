@@ -25,6 +25,7 @@ pub mod fastpath;
 pub mod floors;
 pub mod inproc;
 pub mod load;
+pub mod place;
 pub mod profiles;
 pub mod report;
 pub mod rows;

@@ -782,8 +782,26 @@ async fn fastpath_rows(
     let (mut per, mut lat, mut pwall) = (Vec::new(), Vec::new(), Duration::ZERO);
     let mut cpu = CpuMeter::new(pid);
     let mut pcpu = CpuMeter::new(pid);
+    let place = match crate::place::Placement::pin(pid) {
+        Ok(p) => {
+            p.with_daemon(pingpong.child_pid());
+            Some(p)
+        }
+        Err(why) => {
+            report.skipped.push(format!(
+                "rows 15 unpinned (executor and client may share a CPU's speed unevenly): {why}"
+            ));
+            None
+        }
+    };
     for _ in 0..n_rounds {
+        if let (Some(p), Some(pid)) = (&place, pid) {
+            p.on_daemon_cpu(pid);
+        }
         inp.add(inproc.samples(round)?);
+        if let Some(p) = &place {
+            p.on_client_cpu();
+        }
         pp.add(pingpong.measure(round));
         let ops = round.warmup + round.measured;
         unary.add(
@@ -797,6 +815,7 @@ async fn fastpath_rows(
         lat.extend(b);
         pwall += w;
     }
+    drop(place);
     pingpong.stop();
     drop(ring);
     let mut s = fast.session.clone();
