@@ -35,7 +35,7 @@ pub(crate) struct Locked {
 /// that concurrent calls cannot deadlock. A tensor read at one position and written at another
 /// is locked for writing.
 pub(crate) async fn lock_args(args: &[Arc<Shared>], reads: usize) -> Locked {
-    let distinct = distinct(args, reads);
+    let (distinct, index) = distinct(args, reads);
     let mut held = Few::with_capacity(distinct.len());
     for (d, write) in &distinct {
         let lock = Arc::clone(&d.tensor);
@@ -45,15 +45,12 @@ pub(crate) async fn lock_args(args: &[Arc<Shared>], reads: usize) -> Locked {
             Held::Read(lock.read_owned().await)
         });
     }
-    Locked {
-        held,
-        index: positions(args, &distinct),
-    }
+    Locked { held, index }
 }
 
 /// [`lock_args`] without waiting: `None` when another call holds one of the locks.
 pub(crate) fn try_lock_args(args: &[Arc<Shared>], reads: usize) -> Option<Locked> {
-    let distinct = distinct(args, reads);
+    let (distinct, index) = distinct(args, reads);
     let mut held = Few::with_capacity(distinct.len());
     for (d, write) in &distinct {
         let lock = Arc::clone(&d.tensor);
@@ -63,31 +60,27 @@ pub(crate) fn try_lock_args(args: &[Arc<Shared>], reads: usize) -> Option<Locked
             Held::Read(lock.try_read_owned().ok()?)
         });
     }
-    Some(Locked {
-        held,
-        index: positions(args, &distinct),
-    })
+    Some(Locked { held, index })
 }
 
-/// The distinct tensors of `args` in id order, each with whether a call writes it.
-fn distinct(args: &[Arc<Shared>], reads: usize) -> Few<(&Arc<Shared>, bool)> {
+/// The distinct tensors of `args` in id order, each with whether a call writes it, and for
+/// each argument the index of its tensor among them. Sorting the arguments' positions by id
+/// keeps this O(n log n) in the argument count: a chain's arguments are every link's.
+fn distinct(args: &[Arc<Shared>], reads: usize) -> (Few<(&Arc<Shared>, bool)>, Few<usize>) {
+    let mut order: Few<usize> = (0..args.len()).collect();
+    order.sort_unstable_by_key(|&i| args[i].id);
     let mut distinct: Few<(&Arc<Shared>, bool)> = Few::new();
-    for (i, a) in args.iter().enumerate() {
+    let mut index: Few<usize> = SmallVec::from_elem(0, args.len());
+    for i in order {
+        let a = &args[i];
         let write = i >= reads;
-        match distinct.iter_mut().find(|(d, _)| d.id == a.id) {
-            Some((_, w)) => *w |= write,
-            None => distinct.push((a, write)),
+        match distinct.last_mut() {
+            Some((d, w)) if d.id == a.id => *w |= write,
+            _ => distinct.push((a, write)),
         }
+        index[i] = distinct.len() - 1;
     }
-    distinct.sort_by_key(|(d, _)| d.id);
-    distinct
-}
-
-/// For each argument, the index of its tensor's lock.
-fn positions(args: &[Arc<Shared>], distinct: &[(&Arc<Shared>, bool)]) -> Few<usize> {
-    args.iter()
-        .map(|a| distinct.iter().position(|(d, _)| d.id == a.id).unwrap_or(0))
-        .collect()
+    (distinct, index)
 }
 
 /// Uploads every staged argument: Python writes a numpy view without the dirty mark the Rust
