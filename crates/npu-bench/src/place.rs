@@ -25,6 +25,7 @@ const SETTLE: Duration = Duration::from_millis(50);
 /// Rows 15's CPUs, pinned while it lives; dropping it restores both threads' CPU sets.
 #[derive(Debug)]
 pub struct Placement {
+    pid: u32,
     daemon_cpu: usize,
     client_cpu: usize,
     executor: Pid,
@@ -75,6 +76,7 @@ impl Placement {
         sched_setaffinity(Some(executor), &only(daemon_cpu))
             .map_err(|e| format!("pinning thread {tid} of process {pid}: {e}"))?;
         Ok(Placement {
+            pid,
             daemon_cpu,
             client_cpu,
             executor,
@@ -83,16 +85,18 @@ impl Placement {
         })
     }
 
-    /// Moves the calling thread to the executor's CPU once the executor sleeps (or after
-    /// [`SETTLE`]), so that its polling does not share the CPU with what is measured there.
-    pub fn on_daemon_cpu(&self, pid: u32) {
+    /// Moves the calling thread to the executor's CPU once the executor sleeps, so that its
+    /// polling does not share the CPU with what is measured there; `false` when it still ran
+    /// after [`SETTLE`] (the thread moves all the same, and the caller says so).
+    pub fn on_daemon_cpu(&self) -> bool {
         let until = Instant::now() + SETTLE;
-        while state(pid, self.executor.as_raw_nonzero().get()) == Some('R')
-            && Instant::now() < until
-        {
+        let running = || state(self.pid, self.executor.as_raw_nonzero().get()) == Some('R');
+        while running() && Instant::now() < until {
             std::thread::sleep(Duration::from_micros(200));
         }
+        let settled = !running();
         let _ = sched_setaffinity(None, &only(self.daemon_cpu));
+        settled
     }
 
     /// Moves the calling thread to the client's CPU.

@@ -162,6 +162,8 @@ pub struct Report {
     pub ratios: Vec<Ratio>,
     /// Rows that could not run, with the reason (e.g. no TCP address for a given daemon).
     pub skipped: Vec<String>,
+    /// How rows ran where it departs from their description (e.g. rows 15 unpinned).
+    pub notes: Vec<String>,
 }
 
 impl Report {
@@ -459,6 +461,9 @@ impl Report {
         );
         for k in &self.skipped {
             s.push_str(&format!("skipped: {k}\n"));
+        }
+        for k in &self.notes {
+            s.push_str(&format!("note: {k}\n"));
         }
         s
     }

@@ -136,6 +136,7 @@ pub fn run(opts: &Options) -> Result<Report> {
         cpu: Vec::new(),
         ratios: Vec::new(),
         skipped: Vec::new(),
+        notes: Vec::new(),
     };
     let result = rt.block_on(all_rows(&mut report, &mut target, it, opts));
     // Closes every client connection, so that npud's graceful shutdown does not wait for
@@ -789,14 +790,17 @@ async fn fastpath_rows(
         }
         Err(why) => {
             report.skipped.push(format!(
-                "rows 15 unpinned (executor and client may share a CPU's speed unevenly): {why}"
+                "rows 15 ran unpinned (the in-process row and npud's executor may run on CPUs of different speeds): {why}"
             ));
             None
         }
     };
+    let mut unsettled = 0;
     for _ in 0..n_rounds {
-        if let (Some(p), Some(pid)) = (&place, pid) {
-            p.on_daemon_cpu(pid);
+        if let Some(p) = &place
+            && !p.on_daemon_cpu()
+        {
+            unsettled += 1;
         }
         inp.add(inproc.samples(round)?);
         if let Some(p) = &place {
@@ -816,6 +820,12 @@ async fn fastpath_rows(
         pwall += w;
     }
     drop(place);
+    if unsettled > 0 {
+        report.notes.push(format!(
+            "rows 15: in {unsettled} of {n_rounds} rounds npud's executor still ran when the \
+             in-process row started on its CPU (that row may read slow there)"
+        ));
+    }
     pingpong.stop();
     drop(ring);
     let mut s = fast.session.clone();

@@ -198,6 +198,16 @@ fn quick_json_has_every_row_with_sane_fields() {
             .is_some_and(Vec::is_empty),
         "nothing is skipped against a daemon started here"
     );
+    // Rows 15 pin the daemon started here (its process id is known) wherever two CPUs are.
+    let notes = field(&report, "notes").as_array().expect("notes is a list");
+    if std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2) {
+        assert!(
+            !notes
+                .iter()
+                .any(|n| n.as_str().is_some_and(|n| n.contains("unpinned"))),
+            "{notes:?}"
+        );
+    }
 }
 
 #[test]
