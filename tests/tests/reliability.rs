@@ -208,11 +208,17 @@ async fn warmed_up(d: &Daemon) -> Session {
     tokio::time::sleep(Duration::from_millis(100)).await;
     npud_e2e::signal(&warm, rustix::process::Signal::KILL);
     warm.wait().unwrap();
+    // Its session ends first; work it had admitted keeps its program's reference until the
+    // executor answers it, a moment later.
     let until = Instant::now() + Duration::from_secs(20);
-    while held(d, &mut k).await.sessions != 1 {
+    loop {
+        let h = held(d, &mut k).await;
+        if h.sessions == 1 && u64::try_from(h.programs) == Ok(h.references) {
+            break;
+        }
         assert!(
             Instant::now() < until,
-            "the warm-up client's session never ended"
+            "the warm-up client's session or its references never ended: {h:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
