@@ -125,10 +125,14 @@ pub fn cpu_ns(pid: u32) -> Option<u64> {
 #[must_use]
 pub fn stat_cpu_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The fields after the command name (which may hold spaces) start after its last ')'.
-    let rest = stat.get(stat.rfind(')')? + 2..)?;
-    let f: Vec<&str> = rest.split(' ').collect();
+    let f: Vec<&str> = after_comm(&stat)?.split(' ').collect();
     Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// The fields of a `/proc/.../stat` line after the command name, from the state on: the name
+/// (which may hold spaces and parentheses) ends at the line's last `)`.
+pub(crate) fn after_comm(stat: &str) -> Option<&str> {
+    stat.get(stat.rfind(')')? + 2..)
 }
 
 /// Microseconds in one clock tick of [`stat_cpu_ticks`] (10 000 at the usual 100 Hz).

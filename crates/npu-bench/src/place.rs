@@ -42,8 +42,7 @@ fn only(cpu: usize) -> CpuSet {
 /// The `state` letter of `/proc/<pid>/task/<tid>/stat` (`R` running, `S` sleeping...).
 fn state(pid: u32, tid: i32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
-    // The name in parentheses may hold spaces; the state follows its closing parenthesis.
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
+    crate::daemon::after_comm(&stat)?.chars().next()
 }
 
 impl Placement {

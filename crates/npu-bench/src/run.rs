@@ -789,7 +789,7 @@ async fn fastpath_rows(
             Some(p)
         }
         Err(why) => {
-            report.skipped.push(format!(
+            report.notes.push(format!(
                 "rows 15 ran unpinned (the in-process row and npud's executor may run on CPUs of different speeds): {why}"
             ));
             None
