@@ -387,6 +387,191 @@ async fn a_request_id_reused_by_another_method_is_invalid_argument() {
     .await;
 }
 
+/// A request carrying `s`'s metadata and request id `id` (and `ack` as `npud-request-ack`).
+fn with_request_id<T>(s: &Session, msg: T, id: u64, ack: Option<u64>) -> tonic::Request<T> {
+    let mut r = s.req(msg);
+    r.metadata_mut().insert(
+        npu_proto::REQUEST_ID_HEADER,
+        id.to_string().parse().unwrap(),
+    );
+    if let Some(a) = ack {
+        r.metadata_mut().insert(
+            npu_proto::REQUEST_ACK_HEADER,
+            a.to_string().parse().unwrap(),
+        );
+    }
+    r
+}
+
+async fn allocate(s: &mut Session, size: u64) -> u64 {
+    let req = s.req(pb::AllocateTensorRequest {
+        size_bytes: size,
+        name: String::new(),
+    });
+    s.client
+        .allocate_tensor(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .tensor_id
+}
+
+/// A call whose id is still running is remembered however many ids follow it: its retry waits
+/// for its answer instead of running it again. (A window of the last 256 ids forgot it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_call_is_run_once_when_retried_after_hundreds_of_newer_ids() {
+    let d = Daemon::start(Options::default().arg("--emulator-timeout-ms").arg("3000"));
+    bounded(async {
+        // Another session's hang holds the device, so this session's dispatch waits, admitted.
+        let mut culprit = Session::open(d.connect().await, "culprit").await.unwrap();
+        let hang = culprit.register(&EmuDesign::hang(4096)).await.unwrap();
+        let (h1, h2) = (
+            allocate(&mut culprit, 4096).await,
+            allocate(&mut culprit, 4096).await,
+        );
+        let mut s = Session::open(d.connect().await, "ids").await.unwrap();
+        let add = s
+            .register(&EmuDesign::vector_scalar_add(1024, DType::I32, 1))
+            .await
+            .unwrap();
+        let (a, b) = (allocate(&mut s, 4096).await, allocate(&mut s, 4096).await);
+        let mut keeper = Session::open(d.connect().await, "keeper").await.unwrap();
+        let mut c = culprit.clone();
+        let hanging = tokio::spawn(async move { c.dispatch(hang.program_id, &[h1, h2]).await });
+        stats_until(&mut keeper, |st| st.pending_dispatches >= 1).await;
+        let mut s2 = s.clone();
+        let first = tokio::spawn(async move {
+            let r = with_request_id(&s2, dispatch_request(add.program_id, &[a, b]), 1, None);
+            s2.client.dispatch(r).await
+        });
+        stats_until(&mut keeper, |st| st.pending_dispatches >= 2).await;
+        // 300 newer ids of this session, each refused before it runs.
+        for id in 2..302 {
+            let r = with_request_id(&s, dispatch_request(999_999, &[a, b]), id, None);
+            let e = s.client.dispatch(r).await.unwrap_err();
+            assert_eq!(e.code(), Code::NotFound, "{e:?}");
+        }
+        // The retry of id 1 while it waits.
+        let r = with_request_id(&s, dispatch_request(add.program_id, &[a, b]), 1, None);
+        let again = s.client.dispatch(r).await;
+        let first = first.await.unwrap();
+        assert!(first.is_ok(), "{first:?}");
+        assert!(again.is_ok(), "{again:?}");
+        let _ = hanging.await;
+        let st = keeper.statistics().await.unwrap();
+        let me = s.id;
+        assert_eq!(successes(&st, me), 1, "the dispatch ran once");
+    })
+    .await;
+}
+
+/// A reused request id must name the same request: another message is refused, never given
+/// the first call's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_id_reused_for_another_message_is_invalid_argument() {
+    let d = Daemon::start(Options::default());
+    bounded(async {
+        let mut s = Session::open(d.connect().await, "ids").await.unwrap();
+        let add = s
+            .register(&EmuDesign::vector_scalar_add(1024, DType::I32, 1))
+            .await
+            .unwrap();
+        let (a, b) = (allocate(&mut s, 4096).await, allocate(&mut s, 4096).await);
+        let r = with_request_id(&s, dispatch_request(add.program_id, &[a, b]), 5, None);
+        s.client.dispatch(r).await.unwrap();
+        // The same message again: the first answer, not a second run.
+        let r = with_request_id(&s, dispatch_request(add.program_id, &[a, b]), 5, None);
+        s.client.dispatch(r).await.unwrap();
+        let r = with_request_id(&s, dispatch_request(add.program_id, &[b, a]), 5, None);
+        let e = s.client.dispatch(r).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert_eq!(
+            e.message(),
+            "npud-request-id: 5 was already used by a Dispatch call of this session with \
+             another request; a retry must send the same message (use a new id for new work)"
+        );
+        let st = s.statistics().await.unwrap();
+        assert_eq!(successes(&st, s.id), 1, "the dispatch ran once");
+    })
+    .await;
+}
+
+/// Only final answers are replayed: a call refused before it ran (a quota) runs when retried
+/// with its id once the quota has room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_is_not_replayed_and_the_retry_runs() {
+    let d = Daemon::start(Options::default().env("NPUD_LIMITS__MAX_TENSORS_PER_SESSION", "2"));
+    bounded(async {
+        let mut s = Session::open(d.connect().await, "ids").await.unwrap();
+        let a = allocate(&mut s, 64).await;
+        allocate(&mut s, 64).await;
+        let alloc = pb::AllocateTensorRequest {
+            size_bytes: 64,
+            name: String::new(),
+        };
+        let r = with_request_id(&s, alloc.clone(), 9, None);
+        let e = s.client.allocate_tensor(r).await.unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        let free = s.req(pb::FreeTensorRequest { tensor_id: a });
+        s.client.free_tensor(free).await.unwrap();
+        let r = with_request_id(&s, alloc, 9, None);
+        let made = s.client.allocate_tensor(r).await;
+        assert!(made.is_ok(), "the retry ran: {made:?}");
+    })
+    .await;
+}
+
+/// Remembered ids are bounded in bytes per principal: past the bound a new id is refused
+/// naming the key, nothing remembered is forgotten, and ids the client acknowledges make room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remembered_request_ids_are_bounded_per_principal_and_acknowledged_ids_make_room() {
+    let d = Daemon::start(
+        Options::default().env("NPUD_LIMITS__MAX_REQUEST_ID_BYTES_PER_PRINCIPAL", "4096"),
+    );
+    bounded(async {
+        let mut s = Session::open(d.connect().await, "ids").await.unwrap();
+        let alloc = |s: &Session, id, ack| {
+            with_request_id(
+                s,
+                pb::AllocateTensorRequest {
+                    size_bytes: 64,
+                    name: String::new(),
+                },
+                id,
+                ack,
+            )
+        };
+        let mut refused = None;
+        for id in 0..64 {
+            match s.client.allocate_tensor(alloc(&s, id, None)).await {
+                Ok(_) => {}
+                Err(e) => {
+                    refused = Some((id, e));
+                    break;
+                }
+            }
+        }
+        let (n, e) = refused.expect("the bound refused a new id");
+        assert!(n >= 2, "at least two ids fit in 4 KiB; refused at {n}");
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(
+            e.message()
+                .contains("limits.max_request_id_bytes_per_principal"),
+            "{e:?}"
+        );
+        // Everything remembered still answers the same.
+        let first = s.client.allocate_tensor(alloc(&s, 0, None)).await.unwrap();
+        let again = s.client.allocate_tensor(alloc(&s, 0, None)).await.unwrap();
+        assert_eq!(first.get_ref().tensor_id, again.get_ref().tensor_id);
+        // Acknowledging every id below n makes room.
+        s.client
+            .allocate_tensor(alloc(&s, n, Some(n)))
+            .await
+            .unwrap();
+    })
+    .await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The Submit stream
 

@@ -60,6 +60,9 @@ pub(crate) struct SessionAuth {
     timeout: Duration,
     /// The call's request id (`npud-request-id`), the same on its retry.
     request_id: Option<AsciiMetadataValue>,
+    /// The lowest request id of this session whose call has not finished (`npud-request-ack`):
+    /// the daemon may forget the answers of every id below it.
+    request_ack: Option<AsciiMetadataValue>,
 }
 
 impl Interceptor for SessionAuth {
@@ -67,6 +70,10 @@ impl Interceptor for SessionAuth {
         if let Some(id) = &self.request_id {
             req.metadata_mut()
                 .insert(npu_proto::REQUEST_ID_HEADER, id.clone());
+        }
+        if let Some(ack) = &self.request_ack {
+            req.metadata_mut()
+                .insert(npu_proto::REQUEST_ACK_HEADER, ack.clone());
         }
         if let Some(t) = &self.identity {
             req.metadata_mut()
@@ -80,6 +87,30 @@ impl Interceptor for SessionAuth {
         }
         req.set_timeout(self.timeout);
         Ok(req)
+    }
+}
+
+/// A request id in flight: listed in [`Inner`]'s set until dropped.
+struct InFlight<'a> {
+    set: &'a Mutex<std::collections::BTreeSet<u64>>,
+    id: u64,
+}
+
+impl<'a> InFlight<'a> {
+    fn enter(set: &'a Mutex<std::collections::BTreeSet<u64>>, id: u64) -> Self {
+        set.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id);
+        Self { set, id }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.set
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
     }
 }
 
@@ -121,6 +152,8 @@ pub(crate) struct Inner {
     reconnects: AtomicU64,
     /// The next call's request id.
     next_request: AtomicU64,
+    /// Request ids of calls not finished yet: the lowest is acknowledged to the daemon.
+    in_flight: Mutex<std::collections::BTreeSet<u64>>,
     /// Set when a [`crate::Fleet`] opened the session.
     pub(crate) host: std::sync::OnceLock<Arc<dyn HostWatch>>,
     /// The identity token, read once at connect.
@@ -175,6 +208,7 @@ impl Inner {
             device,
             reconnects: AtomicU64::new(0),
             next_request: AtomicU64::new(random_u64() >> 1),
+            in_flight: Mutex::new(std::collections::BTreeSet::new()),
             host: std::sync::OnceLock::new(),
             identity,
             fast: Mutex::new(None),
@@ -262,8 +296,19 @@ impl Inner {
         self.rpc_with_id(channel, anonymous, None)
     }
 
-    /// As [`Inner::rpc`], with request id `request_id` on every call.
+    /// As [`Inner::rpc`], with request id `request_id` on every call, and the lowest id of a
+    /// call not finished as its acknowledgement.
     fn rpc_with_id(&self, channel: Channel, anonymous: bool, request_id: Option<u64>) -> Rpc {
+        let value = |v: u64| MetadataValue::try_from(v.to_string()).ok();
+        let request_ack = request_id.and_then(|_| {
+            let low = self
+                .in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .first()
+                .copied();
+            low.and_then(value)
+        });
         let session = if anonymous {
             None
         } else {
@@ -279,7 +324,8 @@ impl Inner {
                 session,
                 identity: self.identity.clone(),
                 timeout: self.opts.call_timeout,
-                request_id: request_id.and_then(|id| MetadataValue::try_from(id.to_string()).ok()),
+                request_id: request_id.and_then(value),
+                request_ack,
             },
         )
         .max_decoding_message_size(MAX_DECODE_BYTES)
@@ -345,8 +391,10 @@ impl Inner {
             return Err(e);
         }
         let mut retried = false;
-        // One id for the call and its retry (session calls only).
+        // One id for the call and its retry (session calls only), in flight until the call
+        // returns or is dropped.
         let request_id = (!anonymous).then(|| self.next_request.fetch_add(1, Ordering::Relaxed));
+        let _in_flight = request_id.map(|id| InFlight::enter(&self.in_flight, id));
         loop {
             let (epoch, channel) = self.current();
             let rpc = self.rpc_with_id(channel, anonymous, request_id);
@@ -539,6 +587,7 @@ pub(crate) fn plain_client(
             identity,
             timeout: opts.call_timeout,
             request_id: None,
+            request_ack: None,
         },
     )
     .max_decoding_message_size(MAX_DECODE_BYTES)

@@ -23,6 +23,11 @@ pub const TOKEN_HEADER: &str = "npud-token";
 /// AllocateTensor and FreeTensor once per id and session, and answers a retry with the first
 /// attempt's answer (see `npud.proto`).
 pub const REQUEST_ID_HEADER: &str = "npud-request-id";
+/// Metadata key a client may send beside [`REQUEST_ID_HEADER`]: a decimal u64 below which it
+/// will retry no request id of the session (every call with a lower id has its answer, or was
+/// given up). The daemon then forgets those ids' answers at once instead of keeping them for
+/// the retry horizon.
+pub const REQUEST_ACK_HEADER: &str = "npud-request-ack";
 /// Metadata key carrying an identity token's secret (a file in the daemon's `auth.token_dir`);
 /// the call's identity is then `token:<file name>@<allocation>`.
 pub const IDENTITY_TOKEN_HEADER: &str = "x-npud-token";

@@ -255,6 +255,14 @@ pub struct Limits {
     /// Bytes of gRPC request messages received and not yet answered (queued dispatches and
     /// chains, tensor bytes being written, programs being registered), daemon-wide.
     pub max_queued_request_bytes: u64,
+    /// Longest time a call's request id (`npud-request-id`) is remembered after the call
+    /// arrived, in ms, when the call's own deadline is longer or absent; the session grace
+    /// period is added, for a client to reconnect and retry. A client that acknowledges ids
+    /// (`npud-request-ack`) lets them go sooner.
+    pub request_id_horizon_ms: u64,
+    /// Bytes of remembered request ids (with their answers) one identity's sessions may hold;
+    /// a call with a new id past this is RESOURCE_EXHAUSTED, and no id is forgotten early.
+    pub max_request_id_bytes_per_principal: u64,
 }
 
 impl Default for Limits {
@@ -286,6 +294,8 @@ impl Default for Limits {
             max_total_tensor_bytes: 8 << 30,
             max_total_program_bytes: 128 << 20,
             max_queued_request_bytes: 192 << 20,
+            request_id_horizon_ms: 60_000,
+            max_request_id_bytes_per_principal: 4 << 20,
         }
     }
 }
@@ -646,6 +656,11 @@ impl Config {
             (
                 "limits.max_queued_request_bytes",
                 l.max_queued_request_bytes,
+            ),
+            ("limits.request_id_horizon_ms", l.request_id_horizon_ms),
+            (
+                "limits.max_request_id_bytes_per_principal",
+                l.max_request_id_bytes_per_principal,
             ),
         ] {
             if v == 0 {

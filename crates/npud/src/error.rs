@@ -108,6 +108,26 @@ impl NpudError {
         }
     }
 
+    /// Whether this is a final answer for a request id (`request_ids`): one a retry must get
+    /// rather than run the work again. Every refusal is made before the work reaches the
+    /// device (its arguments, a quota, the policy, a deadline that passed in the queue, a
+    /// device recovering, a program the runtime refused without running it), so running the
+    /// call again is safe and may succeed; INTERNAL is a failure of work that had started (a
+    /// device fault) or a broken invariant, and is final.
+    pub fn is_final(&self) -> bool {
+        match self {
+            Self::InvalidArgument(_)
+            | Self::NotFound(_)
+            | Self::ResourceExhausted(_)
+            | Self::FailedPrecondition(_)
+            | Self::Unavailable(_)
+            | Self::DeadlineExceeded(_)
+            | Self::Unauthenticated(_)
+            | Self::PermissionDenied(_) => false,
+            Self::Internal(_) => true,
+        }
+    }
+
     /// The executor has stopped (the daemon is shutting down).
     pub fn executor_gone() -> Self {
         Self::Unavailable("the daemon is shutting down".into())

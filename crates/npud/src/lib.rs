@@ -27,6 +27,7 @@ pub mod health;
 pub mod logging;
 pub mod metrics;
 pub mod programs;
+pub mod request_ids;
 pub mod server;
 pub mod service;
 pub mod sessions;

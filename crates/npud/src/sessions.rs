@@ -7,7 +7,6 @@
 //! plain data behind a `std::sync::Mutex` (never held across an await); what a session owns on
 //! the device is released by the caller of [`Sessions::close`] / [`Sessions::take_expired`].
 
-use std::any::Any;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -18,6 +17,7 @@ use tonic::metadata::MetadataMap;
 use crate::auth::{Grant, Identity};
 use crate::conn::ConnInfo;
 use crate::error::NpudError;
+use crate::request_ids::{Claim, Replay, SessionIds};
 use crate::stats::{DispatchStats, Tally};
 
 /// Longest client name accepted, in bytes.
@@ -39,33 +39,8 @@ struct Session {
     conns: HashSet<u64>,
     disconnected_at: Option<Instant>,
     stats: DispatchStats,
-    /// The last [`REPLAY_WINDOW`] request ids of the session's calls.
-    replays: Replays,
-}
-
-/// Request ids each session remembers (`npud-request-id`); an older id is forgotten, and a
-/// retry of it runs again. Each entry is one small reply (a DispatchResponse, ChainResponse,
-/// AllocateTensorResponse or FreeTensorResponse), so a session holds at most a few tens of KiB.
-pub const REPLAY_WINDOW: usize = 256;
-
-/// A call's answer as kept for its retries: the handler's `Result<T, NpudError>`, type-erased.
-pub type Reply = Arc<dyn Any + Send + Sync>;
-
-/// What a call with a request id does: run, as the first with its id, or wait for the first's
-/// answer.
-#[derive(Debug)]
-pub enum Replay {
-    /// The id is new: run the call and send its answer here.
-    First(tokio::sync::watch::Sender<Option<Reply>>),
-    /// The id was seen: its answer arrives (or has arrived) here.
-    Again(tokio::sync::watch::Receiver<Option<Reply>>),
-}
-
-/// A session's remembered request ids, oldest first, with the method each named.
-#[derive(Debug, Default)]
-struct Replays {
-    order: VecDeque<u64>,
-    map: HashMap<u64, (&'static str, tokio::sync::watch::Receiver<Option<Reply>>)>,
+    /// The request ids of the session's calls (see `request_ids`).
+    ids: SessionIds,
 }
 
 #[derive(Debug, Default)]
@@ -77,6 +52,9 @@ struct Inner {
     /// The last [`ENDED_WINDOW`] sessions that ended, oldest first, with their token and how
     /// they ended, so that a caller still holding the token is told which it was.
     gone: VecDeque<(u64, String, Ended)>,
+    /// Bytes of remembered request ids, by the principal owning their sessions
+    /// ([`Identity::key`]).
+    id_bytes: HashMap<Arc<str>, u64>,
 }
 
 /// Ended sessions remembered for their callers' error messages (about 64 bytes each).
@@ -92,6 +70,30 @@ enum Ended {
 }
 
 impl Inner {
+    /// Removes a session, giving back what its request ids were charged.
+    fn remove(&mut self, id: u64) -> Option<Session> {
+        let s = self.sessions.remove(&id)?;
+        self.charge_ids(
+            &s.owner.key(),
+            -i64::try_from(s.ids.bytes()).unwrap_or(i64::MAX),
+        );
+        Some(s)
+    }
+
+    /// Changes what `principal`'s request ids are charged by `delta` bytes.
+    fn charge_ids(&mut self, principal: &Arc<str>, delta: i64) {
+        if delta == 0 {
+            return;
+        }
+        let now = self.id_bytes.get(principal).copied().unwrap_or(0);
+        let next = now.saturating_add_signed(delta);
+        if next == 0 {
+            self.id_bytes.remove(principal);
+        } else {
+            self.id_bytes.insert(principal.clone(), next);
+        }
+    }
+
     fn remember_gone(&mut self, id: u64, token: String, how: Ended) {
         while self.gone.len() >= ENDED_WINDOW {
             self.gone.pop_front();
@@ -218,7 +220,7 @@ impl Sessions {
                 conns,
                 disconnected_at,
                 stats: DispatchStats::default(),
-                replays: Replays::default(),
+                ids: SessionIds::default(),
             },
         );
         Ok((id, token))
@@ -316,7 +318,7 @@ impl Sessions {
     /// Removes a session; returns whether it existed.
     pub fn close(&self, id: u64) -> bool {
         let mut g = self.lock();
-        let Some(s) = g.sessions.remove(&id) else {
+        let Some(s) = g.remove(id) else {
             return false;
         };
         g.ended += 1;
@@ -349,7 +351,7 @@ impl Sessions {
             .map(|(id, _)| *id)
             .collect();
         for id in &expired {
-            if let Some(s) = g.sessions.remove(id) {
+            if let Some(s) = g.remove(*id) {
                 g.ended += 1;
                 g.remember_gone(*id, s.token, Ended::Expired);
             }
@@ -394,37 +396,53 @@ impl Sessions {
             .any(|s| s.conns.contains(&conn))
     }
 
-    /// Looks up request id `id` of `session` for method `call`: [`Replay::First`] when the
-    /// session has not seen it (it is remembered from now on, forgetting the oldest id beyond
-    /// [`REPLAY_WINDOW`]), else [`Replay::Again`] with the first call's answer to wait for.
+    /// Claims request id `c.id` in `session` (see `request_ids`), after forgetting the ids
+    /// the client acknowledged (`ack`, from `npud-request-ack`) and those past their horizon;
+    /// `max` is `limits.max_request_id_bytes_per_principal`.
     ///
     /// # Errors
-    /// INVALID_ARGUMENT when the id was used by another method; UNAUTHENTICATED when the
-    /// session has ended.
-    pub fn replay(&self, session: u64, id: u64, call: &'static str) -> Result<Replay, NpudError> {
+    /// As [`SessionIds::claim`]; UNAUTHENTICATED when the session has ended.
+    pub fn claim(
+        &self,
+        session: u64,
+        c: Claim,
+        ack: Option<u64>,
+        max: u64,
+    ) -> Result<Replay, NpudError> {
         let mut g = self.lock();
-        let s = g
+        let inner = &mut *g;
+        let s = inner
             .sessions
             .get_mut(&session)
             .ok_or_else(|| NpudError::Unauthenticated(format!("session {session} has ended")))?;
-        let r = &mut s.replays;
-        if let Some((first, rx)) = r.map.get(&id) {
-            if *first != call {
-                return Err(NpudError::InvalidArgument(format!(
-                    "npud-request-id: {id} was already used by a {first} call of this session"
-                )));
-            }
-            return Ok(Replay::Again(rx.clone()));
-        }
-        while r.order.len() >= REPLAY_WINDOW {
-            if let Some(old) = r.order.pop_front() {
-                r.map.remove(&old);
-            }
-        }
-        let (tx, rx) = tokio::sync::watch::channel(None);
-        r.order.push_back(id);
-        r.map.insert(id, (call, rx));
-        Ok(Replay::First(tx))
+        let principal = s.owner.key();
+        let freed = s.ids.forget(ack, Instant::now());
+        let held = inner.id_bytes.get(&principal).copied().unwrap_or(0);
+        let held = held.saturating_sub(freed);
+        let before = s.ids.bytes();
+        let r = s.ids.claim(c, max.saturating_sub(held), &s.owner, max);
+        let added = s.ids.bytes() - before;
+        let delta =
+            i64::try_from(added).unwrap_or(i64::MAX) - i64::try_from(freed).unwrap_or(i64::MAX);
+        inner.charge_ids(&principal, delta);
+        r
+    }
+
+    /// Records the end of request id `id`'s call in `session` (see [`SessionIds::finish`]).
+    pub fn finish_request(&self, session: u64, id: u64, is_final: bool, answer_bytes: u64) {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let Some(s) = inner.sessions.get_mut(&session) else {
+            return;
+        };
+        let delta = s.ids.finish(id, is_final, answer_bytes);
+        let principal = s.owner.key();
+        inner.charge_ids(&principal, delta);
+    }
+
+    /// Bytes of remembered request ids `who`'s sessions hold.
+    pub fn request_id_bytes(&self, who: &Identity) -> u64 {
+        self.lock().id_bytes.get(&who.key()).copied().unwrap_or(0)
     }
 
     /// The grant a session was opened with, and its count of pending work.
@@ -640,33 +658,55 @@ mod tests {
     }
 
     #[test]
-    fn a_session_remembers_its_last_request_ids_and_the_method_of_each() {
+    fn request_ids_are_charged_to_the_principal_across_its_sessions_and_end_with_them() {
+        use crate::request_ids::ENTRY_BYTES;
         let s = Sessions::new(Duration::from_secs(1), 4);
         let c = conn(1, 1000);
-        let (id, _) = open(&s, "a", Some(&c), 4).unwrap();
-        let Replay::First(tx) = s.replay(id, 1, "Dispatch").unwrap() else {
-            panic!("a new id runs")
+        let who = c.identity.clone();
+        let (a, _) = open(&s, "a", Some(&c), 4).unwrap();
+        let (b, _) = open(&s, "b", Some(&c), 4).unwrap();
+        let max = 3 * ENTRY_BYTES;
+        let later = Instant::now() + Duration::from_secs(60);
+        let claim = |id| Claim {
+            id,
+            call: "Dispatch",
+            fingerprint: 1,
+            expires: later,
         };
-        let Replay::Again(mut rx) = s.replay(id, 1, "Dispatch").unwrap() else {
-            panic!("a seen id waits for the first answer")
-        };
-        tx.send_replace(Some(Arc::new(7u32)));
-        assert!(rx.borrow_and_update().is_some());
-        let e = s.replay(id, 1, "FreeTensor").unwrap_err();
+        assert!(matches!(
+            s.claim(a, claim(1), None, max),
+            Ok(Replay::First(_))
+        ));
+        s.finish_request(a, 1, true, 0);
+        assert!(matches!(
+            s.claim(b, claim(1), None, max),
+            Ok(Replay::First(_))
+        ));
+        assert!(matches!(
+            s.claim(b, claim(2), None, max),
+            Ok(Replay::First(_))
+        ));
+        assert_eq!(s.request_id_bytes(&who), 3 * ENTRY_BYTES);
+        let e = s.claim(a, claim(2), None, max).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
+        // Another principal is not charged for them.
+        let other = conn(2, 1001);
+        let (x, _) = open(&s, "x", Some(&other), 4).unwrap();
+        assert!(matches!(
+            s.claim(x, claim(1), None, max),
+            Ok(Replay::First(_))
+        ));
+        // The client acknowledges id 1 of session a: room for one.
+        assert!(matches!(
+            s.claim(a, claim(2), Some(2), max),
+            Ok(Replay::First(_))
+        ));
+        // They end with their sessions.
+        s.close(a);
+        s.close(b);
+        assert_eq!(s.request_id_bytes(&who), 0);
         assert_eq!(
-            e.message(),
-            "npud-request-id: 1 was already used by a Dispatch call of this session"
-        );
-        // Past the window the oldest id is forgotten: it would run again.
-        for k in 2..=REPLAY_WINDOW as u64 + 1 {
-            assert!(matches!(s.replay(id, k, "Chain"), Ok(Replay::First(_))));
-        }
-        assert!(matches!(s.replay(id, 1, "Dispatch"), Ok(Replay::First(_))));
-        assert!(matches!(s.replay(id, 3, "Chain"), Ok(Replay::Again(_))));
-        // They end with the session.
-        s.close(id);
-        assert_eq!(
-            s.replay(id, 3, "Chain").unwrap_err().code(),
+            s.claim(a, claim(3), None, max).unwrap_err().code(),
             tonic::Code::Unauthenticated
         );
     }

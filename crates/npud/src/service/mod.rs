@@ -211,10 +211,15 @@ impl NpudService {
     }
 }
 
+/// The timeout a request carries in `grpc-timeout`.
+fn timeout<T>(req: &Request<T>) -> Option<Duration> {
+    let v = req.metadata().get("grpc-timeout")?.to_str().ok()?;
+    parse_grpc_timeout(v)
+}
+
 /// The deadline a request carries in `grpc-timeout`, from now.
 fn deadline<T>(req: &Request<T>) -> Option<Instant> {
-    let v = req.metadata().get("grpc-timeout")?.to_str().ok()?;
-    parse_grpc_timeout(v).map(|d| Instant::now() + d)
+    timeout(req).map(|d| Instant::now() + d)
 }
 
 /// Parses a `grpc-timeout` value: up to 8 digits and a unit (H, M, S, m, u, n).

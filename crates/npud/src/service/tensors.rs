@@ -4,7 +4,6 @@ use npu_proto::v1 as pb;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Status, Streaming};
 
-use super::replay::request_id;
 use super::{BoxStream, NpudService};
 use crate::error::NpudError;
 use crate::executor::Command;
@@ -25,7 +24,7 @@ impl NpudService {
         req: Request<pb::AllocateTensorRequest>,
     ) -> Result<pb::AllocateTensorResponse, NpudError> {
         let caller = self.caller(&req)?;
-        let id = request_id(req.metadata())?;
+        let rid = self.request_id(&req, "AllocateTensor")?;
         let r = req.into_inner();
         let session = caller.session;
         let size = r.size_bytes;
@@ -34,7 +33,7 @@ impl NpudService {
         let uid = caller.conn.as_ref().and_then(|c| c.uid);
         let cap = self.tensor_cap(session);
         let svc = self.clone();
-        self.once(session, id, "AllocateTensor", async move {
+        self.once(session, rid, async move {
             let tensor_id = svc
                 .state
                 .exec
@@ -121,10 +120,10 @@ impl NpudService {
         req: Request<pb::FreeTensorRequest>,
     ) -> Result<pb::FreeTensorResponse, NpudError> {
         let caller = self.caller(&req)?;
-        let id = request_id(req.metadata())?;
+        let rid = self.request_id(&req, "FreeTensor")?;
         let tensor = req.get_ref().tensor_id;
         let (svc, session) = (self.clone(), caller.session);
-        self.once(session, id, "FreeTensor", async move {
+        self.once(session, rid, async move {
             svc.state
                 .exec
                 .call(|reply| Command::Free {

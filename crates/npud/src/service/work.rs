@@ -15,7 +15,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Streaming};
 
-use super::replay::request_id;
 use super::{BoxStream, NpudService, deadline};
 use crate::error::NpudError;
 use crate::executor::{Command, Link, LinkPrefix, WorkDone, WorkItem};
@@ -365,11 +364,11 @@ impl NpudService {
         req: Request<pb::DispatchRequest>,
     ) -> Result<pb::DispatchResponse, NpudError> {
         let caller = self.caller(&req)?;
-        let id = request_id(req.metadata())?;
+        let rid = self.request_id(&req, "Dispatch")?;
         let deadline = deadline(&req);
         let work = Work::Dispatch(req.into_inner());
         let (svc, session) = (self.clone(), caller.session);
-        self.once(session, id, "Dispatch", async move {
+        self.once(session, rid, async move {
             let a = svc.admit_work(session, work, deadline, false).await?;
             dispatch_response(svc.complete(session, a).await?)
         })
@@ -381,11 +380,11 @@ impl NpudService {
         req: Request<pb::ChainRequest>,
     ) -> Result<pb::ChainResponse, NpudError> {
         let caller = self.caller(&req)?;
-        let id = request_id(req.metadata())?;
+        let rid = self.request_id(&req, "Chain")?;
         let deadline = deadline(&req);
         let work = Work::Chain(req.into_inner().links);
         let (svc, session) = (self.clone(), caller.session);
-        self.once(session, id, "Chain", async move {
+        self.once(session, rid, async move {
             let a = svc.admit_work(session, work, deadline, false).await?;
             let count = a.programs.len();
             Ok(chain_response(svc.complete(session, a).await?, count))
