@@ -447,7 +447,7 @@ async fn the_next_pod_given_a_share_is_a_new_identity_and_revocation_ends_open_c
             e.message(),
             format!(
                 "{a_identity} was revoked: its file in auth.token_dir was removed or rewritten; \
-                 this call ends"
+                 its calls, streams, rings and sessions end"
             )
         );
         let e = writing.await.unwrap().unwrap_err();

@@ -5,10 +5,11 @@
 //! the handler is waiting on (an idle `WriteTensor` or `Submit`), or whose response stream has
 //! not moved for [`QUIET`] (a `ReadTensor` its caller does not read, a `Submit` with nothing
 //! admitted), is waiting for its caller. At shutdown the server asks [`Drain::busy`] until it
-//! is zero and nothing is pending in the executor, then calls [`Drain::cut`]: every call still
-//! open ends with UNAVAILABLE (a response not yet sent becomes a trailers-only UNAVAILABLE; a
-//! response stream gets UNAVAILABLE trailers the next time its caller reads). Connections
-//! with no call at all (one that sent only its preface) are closed by the server after that.
+//! is zero and nothing is pending in the executor, then ends every life
+//! (`principals::Lifecycle::shutdown`): every call still open ends with UNAVAILABLE through
+//! `lives`, the one layer that ends calls (a response not yet sent becomes a trailers-only
+//! UNAVAILABLE; a response stream gets UNAVAILABLE trailers). Connections with no call at all
+//! (one that sent only its preface) are closed by the server after that.
 //!
 //! The same layer counts unary calls' request bytes in the memory budget's queued part
 //! ([`crate::budget`]): a call whose bytes would pass `limits.max_queued_request_bytes` fails
@@ -24,19 +25,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use crate::budget::{MemoryBudget, Queued};
 use bytes::Bytes;
 use http_body::Frame;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
-
-use crate::budget::{MemoryBudget, Queued};
 
 /// How long a response stream must not have moved before its call counts as waiting for its
 /// caller.
 pub const QUIET: Duration = Duration::from_millis(200);
-
-/// The message of the UNAVAILABLE that ends open calls at shutdown.
-pub const SHUTTING_DOWN: &str = "npud is shutting down; no work of this call was running \
-                                 (retry against the daemon that replaces it)";
 
 /// One call in flight.
 #[derive(Debug)]
@@ -53,7 +48,6 @@ struct Call {
 
 #[derive(Debug)]
 struct Shared {
-    cut: CancellationToken,
     calls: Mutex<HashMap<u64, Arc<Call>>>,
     next: AtomicU64,
     epoch: Instant,
@@ -77,7 +71,6 @@ impl Drain {
     pub fn new(budget: Option<MemoryBudget>) -> Self {
         Self {
             shared: Arc::new(Shared {
-                cut: CancellationToken::new(),
                 calls: Mutex::new(HashMap::new()),
                 next: AtomicU64::new(0),
                 epoch: Instant::now(),
@@ -113,11 +106,6 @@ impl Drain {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
-    }
-
-    /// Ends every open call with UNAVAILABLE.
-    pub fn cut(&self) {
-        self.shared.cut.cancel();
     }
 
     fn register(&self, counted: bool) -> (u64, Arc<Call>) {
@@ -180,14 +168,6 @@ pub struct DrainService<S> {
 
 type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
-fn unavailable_trailers() -> http::HeaderMap {
-    let mut h = http::HeaderMap::new();
-    // The message is ASCII without characters that need percent-encoding but spaces, which
-    // grpc-message carries as %20.
-    let _ = tonic::Status::unavailable(SHUTTING_DOWN).add_header(&mut h);
-    h
-}
-
 impl<S, R> tower_service::Service<http::Request<tonic::body::Body>> for DrainService<S>
 where
     S: tower_service::Service<http::Request<tonic::body::Body>, Response = http::Response<R>>
@@ -224,25 +204,15 @@ where
         });
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let cut = shared.cut.clone();
         Box::pin(async move {
-            let fut = inner.call(req);
-            let resp = tokio::select! {
-                biased;
-                r = fut => r?,
-                () = cut.cancelled() => {
-                    return Ok(tonic::Status::unavailable(SHUTTING_DOWN).into_http());
-                }
-            };
+            let resp = inner.call(req).await?;
             call.responded.store(true, Ordering::Release);
             call.moved_ms.store(shared.now_ms(), Ordering::Release);
-            let cut = shared.cut.clone().cancelled_owned();
             Ok(resp.map(|body| {
                 tonic::body::Body::new(ResponseBody {
                     inner: body,
                     call,
                     shared,
-                    cut: Box::pin(cut),
                     done: false,
                     _registration: registration,
                 })
@@ -305,12 +275,11 @@ impl http_body::Body for RequestBody {
     }
 }
 
-/// A response body that ends with UNAVAILABLE trailers once the drain cuts it.
+/// A response body that records when the call last moved.
 struct ResponseBody<R> {
     inner: R,
     call: Arc<Call>,
     shared: Arc<Shared>,
-    cut: Pin<Box<WaitForCancellationFutureOwned>>,
     done: bool,
     _registration: Arc<Registration>,
 }
@@ -329,10 +298,6 @@ where
         if self.done {
             return Poll::Ready(None);
         }
-        if self.shared.cut.is_cancelled() {
-            self.done = true;
-            return Poll::Ready(Some(Ok(Frame::trailers(unavailable_trailers()))));
-        }
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(f))) => {
                 self.call
@@ -347,14 +312,7 @@ where
                 self.done = true;
                 Poll::Ready(None)
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
-            Poll::Pending => match self.cut.as_mut().poll(cx) {
-                Poll::Ready(()) => {
-                    self.done = true;
-                    Poll::Ready(Some(Ok(Frame::trailers(unavailable_trailers()))))
-                }
-                Poll::Pending => Poll::Pending,
-            },
+            other => other,
         }
     }
 

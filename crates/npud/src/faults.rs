@@ -87,6 +87,8 @@ pub struct FaultBudget {
     window: Duration,
     cooldown: Duration,
     inner: Mutex<Inner>,
+    /// Told of every cool-down that starts, to end what the identity holds open.
+    lifecycle: std::sync::OnceLock<Arc<crate::principals::Lifecycle>>,
 }
 
 impl FaultBudget {
@@ -97,7 +99,14 @@ impl FaultBudget {
             window,
             cooldown,
             inner: Mutex::new(Inner::default()),
+            lifecycle: std::sync::OnceLock::new(),
         }
+    }
+
+    /// From now on, a cool-down that starts ends everything the identity holds open, through
+    /// `lifecycle` (its streams, rings and calls end RESOURCE_EXHAUSTED, naming the cool-down).
+    pub fn end_holds_through(&self, lifecycle: Arc<crate::principals::Lifecycle>) {
+        let _ = self.lifecycle.set(lifecycle);
     }
 
     /// The budget `limits` configures (`fault_budget`, `fault_window_ms`, `fault_cooldown_ms`).
@@ -120,11 +129,21 @@ impl FaultBudget {
     pub fn charge(&self, session: u64, who: &Charged, now: Instant) -> bool {
         let mut g = self.lock();
         *g.sessions.entry(session).or_default() += 1;
-        let mut started = false;
+        let mut cooled = Vec::new();
         for name in who.names() {
-            started |= self.charge_one(&mut g, name, now);
+            if self.charge_one(&mut g, name, now)
+                && let Err(why) = self.check_one(&g, name, "dispatch", now)
+            {
+                cooled.push((name.clone(), why));
+            }
         }
-        started
+        drop(g);
+        if let Some(l) = self.lifecycle.get() {
+            for (name, why) in &cooled {
+                l.cool_down(name, why);
+            }
+        }
+        !cooled.is_empty()
     }
 
     fn charge_one(&self, g: &mut Inner, who: &Arc<str>, now: Instant) -> bool {

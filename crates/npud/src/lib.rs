@@ -24,8 +24,10 @@ pub mod executor;
 pub mod faults;
 pub mod fdsock;
 pub mod health;
+pub mod lives;
 pub mod logging;
 pub mod metrics;
+pub mod principals;
 pub mod programs;
 pub mod request_ids;
 pub mod server;
@@ -36,7 +38,6 @@ pub mod state_dir;
 pub mod stats;
 pub mod systemd;
 pub mod tls;
-pub mod token_layer;
 
 /// A map keyed by ids the daemon assigns (sessions, tensors, programs), on the dispatch path:
 /// foldhash, seeded per process, instead of SipHash. SipHash's strength is against keys an

@@ -33,6 +33,7 @@ use crate::error::DocumentedCodes;
 use crate::executor::{Executor, Opened};
 use crate::fdsock::{self, Tickets};
 use crate::health::{self, Condition, DeviceHealth, HealthService};
+use crate::lives::LifeLayer;
 use crate::metrics::collect::StateCollector;
 use crate::metrics::rpc::RpcMetrics;
 use crate::metrics::{Exporter, Metrics};
@@ -43,15 +44,15 @@ use crate::state_dir::Persisted;
 use crate::stats::PendingWork;
 use crate::systemd::{self, Activated};
 use crate::tls::Tls;
-use crate::token_layer::TokenLayer;
 
 /// The tower layers around every gRPC service: [`RpcMetrics`] outside, so that it counts the
-/// codes [`DocumentedCodes`] gives clients; [`Drain`] inside, so that both see the
-/// UNAVAILABLE it ends idle calls with at shutdown; [`CountCalls`] counts each connection's open
-/// calls for its idle timer; [`TokenLayer`] innermost, around the handlers whose calls it holds
-/// to their token.
+/// codes [`DocumentedCodes`] gives clients; [`Drain`] inside it, tracking which calls the
+/// daemon works on for shutdown; [`CountCalls`] counts each connection's open calls for its
+/// idle timer; [`LifeLayer`] innermost, around the handlers, ending each call when the life it
+/// runs in ends (revocation, cool-down, session end, shutdown), so that every layer outside
+/// sees the status it ends a call with.
 type Layers = Stack<
-    TokenLayer,
+    LifeLayer,
     Stack<Drain, Stack<CountCalls, Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>>>,
 >;
 
@@ -263,9 +264,15 @@ pub async fn run(
         tcp_security: if tcp.is_some() { cfg.tls.mode() } else { "" },
         budget: MemoryBudget::new(&cfg.limits),
         rings: Arc::default(),
+        lifecycle: Arc::new(crate::principals::Lifecycle::new()),
     });
     let drain = Drain::new(Some(state.budget.clone()));
-    let token_layer = TokenLayer::new(&state.policy);
+    // A cool-down ends what the identity holds open, as revocation does.
+    state
+        .exec
+        .fault_budget()
+        .end_holds_through(state.lifecycle.clone());
+    let life_layer = LifeLayer::new(state.policy.tokens().cloned(), state.lifecycle.clone());
 
     let stop = CancellationToken::new();
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -324,6 +331,9 @@ pub async fn run(
     ));
 
     tokio::spawn(reaper(state.clone(), stop.clone()));
+    if let Some(tokens) = state.policy.tokens() {
+        tokio::spawn(revoker(state.clone(), tokens.revocations(), stop.clone()));
+    }
     tokio::spawn(systemd::watchdog(state.exec.clone(), stop.clone()));
     // Local callers and TCP peers draw on separate pools (see `accept`).
     let limiter = Limiter::local(&cfg.limits);
@@ -373,7 +383,7 @@ pub async fn run(
             })
             .layer(CountCalls)
             .layer(drain.clone())
-            .layer(token_layer.clone())
+            .layer(life_layer.clone())
             .add_service(health.clone())
             .add_service(v1)
             .add_service(v1alpha)
@@ -453,6 +463,7 @@ pub async fn run(
     let stopped = Instant::now();
     drain_calls(
         &drain,
+        &state.lifecycle,
         &state.pending,
         &mut servers,
         Duration::from_millis(cfg.shutdown.drain_timeout_ms),
@@ -485,6 +496,7 @@ pub async fn run(
 /// way). Connections still open [`CLOSE_GRACE`] after that are dropped.
 async fn drain_calls(
     drain: &Drain,
+    lifecycle: &crate::principals::Lifecycle,
     pending: &PendingWork,
     servers: &mut Vec<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
     timeout: Duration,
@@ -511,7 +523,7 @@ async fn drain_calls(
                      UNAVAILABLE"
                 );
             }
-            drain.cut();
+            lifecycle.shutdown();
             break;
         }
     }
@@ -611,7 +623,49 @@ async fn reaper(state: Arc<State>, stop: CancellationToken) {
                 session,
                 "no connection for the grace period; ending the session"
             );
-            NpudService::end_session(&state, session).await;
+            let why = crate::error::NpudError::Unauthenticated(format!(
+                "session {session} ended after {} ms without a connection (the grace period, \
+                 DeviceInfo.session_grace_ms): open a new one, and keep a connection open \
+                 between calls",
+                state.sessions.grace().as_millis()
+            ));
+            NpudService::end_session(&state, session, why).await;
+        }
+    }
+}
+
+/// Ends everything a revoked token identity holds, on every transport at once: its calls and
+/// streams, its sessions (their rings and lifelines with them), through the one lifecycle.
+async fn revoker(
+    state: Arc<State>,
+    mut revocations: crate::auth::Revocations,
+    stop: CancellationToken,
+) {
+    loop {
+        let names = tokio::select! {
+            () = stop.cancelled() => break,
+            n = revocations.next() => match n {
+                Some(n) => n,
+                None => break,
+            },
+        };
+        for name in names {
+            let why = crate::error::NpudError::Unauthenticated(format!(
+                "{name} was revoked: its file in auth.token_dir was removed or rewritten; its \
+                 calls, streams, rings and sessions end"
+            ));
+            // What it holds open ends here, at once; its sessions' resources are released in
+            // a task of their own, so that a busy executor delays no later revocation.
+            let sessions = state.lifecycle.revoke(&name, &why);
+            tracing::info!(identity = %name, sessions = sessions.len(), "identity revoked");
+            let state = state.clone();
+            tokio::spawn(async move {
+                for session in sessions {
+                    if state.sessions.revoke(session) {
+                        NpudService::end_session(&state, session, why.clone()).await;
+                    }
+                }
+            });
         }
     }
 }

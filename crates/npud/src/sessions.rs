@@ -67,6 +67,8 @@ enum Ended {
     Closed,
     /// No connection for the grace period.
     Expired,
+    /// Its identity was revoked (its token file removed or rewritten).
+    Revoked,
 }
 
 impl Inner {
@@ -294,6 +296,10 @@ impl Sessions {
                      period, DeviceInfo.session_grace_ms): open a new one, and keep a \
                      connection open between calls"
                 )),
+                Some(Ended::Revoked) => NpudError::Unauthenticated(format!(
+                    "session {id} ended: the identity that opened it was revoked (its file in \
+                     auth.token_dir was removed or rewritten)"
+                )),
                 None => bad(),
             });
         }
@@ -317,12 +323,21 @@ impl Sessions {
 
     /// Removes a session; returns whether it existed.
     pub fn close(&self, id: u64) -> bool {
+        self.end(id, Ended::Closed)
+    }
+
+    /// Removes a session whose identity was revoked; returns whether it existed.
+    pub fn revoke(&self, id: u64) -> bool {
+        self.end(id, Ended::Revoked)
+    }
+
+    fn end(&self, id: u64, how: Ended) -> bool {
         let mut g = self.lock();
         let Some(s) = g.remove(id) else {
             return false;
         };
         g.ended += 1;
-        g.remember_gone(id, s.token, Ended::Closed);
+        g.remember_gone(id, s.token, how);
         true
     }
 

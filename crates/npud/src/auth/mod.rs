@@ -51,7 +51,7 @@ use serde::{Deserialize, Serialize};
 
 pub use identity::{CertName, Identity, Kind, check_pattern, escape_controls, glob};
 pub use local::{LocalUser, SocketAccess};
-pub use tokens::{TokenTransport, Tokens};
+pub use tokens::{Revocations, TokenTransport, Tokens};
 
 use crate::config::{ConfigError, Limits};
 use crate::error::NpudError;

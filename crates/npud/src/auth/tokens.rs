@@ -339,6 +339,14 @@ impl Tokens {
         }
     }
 
+    /// The revocations from now on: each scan that no longer holds identities the scan before
+    /// it held (their files were removed or rewritten) yields their full names.
+    pub fn revocations(&self) -> Revocations {
+        let mut rx = self.shared.view.subscribe();
+        let live = rx.borrow_and_update().live.clone();
+        Revocations { rx, live }
+    }
+
     /// The identity whose file holds `secret`, in the current view.
     ///
     /// # Errors
@@ -362,6 +370,29 @@ impl Tokens {
                  was removed or rewritten no longer works)"
             ),
         }))
+    }
+}
+
+/// Identities revoked by the token directory's scans (see [`Tokens::revocations`]).
+#[derive(Debug)]
+pub struct Revocations {
+    rx: watch::Receiver<Arc<View>>,
+    live: HashSet<String>,
+}
+
+impl Revocations {
+    /// The full names (`token:...`) the next scan that revokes any no longer holds; `None`
+    /// once the refresh thread is gone.
+    pub async fn next(&mut self) -> Option<Vec<String>> {
+        loop {
+            self.rx.changed().await.ok()?;
+            let now = self.rx.borrow_and_update().live.clone();
+            let gone: Vec<String> = self.live.difference(&now).cloned().collect();
+            self.live = now;
+            if !gone.is_empty() {
+                return Some(gone);
+            }
+        }
     }
 }
 

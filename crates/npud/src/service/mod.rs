@@ -74,6 +74,8 @@ pub struct State {
     pub budget: crate::budget::MemoryBudget,
     /// The sessions' dispatch rings.
     pub rings: Arc<Rings>,
+    /// What ends everything a principal or session holds (see `principals`).
+    pub lifecycle: Arc<crate::principals::Lifecycle>,
 }
 
 /// The service tonic serves; cheap to clone.
@@ -175,8 +177,10 @@ impl NpudService {
         self.caller(req).map(Some)
     }
 
-    /// Ends a session and releases everything it holds.
-    pub async fn end_session(state: &State, session: u64) {
+    /// Ends a session and releases everything it holds: what it holds open (calls, streams, its
+    /// ring) ends with `why`.
+    pub async fn end_session(state: &State, session: u64, why: NpudError) {
+        state.lifecycle.end_session(session, why);
         state.tickets.forget_session(session);
         state.rings.stop(session);
         let (tx, rx) = tokio::sync::oneshot::channel();

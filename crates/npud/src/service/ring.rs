@@ -176,10 +176,16 @@ impl NpudService {
         session: u64,
         fd: OwnedFd,
     ) -> Result<Arc<RingControl>, NpudError> {
+        // The ring holds the session's life: it ends with the session, its identity's
+        // revocation or cool-down, or shutdown, whichever is first.
+        let ended = || NpudError::FailedPrecondition(format!("session {session} has ended"));
+        let life = self
+            .state
+            .lifecycle
+            .stream_life(session)
+            .ok_or_else(ended)?;
         if self.state.sessions.grant(session).is_none() {
-            return Err(NpudError::FailedPrecondition(format!(
-                "session {session} has ended"
-            )));
+            return Err(ended());
         }
         let mem = RingMemory::map(fd.as_fd())
             .map_err(|e| NpudError::Internal(format!("mapping the ring: {e}")))?;
@@ -193,6 +199,15 @@ impl NpudService {
             finished: AtomicBool::new(false),
         });
         self.state.rings.insert(session, &ctl)?;
+        {
+            let ctl = ctl.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = life.ended() => ctl.stop(),
+                    () = ctl.finished() => {}
+                }
+            });
+        }
         // As many as the ring holds: each is admitted as a `Dispatch` call is, so a session over
         // its pending limit is refused RESOURCE_EXHAUSTED, as concurrent calls would be. Queued
         // slots are a Submit stream's items: never refused for the limit, and held to a

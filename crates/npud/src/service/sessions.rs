@@ -82,6 +82,9 @@ impl NpudService {
             self.state
                 .sessions
                 .open(name, conn.as_ref(), &who, &grant, &also)?;
+        self.state
+            .lifecycle
+            .open_session(session_id, self.state.sessions.charged(session_id).names());
         tracing::info!(
             session = session_id,
             // A newline in a client's name must not forge a log line.
@@ -127,7 +130,11 @@ impl NpudService {
     ) -> Result<pb::CloseSessionResponse, NpudError> {
         let caller = self.caller(&req)?;
         if self.state.sessions.close(caller.session) {
-            Self::end_session(&self.state, caller.session).await;
+            let why = NpudError::Unauthenticated(format!(
+                "session {} was closed (CloseSession): open a new one",
+                caller.session
+            ));
+            Self::end_session(&self.state, caller.session, why).await;
         }
         Ok(pb::CloseSessionResponse {})
     }
