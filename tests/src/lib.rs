@@ -897,9 +897,16 @@ impl Session {
     ) -> Result<pb::DispatchResponse, Status> {
         let d = dispatch_request(program, tensors);
         if let Some(ring) = self.ring.clone() {
-            return tokio::task::spawn_blocking(move || ring.dispatch(&d, Duration::from_secs(60)))
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?;
+            let sent = d.clone();
+            let answer =
+                tokio::task::spawn_blocking(move || ring.try_dispatch(&sent, Duration::from_secs(60)))
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?;
+            match answer {
+                Some(a) => return a,
+                // The ring closed before the daemon took it: gRPC, as the spec allows.
+                None => self.ring = None,
+            }
         }
         let req = self.req(d);
         Ok(self.client.dispatch(req).await?.into_inner())

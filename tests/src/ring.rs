@@ -68,6 +68,21 @@ impl TestRing {
         d: &pb::DispatchRequest,
         limit: Duration,
     ) -> Result<pb::DispatchResponse, Status> {
+        self.try_dispatch(d, limit).unwrap_or_else(|| {
+            Err(Status::unavailable(format!(
+                "the dispatch ring closed (state {}) before the daemon took the submission",
+                self.mem.load(Word::State)
+            )))
+        })
+    }
+
+    /// As [`TestRing::dispatch`], but `None` when the ring closed before the daemon took the
+    /// submission (at or past `sq_head`): the spec lets the client send it through gRPC.
+    pub fn try_dispatch(
+        &self,
+        d: &pb::DispatchRequest,
+        limit: Duration,
+    ) -> Option<Result<pb::DispatchResponse, Status>> {
         let mut g = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let id = {
             let mut n = self.next_id.lock().unwrap_or_else(PoisonError::into_inner);
@@ -77,6 +92,9 @@ impl TestRing {
         let s = npu_client::fastpath::submission(id, d, None);
         let m = &self.mem;
         let (tail, head) = *g;
+        if m.load(Word::State) != 0 {
+            return None;
+        }
         g.0 = m.submit(tail, &s);
         let until = Instant::now() + limit;
         let spin_until = Instant::now() + Duration::from_micros(50);
@@ -86,18 +104,28 @@ impl TestRing {
                 g.1 = head.wrapping_add(1);
                 m.store(Word::CqHead, g.1);
                 assert_eq!(c.request_id, id, "completions come in submission order");
-                return completion_result(c);
+                return Some(completion_result(c));
             }
             if m.load(Word::State) != 0 {
-                return Err(Status::unavailable(format!(
+                if m.load(Word::CqTail) != head {
+                    // Answered just before the close: read it on the next turn.
+                    continue;
+                }
+                let taken = m.load(Word::SqHead).wrapping_sub(tail.wrapping_add(1)) < ring::SLOTS;
+                if !taken {
+                    return None;
+                }
+                return Some(Err(Status::unavailable(format!(
                     "the dispatch ring closed (state {}, broken {})",
                     m.load(Word::State),
                     m.load(Word::Broken)
-                )));
+                ))));
             }
             let now = Instant::now();
             if now > until {
-                return Err(Status::unavailable("no completion within the test's limit"));
+                return Some(Err(Status::unavailable(
+                    "no completion within the test's limit",
+                )));
             }
             if now < spin_until {
                 std::hint::spin_loop();

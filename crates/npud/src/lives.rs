@@ -7,9 +7,11 @@
 //! file written before the call.
 //!
 //! While the call runs: once its life ends (its token identity revoked, its session ended, the
-//! daemon shutting down; for the streaming methods, also its identity cooled down), a call not
-//! yet answered is answered with the life's reason, and a response still streaming (Submit,
-//! ReadTensor) ends with the reason in its trailers, at once. The handler's own work is then dropped as when its caller
+//! daemon shutting down), a call not yet answered is answered with the life's reason, and a
+//! response still streaming (Submit, ReadTensor) ends with the reason in its trailers, at once.
+//! (A fault cool-down ends a session's stream life instead, which the Submit stream and the
+//! dispatch ring watch themselves: they admit nothing more, answer what they admitted, then
+//! end with the cool-down's reason.) The handler's own work is then dropped as when its caller
 //! goes away. CloseSession holds its principal's life, not the session it ends.
 //!
 //! Cost: the headers read, one lookup in the lifecycle's map and an `Arc` clone per call.
@@ -63,14 +65,6 @@ pub struct LifeService<S> {
     layer: LifeLayer,
 }
 
-/// Whether a method streams (and so holds its session's stream life, which a cool-down ends).
-fn streams(path: &str) -> bool {
-    matches!(
-        path,
-        "/npud.v1.Npud/Submit" | "/npud.v1.Npud/WriteTensor" | "/npud.v1.Npud/ReadTensor"
-    )
-}
-
 /// The session a call's metadata names, if it parses.
 fn session_of(req: &http::Request<tonic::body::Body>) -> Option<u64> {
     if req.uri().path() == "/npud.v1.Npud/CloseSession" {
@@ -115,17 +109,10 @@ where
             .and_then(|v| v.to_str().ok())
             .map(|s| s.trim().to_owned());
         let session = session_of(&req);
-        let stream = streams(req.uri().path());
         let transport: Option<Arc<str>> =
             req.extensions().get::<ConnInfo>().map(|c| c.identity.key());
         Box::pin(async move {
-            let held = session.and_then(|s| {
-                if stream {
-                    layer.lifecycle.stream_life(s)
-                } else {
-                    layer.lifecycle.session_life(s)
-                }
-            });
+            let held = session.and_then(|s| layer.lifecycle.session_life(s));
             let life: Arc<Life> = match held {
                 Some(l) => l,
                 None => {

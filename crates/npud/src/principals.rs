@@ -8,12 +8,13 @@
 //!   The principal's own life and the life of every session charged to it end with
 //!   UNAUTHENTICATED, and the sessions are returned for their owner (the server) to end.
 //! - **Cool-down** ([`Lifecycle::cool_down`]): an identity spent its device-fault budget. What
-//!   keeps admitting work for the sessions charged to it (their streams and rings, which hold
-//!   [`Lifecycle::stream_life`]) ends with RESOURCE_EXHAUSTED naming the cool-down; the
-//!   sessions themselves (their tensors and programs) stay, and get fresh stream lives for
-//!   whatever they open next. A unary call in flight is not ended: the executor answers it,
-//!   with its own result or with the cool-down's refusal when it reaches the device, so the
-//!   call whose fault spent the budget reads its fault.
+//!   keeps admitting work for the sessions charged to it (their Submit streams and rings,
+//!   which watch [`Lifecycle::stream_life`]) stops admitting, answers what it admitted, and
+//!   ends with RESOURCE_EXHAUSTED naming the cool-down; the sessions themselves (their tensors
+//!   and programs) stay, and get fresh stream lives for whatever they open next. A unary call
+//!   in flight is not ended: the executor answers it, with its own result or with the
+//!   cool-down's refusal when it reaches the device, so the call whose fault spent the budget
+//!   reads its fault, as does a stream's.
 //! - **Session end** ([`Lifecycle::end_session`]): closed, expired, or revoked. Its life ends
 //!   with UNAUTHENTICATED naming how.
 //! - **Shutdown** ([`Lifecycle::shutdown`]): every life ends with UNAVAILABLE.

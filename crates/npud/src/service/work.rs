@@ -404,6 +404,8 @@ impl NpudService {
     ///   counting every message of the stream).
     /// - An item whose caller left (the stream was dropped or reset) keeps its pending place
     ///   until the executor answers it.
+    /// - A cool-down of the session's identity ends it the same way, once every item admitted
+    ///   before it has been answered, with the cool-down's RESOURCE_EXHAUSTED.
     pub(super) fn submit(
         &self,
         req: Request<Streaming<pb::SubmitRequest>>,
@@ -416,14 +418,33 @@ impl NpudService {
         let (order_tx, mut order_rx) = mpsc::channel::<Submitted>(window);
         let (out_tx, out_rx) = mpsc::channel(window);
         let reader = self.clone();
+        // A cool-down of the session's identity ends the stream's life: admit nothing more,
+        // answer what was admitted, then end with the cool-down's reason.
+        let life = self.state.lifecycle.stream_life(session);
         tokio::spawn(async move {
             let mut index = 0usize;
+            let mut ended = std::pin::pin!(async {
+                match &life {
+                    Some(l) => l.ended().await,
+                    None => std::future::pending().await,
+                }
+            });
             loop {
                 // Read the next message only when the stream has a place for it.
                 let Ok(place) = places.clone().acquire_owned().await else {
                     break;
                 };
-                let r = match inbound.message().await {
+                let next = tokio::select! {
+                    biased;
+                    () = &mut ended => {
+                        if let Some(l) = &life {
+                            let _ = order_tx.send(Submitted::End(l.why())).await;
+                        }
+                        break;
+                    }
+                    m = inbound.message() => m,
+                };
+                let r = match next {
                     // Nobody reads the answers any more: admit nothing new.
                     Ok(Some(_)) if order_tx.is_closed() => break,
                     Ok(Some(r)) => r,
