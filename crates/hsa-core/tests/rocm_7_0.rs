@@ -100,9 +100,13 @@ fn a_command_the_runtime_stopped_waiting_for_is_an_error_not_a_success() {
     let e = dev
         .dispatch(&Dispatch::new(p, [a, b]))
         .expect_err("ROCm 7.0 advances the read index; the binding does not call that done");
-    assert!(matches!(e, HsaError::Device { .. }), "{e:?}");
+    // Not a device fault: a correct kernel slower than 50 ms, or a loaded host, looks the same.
+    assert!(matches!(e, HsaError::OutcomeUnknown { .. }), "{e:?}");
     let e = e.to_string();
-    assert!(e.contains("50 ms") && e.contains("unknown"), "{e}");
+    assert!(
+        e.starts_with("outcome unknown") && e.contains("50 ms"),
+        "{e}"
+    );
     // The device serves the next program.
     let add = EmuDesign::vector_scalar_add(1024, DType::I32, 1);
     let q = dev
