@@ -149,6 +149,26 @@ pub enum HsaError {
     /// The completion wait gave up.
     #[error("no completion after {waited:?} (signal value {value})")]
     Timeout { waited: Duration, value: i64 },
+
+    /// The batch's outcome cannot be known: ROCm 7.0 (G1a) waits for a command chain once, for
+    /// 50 ms (`WAIT_CMD`), and then advances the read index as if it had run, reporting
+    /// nothing. A doorbell that took that long may have been a correct but slow kernel, a
+    /// loaded host descheduling the ringing thread, or a hang: nothing tells them apart, and
+    /// nothing says the device failed. The links of the batch may or may not have run, and
+    /// may still be running; the device reported no error.
+    #[error(
+        "outcome unknown: the doorbell of the batch took {} ms, and ROCm 7.0 stops waiting for \
+         a command after {} ms without reporting whether it ran; the batch's results (from \
+         link {index} of the batch on) may be missing, partial or still being written",
+        took.as_millis(),
+        limit.as_millis()
+    )]
+    OutcomeUnknown {
+        /// The batch's first link whose outcome is unknown (0: the whole batch).
+        index: usize,
+        took: Duration,
+        limit: Duration,
+    },
 }
 
 impl HsaError {

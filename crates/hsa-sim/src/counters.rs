@@ -66,6 +66,10 @@ pub struct Counters {
     /// The sum of the column counts of every context built: a test reads the width of one
     /// build as the difference across it.
     pub hw_context_columns: u64,
+    /// ROCm 7.0: doorbells whose PDI handles were all in the cache entry of the queue's
+    /// current context id, so that nothing was configured (a stale entry: key 0 of a later
+    /// queue, or a context id that came back after 255).
+    pub rocm70_cache_hits: u64,
 }
 
 impl Counters {
@@ -171,6 +175,7 @@ impl Counters {
             self.hw_context_builds,
             self.hw_context_mode_switches,
             self.hw_context_columns,
+            self.rocm70_cache_hits,
         ]
     }
 
@@ -206,11 +211,12 @@ impl Counters {
             hw_context_builds: a[27],
             hw_context_mode_switches: a[28],
             hw_context_columns: a[29],
+            rocm70_cache_hits: a[30],
         }
     }
 }
 
-const N_FIELDS: usize = 30;
+const N_FIELDS: usize = 31;
 
 /// Indexes into the live counters; the order is [`Counters::as_array`]'s.
 #[derive(Clone, Copy, Debug)]
@@ -246,6 +252,7 @@ pub(crate) enum Counter {
     HwContextBuilds,
     HwContextModeSwitches,
     HwContextColumns,
+    Rocm70CacheHits,
 }
 
 static LIVE: [AtomicU64; N_FIELDS] = [const { AtomicU64::new(0) }; N_FIELDS];
@@ -298,8 +305,8 @@ mod tests {
         assert_eq!(c.as_array(), a);
         assert_eq!(c.chain_submissions, 21);
         assert_eq!(Counter::ChainSubmissions as usize, 20);
-        assert_eq!(c.hw_context_columns, N_FIELDS as u64);
-        assert_eq!(Counter::HwContextColumns as usize, N_FIELDS - 1);
+        assert_eq!(c.rocm70_cache_hits, N_FIELDS as u64);
+        assert_eq!(Counter::Rocm70CacheHits as usize, N_FIELDS - 1);
         assert_eq!(std::mem::size_of::<Counters>(), N_FIELDS * 8);
     }
 

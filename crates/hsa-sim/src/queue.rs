@@ -52,8 +52,9 @@ pub(crate) struct QueueState {
     /// The mode of the last G2 batch on a runtime with full ELF: `Some(true)` full ELF,
     /// `Some(false)` PDI + insts, `None` before the first batch.
     pub g2_full_elf: Option<bool>,
-    /// ROCm 7.0: the handle of the hardware context the last doorbell built (0: none yet).
-    pub rocm70_context: u64,
+    /// ROCm 7.0: the queue's hardware-context id (`queue_id_`; 0, ROCR's invalid handle,
+    /// until a doorbell builds one, and again after a configuration that failed).
+    pub rocm70_context: u32,
 }
 
 /// One live queue.
@@ -70,6 +71,9 @@ pub(crate) struct QueueObj {
     callback_data: usize,
     pub doorbell: Signal,
     state: Mutex<QueueState>,
+    /// The GEM handle of the ring's shared-memory BO (ROCR allocates the ring from the AIE
+    /// agent's system region).
+    ring_gem: u32,
 }
 
 impl QueueObj {
@@ -167,6 +171,10 @@ fn create(
     // SAFETY: a fresh mapping at a kernel-chosen address.
     let ring = unsafe { Mapping::shared(&fd, 0, ring_len, None) }?;
     let doorbell_handle = crate::runtime::next_handle();
+    let ring_gem = rt
+        .memory()
+        .gem
+        .create(crate::memory::BoKind::Shmem, ring.addr as u64);
     let mut doorbell_obj = None;
     let q = Arc::new_cyclic(|weak| {
         doorbell_obj = Some(Arc::new(SignalObj::doorbell(weak.clone())));
@@ -194,6 +202,7 @@ fn create(
                 handle: doorbell_handle,
             },
             state: Mutex::new(QueueState::default()),
+            ring_gem,
         }
     });
     if let Some(obj) = doorbell_obj {
@@ -260,6 +269,12 @@ pub unsafe extern "C" fn hsa_queue_destroy(queue: *mut Queue) -> Status {
             return Status::ERROR_INVALID_QUEUE;
         };
         rt.signals().remove(&q.doorbell.handle);
+        if q.config.profile == crate::Profile::Rocm70 {
+            // `AieAqlQueue::Inactivate`: DESTROY_HWCTX of the queue's context, if it has one.
+            let ctx = q.state().rocm70_context;
+            rt.rocm70().destroy_queue_context(ctx);
+        }
+        rt.memory().gem.close(q.ring_gem);
         bump(Counter::QueuesDestroyed);
         Status::SUCCESS
     })

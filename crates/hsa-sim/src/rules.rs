@@ -268,7 +268,8 @@ pub(crate) fn execute(
     }
     let mem = rt.memory();
     let (insts, avail, pdi) = runtime_checks(&mem, cmd)?;
-    if !state.pdis.contains(&cmd.pdi) {
+    // ROCm 7.0's PDI cache and CONFIG_CU are its doorbell's (`dispatch::rocm70`).
+    if q.config.profile != crate::Profile::Rocm70 && !state.pdis.contains(&cmd.pdi) {
         pdi_slot(&state.pdis, cmd.pdi)?;
         if pdi.owner != Owner::Pool(PoolKind::DeviceHeap) {
             return Err(device_error(format!(

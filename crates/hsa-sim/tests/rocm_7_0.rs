@@ -252,7 +252,9 @@ fn re_submitting_the_same_payload_is_silently_dropped() {
         vec![0; 1024],
         "the second submission never ran"
     );
+    // `PrepareBOs` finds no buffer at the translated address.
     assert_eq!(last_error_status(), Some(Status::ERROR_INVALID_ALLOCATION));
+    assert!(last_error().unwrap().contains("FindBOHandle"));
 }
 
 fn g1_payload(packet: &[u8; 64]) -> u64 {
@@ -351,4 +353,160 @@ fn dmabuf_export_of_aie_memory_is_invalid_agent() {
     };
     assert_eq!(st, Status::ERROR_INVALID_AGENT);
     assert_eq!(st.0, 0x1004);
+}
+
+/// An add-`k` design over 256 i32 and its dispatch on fresh buffers holding `input`.
+/// The PDI and instructions are placed first, so they take the lowest free GEM handles.
+fn add_k(sim: &Sim, k: i64, input: i32) -> Dispatch {
+    let design = EmuDesign::vector_scalar_add(256, npu_artifacts::emu::DType::I32, k);
+    let loaded = sim.load(&design);
+    let (a, b) = io_i32(sim, &[input; 256]);
+    Dispatch::new(loaded, &[(a, 1024), (b, 1024)], Signal::default())
+}
+
+#[test]
+fn a_new_pdi_that_gets_a_freed_pdis_gem_handle_hits_the_stale_key_0_entry() {
+    let sim = Sim::new(Profile::Rocm70);
+    let first = add_k(&sim, 1, 5);
+    let q = sim.queue();
+    q.submit(&[sim.packet(&first)]);
+    assert_eq!(bytes_i32(&read(first.args[1].0, 1024)), vec![6; 256]);
+    drop(q);
+    // The PDI goes; another program's PDI, loaded after it, gets the lowest free GEM handle:
+    // the one the first queue's entry under key 0 still lists.
+    sim.free(first.pdi);
+    let second = add_k(&sim, 2, 5);
+    let q = sim.queue();
+    let before = counters();
+    q.submit(&[sim.packet(&second)]);
+    let seen = counters().since(&before);
+    assert_eq!((q.errors(), q.read_index()), (vec![], 1), "silently");
+    assert_eq!(read(second.args[1].0, 1024), vec![0; 1024], "nothing ran");
+    assert_eq!((seen.rocm70_cache_hits, seen.hw_context_builds), (1, 0));
+    assert!(
+        last_error().unwrap().contains("under key 0"),
+        "{:?}",
+        last_error()
+    );
+}
+
+#[test]
+fn config_cu_refuses_a_stale_handle_that_now_names_a_shared_buffer() {
+    let sim = Sim::new(Profile::Rocm70);
+    let first = add_k(&sim, 1, 5);
+    sim.queue().submit(&[sim.packet(&first)]);
+    // The PDI's handle goes to a shared (data-pool) buffer; a new PDI misses under key 0, and
+    // the context is configured with the stale entry plus the new PDI: CONFIG_CU refuses the
+    // shared buffer and the batch is dropped.
+    sim.free(first.pdi);
+    let _shared = sim.alloc(DATA, 4096);
+    let second = add_k(&sim, 2, 5);
+    let q = sim.queue();
+    q.submit(&[sim.packet(&second)]);
+    assert_eq!((q.errors(), q.read_index()), (vec![], 1), "silently");
+    assert_eq!(read(second.args[1].0, 1024), vec![0; 1024], "nothing ran");
+    let e = last_error().unwrap();
+    assert!(e.contains("CONFIG_CU") && e.contains("Shmem"), "{e}");
+    // The refused miss erased the key-0 entry: the next doorbell configures only its own PDI.
+    let again = Dispatch {
+        args: second.args.clone(),
+        ..second.clone()
+    };
+    q.submit(&[sim.packet(&again)]);
+    assert_eq!(bytes_i32(&read(second.args[1].0, 1024)), vec![7; 256]);
+}
+
+#[test]
+fn after_255_contexts_a_stale_entry_runs_another_programs_kernel() {
+    // Queues of 64 packets in one runtime (G1a's ring does not wrap), alternating two programs
+    // with two PDI buffers each, as a client that copies a PDI per queue would: past 255
+    // contexts, ids come back with the entries of their first use.
+    let sim = Sim::new(Profile::Rocm70);
+    let (one, two) = (add_k(&sim, 1, 0), add_k(&sim, 1000, 0));
+    let pdi_bytes = |d: &Dispatch| read(d.pdi, 4096);
+    let before = counters();
+    let (mut wrong, mut dropped) = (0, 0);
+    let mut q = sim.queue();
+    // The fresh copy of the PDI a queue's first doorbell names, and the one before it (kept
+    // until a newer one has been named, so that the two never share a handle).
+    let mut copies: Vec<u64> = Vec::new();
+    for i in 0..600usize {
+        let d = if i % 2 == 0 { &one } else { &two };
+        let mut d = d.clone();
+        if i % 64 == 0 {
+            drop(q);
+            q = sim.queue();
+            copies.push(sim.put(HEAP, &pdi_bytes(&d)));
+            if copies.len() > 2 {
+                sim.free(copies.remove(0));
+            }
+            d.pdi = *copies.last().unwrap();
+        }
+        let input = i32::try_from(i).unwrap();
+        write(d.args[0].0, &i32_bytes(&[input; 256]));
+        write(d.args[1].0, &i32_bytes(&[i32::MIN; 256]));
+        q.submit(&[sim.packet(&d)]);
+        let got = bytes_i32(&read(d.args[1].0, 1024))[0];
+        let k = if i % 2 == 0 { 1 } else { 1000 };
+        if got == i32::MIN {
+            dropped += 1;
+        } else if got != input + k {
+            wrong += 1;
+        }
+    }
+    let seen = counters().since(&before);
+    assert!(
+        seen.rocm70_cache_hits > 0 && wrong > 0,
+        "hits {}, wrong {wrong}, dropped {dropped}",
+        seen.rocm70_cache_hits
+    );
+}
+
+#[test]
+fn a_chain_past_the_50_ms_wait_ran_but_the_runtime_cannot_tell() {
+    // SAFETY: nextest runs each test in its own process; nothing else reads the environment
+    // concurrently in this one.
+    unsafe { std::env::set_var("HSA_SIM_COMMAND_DELAY_MS", "80") };
+    let sim = Sim::new(Profile::Rocm70);
+    let q = sim.queue();
+    let d = valid(&sim, Signal::default());
+    let t = std::time::Instant::now();
+    q.submit(&[sim.packet(&d)]);
+    assert!(t.elapsed() >= std::time::Duration::from_millis(80));
+    assert_eq!((q.errors(), q.read_index()), (vec![], 1), "silently");
+    assert_eq!(bytes_i32(&read(d.args[1].0, 1024)), vec![6; 256], "it ran");
+    assert!(
+        last_error().unwrap().contains("WAIT_CMD gave up"),
+        "{:?}",
+        last_error()
+    );
+    unsafe { std::env::remove_var("HSA_SIM_COMMAND_DELAY_MS") };
+}
+
+#[test]
+fn a_33rd_pdi_in_one_chain_drops_the_whole_batch() {
+    // ROCR 7.0 builds the chain (and its PDI list) before it submits anything: `SetNext` on a
+    // full list fails the doorbell with nothing run.
+    let sim = Sim::new(Profile::Rocm70);
+    let (a, b) = io_i32(&sim, &[1; 256]);
+    let insts = add_one().insts(sim.generation());
+    let insts_va = sim.put(HEAP, &insts);
+    let packets: Vec<[u8; 64]> = (0..33)
+        .map(|_| {
+            let pdi = sim.put(HEAP, &add_one().to_pdi());
+            let d = Dispatch::new(
+                (pdi, insts_va, insts.len() as u64),
+                &[(a, 1024), (b, 1024)],
+                Signal::default(),
+            );
+            sim.packet(&d)
+        })
+        .collect();
+    let q = sim.queue();
+    let before = counters();
+    q.submit(&packets);
+    assert_eq!((q.errors(), q.read_index()), (vec![], 33), "silently");
+    assert_eq!(read(b, 1024), vec![0; 1024], "nothing ran");
+    assert_eq!(counters().since(&before).packets_completed, 0);
+    assert_eq!(last_error_status(), Some(Status::ERROR_OUT_OF_RESOURCES));
 }

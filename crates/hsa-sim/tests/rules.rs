@@ -193,9 +193,10 @@ fn thirty_three_pdis_case(failing_at: u64) -> Case {
 /// Where the runtime submits packet by packet, the 32 packets ahead of the 33rd PDI run.
 #[test]
 fn a_33rd_distinct_pdi_is_out_of_resources_and_earlier_packets_retire() {
+    // ROCm 7.0 builds its chain before it submits: its 33rd PDI is `rocm_7_0.rs`'s.
     let by_packet: Vec<Profile> = ALL
         .into_iter()
-        .filter(|p| !p.checks_whole_batch_first())
+        .filter(|p| !p.checks_whole_batch_first() && *p != Profile::Rocm70)
         .collect();
     fails_on(
         "a_33rd_distinct_pdi_is_out_of_resources_and_earlier_packets_retire",

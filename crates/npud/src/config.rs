@@ -324,6 +324,12 @@ pub struct Config {
     /// (auto) proves it only for a G2 runtime with the AIE loader; `true` for the newest G2
     /// ROCR, which `auto` cannot tell from the first G2 release (which has none).
     pub g2_full_elf: Option<bool>,
+    /// ROCm 7.0 (G1a): give every queue a runtime of its own (`hsa_shut_down`, `hsa_init`, and
+    /// every program and tensor put back), so that ROCR 7.0's PDI cache can never send a
+    /// dispatch to no context or to another program's (the default). `false` accepts that
+    /// risk: queues are recreated in one runtime, which costs less and drops or miscomputes
+    /// dispatches while reporting them done. Ignored on other runtimes.
+    pub rocm70_runtime_per_queue: bool,
     /// `npu1` or `npu2`, overriding the generation read from the agent name or sysfs.
     pub generation: Option<String>,
     /// Where sysfs is mounted: the NPU's PCI id is read there when the agent name does not
@@ -360,6 +366,7 @@ impl Default for Config {
             library: None,
             packet_abi: None,
             g2_full_elf: None,
+            rocm70_runtime_per_queue: true,
             generation: None,
             sysfs_root: PathBuf::from("/sys"),
             emulator: EmulatorConfig::default(),
@@ -440,6 +447,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "library",
     "packet_abi",
     "g2_full_elf",
+    "rocm70_runtime_per_queue",
     "generation",
     "sysfs_root",
     "emulator",
@@ -718,6 +726,7 @@ impl Config {
             generation: self.generation.as_deref().and_then(|g| g.parse().ok()),
             sysfs_root: self.sysfs_root.clone(),
             g2_full_elf: self.g2_full_elf,
+            g1a_runtime_per_queue: self.rocm70_runtime_per_queue,
             ..hsa_core::DeviceOptions::default()
         }
     }

@@ -53,7 +53,15 @@ pub enum NpudError {
     /// The device failed work that had started, or the daemon broke an invariant.
     #[error("{0}")]
     Internal(String),
+    /// Work started and whether it ran cannot be known (ROCm 7.0 stops waiting for a command
+    /// after 50 ms and reports nothing): UNKNOWN, the message starting `outcome unknown`. Not
+    /// DEADLINE_EXCEEDED, which says the work never started; not a device fault.
+    #[error("{0}")]
+    OutcomeUnknown(String),
 }
+
+/// How every [`NpudError::OutcomeUnknown`] message starts.
+pub const OUTCOME_UNKNOWN: &str = "outcome unknown: ";
 
 impl NpudError {
     /// The gRPC code.
@@ -68,6 +76,7 @@ impl NpudError {
             Self::Unauthenticated(_) => Code::Unauthenticated,
             Self::PermissionDenied(_) => Code::PermissionDenied,
             Self::Internal(_) => Code::Internal,
+            Self::OutcomeUnknown(_) => Code::Unknown,
         }
     }
 
@@ -87,7 +96,8 @@ impl NpudError {
             | Self::DeadlineExceeded(m)
             | Self::Unauthenticated(m)
             | Self::PermissionDenied(m)
-            | Self::Internal(m) => m,
+            | Self::Internal(m)
+            | Self::OutcomeUnknown(m) => m,
         }
     }
 
@@ -105,6 +115,13 @@ impl NpudError {
             Self::Unauthenticated(m) => Self::Unauthenticated(wrap(m)),
             Self::PermissionDenied(m) => Self::PermissionDenied(wrap(m)),
             Self::Internal(m) => Self::Internal(wrap(m)),
+            // The message keeps starting with "outcome unknown".
+            Self::OutcomeUnknown(m) => {
+                Self::OutcomeUnknown(match m.strip_prefix(OUTCOME_UNKNOWN) {
+                    Some(rest) => format!("{OUTCOME_UNKNOWN}{prefix}: {rest}"),
+                    None => wrap(m),
+                })
+            }
         }
     }
 
@@ -169,7 +186,8 @@ impl From<NpudError> for tonic::Status {
             | NpudError::DeadlineExceeded(m)
             | NpudError::Unauthenticated(m)
             | NpudError::PermissionDenied(m)
-            | NpudError::Internal(m) => tonic::Status::new(code, m),
+            | NpudError::Internal(m)
+            | NpudError::OutcomeUnknown(m) => tonic::Status::new(code, m),
         }
     }
 }
@@ -338,6 +356,7 @@ impl From<hsa_core::HsaError> for NpudError {
                 Self::FailedPrecondition(e.to_string())
             }
             H::HeapFull { .. } => Self::ResourceExhausted(e.to_string()),
+            H::OutcomeUnknown { .. } => Self::OutcomeUnknown(e.to_string()),
             H::Call { status, .. } if *status == Status::ERROR_OUT_OF_RESOURCES => {
                 out_of_memory(&e)
             }

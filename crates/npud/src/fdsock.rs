@@ -489,7 +489,7 @@ fn refusal(e: &NpudError) -> Response {
         NpudError::ResourceExhausted(_) => Status::RESOURCE_EXHAUSTED,
         NpudError::Unavailable(_) | NpudError::DeadlineExceeded(_) => Status::UNAVAILABLE,
         NpudError::PermissionDenied(_) | NpudError::Unauthenticated(_) => Status::WRONG_UID,
-        NpudError::Internal(_) => Status::INTERNAL,
+        NpudError::Internal(_) | NpudError::OutcomeUnknown(_) => Status::INTERNAL,
     };
     // The frame keeps the first 224 bytes of the message.
     Response::error(status, e.message())

@@ -74,6 +74,8 @@ pub struct ChainReport {
     pub doorbells: u32,
     /// Queues recreated along the way (G1a's ring, the 32-PDI cache, or an earlier failure).
     pub queue_recreations: u32,
+    /// Of those, the ones that came with a fresh runtime (G1a, one runtime per queue).
+    pub runtime_renewals: u32,
 }
 
 /// A chain that stopped: links `0..index` completed, link `index` failed, and links after it
@@ -129,8 +131,7 @@ impl Device {
         let start = Instant::now();
         for range in batches {
             let first = range.start;
-            let batch = &descs[range];
-            if let Err(error) = self.prepare_queue(batch, &mut report) {
+            if let Err(error) = self.prepare_queue(&descs[range.clone()], &mut report) {
                 report.device_time = start.elapsed();
                 return Err(ChainError {
                     index: first,
@@ -138,6 +139,25 @@ impl Device {
                     report,
                 });
             }
+            // A fresh runtime (for this batch or an earlier one) placed every program and
+            // tensor anew: describe the batch again.
+            let renewed;
+            let batch = if report.runtime_renewals == 0 {
+                &descs[range]
+            } else {
+                renewed = links[range]
+                    .iter()
+                    .zip(first..)
+                    .map(|(l, index)| {
+                        self.describe(l).map_err(|error| ChainError {
+                            index,
+                            error,
+                            report,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                &renewed[..]
+            };
             let fresh = match self.fresh_first_pdi(batch) {
                 Ok(f) => f,
                 Err(error) => {
@@ -149,17 +169,24 @@ impl Device {
                     });
                 }
             };
+            let mut rang = false;
             let result = match &fresh {
-                Some((_, copied)) => self.run_batch(copied),
-                None => self.run_batch(batch),
+                Some((_, copied)) => self.run_batch(copied, &mut rang),
+                None => self.run_batch(batch, &mut rang),
             };
-            if let Some((copy, _)) = fresh {
-                // The copy stays allocated, so no later buffer takes its address, until the
-                // next queue's first doorbell has named a newer one.
+            if let Some((copy, _)) = fresh
+                && rang
+            {
+                // The copy stays allocated, so that no later buffer takes its BO handle, until
+                // the next queue's first doorbell has named a newer one. A batch that failed
+                // before its doorbell named nothing: the runtime's cache still names the copy
+                // kept before, which must stay, and this one is freed.
                 self.first_batch_pdi = Some(copy);
             }
             if let Err((k, error)) = result {
-                report.doorbells += 1;
+                if rang {
+                    report.doorbells += 1;
+                }
                 self.mark_queue_failed();
                 report.device_time = start.elapsed();
                 return Err(ChainError {
@@ -284,14 +311,16 @@ impl Device {
         let Some(head) = batch.first() else {
             return Ok(None);
         };
+        // With a runtime per queue the first doorbell meets an empty cache: nothing to avoid.
         if self.info.packet_abi != PacketAbi::G1a
+            || self.info.g1a_runtime_per_queue
             || !first_doorbell
             || head.pdi == 0
             || head.pdi_len == 0
         {
             return Ok(None);
         }
-        let copy = PoolAlloc::new(&self.rt.api, self.pools.heap.pool, head.pdi_len)?;
+        let copy = PoolAlloc::new(&self.api, self.pools.heap.pool, head.pdi_len)?;
         // SAFETY: `head.pdi` is the start of a live device-heap allocation of `pdi_len` bytes
         // this binding wrote (the program's PDI), and `copy` is a fresh allocation of as many
         // bytes; the device does not write PDIs.
@@ -326,7 +355,9 @@ impl Device {
 
     /// Makes sure the queue can take `batch`: recreates it when it is stale, when G1a's
     /// non-wrapping ring would pass 64 packets, or when the batch would bring its PDI cache
-    /// past 32 distinct PDIs.
+    /// past 32 distinct PDIs. On G1a with a runtime per queue
+    /// ([`DeviceOptions::g1a_runtime_per_queue`](super::DeviceOptions)) the new queue comes with
+    /// a fresh runtime ([`Device::renew_runtime`]).
     fn prepare_queue(
         &mut self,
         batch: &[PacketDesc],
@@ -347,31 +378,45 @@ impl Device {
             }
         };
         if recreate {
-            // Destroy before creating: the agent has one queue.
-            self.queue = None;
-            self.errors.take();
-            let owner =
-                QueueOwner::new(&self.rt.api, self.aie, AIE_QUEUE_SIZE, self.errors.clone())?;
-            self.queue = Some(QueueState {
-                owner,
-                taken: 0,
-                pdis: HashSet::new(),
-                stale: false,
-                ctrl: Vec::new(),
-            });
+            if self.info.g1a_runtime_per_queue {
+                self.renew_runtime(report)?;
+            } else {
+                // Destroy before creating: the agent has one queue.
+                self.queue = None;
+                self.errors.take();
+                let owner =
+                    QueueOwner::new(&self.api, self.aie, AIE_QUEUE_SIZE, self.errors.clone())?;
+                self.queue = Some(QueueState::new(owner));
+            }
             report.queue_recreations += 1;
         }
         Ok(())
     }
 
     /// Enqueues `batch`, rings once, and waits. On failure returns the index within the batch
-    /// of the packet that failed.
-    fn run_batch(&mut self, batch: &[PacketDesc]) -> Result<(), (usize, HsaError)> {
-        let api = self.rt.api.clone();
+    /// of the packet that failed; `rang` says whether the doorbell was rung.
+    fn run_batch(
+        &mut self,
+        batch: &[PacketDesc],
+        rang: &mut bool,
+    ) -> Result<(), (usize, HsaError)> {
+        let api = self.api.clone();
         let f = api.fns();
         let abi = self.info.packet_abi;
         let timeout = self.opts.completion_timeout;
-        let signal = self.signal.signal;
+        let no_runtime = || {
+            (
+                0,
+                HsaError::Contract {
+                    call: "hsa_init",
+                    detail: "the runtime could not be initialised again after the last queue; \
+                             reopen the device"
+                        .into(),
+                },
+            )
+        };
+        let signal = self.signal.as_ref().ok_or_else(no_runtime)?.signal;
+        let side_base = self.side.as_ref().ok_or_else(no_runtime)?.ptr();
         let q = self.queue.as_mut().ok_or((
             0,
             HsaError::Contract {
@@ -420,7 +465,7 @@ impl Device {
             let need = abi.side_buffer_len(d.args.len());
             let side_ptr = if need <= SIDE_SLOT {
                 // SAFETY: the side area has one SIDE_SLOT per ring slot and slot < size == 64.
-                unsafe { self.side.ptr().add(slot * SIDE_SLOT) }
+                unsafe { side_base.add(slot * SIDE_SLOT) }
             } else {
                 let a = PoolAlloc::new(&api, self.pools.kernarg.pool, need).map_err(|e| (j, e))?;
                 let p = a.ptr();
@@ -464,11 +509,12 @@ impl Device {
             }
         }
         q.taken += n as u64;
-        let rang = Instant::now();
+        let rung_at = Instant::now();
+        *rang = true;
         // SAFETY: the doorbell signal belongs to this queue; the store submits every pending
         // packet and returns when they have finished.
         unsafe { (f.signal_store_screlease)(doorbell, last_index as i64) };
-        let doorbell_time = rang.elapsed();
+        let doorbell_time = rung_at.elapsed();
         if let Some(status) = self.errors.take() {
             let completed = if abi.has_completion_signal() {
                 // SAFETY: the signal is live.
@@ -524,22 +570,18 @@ impl Device {
             // G1a has no completion signal: the doorbell's return means done, except that
             // ROCm 7.0 waits for a chain only 50 ms (one WAIT_CMD, no retry) and then
             // advances the read index as if it had run (`rocm70-observed.md` item 8). A
-            // doorbell that took that long may have been given up on: its results are unknown,
-            // so it is an error, never a success. (A chain that finished just under the limit
-            // on a busy machine is reported too; the caller may run it again.)
+            // doorbell that took that long may have been given up on: its outcome is unknown,
+            // never a success, and never a device fault (nothing says the device failed: a
+            // correct kernel slower than 50 ms, or a loaded host that descheduled this thread,
+            // looks the same). A chain that finished just under the limit on a busy machine
+            // is reported too; the caller may run it again.
             if doorbell_time >= G1A_COMMAND_WAIT {
                 return Err((
                     0,
-                    HsaError::Device {
+                    HsaError::OutcomeUnknown {
                         index: 0,
-                        status: crate::sys::Status::ERROR,
-                        message: format!(
-                            "the doorbell took {} ms; ROCm 7.0 stops waiting for a command \
-                             after {} ms and reports nothing, so whether this batch ran is \
-                             unknown",
-                            doorbell_time.as_millis(),
-                            G1A_COMMAND_WAIT.as_millis()
-                        ),
+                        took: doorbell_time,
+                        limit: G1A_COMMAND_WAIT,
                     },
                 ));
             }

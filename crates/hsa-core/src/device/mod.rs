@@ -13,6 +13,7 @@ mod encode;
 pub mod generation;
 mod ko_probe;
 mod program;
+mod renew;
 mod resource;
 mod tensor;
 
@@ -92,6 +93,12 @@ pub struct DeviceOptions {
     /// Whether the G2 runtime takes full-ELF packets (`pdi_patch_offset`): `None` decides from
     /// what the runtime showed ([`DeviceInfo::g2_full_elf`]), `Some` as configured.
     pub g2_full_elf: Option<bool>,
+    /// G1a (ROCm 7.0): give every queue a runtime of its own (`hsa_shut_down`, `hsa_init`,
+    /// then every program and tensor put back), so that no entry of ROCR 7.0's PDI cache can
+    /// outlive the queue that made it ([`renew`](self#)). `false` recreates the queue in the
+    /// same runtime, as on every other ABI, at the risk of dropped or wrong dispatches
+    /// (`rocm70-observed.md` item 4). Ignored on other ABIs.
+    pub g1a_runtime_per_queue: bool,
 }
 
 impl Default for DeviceOptions {
@@ -104,6 +111,7 @@ impl Default for DeviceOptions {
             tensor_backing: TensorBacking::Auto,
             completion_timeout: Duration::from_secs(30),
             g2_full_elf: None,
+            g1a_runtime_per_queue: true,
         }
     }
 }
@@ -148,6 +156,9 @@ pub struct DeviceInfo {
     pub g2_full_elf: bool,
     /// How `g2_full_elf` was decided.
     pub g2_full_elf_source: String,
+    /// G1a (ROCm 7.0) only: whether every queue gets a runtime of its own
+    /// ([`DeviceOptions::g1a_runtime_per_queue`]); false on other ABIs.
+    pub g1a_runtime_per_queue: bool,
 }
 
 /// A program loaded into the device heap.
@@ -177,7 +188,9 @@ struct QueueState {
 ///
 /// Fields drop in order: the queue first (its hardware context holds the PDIs it loaded and
 /// its packets point at tensors, kernargs and the signal), then programs and tensors, the
-/// signal, scratch memory, and last the runtime reference (`hsa_shut_down`).
+/// signal, scratch memory, and last the runtime reference (`hsa_shut_down`). The signal, the
+/// scratch memory and the runtime reference are `None` only while a G1a runtime is being
+/// renewed ([`renew`]), or after a renewal failed.
 #[derive(Debug)]
 pub struct Device {
     queue: Option<QueueState>,
@@ -186,9 +199,9 @@ pub struct Device {
     /// a later queue's first doorbell has named a newer copy ([`Device::run_chain`]).
     first_batch_pdi: Option<PoolAlloc>,
     tensors: HashMap<TensorId, Tensor>,
-    signal: SignalOwner,
+    signal: Option<SignalOwner>,
     /// One side-buffer slot per ring slot (kernargs or G1 payloads).
-    side: PoolAlloc,
+    side: Option<PoolAlloc>,
     errors: Arc<ErrorSlot>,
     pools: PoolChoice,
     cpu: Agent,
@@ -197,7 +210,11 @@ pub struct Device {
     opts: DeviceOptions,
     next_id: u64,
     heap_used: usize,
-    rt: Runtime,
+    /// Runtimes initialised after the first (G1a: one per queue).
+    renewals: u64,
+    /// The function table; it outlives every runtime reference.
+    api: Arc<HsaApi>,
+    rt: Option<Runtime>,
 }
 
 // SAFETY: the raw pointers inside (queue, allocations) refer to runtime objects that are not
@@ -221,26 +238,7 @@ impl Device {
         let api = Arc::new(api);
         let rt = Runtime::init(api.clone())?;
         let timestamp_frequency = system_u64(&api, SystemInfo::TIMESTAMP_FREQUENCY)?;
-        let agents = discover::agents(&api)?;
-        let describe = || {
-            agents
-                .iter()
-                .map(|a| format!("{} (device type {})", a.name, a.kind.0))
-                .collect()
-        };
-        let aie = agents
-            .iter()
-            .find(|a| a.kind == DeviceType::AIE)
-            .ok_or_else(|| HsaError::NoAgent { what: "no AIE agent (device type 3): is an XDNA NPU present and is this ROCR new enough?", found: describe() })?
-            .clone();
-        let cpu = agents
-            .iter()
-            .find(|a| a.kind == DeviceType::CPU)
-            .ok_or_else(|| HsaError::NoAgent {
-                what: "no CPU agent",
-                found: describe(),
-            })?
-            .agent;
+        let (aie, cpu) = find_agents(&api)?;
         let pools = discover::choose_pools(&discover::pools(&api, aie.agent)?)?;
         let (abi, packet_abi_source) = resolve_abi(&api, &pools, cpu, aie.agent, &opts)?;
         tracing::info!(abi = %abi, how = %packet_abi_source, "chose the packet ABI");
@@ -292,6 +290,7 @@ impl Device {
             timestamp_frequency,
             g2_full_elf,
             g2_full_elf_source,
+            g1a_runtime_per_queue: abi == PacketAbi::G1a && opts.g1a_runtime_per_queue,
         };
         let side = PoolAlloc::new(
             &api,
@@ -316,8 +315,8 @@ impl Device {
                 stale: false,
                 ctrl: Vec::new(),
             }),
-            signal,
-            side,
+            signal: Some(signal),
+            side: Some(side),
             errors,
             pools,
             cpu,
@@ -326,7 +325,9 @@ impl Device {
             opts,
             next_id: 1,
             heap_used: 0,
-            rt,
+            renewals: 0,
+            api,
+            rt: Some(rt),
         })
     }
 
@@ -345,11 +346,42 @@ impl Device {
         self.programs.len()
     }
 
+    /// How many times the runtime was initialised again after the device opened (G1a: once
+    /// per queue after the first, see [`DeviceOptions::g1a_runtime_per_queue`]).
+    pub fn runtime_renewals(&self) -> u64 {
+        self.renewals
+    }
+
     fn next_id(&mut self) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         id
     }
+}
+
+/// The AIE agent and the CPU agent.
+pub(super) fn find_agents(api: &HsaApi) -> Result<(discover::AgentDesc, Agent), HsaError> {
+    let agents = discover::agents(api)?;
+    let describe = || {
+        agents
+            .iter()
+            .map(|a| format!("{} (device type {})", a.name, a.kind.0))
+            .collect()
+    };
+    let aie = agents
+        .iter()
+        .find(|a| a.kind == DeviceType::AIE)
+        .ok_or_else(|| HsaError::NoAgent { what: "no AIE agent (device type 3): is an XDNA NPU present and is this ROCR new enough?", found: describe() })?
+        .clone();
+    let cpu = agents
+        .iter()
+        .find(|a| a.kind == DeviceType::CPU)
+        .ok_or_else(|| HsaError::NoAgent {
+            what: "no CPU agent",
+            found: describe(),
+        })?
+        .agent;
+    Ok((aie, cpu))
 }
 
 /// The generation and where it came from: the configuration, a specific agent name, or the

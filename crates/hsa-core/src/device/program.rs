@@ -151,7 +151,7 @@ impl Device {
         kind: KernelKind,
         heap_bytes: usize,
     ) -> Result<ProgramId, HsaError> {
-        let api = self.rt.api.clone();
+        let api = self.api.clone();
         let used = self.heap_used;
         let size = self.info.heap_size;
         let loaded =
@@ -180,7 +180,19 @@ impl Device {
     }
 
     fn load_to_heap(&mut self, pdi: &[u8], insts: &[u8]) -> Result<ProgramId, HsaError> {
-        let api = self.rt.api.clone();
+        let id = ProgramId(self.next_id());
+        self.place_in_heap(id, pdi, insts)?;
+        Ok(id)
+    }
+
+    /// Copies a PDI and its instruction stream into the device heap as program `id`.
+    pub(super) fn place_in_heap(
+        &mut self,
+        id: ProgramId,
+        pdi: &[u8],
+        insts: &[u8],
+    ) -> Result<(), HsaError> {
+        let api = self.api.clone();
         let heap_full = |reason: String| HsaError::HeapFull {
             needed: round_up(pdi.len(), DEVICE_HEAP_ALIGNMENT)
                 + round_up(insts.len(), DEVICE_HEAP_ALIGNMENT),
@@ -209,7 +221,6 @@ impl Device {
         }
         let heap_bytes = heap_of(&[pdi.len(), insts.len()]);
         self.heap_used += heap_bytes;
-        let id = ProgramId(self.next_id());
         self.programs.insert(
             id,
             Program {
@@ -222,12 +233,12 @@ impl Device {
                 heap_bytes,
             },
         );
-        Ok(id)
+        Ok(())
     }
 
     /// Places a G2 full-ELF kernel's PDI in the device heap.
     fn load_g2_full_elf(&mut self, pdi: &[u8], mut elf: G2Elf) -> Result<ProgramId, HsaError> {
-        let api = self.rt.api.clone();
+        let api = self.api.clone();
         let heap_bytes = heap_of(&[pdi.len()]);
         let mem = PoolAlloc::new(&api, self.pools.heap.pool, pdi.len()).map_err(|e| {
             match e.status() {

@@ -63,8 +63,21 @@ impl Device {
                 "a tensor must have at least one byte".into(),
             ));
         }
-        let api = self.rt.api.clone();
-        let mem = match self.opts.tensor_backing {
+        let mem = self.tensor_mem(size)?;
+        let t = Tensor {
+            mem,
+            size,
+            exported: false,
+        };
+        let id = TensorId(self.next_id());
+        self.tensors.insert(id, t);
+        Ok(id)
+    }
+
+    /// Fresh tensor memory of `size` bytes, as the device's tensor backing allocates it.
+    pub(super) fn tensor_mem(&self, size: usize) -> Result<TensorMem, HsaError> {
+        let api = self.api.clone();
+        Ok(match self.opts.tensor_backing {
             TensorBacking::Pool | TensorBacking::Auto => {
                 TensorMem::Pool(PoolAlloc::new(&api, self.pools.data.pool, size)?)
             }
@@ -78,15 +91,7 @@ impl Device {
                     self.aie,
                 )?)
             }
-        };
-        let t = Tensor {
-            mem,
-            size,
-            exported: false,
-        };
-        let id = TensorId(self.next_id());
-        self.tensors.insert(id, t);
-        Ok(id)
+        })
     }
 
     /// Frees a tensor.
@@ -186,7 +191,7 @@ impl Device {
     /// [`HsaError::Unsupported`] when the runtime lacks the call; the runtime's error (most
     /// runtimes refuse to export pool memory: see [`DeviceInfo::tensor_sharing`]).
     pub fn export_tensor(&mut self, id: TensorId) -> Result<(OwnedFd, u64), HsaError> {
-        let api = self.rt.api.clone();
+        let api = self.api.clone();
         let t = self.tensors.get_mut(&id).ok_or(HsaError::UnknownHandle {
             kind: "tensor",
             id: id.0,

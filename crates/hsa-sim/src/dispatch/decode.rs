@@ -273,9 +273,6 @@ fn decode_g1(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError
             (addr, u64::from(dw(5 + 2 * n + i)))
         })
         .collect();
-    if rocm70 {
-        translate_in_place(rt, p.payload_data, dw(2));
-    }
     let completion = match q.config.packet_abi() {
         PacketAbi::G1b => completion(rt, p.completion_signal)?,
         _ => None,
@@ -291,12 +288,24 @@ fn decode_g1(rt: &Runtime, q: &QueueObj, index: u64) -> Result<Command, SimError
 }
 
 /// ROCm 7.0 writes the instruction address's device translation, `0x04000000 | (low word &
-/// 0x02FFFFFF)`, over the low word in the caller's payload (its high word stays the host
+/// 0x02FFFFFF)`, over the low word in the caller's payload of packet `index` (in `PrepareBOs`,
+/// once the instruction buffer and every operand were found to be driver buffers) (its high word stays the host
 /// address's; rocm70-observed.md item 2). Submitting the same payload again names an address
 /// no allocation holds, and the packet is silently dropped. The emulator writes payloads in
 /// registered memory (where hsa-core and the tests put them); a payload in other host memory
 /// is left as it was (inferred to be rare: ROCR's own clients allocate it from a pool).
-fn translate_in_place(rt: &Runtime, payload: u64, insts_low: u32) {
+pub(crate) fn translate_in_place(rt: &Runtime, q: &QueueObj, index: u64) {
+    let Some(p) = read_g1(q, index) else { return };
+    let payload = p.payload_data;
+    let Some(low) = rt
+        .memory()
+        .read(payload + (ERT_PAYLOAD_DATA_OFFSET + 8) as u64, 4)
+        .and_then(|b| <[u8; 4]>::try_from(b.as_slice()).ok())
+    else {
+        tracing::debug!("hsa-sim: the payload at {payload:#x} is not registered memory");
+        return;
+    };
+    let insts_low = u32::from_le_bytes(low);
     let device = DEVICE_HEAP_DEVICE_BASE | (u64::from(insts_low) & DEV_ADDR_OFFSET_MASK);
     // Both constants lie below 2^32, so the device address is one 32-bit word.
     let device = u32::try_from(device).unwrap_or(u32::MAX);

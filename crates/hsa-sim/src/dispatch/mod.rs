@@ -144,7 +144,7 @@ fn run_batch(rt: &Runtime, q: &QueueObj, state: &mut QueueState) -> Result<(), B
         batch_mode(rt, q, state, rd, wr).map_err(fail)?;
     }
     if q.config.profile == Profile::Rocm70 {
-        return run_rocm70(rt, q, state, rd, wr).map_err(fail);
+        return rocm70::doorbell(rt, q, state, rd, wr).map_err(fail);
     }
     let at = |index: u64| {
         move |e: SimError| {
@@ -180,49 +180,6 @@ fn run_batch(rt: &Runtime, q: &QueueObj, state: &mut QueueState) -> Result<(), B
         if let Some(sig) = &cmd.completion {
             complete(sig);
         }
-        bump(Counter::PacketsCompleted);
-    }
-    Ok(())
-}
-
-/// ROCm 7.0's doorbell: every packet decoded into one chain first (aborting or hanging where
-/// ROCR does), operands resolved to driver BOs before any ioctl, then the context step
-/// ([`rocm70`]: a new hardware context, or a stale cache entry that drops the batch), then the
-/// chain's commands. The chain fits the driver's buffer ([`plan_chains`] checked it).
-fn run_rocm70(
-    rt: &Runtime,
-    q: &QueueObj,
-    state: &mut QueueState,
-    rd: u64,
-    wr: u64,
-) -> Result<(), SimError> {
-    let at = |index: u64| {
-        move |e: SimError| SimError::new(e.status, format!("packet {index}: {}", e.detail))
-    };
-    let mut cmds = Vec::new();
-    for index in rd..wr {
-        cmds.push(decode::decode(rt, q, index).map_err(at(index))?);
-    }
-    {
-        let mem = rt.memory();
-        for (index, cmd) in (rd..).zip(&cmds) {
-            for (i, &(addr, size)) in cmd.args.iter().enumerate() {
-                rules::kernel_buffer(&mem, format_args!("argument {i}"), addr, size)
-                    .map_err(at(index))?;
-            }
-        }
-    }
-    let mut pdis: Vec<u64> = Vec::new();
-    for cmd in &cmds {
-        if !pdis.contains(&cmd.pdi) {
-            pdis.push(cmd.pdi);
-        }
-    }
-    rt.rocm70().doorbell(state, &pdis).map_err(at(rd))?;
-    bump(Counter::ChainSubmissions);
-    for (index, cmd) in (rd..).zip(&cmds) {
-        rules::execute(rt, q, state, cmd).map_err(at(index))?;
-        q.read.store(index + 1, Ordering::Release);
         bump(Counter::PacketsCompleted);
     }
     Ok(())

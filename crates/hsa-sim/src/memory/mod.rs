@@ -233,6 +233,74 @@ pub(crate) struct PoolAlloc {
     len: usize,
     pool: PoolKind,
     backing: Backing,
+    /// The driver's GEM handle of an AIE-pool allocation (a DEV or SHMEM BO); `None` for the
+    /// CPU pools, whose memory is not the AIE driver's.
+    gem: Option<u32>,
+}
+
+/// What kind of buffer object a GEM handle names, as the amdxdna driver types it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BoKind {
+    /// `AMDXDNA_BO_SHMEM`: data and kernarg pool memory, a queue's ring.
+    Shmem,
+    /// `AMDXDNA_BO_DEV_HEAP`: the 64 MiB device heap.
+    DevHeap,
+    /// `AMDXDNA_BO_DEV`: device-heap pool memory (PDIs, instruction streams).
+    Dev,
+    /// `AMDXDNA_BO_CMD`: a command or command-chain buffer ROCR makes for one doorbell.
+    Cmd,
+}
+
+/// One live buffer object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Bo {
+    pub kind: BoKind,
+    /// Its first byte's host address (0 for command buffers, which the client never sees).
+    pub base: u64,
+    /// Unique per creation: tells a reused handle from the buffer it named before.
+    pub serial: u64,
+}
+
+/// The driver's GEM handles for this runtime's device fd: the lowest free one from 1, as the
+/// kernel's `idr_alloc` hands them out, so a freed handle comes back at once. Only ROCm 7.0's
+/// doorbell ([`crate::dispatch::rocm70`]) reads them; every profile keeps them.
+#[derive(Debug, Default)]
+pub(crate) struct GemHandles {
+    live: BTreeMap<u32, Bo>,
+    serial: u64,
+}
+
+impl GemHandles {
+    /// Creates a buffer object: the lowest free handle.
+    pub fn create(&mut self, kind: BoKind, base: u64) -> u32 {
+        let mut h = 1u32;
+        for &used in self.live.keys() {
+            if used != h {
+                break;
+            }
+            h += 1;
+        }
+        self.serial += 1;
+        self.live.insert(
+            h,
+            Bo {
+                kind,
+                base,
+                serial: self.serial,
+            },
+        );
+        h
+    }
+
+    /// `DRM_IOCTL_GEM_CLOSE`.
+    pub fn close(&mut self, h: u32) {
+        self.live.remove(&h);
+    }
+
+    /// The live buffer object `h` names.
+    pub fn get(&self, h: u32) -> Option<Bo> {
+        self.live.get(&h).copied()
+    }
 }
 
 /// The 64 MiB device heap.
@@ -306,15 +374,21 @@ pub(crate) struct Memory {
     heap: DeviceHeap,
     allocs: BTreeMap<usize, PoolAlloc>,
     pub vmem: VmemState,
+    /// The driver's GEM handles (the heap takes the first, as ROCR creates it in `hsa_init`).
+    pub gem: GemHandles,
 }
 
 impl Memory {
     /// Memory for a runtime whose AIE agent is `aie`, behaving as `profile`.
     pub fn new(aie: Agent, profile: Profile) -> Result<Self, SimError> {
+        let heap = DeviceHeap::new()?;
+        let mut gem = GemHandles::default();
+        gem.create(BoKind::DevHeap, heap.map.addr as u64);
         Ok(Self {
-            heap: DeviceHeap::new()?,
+            heap,
             allocs: BTreeMap::new(),
             vmem: VmemState::new(aie, profile),
+            gem,
         })
     }
 
@@ -350,12 +424,14 @@ impl Memory {
                 // SAFETY: `[base, base+len)` lies inside the heap mapping, which is live and
                 // writable, and belongs to no other allocation (it was just carved).
                 unsafe { std::ptr::write_bytes(base as *mut u8, 0, len) };
+                let gem = Some(self.gem.create(BoKind::Dev, base as u64));
                 self.allocs.insert(
                     base,
                     PoolAlloc {
                         len,
                         pool,
                         backing: Backing::Heap { offset },
+                        gem,
                     },
                 );
                 Ok(base)
@@ -369,7 +445,18 @@ impl Memory {
                 let map = unsafe { Mapping::shared(&fd, 0, len, None) }?;
                 let base = map.addr;
                 let backing = Backing::Own { _map: map };
-                self.allocs.insert(base, PoolAlloc { len, pool, backing });
+                let gem = pool
+                    .is_aie()
+                    .then(|| self.gem.create(BoKind::Shmem, base as u64));
+                self.allocs.insert(
+                    base,
+                    PoolAlloc {
+                        len,
+                        pool,
+                        backing,
+                        gem,
+                    },
+                );
                 Ok(base)
             }
         }
@@ -382,10 +469,21 @@ impl Memory {
                 format!("hsa_amd_memory_pool_free: {ptr:#x} is not the start of an allocation"),
             ));
         };
+        if let Some(h) = a.gem {
+            self.gem.close(h);
+        }
         if let Backing::Heap { offset } = a.backing {
             self.heap.blocks.remove(&offset);
         }
         Ok(())
+    }
+
+    /// The GEM handle of the AIE-pool allocation containing `addr`, as ROCR's `FindBOHandle`
+    /// finds it (any address inside the buffer).
+    pub fn gem_of(&self, addr: u64) -> Option<u32> {
+        let a = usize::try_from(addr).ok()?;
+        let (&base, alloc) = self.allocs.range(..=a).next_back()?;
+        (a < base + alloc.len).then_some(alloc.gem).flatten()
     }
 
     /// The device heap's base address (64 MiB aligned).

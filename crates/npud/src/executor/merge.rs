@@ -215,11 +215,18 @@ impl Worker {
                 report,
             }) => (report, Some((index, error))),
         };
-        // A device error or a timeout comes after the doorbell: the dispatches before it ran
-        // (and, unless the runtime refused it, the failed one too). Anything else was refused
-        // before it, and none ran.
-        let on_device =
-            |e: &HsaError| matches!(e, HsaError::Device { .. } | HsaError::Timeout { .. });
+        // A device error, a timeout or an unknown outcome comes after the doorbell: the
+        // dispatches before it ran (and, unless the runtime refused it, the failed one too;
+        // an unknown outcome is no fault, and its dispatch is not counted as run). Anything
+        // else was refused before it, and none ran.
+        let on_device = |e: &HsaError| {
+            matches!(
+                e,
+                HsaError::Device { .. }
+                    | HsaError::Timeout { .. }
+                    | HsaError::OutcomeUnknown { .. }
+            )
+        };
         let (ran, ran_failed) = match &failure {
             None => (members.len(), false),
             Some((index, e)) if on_device(e) => (*index, faulted_error(e)),
@@ -228,6 +235,39 @@ impl Worker {
         // The device's time, shared among the dispatches it ran.
         let share = report.device_time
             / u32::try_from((ran + usize::from(ran_failed)).max(1)).unwrap_or(u32::MAX);
+        // A batch of unknown outcome: none of its dispatches is done, and none may run again
+        // (each may have run, or still be running); every one is answered "outcome unknown".
+        let unknown = match &failure {
+            Some((_, HsaError::OutcomeUnknown { took, limit, .. })) => {
+                Some(NpudError::from(HsaError::OutcomeUnknown {
+                    index: 0,
+                    took: *took,
+                    limit: *limit,
+                }))
+            }
+            _ => None,
+        };
+        if let Some(e) = unknown {
+            tracing::warn!(
+                session,
+                dispatches = members.len(),
+                error = %e,
+                "a merged batch's outcome is unknown; not counted as done, not charged as a fault"
+            );
+            self.replace_queue_after_unknown();
+            for mut r in members {
+                if let Some(p) = r.progress.as_mut() {
+                    p.device = report.device_time;
+                    let failure = super::LinkFailure {
+                        index: 0,
+                        error: e.clone(),
+                    };
+                    let outcome = Ok(self.done(p, 0, Some(failure)));
+                    self.reply(r.item, outcome);
+                }
+            }
+            return;
+        }
         let failed = failure.as_ref().map_or(usize::MAX, |(index, _)| *index);
         let mut failure = failure.map(|(_, e)| e);
         let mut unrun = Vec::new();

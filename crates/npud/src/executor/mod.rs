@@ -63,6 +63,33 @@ use worker::Worker;
 pub use ports::{Intake, Polled};
 pub use work::{LinkFailure, LinkPrefix, WorkDone};
 
+/// What the runtime behind `info` cannot report, and what npud does about it, for
+/// `DeviceInfo.runtime_notes` and `npuctl status`; empty where there is nothing to say.
+pub fn runtime_notes(info: &DeviceInfo) -> String {
+    if info.packet_abi != hsa_core::PacketAbi::G1a {
+        return String::new();
+    }
+    let scheme = if info.g1a_runtime_per_queue {
+        "every queue (64 packets at most) gets a runtime of its own, so that ROCR 7.0's \
+         agent-wide PDI cache can never drop a dispatch or run another program's kernel: the \
+         runtime is shut down and initialised again every 64 dispatches (every program and \
+         tensor copied back; ROCR leaves one file descriptor open each time), and every \
+         doorbell builds a new hardware context"
+    } else {
+        "rocm70_runtime_per_queue = false accepts the risk: queues are recreated in one \
+         runtime, and ROCR 7.0's PDI cache then drops dispatches or runs another program's \
+         kernel while npud reports them done"
+    };
+    format!(
+        "ROCR 7.0 reads no command state back: a fault inside a batch (a link the device \
+         failed) is not seen, and that dispatch is reported done; a doorbell past its 50 ms \
+         command wait is answered UNKNOWN \"outcome unknown\" (not a device fault: nothing \
+         is quarantined or charged). {scheme}. Install a newer ROCR (rocm-systems develop \
+         from May 2026, or a TheRock nightly: pip install --index-url \
+         https://rocm.nightlies.amd.com/whl-multi-arch/ rocm)"
+    )
+}
+
 /// Commands queued at once before senders wait.
 const CHANNEL_CAPACITY: usize = 1024;
 

@@ -501,6 +501,10 @@ impl Worker {
             return None;
         }
         match error {
+            HsaError::OutcomeUnknown { .. } => {
+                self.outcome_unknown(item, p, index, NpudError::from(error));
+                None
+            }
             HsaError::Device { .. } | HsaError::Timeout { .. } => {
                 let error = self.device_fault(item, link, &error);
                 p.outcome = Some(Ok(self.done(p, index, Some(LinkFailure { index, error }))));
@@ -545,6 +549,48 @@ impl Worker {
             ))
         });
         p.phase = Phase::StageOut;
+    }
+
+    /// Link `index`'s batch rang, and whether it ran cannot be known (ROCm 7.0 gave up waiting
+    /// for it after 50 ms and reported nothing). Not a device fault: nothing is quarantined or
+    /// charged, since a correct kernel slower than 50 ms or a loaded host look the same, and
+    /// the device reported no error. Neither is it done: the item ends with `error` (UNKNOWN,
+    /// "outcome unknown ..."), as a link failure after the links before it, which completed. The queue (and on ROCm 7.0 the runtime) is replaced, so that nothing the
+    /// batch may still be doing reaches later work through it.
+    pub(super) fn outcome_unknown(
+        &mut self,
+        item: &WorkItem,
+        p: &mut Progress,
+        index: usize,
+        e: NpudError,
+    ) {
+        tracing::warn!(
+            session = item.session,
+            error = %e,
+            "a dispatch's outcome is unknown; not counted as done, not charged as a fault"
+        );
+        self.replace_queue_after_unknown();
+        // As after a device fault, the staged outputs are copied out: they hold whatever the
+        // device wrote.
+        p.outcome = Some(Ok(self.done(
+            p,
+            index,
+            Some(LinkFailure { index, error: e }),
+        )));
+        p.phase = Phase::StageOut;
+    }
+
+    /// Replaces the queue (on ROCm 7.0 the runtime) after a batch whose outcome is unknown.
+    pub(super) fn replace_queue_after_unknown(&mut self) {
+        self.serving.recovering();
+        match self.dev.recover() {
+            Ok(_) => self.serving.recovered(),
+            Err(e) => tracing::error!(
+                error = %e,
+                "replacing the queue after a batch of unknown outcome failed; the next dispatch \
+                 retries"
+            ),
+        }
     }
 
     /// The runtime refused link `index` when the doorbell rang, before running it (the links

@@ -56,6 +56,7 @@ impl NpudService {
             tensor_sharing_reason: info.tensor_sharing_reason.clone(),
             emulator_profile: s.facts.emulator_profile.clone().unwrap_or_default(),
             packet_abi_source: info.packet_abi_source.clone(),
+            runtime_notes: crate::executor::runtime_notes(info),
             metrics_address: s.metrics_address.clone(),
             tcp_address: s.tcp_address.clone(),
             tcp_security: s.tcp_security.to_owned(),

@@ -167,25 +167,12 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
             ),
         ),
     ];
-    if let Some(cost) = runtime_cost(&info.packet_abi) {
+    if !info.runtime_notes.is_empty() {
         // Beside the packet ABI rows, where a reader looks for what the runtime is.
-        rows.insert(4, ("ROCm 7.0", cost));
+        rows.insert(4, ("runtime notes", info.runtime_notes.clone()));
     }
     println!("{}", kv_table(rows));
     Ok(())
-}
-
-/// What the runtime behind a packet ABI costs, where that is worth a line: ROCm 7.0 (G1a)
-/// builds a hardware context for every dispatch, and reports nothing it does not finish.
-fn runtime_cost(packet_abi: &str) -> Option<String> {
-    (packet_abi == "g1a").then(|| {
-        "a new hardware context for every dispatch (ROCR 7.0 destroys and rebuilds it at each \
-         doorbell), a new queue every 64 packets, and no error report from the runtime: a \
-         command over 50 ms is reported as an error by npud, a device fault not at all. \
-         Install a newer ROCR (rocm-systems develop from May 2026, or a TheRock nightly: \
-         pip install --index-url https://rocm.nightlies.amd.com/whl-multi-arch/ rocm)"
-            .to_owned()
-    })
 }
 
 /// How many device recoveries there were, and how long ago the last one started.
