@@ -14,11 +14,9 @@ use std::time::{Duration, Instant};
 use npu_proto::v1 as pb;
 use npud_e2e::bystander::Stand;
 use npud_e2e::bystander::creds::{Caller, root, tcp_from, tokio_tcp};
-use npud_e2e::bystander::wire::{grpc_frame, h2_call, raw_h2_request};
+use npud_e2e::bystander::wire::raw_h2_request;
 use npud_e2e::netns::Net;
 use npud_e2e::{Options, Session};
-
-use crate::CALL_LIMIT;
 
 /// The peers' uid: as root, a user of no importance; otherwise this process's own.
 /// Connections the peer opens, in bursts of `BURST`.
@@ -184,24 +182,7 @@ async fn who_am_i(ns: &str, to: SocketAddr, n: usize, every: Duration) -> Vec<St
                 Ok(s) => s,
                 Err(e) => return format!("connect: {e}"),
             };
-            let body = grpc_frame(
-                &prost::Message::encode_to_vec(&pb::GetDeviceInfoRequest {}),
-                false,
-            );
-            let a = h2_call(
-                tokio_tcp(s),
-                "/npud.v1.Npud/GetDeviceInfo",
-                &[],
-                body,
-                CALL_LIMIT,
-            )
-            .await;
-            match (a.code, a.messages.first()) {
-                (Some(0), Some(m)) => prost::Message::decode(&m[..])
-                    .map(|i: pb::DeviceInfo| i.caller_identity)
-                    .unwrap_or_else(|e| format!("undecodable: {e}")),
-                _ => a.describe(),
-            }
+            crate::who_is(tokio_tcp(s)).await
         }));
         tokio::time::sleep(every).await;
     }

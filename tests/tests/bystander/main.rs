@@ -22,7 +22,10 @@ mod revocation;
 
 use std::time::Duration;
 
+use npu_proto::v1 as pb;
 use npud_e2e::Session;
+use npud_e2e::bystander::wire::{grpc_frame, h2_call};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 /// The session metadata of `s` as raw headers.
 pub fn session_headers(s: &Session) -> Vec<(&'static str, String)> {
@@ -38,3 +41,22 @@ pub fn session_headers(s: &Session) -> Vec<(&'static str, String)> {
 
 /// The most any one raw call of an attack may take.
 pub const CALL_LIMIT: Duration = Duration::from_secs(20);
+
+/// `GetDeviceInfo` on `io` (a fresh connection) with a bare HTTP/2 client: the identity the
+/// daemon says the caller is, or what it answered instead.
+pub async fn who_is<IO>(io: IO) -> String
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let body = grpc_frame(
+        &prost::Message::encode_to_vec(&pb::GetDeviceInfoRequest {}),
+        false,
+    );
+    let a = h2_call(io, "/npud.v1.Npud/GetDeviceInfo", &[], body, CALL_LIMIT).await;
+    match (a.code, a.messages.first()) {
+        (Some(0), Some(m)) => prost::Message::decode(&m[..])
+            .map(|i: pb::DeviceInfo| i.caller_identity)
+            .unwrap_or_else(|e| format!("undecodable: {e}")),
+        _ => a.describe(),
+    }
+}
