@@ -105,16 +105,17 @@ async fn four_lifelines_each_sent_a_lingering_socket() {
         .finish();
 }
 
-/// An fd-socket request frame (an unknown ticket) carrying `fds` lingering sockets on its first
-/// byte; returns the daemon's answer, read within `limit`.
+/// An fd-socket request frame `op` (an unknown ticket) carrying `fds` lingering sockets on its
+/// first byte; returns the daemon's answer, read within `limit`.
 fn frame_with_fds(
     socket: &std::path::Path,
+    op: Op,
     fds: usize,
     limit: Duration,
 ) -> Result<Response, String> {
     let conn = std::os::unix::net::UnixStream::connect(socket).map_err(|e| e.to_string())?;
     let frame = Request {
-        op: Op::RedeemExport,
+        op,
         ticket: Ticket::from_bytes([7; 16]),
     }
     .encode();
@@ -144,7 +145,12 @@ async fn four_frames_each_with_more_fds_than_the_daemon_makes_room_for() {
             .map(|_| {
                 let fd_socket = fd_socket.clone();
                 tokio::task::spawn_blocking(move || {
-                    frame_with_fds(&fd_socket, 8, LINGER + Duration::from_secs(5))
+                    frame_with_fds(
+                        &fd_socket,
+                        Op::RedeemExport,
+                        8,
+                        LINGER + Duration::from_secs(5),
+                    )
                 })
             })
             .collect();
@@ -247,4 +253,48 @@ async fn a_client_writing_bytes_into_its_lifeline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_clients_writing_bytes_into_their_lifelines() {
     bytes_into_lifelines(4).await;
+}
+
+/// Last round's (issue 19, 9; `lifecycle.rs` has it with one caller): IMPORT frames whose one
+/// fd is a lingering socket. Answered `UNKNOWN_TICKET`; the close must block no other caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_import_frames_each_with_a_lingering_socket() {
+    let stand = Stand::start(Options::default()).await;
+    let fd_socket = stand.daemon.fd_socket.clone();
+    let attack = async {
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let fd_socket = fd_socket.clone();
+                tokio::task::spawn_blocking(move || {
+                    frame_with_fds(&fd_socket, Op::Import, 1, LINGER + Duration::from_secs(5))
+                })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.expect("an attacker"));
+        }
+        out
+    };
+    stand
+        .attack("4 IMPORT frames, a lingering socket each", attack)
+        .await
+        .expect("answer (UNKNOWN_TICKET)", |answers| {
+            let seen: Vec<String> = answers
+                .iter()
+                .map(|a| match a {
+                    Ok(r) => format!("{:?}", r.status),
+                    Err(e) => e.clone(),
+                })
+                .collect();
+            if answers
+                .iter()
+                .all(|a| matches!(a, Ok(r) if r.status == FdStatus::UNKNOWN_TICKET))
+            {
+                Ok(format!("{seen:?}"))
+            } else {
+                Err(format!("{seen:?}"))
+            }
+        })
+        .finish();
 }

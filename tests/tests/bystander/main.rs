@@ -15,6 +15,7 @@
 
 mod decode;
 mod exactly_once;
+mod last_round;
 mod lifeline;
 mod lockouts;
 mod loopback;
