@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bystander;
 pub mod certs;
 pub mod configmap;
 pub mod container;
@@ -228,6 +229,10 @@ pub struct Options {
     /// A network namespace (`ip netns` name) to start it in, through `ip netns exec` (which
     /// execs the daemon, so its pid is the daemon's); its Unix sockets stay reachable from here.
     pub netns: Option<String>,
+    /// The command that runs npud, in place of this build's `npud` binary: a program and its
+    /// leading arguments (`prlimit --as=N -- target/release/npud`). It must exec npud, so that
+    /// the pid is the daemon's. See [`bystander`].
+    pub program: Option<Vec<std::ffi::OsString>>,
 }
 
 impl Default for Options {
@@ -242,6 +247,7 @@ impl Default for Options {
             socket_activated: false,
             state_dir: None,
             netns: None,
+            program: None,
         }
     }
 }
@@ -397,13 +403,17 @@ impl Daemon {
         let opts = &self.opts;
         let ready = self.dir.path().join("ready");
         let _ = std::fs::remove_file(&ready);
+        let npud = opts
+            .program
+            .clone()
+            .unwrap_or_else(|| vec![binary("npud").into_os_string()]);
         let mut cmd = if let Some(ns) = &opts.netns {
             assert!(
                 !opts.socket_activated,
                 "socket activation in a namespace is not supported"
             );
             let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns]).arg(binary("npud"));
+            c.args(["netns", "exec", ns]).args(&npud);
             c
         } else if opts.socket_activated {
             let mut c = Command::new(binary("npud-socket-activate"));
@@ -412,10 +422,15 @@ impl Daemon {
                 .arg("--listen")
                 .arg(&self.fd_socket)
                 .args(["--names", "npud:fd", "--"])
-                .arg(binary("npud"));
+                .args(&npud);
             c
         } else {
-            Command::new(binary("npud"))
+            let (program, args) = npud
+                .split_first()
+                .expect("Options::program names a program");
+            let mut c = Command::new(program);
+            c.args(args);
+            c
         };
         let (runtime_args, runtime_env) = opts.runtime_args();
         let stderr = std::fs::OpenOptions::new()
