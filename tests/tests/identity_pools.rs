@@ -21,7 +21,6 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -132,101 +131,89 @@ fn established_on(port: u16) -> bool {
     })
 }
 
-/// One series of the daemon's metrics, summed over its labels' values, or 0.
-fn metric(addr: SocketAddr, series: &str) -> f64 {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)) else {
-        return 0.0;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-    let _ = write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    );
-    let mut raw = String::new();
-    let _ = s.read_to_string(&mut raw);
-    raw.lines()
-        .filter(|l| l.starts_with(series))
-        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-        .sum()
+/// The identity the daemon gave the connection from local port `port` (its "connection
+/// accepted" line), once it has logged it.
+fn identity_of(d: &Daemon, port: u16) -> String {
+    let peer = format!("peer=Some(127.0.0.1:{port})");
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = d.stderr();
+        if let Some(line) = log
+            .lines()
+            .find(|l| l.contains("connection accepted") && l.contains(&peer))
+        {
+            return line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("identity="))
+                .unwrap_or_default()
+                .to_owned();
+        }
+        assert!(
+            Instant::now() < until,
+            "no connection from port {port} was logged:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
-/// Issue 36: a peer that connects, writes a whole call and closes before the daemon looks it
-/// up was found as its TIME_WAIT row, printed with uid 0, and its call ran as root. Now the
-/// peer's socket must be ESTABLISHED: the call is anonymous's, refused, and no session opens.
-/// A live caller is its own uid. (On the /proc/net/tcp lookup this test failed: the ghost's
-/// OpenSession opened a session as `uid:0`.)
+/// Issue 36: a peer that connects and closes before the daemon looks it up was found as the
+/// row the kernel prints for its closed socket (TIME_WAIT, uid 0) and was `uid:0`, root, an
+/// admin by default. Now the peer's socket must be ESTABLISHED: such a connection is
+/// `anonymous`, and so is one whose peer wrote a whole call first (it opens no session). A live
+/// caller is its own uid. The daemon is stopped while the peers connect, write and close, so
+/// that they have closed before it looks them up. (On the /proc/net/tcp lookup this test
+/// failed: it logged no identity for the connection, and the kernel's table showed the peer
+/// with uid 0, see `auth::local`'s unit tests.)
 #[cfg_attr(not(as_root), ignore = "needs root to run clients under other uids")]
 #[test]
 fn a_peer_that_closed_before_the_lookup_is_anonymous_never_root() {
     assert_root();
-    let d = Daemon::start(
-        Options {
-            tcp: true,
-            ..Options::default()
-        }
-        .arg("--metrics-listen")
-        .arg("127.0.0.1:0"),
-    );
+    let d = Daemon::start(Options {
+        tcp: true,
+        ..Options::default()
+    });
     // Any local user may use the socket, so a live uid 65534 is named as itself.
     chmod(&d.socket, 0o666);
     let addr = d.tcp.expect("the daemon listens on TCP").to_string();
-    let metrics: SocketAddr = d.ready_value("metrics").unwrap().parse().unwrap();
     let nobody = run(client_as(65534, &["call", &addr]));
     assert_eq!(nobody["identity"], "uid:65534", "{nobody}");
     let me = run(client_as(0, &["call", &addr]));
     assert_eq!(me["identity"], "uid:0", "{me}");
 
-    // The daemon stopped: the ghost's connection waits in the listener's backlog while the
-    // ghost (uid 65534) writes its call and closes.
+    // The daemon stopped: the ghosts' connections wait in the listener's backlog while the
+    // ghosts (uid 65534) write their call and close.
     d.send_signal(rustix::process::Signal::STOP);
-    let ghost = run(client_as(65534, &["ghost", &addr, "ghost"]));
-    let port = u16::try_from(ghost["port"].as_u64().expect("a port")).unwrap();
+    let ports: Vec<u16> = (0..4)
+        .map(|i| {
+            let ghost = run(client_as(65534, &["ghost", &addr, &format!("ghost-{i}")]));
+            u16::try_from(ghost["port"].as_u64().expect("a port")).unwrap()
+        })
+        .collect();
     let until = Instant::now() + Duration::from_secs(10);
-    while established_on(port) {
+    while ports.iter().any(|p| established_on(*p)) {
         assert!(
             Instant::now() < until,
-            "the ghost's socket stayed ESTABLISHED"
+            "a ghost's socket stayed ESTABLISHED"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
     d.send_signal(rustix::process::Signal::CONT);
-    // Its call is answered (to no one).
-    let open_sessions = "npud_rpcs_total{method=\"/npud.v1.Npud/OpenSession\"}";
-    let until = Instant::now() + Duration::from_secs(30);
-    while metric(metrics, open_sessions) < 1.0 {
-        assert!(
-            Instant::now() < until,
-            "the ghost's OpenSession was never answered:\n{}",
-            d.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
+    for p in &ports {
+        assert_eq!(identity_of(&d, *p), "anonymous", "the ghost at port {p}");
     }
+    // A live caller after them is still its uid, and no ghost's call opened a session.
+    let nobody = run(client_as(65534, &["call", &addr]));
+    assert_eq!(nobody["identity"], "uid:65534", "{nobody}");
     let log = d.stderr();
-    let opened: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("session opened"))
-        .collect();
-    assert!(
-        opened.is_empty(),
-        "a closed peer's call opened a session: {opened:#?}"
-    );
-    assert_eq!(
-        metric(
-            metrics,
-            "npud_rpc_errors_total{method=\"/npud.v1.Npud/OpenSession\",code=\"UNAUTHENTICATED\"}"
-        ),
-        1.0,
-        "{log}"
-    );
+    assert!(!log.contains("session opened"), "{log}");
 }
 
-/// Issue 36: eight silent loopback TCP connections of any local user filled loopback's share
-/// of the pre-authentication pool, and 64 idle ones its share of the TCP pool, locking every
+/// Issue 36: 64 idle loopback TCP connections of any local user filled loopback's share of
+/// the TCP pool, and eight silent ones its share of the pre-authentication pool, locking every
 /// other local user out of loopback TCP. Now a local user's connections count against its own
 /// uid: another user (and root) is served, and the holder itself is held to its share. (On
-/// the /proc/net/tcp lookup and loopback-wide shares this test failed: uid 65533's call was
-/// closed unanswered.)
+/// loopback-wide shares this test failed: uid 65533 was refused, "network loopback ... has 64
+/// open TCP connections".)
 #[cfg_attr(not(as_root), ignore = "needs root to run clients under other uids")]
 #[test]
 fn one_local_users_loopback_connections_lock_no_other_user_out() {
@@ -241,40 +228,17 @@ fn one_local_users_loopback_connections_lock_no_other_user_out() {
     );
     chmod(&d.socket, 0o666);
     let addr = d.tcp.expect("the daemon listens on TCP").to_string();
-    // uid 65534: its whole TCP share, 56 idle past the HTTP/2 handshake and then 8 silent
-    // (its whole pre-authentication share).
-    let idle = Holder::start(client_as(65534, &["conns", &addr, "56", "http2"]));
-    assert_eq!(idle.held(), 56, "{}", idle.said);
-    let silent = Holder::start(client_as(65534, &["conns", &addr, "8", "silent"]));
-    assert_eq!(silent.held(), 8, "{}", silent.said);
-    // Wait until the daemon has them all: uid 65534's next connection is closed unanswered
-    // (its pre-authentication share is full).
-    let until = Instant::now() + Duration::from_secs(60);
-    loop {
-        let own = run(client_as(65534, &["call", &addr]));
-        if own["code"] != "OK" {
-            break;
-        }
-        assert!(Instant::now() < until, "uid 65534 was never at its share");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // Another local user, and root.
+    // uid 65534 holds its whole TCP share, idle past the HTTP/2 handshake: another local user
+    // and root are served, and uid 65534 is told it is at its share.
+    let idle = Holder::start(client_as(65534, &["conns", &addr, "64", "http2"]));
+    assert_eq!(idle.held(), 64, "{}", idle.said);
     for uid in [65533, 0] {
         let a = run(client_as(uid, &["call", &addr]));
         assert_eq!(a["code"], "OK", "uid {uid} was locked out: {a}");
         assert_eq!(a["identity"], format!("uid:{uid}"), "{a}");
     }
-    // Without its silent ones, the holder is told it is at its TCP share.
-    drop(silent);
-    let until = Instant::now() + Duration::from_secs(60);
-    let own = loop {
-        let own = run(client_as(65534, &["call", &addr]));
-        if own["code"] == "ResourceExhausted" {
-            break own;
-        }
-        assert!(Instant::now() < until, "uid 65534's calls: {own}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let own = run(client_as(65534, &["call", &addr]));
+    assert_eq!(own["code"], "ResourceExhausted", "{own}");
     let m = own["message"].as_str().unwrap();
     assert!(
         m.starts_with("uid 65534 (over TCP from 127.0.0.1) has 64 open TCP connections")
@@ -282,6 +246,29 @@ fn one_local_users_loopback_connections_lock_no_other_user_out() {
         "{m}"
     );
     drop(idle);
+    // Once the daemon has let them go, uid 65534 holds its whole pre-authentication share
+    // with silent connections: its next connection is closed unanswered.
+    let until = Instant::now() + Duration::from_secs(60);
+    while run(client_as(65534, &["call", &addr]))["code"] != "OK" {
+        assert!(
+            Instant::now() < until,
+            "uid 65534's connections were never let go"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let silent = Holder::start(client_as(65534, &["conns", &addr, "8", "silent"]));
+    assert_eq!(silent.held(), 8, "{}", silent.said);
+    let until = Instant::now() + Duration::from_secs(60);
+    while run(client_as(65534, &["call", &addr]))["code"] == "OK" {
+        assert!(Instant::now() < until, "uid 65534 was never at its share");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for uid in [65533, 0] {
+        let a = run(client_as(uid, &["call", &addr]));
+        assert_eq!(a["code"], "OK", "uid {uid} was locked out: {a}");
+        assert_eq!(a["identity"], format!("uid:{uid}"), "{a}");
+    }
+    drop(silent);
 }
 
 /// Issue 36: eight uids with 128 idle Unix connections each (connected, past the HTTP/2

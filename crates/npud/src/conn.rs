@@ -278,6 +278,14 @@ impl Conn {
                 (Stream::Tls(s), info)
             }
         };
+        tracing::debug!(
+            conn = id,
+            identity = %info.identity,
+            local = ?info.local.as_ref().map(ToString::to_string),
+            peer = ?info.addr,
+            uid = ?info.uid,
+            "connection accepted"
+        );
         let (slot, preauth, refusing, first, fixed) = match admission {
             Admission::Admitted { slot, preauth, .. } => {
                 slot.track(Arc::new(ConnUse {

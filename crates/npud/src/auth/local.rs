@@ -351,7 +351,6 @@ fn groups_of(root: &Path, uid: u32) -> io::Result<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read as _;
     use std::net::{TcpListener, TcpStream};
 
     fn sa(s: &str) -> SocketAddr {
