@@ -207,7 +207,7 @@ impl Counts {
             .filter(|(k, n)| **k != key && **n >= mine.saturating_add(2))
             .map(|(k, n)| (*k, *n))
             .collect();
-        keys.sort_unstable_by(|a, b| b.1.cmp(&a.1));
+        keys.sort_unstable_by_key(|k| std::cmp::Reverse(k.1));
         keys.into_iter().find_map(|(k, n)| {
             self.held
                 .iter()

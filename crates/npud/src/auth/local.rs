@@ -197,7 +197,7 @@ pub struct PeerLookup {
     /// come back within its timeout, does not wait and names no one).
     diag: Arc<Mutex<Option<Diag>>>,
     /// Whether a failure of the lookup itself was logged as a warning already.
-    warned: Arc<AtomicBool>,
+    warned: AtomicBool,
 }
 
 impl PeerLookup {
@@ -218,15 +218,10 @@ impl PeerLookup {
                 return None;
             }
         };
-        let (diag, warned) = (self.diag.clone(), self.warned.clone());
+        let diag = self.diag.clone();
         let task = tokio::task::spawn_blocking(move || {
             let Ok(mut slot) = diag.try_lock() else {
-                tracing::warn!(
-                    %peer,
-                    "an earlier lookup of a local TCP peer has not come back; this one is \
-                     anonymous"
-                );
-                return None;
+                return Err(None);
             };
             let found = match slot.take() {
                 Some(d) => Ok(d),
@@ -238,34 +233,49 @@ impl PeerLookup {
                 *slot = Some(d);
                 r
             });
-            match found {
-                Ok(Some(p)) => Some(p.uid),
-                Ok(None) => {
-                    tracing::debug!(
-                        %peer,
-                        "no ESTABLISHED socket at the other end of a TCP connection from this \
-                         host (it closed, or is not local); anonymous"
-                    );
-                    None
-                }
-                Err(e) => {
-                    *slot = None;
-                    if warned.swap(true, Ordering::Relaxed) {
-                        tracing::debug!(%peer, error = %e, "looking up a local TCP peer failed");
-                    } else {
-                        tracing::warn!(
-                            %peer,
-                            error = %e,
-                            "looking up a local TCP peer failed; local TCP callers are \
-                             anonymous while it does (logged once)"
-                        );
-                    }
-                    None
-                }
+            if found.is_err() {
+                // A late answer may still come to it: the next lookup opens another.
+                *slot = None;
             }
+            found.map_err(Some)
         });
         match tokio::time::timeout(LOOKUP_TIMEOUT, task).await {
-            Ok(Ok(uid)) => uid,
+            Ok(Ok(Ok(Some(p)))) => Some(p.uid),
+            Ok(Ok(Ok(None))) => {
+                tracing::debug!(
+                    %peer,
+                    "no ESTABLISHED socket at the other end of a TCP connection from this host \
+                     (it closed, or is not local); anonymous"
+                );
+                None
+            }
+            Ok(Ok(Err(None))) => {
+                tracing::debug!(
+                    %peer,
+                    "an earlier lookup of a local TCP peer has not come back; this one is \
+                     anonymous"
+                );
+                None
+            }
+            // The connection itself is gone (its peer reset it): nothing is wrong with the
+            // lookup.
+            Ok(Ok(Err(Some(e)))) if stream.peer_addr().is_err() => {
+                tracing::debug!(%peer, error = %e, "a local TCP peer left before its lookup");
+                None
+            }
+            Ok(Ok(Err(Some(e)))) => {
+                if self.warned.swap(true, Ordering::Relaxed) {
+                    tracing::debug!(%peer, error = %e, "looking up a local TCP peer failed");
+                } else {
+                    tracing::warn!(
+                        %peer,
+                        error = %e,
+                        "looking up a local TCP peer failed; local TCP callers are anonymous \
+                         while it does (logged once)"
+                    );
+                }
+                None
+            }
             Ok(Err(_)) => None,
             Err(_) => {
                 tracing::warn!(%peer, "looking up a local TCP peer took too long; it is anonymous");
@@ -416,6 +426,30 @@ mod tests {
             Answer::Absent => {}
         }
         assert_eq!(peer_socket(&diag, ours).unwrap(), None);
+    }
+
+    /// A peer that resets its connection before the lookup takes the daemon's own socket out
+    /// of the table too: that is the peer leaving, not a lookup that does not work.
+    #[tokio::test]
+    async fn a_peer_that_reset_is_anonymous_and_no_failure_of_the_lookup() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let lookup = PeerLookup::default();
+        let me = rustix::process::geteuid().as_raw();
+        assert_eq!(lookup.uid(&s).await, Some(me));
+        rustix::net::sockopt::set_socket_linger(&c, Some(Duration::ZERO)).unwrap();
+        drop(c);
+        loop {
+            s.readable().await.unwrap();
+            match s.try_read(&mut [0_u8; 8]) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) | Ok(0) => break,
+                Ok(_) => {}
+            }
+        }
+        assert_eq!(lookup.uid(&s).await, None);
+        assert!(!lookup.warned.load(Ordering::Relaxed));
     }
 
     #[test]
