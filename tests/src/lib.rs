@@ -11,6 +11,7 @@ pub mod certs;
 pub mod configmap;
 pub mod container;
 pub mod netns;
+pub mod peers;
 pub mod python;
 pub mod ring;
 pub mod tokens;

@@ -213,19 +213,22 @@ pub struct Limits {
     /// Bytes of the programs one session references, each distinct content counted once.
     pub max_program_bytes_per_session: u64,
     /// Open connections on the gRPC Unix socket and the fd socket together (the local pool;
-    /// TCP connections never draw on it).
+    /// TCP connections never draw on it). At this total a newcomer whose uid holds fewer evicts
+    /// a connection of the uid holding the most (see `accept`).
     pub max_connections: u32,
     /// Open connections on the Unix sockets from one uid.
     pub max_connections_per_peer: u32,
-    /// Open connections on the TCP listener (its own pool).
+    /// Open connections on the TCP listener (its own pool, fair at its total as the local one).
     pub max_tcp_connections: u32,
-    /// Open TCP connections from one network prefix: an IPv4 address's /24, an IPv6 address's
-    /// /64, all of loopback as one.
+    /// Open TCP connections from one key: a network prefix (an IPv4 address's /24, an IPv6
+    /// address's /64), or a local user over TCP from this host (its uid; local callers the
+    /// kernel names no user for share one key for all of loopback).
     pub max_tcp_connections_per_prefix: u32,
-    /// TCP connections that have not yet finished their TLS handshake and HTTP/2 preface;
-    /// more are closed unanswered.
+    /// TCP connections that have not yet finished their TLS handshake and HTTP/2 preface
+    /// (fair at this total as the other pools).
     pub max_preauth_connections: u32,
-    /// Of those, from one network prefix.
+    /// Of those, from one key (as `max_tcp_connections_per_prefix`); more are closed
+    /// unanswered.
     pub max_preauth_connections_per_prefix: u32,
     /// How long a new connection may take to send its first request bytes (the HTTP/2
     /// preface, or an fd-socket frame), in ms.

@@ -19,7 +19,9 @@
 //! `limits.idle_connection_ms` is closed too (PINGs or not), so that peers that never open a
 //! session cannot hold a connection pool. [`CountCalls`], a tower layer beside the server,
 //! counts each connection's open calls. A refused connection ([`ConnInfo::refused`]) is closed
-//! [`REFUSED_LIFETIME`] after it was accepted, whatever it sends.
+//! [`REFUSED_LIFETIME`] after it was accepted, whatever it sends. A connection a full pool
+//! evicts (`accept`) is closed at once: its pending read fails. The pools learn what a
+//! connection is doing (no session or call, a call, a session) from [`ConnUse`].
 
 use std::future::Future;
 use std::io;
@@ -34,9 +36,10 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::time::{Instant, Sleep};
+use tokio_util::sync::WaitForCancellationFutureOwned;
 use tonic::transport::server::Connected;
 
-use crate::accept::{Accepted, Admission, REFUSED_LIFETIME, Slot};
+use crate::accept::{Accepted, Admission, REFUSED_LIFETIME, Slot, Usage, Use};
 use crate::auth::{Identity, LocalUser};
 use crate::sessions::Sessions;
 
@@ -94,6 +97,26 @@ impl Drop for CallGuard {
         let ms = u64::try_from(self.0.born.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.0.ended_ms.fetch_max(ms, Ordering::AcqRel);
         self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What a gRPC connection is doing, as the pools ask it when one is full.
+#[derive(Debug)]
+pub struct ConnUse {
+    id: u64,
+    calls: Arc<Calls>,
+    sessions: Arc<Sessions>,
+}
+
+impl Usage for ConnUse {
+    fn usage(&self) -> Use {
+        if self.sessions.has_connection(self.id) {
+            Use::Attached
+        } else if self.calls.open() > 0 {
+            Use::Busy
+        } else {
+            Use::Unused
+        }
     }
 }
 
@@ -163,6 +186,9 @@ pub struct Conn {
     idle: Duration,
     /// A refused connection: the deadline is never extended.
     fixed: bool,
+    /// Completes when a pool evicted the connection (`None` for a refused one); polled when a
+    /// read would wait, so a connection whose bytes keep coming is closed at its next pause.
+    evicted: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
     /// Fires when the connection may have been without a session or a call for
     /// `limits.idle_connection_ms`.
     unused_deadline: Pin<Box<Sleep>>,
@@ -253,8 +279,21 @@ impl Conn {
                 (Stream::Tls(s), info)
             }
         };
+        tracing::debug!(
+            conn = id,
+            identity = %info.identity,
+            local = ?info.local.as_ref().map(ToString::to_string),
+            peer = ?info.addr,
+            uid = ?info.uid,
+            "connection accepted"
+        );
         let (slot, preauth, refusing, first, fixed) = match admission {
-            Admission::Admitted { slot, preauth } => {
+            Admission::Admitted { slot, preauth, .. } => {
+                slot.track(Arc::new(ConnUse {
+                    id,
+                    calls: info.calls.clone(),
+                    sessions: sessions.clone(),
+                }));
                 (Some(slot), preauth, None, t.handshake, false)
             }
             Admission::Refused { why, _guard } => {
@@ -268,10 +307,14 @@ impl Conn {
                 )
             }
         };
+        let evicted = slot
+            .as_ref()
+            .map(|s| Box::pin(s.evicted().cancelled_owned()));
         Self {
             stream,
             info,
             sessions,
+            evicted,
             _slot: slot,
             preauth,
             _refusing: refusing,
@@ -374,6 +417,14 @@ impl AsyncRead for Conn {
                 }
                 Poll::Ready(Ok(()))
             }
+            Poll::Pending
+                if this
+                    .evicted
+                    .as_mut()
+                    .is_some_and(|w| w.as_mut().poll(cx).is_ready()) =>
+            {
+                Poll::Ready(Err(evicted(this.info.id)))
+            }
             Poll::Pending if !this.fixed && this.preface_left == 0 && this.poll_unused(cx) => {
                 let what = "no session and no call for limits.idle_connection_ms";
                 tracing::debug!(conn = this.info.id, "{what}");
@@ -393,6 +444,14 @@ impl AsyncRead for Conn {
             other => other,
         }
     }
+}
+
+/// The read error of a connection a full pool evicted.
+fn evicted(conn: u64) -> io::Error {
+    let what = "evicted: a connection pool was full, and this connection's user or network \
+                held the most";
+    tracing::debug!(conn, "{what}");
+    io::Error::new(io::ErrorKind::ConnectionAborted, what)
 }
 
 impl AsyncWrite for Conn {

@@ -257,10 +257,13 @@ async fn connection(
         }
     };
     let mut wait = timeouts.handshake;
+    // Closed between requests when a full pool evicts it (`accept`).
+    let evicted = admission.evicted();
     loop {
         received.close().await;
         let read = tokio::select! {
             () = stop.cancelled() => return,
+            () = evicted.cancelled() => return,
             r = tokio::time::timeout(wait, server::read_request_into(&stream, &mut received.0)) => r,
         };
         wait = timeouts.idle;
@@ -393,6 +396,8 @@ async fn connection(
                         let r = Response::ok();
                         respond(&r, Some(request.op));
                         if server::write_response(&stream, &r, None).await.is_ok() {
+                            // A ring's lifeline is never evicted (at most one per session).
+                            admission.mark(crate::accept::Use::Pinned);
                             lifeline(&stream, &ring, &stop).await;
                         }
                         ring.stop();

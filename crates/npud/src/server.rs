@@ -23,7 +23,7 @@ use tonic::transport::Server;
 use tonic::transport::server::Router;
 use tower_layer::{Identity, Stack};
 
-use crate::accept::{Accepted, Acceptor, Limiter, Listener};
+use crate::accept::{Accepted, Acceptor, Admission, Limiter, Listener};
 use crate::auth::Policy;
 use crate::budget::MemoryBudget;
 use crate::config::Config;
@@ -544,10 +544,12 @@ async fn drain_calls(
 
 /// The connections an acceptor admits (or accepts only to refuse), as tonic's incoming
 /// stream. The acceptor runs in its own task, one connection ahead of tonic, and drops its
-/// listener at shutdown. Each TCP connection's TLS handshake (with `tls`) and the lookup of
-/// the local user on its other end (`auth::local`, against the Unix socket at `socket`) run in
-/// a task of its own (bounded by the handshake timeout, holding the connection's slot), so a
-/// slow client delays no other.
+/// listener at shutdown; it names the local user of a TCP connection from this host (the
+/// kernel's socket table, `auth::local`) before it counts the connection. Each TCP
+/// connection's TLS handshake (with `tls`) and the reading of that user's groups (and whether
+/// it may use the Unix socket at `socket`) run in a task of its own (bounded by the handshake
+/// timeout, holding the connection's slot, ended if a full pool evicts it), so a slow client
+/// delays no other.
 fn accepted(
     mut acceptor: Acceptor,
     tls: Option<Arc<Tls>>,
@@ -571,13 +573,17 @@ fn accepted(
                 continue;
             };
             let peer = tcp.peer_addr().ok();
-            let ends = tcp.peer_addr().ok().zip(tcp.local_addr().ok());
+            let local_uid = match &admission {
+                Admission::Admitted { local_uid, .. } => *local_uid,
+                Admission::Refused { .. } => None,
+            };
+            let evicted = admission.evicted();
             let acceptor = tls.as_ref().map(|t| t.acceptor());
             let (tx, sessions, socket) = (tx.clone(), sessions.clone(), socket.clone());
             tokio::spawn(async move {
                 let start = async {
-                    let local = match ends {
-                        Some((p, l)) => crate::auth::local::identify(p, l, socket).await,
+                    let local = match local_uid {
+                        Some(uid) => crate::auth::local::local_user(uid, socket).await,
                         None => None,
                     };
                     let s = match acceptor {
@@ -586,7 +592,14 @@ fn accepted(
                     };
                     Ok::<_, std::io::Error>((s, local))
                 };
-                match tokio::time::timeout(timeouts.handshake, start).await {
+                let started = tokio::select! {
+                    r = tokio::time::timeout(timeouts.handshake, start) => r,
+                    () = evicted.cancelled() => {
+                        tracing::debug!(?peer, "evicted by a full pool during its handshake; closed");
+                        return;
+                    }
+                };
+                match started {
                     Ok(Ok((s, local))) => {
                         let conn = Conn::new(s, admission, sessions, timeouts, local);
                         let _ = tx.send(Ok(conn)).await;

@@ -26,6 +26,23 @@
 //! `npud-test-client groups-at-connect SOCKET GID` (as root): connects to the gRPC socket from a
 //! thread whose supplementary groups are only GID (the process's main thread keeps its own),
 //! then tries to open a session over that connection; prints `{"code":...,"message":...}`.
+//!
+//! `npud-test-client conns TARGET N silent|http2 [FROM]`: opens N connections to TARGET (a
+//! socket path, or a TCP address, bound to source address FROM), each silent or past an HTTP/2
+//! handshake (`npud_e2e::peers`), prints `{"held":K,"failed":F}` and holds them until its
+//! standard input closes.
+//!
+//! `npud-test-client call TARGET [FROM]`: one GetDeviceInfo on a new connection; prints
+//! `{"identity":...,"code":...,"message":...}`.
+//!
+//! `npud-test-client calls ADDR N`: N GetDeviceInfo calls over plaintext TCP, each on a new
+//! connection; prints `{"identities":{NAME:COUNT},"codes":{CODE:COUNT}}`.
+//!
+//! `npud-test-client ghost ADDR NAME`: connects over TCP, writes a whole OpenSession call
+//! named NAME and closes at once, reading nothing; prints `{"port":P}` (its local port).
+//!
+//! `npud-test-client time-wait N`: fills this network namespace's socket table with N
+//! TIME_WAIT sockets; prints `{"made":N}`.
 
 #![forbid(unsafe_code)]
 
@@ -63,9 +80,18 @@ async fn main() -> ExitCode {
         (Some("foreign"), Some(sock)) if args.len() == 7 => {
             foreign(PathBuf::from(sock), &args[3], &args[4], &args[5], &args[6]).await
         }
+        (Some("conns"), Some(target)) if args.len() >= 5 => {
+            conns(target, &args[3], &args[4], args.get(5)).await
+        }
+        (Some("call"), Some(target)) => call(target, args.get(3)).await,
+        (Some("calls"), Some(addr)) if args.len() == 4 => calls(addr, &args[3]).await,
+        (Some("ghost"), Some(addr)) if args.len() == 4 => ghost(addr, &args[3]).await,
+        (Some("time-wait"), Some(n)) => time_wait(n),
         _ => Err(
             "usage: npud-test-client share SOCKET SEED | hold SOCKET | churn SOCKET SEED | \
-             foreign SOCKET FD_SOCKET SESSION TOKEN TICKET | tcp-sessions ADDR N | groups-at-connect SOCKET GID"
+             foreign SOCKET FD_SOCKET SESSION TOKEN TICKET | tcp-sessions ADDR N | groups-at-connect SOCKET GID \
+             | conns TARGET N silent|http2 [FROM] | call TARGET [FROM] | calls ADDR N | ghost ADDR NAME \
+             | time-wait N"
                 .into(),
         ),
     };
@@ -366,4 +392,73 @@ async fn foreign(
         Err(e) => e.to_string(),
     };
     Ok(serde_json::json!({ "code": code, "message": message, "redeem": redeem }))
+}
+
+fn parse<T: std::str::FromStr>(what: &str, s: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    s.parse().map_err(|e| format!("{what} {s:?}: {e}"))
+}
+
+async fn conns(
+    target: &str,
+    n: &str,
+    mode: &str,
+    from: Option<&String>,
+) -> Result<serde_json::Value, String> {
+    use npud_e2e::peers;
+    let target: peers::Target = target.parse()?;
+    let n: u32 = parse("N", n)?;
+    let http2 = match mode {
+        "silent" => false,
+        "http2" => true,
+        m => return Err(format!("{m}: not silent or http2")),
+    };
+    let from = from.map(|f| parse("FROM", f)).transpose()?;
+    let (held, failed) = peers::hold(&target, n, http2, from).await;
+    println!(
+        "{}",
+        serde_json::json!({ "held": held.len(), "failed": failed })
+    );
+    // Held until standard input closes (the test drops its end, or dies).
+    let _ = tokio::task::spawn_blocking(|| {
+        let mut sink = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink)
+    })
+    .await;
+    drop(held);
+    Ok(serde_json::json!({ "released": true }))
+}
+
+async fn call(target: &str, from: Option<&String>) -> Result<serde_json::Value, String> {
+    let target: npud_e2e::peers::Target = target.parse()?;
+    let from = from.map(|f| parse("FROM", f)).transpose()?;
+    let a = npud_e2e::peers::device_info(&target, from).await;
+    Ok(serde_json::json!({ "identity": a.identity, "code": a.code, "message": a.message }))
+}
+
+async fn calls(addr: &str, n: &str) -> Result<serde_json::Value, String> {
+    let target = npud_e2e::peers::Target::Tcp(parse("ADDR", addr)?);
+    let n: u32 = parse("N", n)?;
+    let mut identities = std::collections::BTreeMap::<String, u32>::new();
+    let mut codes = std::collections::BTreeMap::<String, u32>::new();
+    for _ in 0..n {
+        let a = npud_e2e::peers::device_info(&target, None).await;
+        *identities.entry(a.identity).or_default() += 1;
+        *codes.entry(a.code).or_default() += 1;
+    }
+    Ok(serde_json::json!({ "identities": identities, "codes": codes }))
+}
+
+async fn ghost(addr: &str, name: &str) -> Result<serde_json::Value, String> {
+    let port = npud_e2e::peers::ghost(parse("ADDR", addr)?, name)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(serde_json::json!({ "port": port }))
+}
+
+fn time_wait(n: &str) -> Result<serde_json::Value, String> {
+    let made = npud_e2e::peers::time_wait(parse("N", n)?, 4).map_err(|e| e.to_string())?;
+    Ok(serde_json::json!({ "made": made }))
 }

@@ -41,6 +41,7 @@
 
 mod identity;
 pub mod local;
+mod sock_diag;
 mod token_dir;
 mod tokens;
 
