@@ -599,3 +599,99 @@ async fn rings_that_never_consume_completions_wake_the_daemon_a_bounded_number_o
     drop(attackers);
     fds_back_to(&d, fds_before, "rings never consuming").await;
 }
+
+/// This process's CPU time (user and system), in clock ticks (`/proc/self/stat`).
+fn own_cpu_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    let rest = &stat[stat.rfind(')').expect("a stat line") + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
+}
+
+/// A client whose submission ring is full waits for a free slot asleep. A hang holds the device
+/// (and the daemon's thread that admits ring submissions: it looks at the rings between its
+/// turns), so a ring's worth of dispatches published meanwhile stays in the ring, and the rest
+/// wait for a slot: npu-client used to yield to its runtime in a loop, a CPU's worth of spinning
+/// for as long as the ring stayed full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_waiting_for_a_free_slot_sleeps() {
+    use npu_client::{Client, ConnectOptions, Program};
+    let d = Daemon::start(Options::default().arg("--emulator-timeout-ms").arg("6000"));
+    let c = Client::connect_with(
+        Some(&format!("unix:{}", d.socket.display())),
+        ConnectOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert!(c.fast_path_active());
+    let g = c.generation();
+    let hang = EmuDesign::hang(4096);
+    let hang = Program::from_bytes("hang", hang.to_pdi(), hang.insts(g)).unwrap();
+    let noop = EmuDesign::noop(1, 4096);
+    let noop = Program::from_bytes("noop", noop.to_pdi(), noop.insts(g)).unwrap();
+    let mut outs = Vec::new();
+    for _ in 0..ring::SLOTS + 8 {
+        outs.push(c.alloc::<u8>(4096).await.unwrap());
+    }
+    let input = c.alloc::<u8>(4096).await.unwrap();
+    let mut held = c.alloc::<u8>(4096).await.unwrap();
+    // Registered before the rush.
+    c.dispatch(&noop, &[], &mut [&mut outs[0]]).await.unwrap();
+    c.register(&hang).await.unwrap();
+    let mut stats = d.connect().await;
+    let mut pending = async || {
+        stats
+            .get_statistics(pb::GetStatisticsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .pending_dispatches
+    };
+
+    let first = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let _ = c.dispatch(&hang, &[&input], &mut [&mut held]).await;
+        })
+    };
+    let until = Instant::now() + Duration::from_secs(30);
+    while pending().await == 0 {
+        assert!(Instant::now() < until, "the hang never ran");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let started = Arc::new(AtomicU64::new(0));
+    let n = outs.len() as u64;
+    let tasks: Vec<_> = outs
+        .into_iter()
+        .map(|mut t| {
+            let c = c.clone();
+            let noop = noop.clone();
+            let started = started.clone();
+            tokio::spawn(async move {
+                started.fetch_add(1, Ordering::SeqCst);
+                let _ = c.dispatch(&noop, &[], &mut [&mut t]).await;
+            })
+        })
+        .collect();
+    eventually("every dispatch has started", || {
+        started.load(Ordering::SeqCst) == n
+    })
+    .await;
+    let (ticks, since) = (own_cpu_ticks(), Instant::now());
+    while since.elapsed() < Duration::from_secs(1) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let spent = own_cpu_ticks() - ticks;
+    let window = since.elapsed();
+    assert_eq!(pending().await, 1, "the hang held the device all along");
+    eprintln!("{window:?} with a full submission ring: the client spent {spent} ticks of CPU");
+    // 100 ticks a second is a whole CPU.
+    assert!(
+        spent <= 20 * window.as_secs().max(1),
+        "the client spent {spent} ticks of CPU in {window:?} waiting for a free slot"
+    );
+    for t in tasks {
+        t.await.unwrap();
+    }
+    first.await.unwrap();
+}
