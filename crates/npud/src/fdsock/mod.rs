@@ -164,20 +164,17 @@ async fn connection(
         uid: uid.unwrap_or(u32::MAX),
         stop,
     };
+    let ready = server::accepted(&c.stream)
+        .inspect_err(|e| tracing::warn!(error = %e, "fd socket connection"))
+        .is_ok();
     let clean = match (&admission, uid) {
         (_, None) => false,
+        _ if !ready => false,
         (Admission::Refused { why, .. }, Some(_)) => {
             c.refuse(why.to_string()).await;
             false
         }
-        (_, Some(_)) => {
-            if let Err(e) = server::accepted(&c.stream) {
-                tracing::warn!(error = %e, "fd socket connection");
-                false
-            } else {
-                c.serve().await
-            }
-        }
+        (_, Some(_)) => c.serve().await,
     };
     shared.tickets.connections().remove(id);
     let Conn {
