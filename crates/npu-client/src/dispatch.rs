@@ -171,6 +171,9 @@ impl Client {
                 call: "Dispatch",
                 timeout: inner.opts.call_timeout,
             }),
+            Err(crate::fastpath::RingMiss::Interrupted) => {
+                Err(ClientError::Interrupted { call: "Dispatch" })
+            }
             Err(crate::fastpath::RingMiss::Lost(why)) => Err(ClientError::Connect {
                 address: inner.addr.to_string(),
                 message: format!("Dispatch: {why}"),
@@ -194,6 +197,23 @@ impl Client {
         reads: &[&dyn TensorArg],
         writes: &mut [&mut dyn TensorArg],
     ) -> Option<Result<DispatchResult, ClientError>> {
+        self.dispatch_now_checking(program, reads, writes, &mut || true)
+    }
+
+    /// [`Client::dispatch_now`] whose wait, once it sleeps, asks `go_on` every 100 ms whether
+    /// to keep waiting: a caller that must answer a signal (Python's Ctrl-C) checks it there.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::dispatch`]; [`ClientError::Interrupted`] when `go_on` said no before the
+    /// answer came (the dispatch may still run, and the tensors it may write stay lent).
+    pub fn dispatch_now_checking(
+        &self,
+        program: &Program,
+        reads: &[&dyn TensorArg],
+        writes: &mut [&mut dyn TensorArg],
+        go_on: &mut dyn FnMut() -> bool,
+    ) -> Option<Result<DispatchResult, ClientError>> {
         let fp = self.inner.fast_path()?;
         // Inline for a dispatch's handful of arguments: this path is the one a latency-bound
         // caller takes for every dispatch.
@@ -212,7 +232,7 @@ impl Client {
         for w in &mut writes {
             w.lend();
         }
-        let answer = self.ring_answer(fp.dispatch_now(&req, self.inner.opts.call_timeout));
+        let answer = self.ring_answer(fp.dispatch_now(&req, self.inner.opts.call_timeout, go_on));
         let reclaim = match &answer {
             None => true,
             Some(r) => answered(r),

@@ -78,6 +78,13 @@ pub enum ClientError {
         /// The limit.
         timeout: Duration,
     },
+    /// The caller asked to stop waiting (Python's Ctrl-C) before the answer came. The call
+    /// may still run; the tensors it may write stay lent to the daemon.
+    #[error("{call} was interrupted before its answer came (it may still run)")]
+    Interrupted {
+        /// The RPC.
+        call: &'static str,
+    },
     /// The fd socket (tensor memory sharing) failed.
     #[error("{what}: {source}")]
     Fd {

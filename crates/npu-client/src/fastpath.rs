@@ -34,6 +34,17 @@ use npu_proto::v1 as pb;
 /// How long a caller spins for its completion before it sleeps.
 pub(crate) const SPIN: Duration = Duration::from_micros(50);
 
+/// The first sleep of a submitter that found the submission ring full after spinning for
+/// [`SPIN`] (the daemon holds a ring's worth: it frees slots as it answers); each further one
+/// doubles, up to [`FULL_SLEEP_MAX`].
+const FULL_SLEEP_FIRST: Duration = Duration::from_micros(100);
+/// The longest sleep of a submitter waiting for a free slot.
+const FULL_SLEEP_MAX: Duration = Duration::from_millis(4);
+
+/// How long a parked blocking wait ([`FastPath::wait_now_checking`]) sleeps before it asks its
+/// caller whether to go on waiting.
+const CHECK_EVERY: Duration = Duration::from_millis(100);
+
 /// Looks at the completion ring's tail between two looks at the completions while spinning.
 const SPIN_LOOKS: u32 = 16;
 /// The waiter thread's longest sleep while a task waits (bounds a lost wake).
@@ -64,6 +75,8 @@ pub(crate) enum RingMiss {
     Lost(String),
     /// [`FastPath::dispatch_now`] waited its whole timeout.
     TimedOut,
+    /// The caller of a blocking wait asked to stop ([`FastPath::wait_now_checking`]).
+    Interrupted,
 }
 
 #[derive(Debug, Default)]
@@ -239,18 +252,23 @@ impl FastPath {
     /// `dispatch`): no future, timer or runtime between the caller and the ring. `NotTaken`
     /// when it did not send (another task holds the submission side, the ring is full or
     /// closed, or the dispatch does not fit a slot): the caller then uses `dispatch`.
+    ///
+    /// While parked, the wait asks `go_on` every [`CHECK_EVERY`] whether to keep waiting
+    /// (Python checks its signals there); when it says no, the request is abandoned as after a
+    /// timeout and the answer is `Interrupted`.
     pub(crate) fn dispatch_now(
         &self,
         d: &pb::DispatchRequest,
         timeout: Duration,
+        go_on: &mut dyn FnMut() -> bool,
     ) -> Result<Completion, RingMiss> {
         if !self.takes(d) {
             return Err(RingMiss::NotTaken);
         }
         let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let index = self.submit_now(&submission(request_id, d, Some(timeout)))?;
-        let r = self.wait_now(request_id, index, timeout);
-        if matches!(r, Err(RingMiss::TimedOut)) {
+        let r = self.wait_now_checking(request_id, index, timeout, go_on);
+        if matches!(r, Err(RingMiss::TimedOut | RingMiss::Interrupted)) {
             self.abandon(request_id);
         }
         r
@@ -290,6 +308,19 @@ impl FastPath {
         index: u32,
         timeout: Duration,
     ) -> Result<Completion, RingMiss> {
+        self.wait_now_checking(request_id, index, timeout, &mut || true)
+    }
+
+    /// [`FastPath::wait_now`] that, once parked, asks `go_on` every [`CHECK_EVERY`] whether to
+    /// keep waiting: `Interrupted` when it says no (the request is kept, as after a timeout).
+    /// Spinning asks nothing, so an answer that comes within [`SPIN`] costs no call.
+    pub(crate) fn wait_now_checking(
+        &self,
+        request_id: u64,
+        index: u32,
+        timeout: Duration,
+        go_on: &mut dyn FnMut() -> bool,
+    ) -> Result<Completion, RingMiss> {
         let started = Instant::now();
         // Made when the wait first parks: most waits end while spinning.
         let mut parker: Option<Waker> = None;
@@ -314,7 +345,10 @@ impl FastPath {
                 return Err(RingMiss::TimedOut);
             }
             if park {
-                std::thread::park_timeout(timeout - waited);
+                std::thread::park_timeout((timeout - waited).min(CHECK_EVERY));
+                if !go_on() {
+                    return Err(RingMiss::Interrupted);
+                }
             } else if waited >= SPIN {
                 park = true;
             } else {
@@ -337,13 +371,24 @@ impl FastPath {
         }
     }
 
+    /// Writes `s` into the next slot and publishes it, waiting while the ring is full: yielding
+    /// to the runtime for [`SPIN`], then sleeping [`FULL_SLEEP_FIRST`], doubling up to
+    /// [`FULL_SLEEP_MAX`] (nothing tells the client when the daemon frees a slot, and a caller
+    /// that only yielded would spin a CPU the daemon needs to free one).
     async fn submit(&self, s: &Submission) -> Result<u32, RingMiss> {
         let mut sq = self.sq.lock().await;
+        let mut full_since = None;
+        let mut sleep = FULL_SLEEP_FIRST;
         while !sq.has_room(&self.mem) {
             if !self.is_open() {
                 return Err(RingMiss::NotTaken);
             }
-            tokio::task::yield_now().await;
+            if full_since.get_or_insert_with(Instant::now).elapsed() < SPIN {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(sleep).await;
+                sleep = (sleep * 2).min(FULL_SLEEP_MAX);
+            }
         }
         let index = sq.tail;
         sq.tail = self.mem.submit(index, s);

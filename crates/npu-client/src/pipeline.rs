@@ -401,7 +401,9 @@ impl<'a> Pipeline<'a> {
                             continue;
                         }
                         Err(RingMiss::Lost(why)) => return Err(self.ended(&why)),
-                        Err(RingMiss::TimedOut) => return Err(self.ended("the ring timed out")),
+                        Err(RingMiss::TimedOut | RingMiss::Interrupted) => {
+                            return Err(self.ended("the ring timed out"));
+                        }
                     }
                 }
             };

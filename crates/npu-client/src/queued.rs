@@ -134,7 +134,7 @@ impl<A: HeldArgs> Queued<A> {
     /// dispatch taken and unanswered.
     pub fn wait_now(&mut self, timeout: Duration) -> Option<Result<DispatchResult, ClientError>> {
         match self.fp.wait_now(self.ring_id, self.index, timeout) {
-            Err(RingMiss::TimedOut) => None,
+            Err(RingMiss::TimedOut | RingMiss::Interrupted) => None,
             r => Some(self.answer(r)),
         }
     }
@@ -181,12 +181,15 @@ impl<A: HeldArgs> Queued<A> {
                     message: format!("Submit: {why}"),
                 });
             }
-            Err(RingMiss::NotTaken | RingMiss::TimedOut) => Err(ClientError::Connect {
-                address: address(),
-                message: "Submit: the dispatch ring closed before the daemon took the dispatch \
+            Err(RingMiss::NotTaken | RingMiss::TimedOut | RingMiss::Interrupted) => {
+                Err(ClientError::Connect {
+                    address: address(),
+                    message:
+                        "Submit: the dispatch ring closed before the daemon took the dispatch \
                           (it did not run)"
-                    .into(),
-            }),
+                            .into(),
+                })
+            }
         };
         if let Some(a) = &mut self.args {
             reclaim(a);

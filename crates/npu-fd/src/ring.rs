@@ -68,7 +68,8 @@ pub enum Word {
     CqSleeping,
     /// 0 open, [`STATE_CLOSED`], [`STATE_BROKEN`] (daemon).
     State,
-    /// With [`STATE_BROKEN`]: [`BROKEN_SQ_TAIL`] or [`BROKEN_CQ_HEAD`] (daemon).
+    /// With [`STATE_BROKEN`]: [`BROKEN_SQ_TAIL`], [`BROKEN_CQ_HEAD`] or [`BROKEN_LIFELINE`]
+    /// (daemon).
     Broken,
 }
 
@@ -80,6 +81,8 @@ pub const STATE_BROKEN: u32 = 2;
 pub const BROKEN_SQ_TAIL: u32 = 1;
 /// `broken`: `cq_head` was ahead of `cq_tail`, or more than [`SLOTS`] behind it.
 pub const BROKEN_CQ_HEAD: u32 = 2;
+/// `broken`: the client sent bytes or fds on the ring's lifeline, which carries none.
+pub const BROKEN_LIFELINE: u32 = 3;
 
 impl Word {
     const fn offset(self) -> usize {

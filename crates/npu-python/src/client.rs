@@ -56,7 +56,17 @@ impl Client {
         t: Few<Arc<Shared>>,
     ) -> PyResult<Timing> {
         let c = self.get()?;
-        let now = py.detach(|| work::dispatch_now(&c, &program.program, &t));
+        // A dispatch that hangs the device waits up to the call timeout: Ctrl-C ends the wait.
+        let mut raised = None;
+        let now = py.detach(|| {
+            work::dispatch_now(&c, &program.program, &t, &mut || {
+                raised = crate::runtime::signalled();
+                raised.is_none()
+            })
+        });
+        if let Some(raised) = raised {
+            return Err(raised);
+        }
         if let Some(r) = now {
             return r.map_err(|e| crate::errors::to_pyerr(py, &e));
         }

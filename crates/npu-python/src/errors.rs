@@ -12,6 +12,7 @@ pub(crate) fn to_pyerr(py: Python<'_>, e: &ClientError) -> PyErr {
         ClientError::LocalDaemon { .. } => ("local_daemon", None),
         ClientError::Connect { .. } => ("connect", None),
         ClientError::Timeout { .. } => ("timeout", None),
+        ClientError::Interrupted { .. } => ("interrupted", None),
         ClientError::Fd { .. } => ("fd", None),
         ClientError::Artifact(_) => ("artifact", None),
         ClientError::Io { .. } => ("io", None),

@@ -104,7 +104,7 @@ impl Pipeline {
         let args = self.checked(py, program, args)?;
         let rt = runtime()?;
         let p = &program.program;
-        Ok(py.detach(|| ring.submit(&rt, p, &args)))
+        py.detach(|| ring.submit(&rt, p, &args))
     }
 
     fn tx(&self) -> Result<&mpsc::Sender<Cmd>, ClientError> {
@@ -210,7 +210,7 @@ impl Pipeline {
     fn next_completion(&self, py: Python<'_>) -> PyResult<Option<PyDone>> {
         self.check_fork()?;
         if let Some(ring) = &self.ring {
-            let d = py.detach(|| ring.next_now());
+            let d = py.detach(|| ring.next_now())?;
             return Ok(d.map(|d| done_to_py(py, d)));
         }
         let fut = self.ask(|reply| Cmd::Next { reply });
@@ -250,7 +250,7 @@ impl Pipeline {
     fn drain(&self, py: Python<'_>) -> PyResult<Vec<PyDone>> {
         self.check_fork()?;
         if let Some(ring) = &self.ring {
-            let all: Vec<Done> = py.detach(|| std::iter::from_fn(|| ring.next_now()).collect());
+            let all: Vec<Done> = py.detach(|| ring.drain_now())?;
             return Ok(all.into_iter().map(|d| done_to_py(py, d)).collect());
         }
         let fut = self.ask(|reply| Cmd::Drain { reply });

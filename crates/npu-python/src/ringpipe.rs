@@ -15,13 +15,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use npu_client::{ClientError, HeldArgs, Program as NativeProgram, Queued, TensorArg};
+use pyo3::PyResult;
 
 use crate::batch::Done;
 use crate::tensor::{Held, Shared};
 use crate::work::{Few, Timing, dispatch_held, in_order, lock_args, split, timing, try_lock_args};
 
 /// How long one wait for a completion lasts before Python's signals are looked at.
-pub(crate) const WAIT_SLICE: Duration = Duration::from_millis(200);
+pub(crate) const WAIT_SLICE: Duration = crate::runtime::SIGNAL_SLICE;
 
 /// A submission's locked arguments, in the design's order: by position, so the ones the
 /// design only reads (shared) come before the ones it may write (held alone), as [`split`]
@@ -75,19 +76,23 @@ impl State {
         id
     }
 
-    /// Waits on this thread for the oldest submission in flight.
-    fn complete_oldest(&mut self) {
+    /// Waits on this thread for the oldest submission in flight; `Err` with the exception a
+    /// signal handler raised meanwhile (the submission stays in flight).
+    fn complete_oldest(&mut self) -> PyResult<()> {
         let Some(id) = self.flying.pop_front() else {
-            return;
+            return Ok(());
         };
         let front = self.entries.front().map_or(id, |(f, _)| *f);
         if let Some((_, e)) = id
             .checked_sub(front)
             .and_then(|i| usize::try_from(i).ok())
             .and_then(|i| self.entries.get_mut(i))
+            && let Err(e) = complete_now(e)
         {
-            complete_now(e);
+            self.flying.push_front(id);
+            return Err(e);
         }
+        Ok(())
     }
 
     /// The oldest submission, taken out (no longer counted in flight).
@@ -100,16 +105,21 @@ impl State {
     }
 }
 
-/// Waits on this thread until `e` is answered.
-fn complete_now(e: &mut Entry) {
+/// Waits on this thread until `e` is answered, looking at Python's signals after each
+/// [`WAIT_SLICE`]: `Err` with the exception a handler raised (Ctrl-C), `e` still in flight.
+fn complete_now(e: &mut Entry) -> PyResult<()> {
     if let Entry::Flying(q) = e {
         let r = loop {
             if let Some(r) = q.wait_now(WAIT_SLICE) {
                 break r;
             }
+            if let Some(raised) = crate::runtime::signalled() {
+                return Err(raised);
+            }
         };
         *e = Entry::Ready(r.map(timing));
     }
+    Ok(())
 }
 
 impl RingPipe {
@@ -129,15 +139,19 @@ impl RingPipe {
     /// Sends one dispatch (its program registered) and returns its id; its refusal, if any,
     /// is its completion. Blocks while `depth` are in flight, or while a tensor it names is
     /// held elsewhere. Call without the GIL.
+    ///
+    /// # Errors
+    ///
+    /// The exception a signal handler raised while it waited (Ctrl-C): nothing was sent.
     pub(crate) fn submit(
         &self,
         rt: &tokio::runtime::Runtime,
         program: &NativeProgram,
         args: &[Arc<Shared>],
-    ) -> u64 {
+    ) -> PyResult<u64> {
         let mut st = self.lock();
         while st.flying() >= self.depth {
-            st.complete_oldest();
+            st.complete_oldest()?;
         }
         let reads = program.read_only_args();
         // The tensors, in submission order: one this pipeline holds comes back when the
@@ -147,37 +161,84 @@ impl RingPipe {
                 break l;
             }
             if st.flying() == 0 {
-                break rt.block_on(lock_args(args, reads));
+                break crate::runtime::block_on_checking(rt, lock_args(args, reads))?;
             }
-            st.complete_oldest();
+            st.complete_oldest()?;
         };
         // By position: the reads (shared) first, then the writes (held alone).
         let held = match in_order(locked) {
             Ok(h) => h,
-            Err(e) => return st.push(Entry::Ready(Err(e))),
+            Err(e) => return Ok(st.push(Entry::Ready(Err(e)))),
         };
-        match self.client.queue_now(program, Args(held)) {
+        Ok(match self.client.queue_now(program, Args(held)) {
             Ok(q) => st.push(Entry::Flying(q)),
             Err((_, Some(e))) => st.push(Entry::Ready(Err(e))),
             Err((Args(mut held), None)) => {
                 // Not on the ring at once: a plain dispatch, after what is in flight.
                 while st.flying() > 0 {
-                    st.complete_oldest();
+                    st.complete_oldest()?;
                 }
-                let r = rt.block_on(dispatch_held(&self.client, program, &mut held));
+                let r = crate::runtime::block_on_checking(
+                    rt,
+                    dispatch_held(&self.client, program, &mut held),
+                )?;
                 st.push(Entry::Ready(r))
             }
-        }
+        })
     }
 
     /// The oldest submission's completion, waiting for it on this thread; `None` when none is
     /// pending. Call without the GIL.
-    pub(crate) fn next_now(&self) -> Option<Done> {
+    ///
+    /// # Errors
+    ///
+    /// The exception a signal handler raised while it waited (Ctrl-C): the submission is put
+    /// back, first, still in flight.
+    pub(crate) fn next_now(&self) -> PyResult<Option<Done>> {
         let mut st = self.lock();
-        let (id, mut e) = st.pop()?;
+        let Some((id, mut e)) = st.pop() else {
+            return Ok(None);
+        };
         drop(st);
-        complete_now(&mut e);
-        Some((id, ready(e)))
+        if let Err(raised) = complete_now(&mut e) {
+            self.put_back(vec![(id, e)]);
+            return Err(raised);
+        }
+        Ok(Some((id, ready(e))))
+    }
+
+    /// Every submission not yet returned, in order, waiting for them on this thread.
+    ///
+    /// # Errors
+    ///
+    /// As [`RingPipe::next_now`]: those already answered are put back with the rest.
+    pub(crate) fn drain_now(&self) -> PyResult<Vec<Done>> {
+        let mut all = Vec::new();
+        loop {
+            match self.next_now() {
+                Ok(Some(d)) => all.push(d),
+                Ok(None) => return Ok(all),
+                Err(raised) => {
+                    self.put_back(
+                        all.into_iter()
+                            .map(|(id, r)| (id, Entry::Ready(r)))
+                            .collect(),
+                    );
+                    return Err(raised);
+                }
+            }
+        }
+    }
+
+    /// Puts entries taken out with [`RingPipe::next_now`] back at the front, in their order.
+    fn put_back(&self, taken: Vec<(u64, Entry)>) {
+        let mut st = self.lock();
+        for (id, e) in taken.into_iter().rev() {
+            if matches!(e, Entry::Flying(_)) {
+                st.flying.push_front(id);
+            }
+            st.entries.push_front((id, e));
+        }
     }
 
     /// The oldest submission, taken out to be awaited (by a task, for Python's asyncio).

@@ -71,14 +71,51 @@ pub(crate) fn runtime() -> PyResult<Arc<tokio::runtime::Runtime>> {
     Ok(rt)
 }
 
-/// Runs `fut` on the runtime with the GIL released, and waits for it.
+/// How long a wait without the GIL goes before it looks at Python's signals: Ctrl-C ends a
+/// wait within this.
+pub(crate) const SIGNAL_SLICE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Runs `fut` on the runtime with the GIL released, and waits for it; Ctrl-C (any signal
+/// handler's exception) ends the wait, dropping `fut`.
 pub(crate) fn wait<T, F>(py: Python<'_>, fut: F) -> PyResult<T>
 where
     T: Send,
     F: Future<Output = Result<T, ClientError>> + Send,
 {
     let rt = runtime()?;
-    py.detach(|| rt.block_on(fut)).map_err(|e| to_pyerr(py, &e))
+    py.detach(|| block_on_checking(&rt, fut))?
+        .map_err(|e| to_pyerr(py, &e))
+}
+
+/// `rt.block_on(fut)` from a thread that holds no GIL, looking at Python's signals every
+/// [`SIGNAL_SLICE`] while `fut` is pending: `Err` with the exception a handler raised (Ctrl-C's
+/// `KeyboardInterrupt`), `fut` dropped.
+pub(crate) fn block_on_checking<F: Future>(
+    rt: &tokio::runtime::Runtime,
+    fut: F,
+) -> PyResult<F::Output> {
+    rt.block_on(async {
+        let mut fut = std::pin::pin!(fut);
+        loop {
+            tokio::select! {
+                biased;
+                r = &mut fut => return Ok(r),
+                () = tokio::time::sleep(SIGNAL_SLICE) => {
+                    if let Some(raised) = signalled() {
+                        return Err(raised);
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// Whether Python has a signal for this thread to answer (Ctrl-C's `KeyboardInterrupt`): runs
+/// the signal handlers with the GIL taken for the moment, and returns the exception one of them
+/// raised. For waits that hold no GIL, between slices of their wait; on a thread other than
+/// the main one it finds nothing (Python runs handlers only there).
+pub(crate) fn signalled() -> Option<PyErr> {
+    Python::attach(|py| py.check_signals().err())
 }
 
 /// Runs `fut` on the runtime and calls `callback(result, None)` or `callback(None, exception)`

@@ -124,10 +124,14 @@ pub(crate) async fn dispatch_held(
 /// `Client::dispatch_now`), when its tensors are free at once: `None`, having sent nothing,
 /// otherwise (the caller then waits for [`dispatch`]). Python's `dispatch` blocks anyway, and
 /// on the ring the runtime's future, timer and wake-ups were a large part of a dispatch.
+///
+/// Once the wait sleeps, `go_on` is asked every 100 ms whether to keep waiting (the caller
+/// looks at Python's signals there).
 pub(crate) fn dispatch_now(
     client: &npu_client::Client,
     program: &NativeProgram,
     args: &[Arc<Shared>],
+    go_on: &mut dyn FnMut() -> bool,
 ) -> Option<Result<Timing, ClientError>> {
     if !client.fast_path_active() {
         return None;
@@ -142,7 +146,7 @@ pub(crate) fn dispatch_now(
         Err(e) => return Some(Err(e)),
     };
     client
-        .dispatch_now(program, &reads, &mut writes)
+        .dispatch_now_checking(program, &reads, &mut writes, go_on)
         .map(|r| r.map(timing))
 }
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
+import signal
 import threading
 import time
 
@@ -205,6 +207,35 @@ def test_gil_is_released_while_the_device_works(npud_bin):
         # With the GIL held for the whole dispatch the thread would get at most a switch
         # interval's worth of iterations before the call and none during it.
         assert during > 100_000, during
+    finally:
+        d.stop()
+
+
+def test_ctrl_c_ends_a_wait_on_the_ring(npud_bin):
+    """A hang holds the device for 30 s (the emulator's watchdog): Ctrl-C ends the caller's wait
+    on the ring within a slice of it, for a dispatch and for a pipeline's completion, where it
+    used to wait for the answer with signals unseen."""
+    d = npud.LocalDaemon(npud_bin, tcp=False, args=["--emulator-timeout-ms", "30000"])
+    try:
+        c = npud.Client(d.address)
+        hang = npud.Program.emulated("hang", 4096, generation=c.generation)
+        x, y = c.alloc(4096, np.uint8), c.alloc(4096, np.uint8)
+        for wait in ("dispatch", "pipeline"):
+            timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+            started = time.monotonic()
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                if wait == "dispatch":
+                    c.dispatch(hang, x, y)
+                else:
+                    pl = c.pipeline(depth=2)
+                    assert pl.on_ring
+                    u, v = c.alloc(4096, np.uint8), c.alloc(4096, np.uint8)
+                    pl.submit(hang, u, v)
+                    pl.next_completion()
+            timer.join()
+            # Far sooner than the hang's 30 s (or the pipeline's, queued behind it).
+            assert time.monotonic() - started < 15, wait
     finally:
         d.stop()
 

@@ -96,7 +96,7 @@ fn read_response(stream: &UnixStream) -> Result<(Response, Option<OwnedFd>), FdE
             });
         }
     }
-    frame.check_fd_count()?;
+    frame.check_fds(1, "a response carries at most one")?;
     let response = Response::decode(&frame.bytes)?;
     if !response.is_ok() {
         return Err(FdError::Rejected {

@@ -19,8 +19,11 @@
 //! and a frame and its fd go out in one `sendmsg`, so the kernel attaches the fd to the frame's
 //! first byte and it cannot come out beside another frame. The receiver reads with `recvmsg`
 //! (`MSG_CMSG_CLOEXEC`) into a buffer exactly one frame long, looping over short reads and
-//! keeping fds from every part; it checks `MSG_CTRUNC`. A plain `read` on this socket would
-//! drop fds silently, so never put a buffered reader or codec on it.
+//! keeping fds from every part, with room in every read for the most fds one message carries
+//! ([`SCM_MAX_FD`], 253); it checks `MSG_CTRUNC`. A plain `read` on this socket, or one with
+//! less room, would have the kernel close the fds it cannot deliver inside the read, on the
+//! reader's thread, for as long as closing them takes (which their sender chooses), so never
+//! put a buffered reader or codec on it.
 //!
 //! Request, client to daemon, [`REQUEST_LEN`] = 64 bytes:
 //!
@@ -63,13 +66,18 @@
 //!
 //! Version 1 rejects a frame with another version, an unknown op, or non-zero reserved bytes,
 //! so a later version can give those bytes meaning under a new version number. A frame with more
-//! than one fd, an IMPORT without an fd and a REDEEM_EXPORT with one are rejected as well; fds
-//! of a rejected frame are closed, never leaked.
+//! fds than its op takes (naming their count), an IMPORT without an fd and a REDEEM_EXPORT with
+//! one are rejected as well; fds of a rejected frame are closed, never leaked. After the OK
+//! answer to ATTACH_RING the connection carries nothing more: [`server::watch_lifeline`] waits
+//! for its end and reports anything sent on it.
 //!
 //! # Limits
 //!
-//! - Nothing here bounds how many fds or bytes a client may hand the daemon; that is the
-//!   daemon's quota to enforce per session.
+//! - A request frame holds at most [`SCM_MAX_FD`] + 1 of the client's fds in the daemon: it is
+//!   refused as soon as it has brought more than one. Bytes and frames per second are the
+//!   daemon's to bound, per connection.
+//! - A process with no free descriptor cannot take the fds a read brings: the kernel closes
+//!   them inside the read and reports `MSG_CTRUNC`, which refuses the frame.
 //! - [`server::peer_uid`] is the uid at `connect` time (`SO_PEERCRED`), which is what a ticket's
 //!   session is bound to.
 
@@ -82,4 +90,5 @@ mod ticket;
 pub use frame::{
     MAGIC, MAX_MESSAGE_LEN, Op, REQUEST_LEN, RESPONSE_LEN, Request, Response, Status, VERSION,
 };
+pub use io::SCM_MAX_FD;
 pub use ticket::Ticket;

@@ -9,11 +9,17 @@
 //! crosses no thread. The port keeps at most a ring's worth admitted and unanswered.
 //!
 //! When the executor blocks, the port sets `sq_sleeping`, so the client rings `sq_bell`; the
-//! ring's bell thread sleeps on it and nudges the executor. The bell thread also wakes every
-//! [`IDLE_SLEEP`] (an idle ring costs one look a second), or every [`BUSY_SLEEP`] while the
-//! port holds answers the client's full completion ring has no room for, and nudges when the
-//! ring needs a look. A client that corrupts its bells or stops consuming completions delays
-//! only its own ring: the executor never waits for it.
+//! ring's bell thread sleeps on it and nudges the executor when the ring needs a look: a
+//! submission the port can take, answers held for a full completion ring that the client has
+//! since made room in, or a stop. The bell thread also wakes every [`IDLE_SLEEP`] (an idle ring
+//! costs one look a second), or while the port holds answers the client's full completion ring
+//! has no room for, every [`BUSY_SLEEP`], doubling up to [`BUSY_SLEEP_MAX`] while the client
+//! consumes nothing. A bell rung with nothing behind it nudges nobody, and after
+//! [`WASTED_FREE`] such rings in a row the bell thread stops listening for a while
+//! ([`BELL_BACKOFF_FIRST`], doubling up to [`BELL_BACKOFF_MAX`]) until a ring brings work. So a
+//! client that rings without work, corrupts its bells or stops consuming completions costs the
+//! daemon a bounded number of wake-ups of its own ring's thread, delays only its own ring, and
+//! never wakes the executor: the executor never waits for it.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};
@@ -32,12 +38,28 @@ use crate::error::NpudError;
 use crate::executor::{Command, Intake, Polled, WorkDone, WorkItem};
 use crate::fdsock::Grant;
 
-/// The bell thread's longest sleep while the port holds answers it could not post (a full
-/// completion ring is retried this often).
+/// The bell thread's first sleep while the port holds answers it could not post (a full
+/// completion ring is looked at again this soon).
 const BUSY_SLEEP: Duration = Duration::from_millis(10);
+/// The longest: [`BUSY_SLEEP`] doubles at each look that finds the client has consumed nothing,
+/// so a client that never consumes costs a wake-up of its bell thread a few times a second,
+/// and one that resumes waits at most this long for the rest of its answers.
+const BUSY_SLEEP_MAX: Duration = Duration::from_millis(160);
 /// The bell thread's longest sleep otherwise (how soon a submission whose bell the client
 /// did not ring is noticed while the executor blocks).
 const IDLE_SLEEP: Duration = Duration::from_secs(1);
+/// Rings of the bell in a row with nothing behind them (nothing submitted to take, nothing
+/// taken since the last) that the bell thread answers at once. A client that publishes then
+/// rings can make one now and then (the executor took its submission before the bell thread
+/// looked); only one that rings for nothing makes many.
+const WASTED_FREE: u32 = 4;
+/// The bell thread's pause after the first wasted ring past [`WASTED_FREE`]; it doubles with
+/// each further one up to [`BELL_BACKOFF_MAX`]. While it pauses, the bell's rings cost their
+/// client a `FUTEX_WAKE` that wakes nobody.
+const BELL_BACKOFF_FIRST: Duration = Duration::from_millis(1);
+/// The longest pause: how late a backed-off client's next real submission may be noticed
+/// while the executor blocks.
+const BELL_BACKOFF_MAX: Duration = Duration::from_millis(100);
 
 /// The rings of the daemon's sessions, one at most per session.
 #[derive(Debug, Default)]
@@ -91,20 +113,46 @@ impl Rings {
 pub struct RingControl {
     mem: Arc<RingMemory>,
     stopped: AtomicBool,
+    /// With `stopped`: the `broken` reason the ring ends with (0: closed, not broken).
+    broken_by: AtomicU32,
     /// Submissions the port has copied out (its `sq_head`), for the bell thread.
     taken: AtomicU32,
     /// The port holds answers the completion ring has no room for.
     backlog: AtomicBool,
+    /// The port takes no further slot until answers come (its window is full).
+    full: AtomicBool,
+    /// The bell thread, woken from a back-off pause by [`RingControl::stop`].
+    bell: std::sync::OnceLock<std::thread::Thread>,
     /// The port has finished.
     done: tokio::sync::Notify,
     finished: AtomicBool,
 }
 
 impl RingControl {
-    /// Asks the port to stop and wakes the bell thread (which nudges the executor).
+    /// Asks the port to stop and wakes the bell thread (which nudges the executor), at once
+    /// even while the bell thread pauses.
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
         self.mem.ring(Word::SqBell);
+        if let Some(t) = self.bell.get() {
+            t.unpark();
+        }
+    }
+
+    /// Tears the ring down because its client sent bytes or fds on the lifeline, which carries
+    /// none: the ring ends broken ([`ring::BROKEN_LIFELINE`]), its answers counted, not posted.
+    pub fn break_lifeline(&self) {
+        self.broken_by
+            .store(ring::BROKEN_LIFELINE, Ordering::SeqCst);
+        self.stop();
+    }
+
+    /// How a stop asked from outside ends the port.
+    fn end_asked(&self) -> End {
+        match self.broken_by.load(Ordering::SeqCst) {
+            0 => End::Stopped,
+            why => End::Broken(why),
+        }
     }
 
     /// Waits until the port has finished (it stopped, or the client broke the ring).
@@ -193,12 +241,23 @@ impl NpudService {
         let ctl = Arc::new(RingControl {
             mem: Arc::new(mem),
             stopped: AtomicBool::new(false),
+            broken_by: AtomicU32::new(0),
             taken: AtomicU32::new(0),
             backlog: AtomicBool::new(false),
+            full: AtomicBool::new(false),
+            bell: std::sync::OnceLock::new(),
             done: tokio::sync::Notify::new(),
             finished: AtomicBool::new(false),
         });
         self.state.rings.insert(session, &ctl)?;
+        // The session may have ended since the look above, and its end stopped the rings it
+        // found before this one was there. A session's end takes it out of the sessions first
+        // and stops its ring after: so looked at again now that the ring is in, either the
+        // session is still there (and its end, later, finds the ring) or it is gone here.
+        if self.state.sessions.grant(session).is_none() {
+            self.state.rings.remove(session, &ctl);
+            return Err(ended());
+        }
         {
             let ctl = ctl.clone();
             tokio::spawn(async move {
@@ -233,10 +292,11 @@ impl NpudService {
             ctl: ctl.clone(),
             exec: self.state.exec.clone(),
         };
-        std::thread::Builder::new()
+        let t = std::thread::Builder::new()
             .name(format!("npud-ring-{session}"))
             .spawn(move || bell.run())
             .map_err(|e| NpudError::Internal(format!("starting the ring's bell thread: {e}")))?;
+        let _ = ctl.bell.set(t.thread().clone());
         self.state
             .exec
             .send(Command::AttachIntake(Box::new(port)))
@@ -258,16 +318,16 @@ impl Bell {
         let ctl = &self.ctl;
         let mem = &ctl.mem;
         let mut seen = mem.load(Word::SqBell);
+        let mut taken_seen = ctl.taken.load(Ordering::Acquire);
+        let mut cq_seen = mem.load(Word::CqHead);
+        let mut busy = BUSY_SLEEP;
+        let mut wasted = 0_u32;
         loop {
             if ctl.finished.load(Ordering::SeqCst) {
                 return;
             }
-            let limit = if ctl.backlog.load(Ordering::SeqCst) {
-                BUSY_SLEEP
-            } else {
-                IDLE_SLEEP
-            };
-            mem.wait(Word::SqBell, seen, limit);
+            let backlog = ctl.backlog.load(Ordering::SeqCst);
+            mem.wait(Word::SqBell, seen, if backlog { busy } else { IDLE_SLEEP });
             if ctl.finished.load(Ordering::SeqCst) {
                 return;
             }
@@ -276,12 +336,38 @@ impl Bell {
             let now = mem.load(Word::SqBell);
             let rung = now != seen;
             seen = now;
-            if rung
-                || ctl.stopped.load(Ordering::SeqCst)
-                || ctl.backlog.load(Ordering::SeqCst)
-                || mem.load(Word::SqTail) != ctl.taken.load(Ordering::Acquire)
-            {
+            let taken = ctl.taken.load(Ordering::Acquire);
+            let progressed = taken != taken_seen;
+            taken_seen = taken;
+            // Answers wait for room: worth the executor's look only once the client consumed.
+            let consumed = backlog && {
+                let head = mem.load(Word::CqHead);
+                let moved = head != cq_seen;
+                cq_seen = head;
+                moved
+            };
+            busy = if backlog && !consumed {
+                (busy * 2).min(BUSY_SLEEP_MAX)
+            } else {
+                BUSY_SLEEP
+            };
+            let look = ctl.stopped.load(Ordering::SeqCst)
+                || consumed
+                || mem.load(Word::SqTail) != taken && !ctl.full.load(Ordering::SeqCst);
+            if look {
                 self.exec.nudge();
+            }
+            if look || progressed {
+                wasted = 0;
+            } else if rung {
+                wasted = wasted.saturating_add(1);
+            }
+            if let Some(past) = wasted.checked_sub(WASTED_FREE + 1) {
+                let pause = BELL_BACKOFF_FIRST
+                    .checked_mul(1_u32 << past.min(16))
+                    .map_or(BELL_BACKOFF_MAX, |d| d.min(BELL_BACKOFF_MAX));
+                // Woken early by a stop.
+                std::thread::park_timeout(pause);
             }
         }
     }
@@ -339,8 +425,11 @@ impl Intake for Port {
         {
             return Polled::Open;
         }
-        if self.end.is_none() && (draining || self.ctl.stopped.load(Ordering::SeqCst)) {
+        if self.end.is_none() && draining {
             self.end = Some(End::Stopped);
+        }
+        if self.end.is_none() && self.ctl.stopped.load(Ordering::SeqCst) {
+            self.end = Some(self.ctl.end_asked());
         }
         if self.end.is_none()
             && let Err(why) = self.intake(out)
@@ -370,6 +459,12 @@ impl Intake for Port {
         if self.ctl.backlog.load(Ordering::Relaxed) != stuck {
             self.ctl.backlog.store(stuck, Ordering::SeqCst);
         }
+        // Whether a bell rung for a new submission needs the executor: not while the window
+        // is full (the executor polls after the turns that will answer it).
+        let full = !self.has_room();
+        if self.ctl.full.load(Ordering::Relaxed) != full {
+            self.ctl.full.store(full, Ordering::SeqCst);
+        }
         Polled::Open
     }
 
@@ -387,7 +482,7 @@ impl Intake for Port {
 
     fn close(&mut self) {
         if self.end.is_none() {
-            self.end = Some(End::Stopped);
+            self.end = Some(self.ctl.end_asked());
         }
         self.collect(true);
         for e in &mut self.entries {
@@ -602,6 +697,9 @@ impl Port {
         self.ctl.finished.store(true, Ordering::SeqCst);
         self.ctl.done.notify_waiters();
         mem.ring(Word::SqBell);
+        if let Some(t) = self.ctl.bell.get() {
+            t.unpark();
+        }
         tracing::info!(session = self.session, "dispatch ring closed");
     }
 }
