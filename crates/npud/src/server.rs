@@ -18,7 +18,6 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::codec::CompressionEncoding;
 use tonic::transport::Server;
 use tonic::transport::server::Router;
 use tower_layer::{Identity, Stack};
@@ -33,6 +32,7 @@ use crate::error::DocumentedCodes;
 use crate::executor::{Executor, Opened};
 use crate::fdsock::{self, Tickets};
 use crate::health::{self, Condition, DeviceHealth, HealthService};
+use crate::intake::{Intake, IntakeLayer};
 use crate::metrics::collect::StateCollector;
 use crate::metrics::rpc::RpcMetrics;
 use crate::metrics::{Exporter, Metrics};
@@ -48,11 +48,15 @@ use crate::token_layer::TokenLayer;
 /// The tower layers around every gRPC service: [`RpcMetrics`] outside, so that it counts the
 /// codes [`DocumentedCodes`] gives clients; [`Drain`] inside, so that both see the
 /// UNAVAILABLE it ends idle calls with at shutdown; [`CountCalls`] counts each connection's open
-/// calls for its idle timer; [`TokenLayer`] innermost, around the handlers whose calls it holds
-/// to their token.
+/// calls for its idle timer; [`TokenLayer`] around the handlers whose calls it holds to their
+/// token; [`IntakeLayer`] innermost, so that a token is known before it reads a body (it
+/// bounds every request body before tonic decodes it: see `intake`).
 type Layers = Stack<
-    TokenLayer,
-    Stack<Drain, Stack<CountCalls, Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>>>,
+    IntakeLayer,
+    Stack<
+        TokenLayer,
+        Stack<Drain, Stack<CountCalls, Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>>>,
+    >,
 >;
 
 /// How long shutdown waits, once the calls still open are ended, for their connections to
@@ -96,6 +100,8 @@ pub enum ServeError {
     },
     #[error("building server reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error(transparent)]
+    Intake(#[from] crate::intake::SchemaError),
     #[error("installing signal handlers: {0}")]
     Signal(std::io::Error),
     #[error("serving gRPC: {0}")]
@@ -264,8 +270,15 @@ pub async fn run(
         budget: MemoryBudget::new(&cfg.limits),
         rings: Arc::default(),
     });
-    let drain = Drain::new(Some(state.budget.clone()));
+    let drain = Drain::new();
     let token_layer = TokenLayer::new(&state.policy);
+    // Inflating and scanning large messages: at most one job per core on the blocking pool.
+    let intake = IntakeLayer::new(Intake::new(
+        &cfg.limits,
+        state.policy.clone(),
+        state.budget.clone(),
+        std::thread::available_parallelism().map_or(1, usize::from),
+    )?);
 
     let stop = CancellationToken::new();
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -374,16 +387,15 @@ pub async fn run(
             .layer(CountCalls)
             .layer(drain.clone())
             .layer(token_layer.clone())
+            .layer(intake.clone())
             .add_service(health.clone())
             .add_service(v1)
             .add_service(v1alpha)
             .add_service(
-                // Compressed requests are accepted as gRPC clients may send them (grpcurl,
-                // grpcio and buf curl offer gzip); the size limit holds for the decompressed
-                // message, so a small compressed one cannot inflate past it.
+                // Compressed requests (grpcurl, grpcio and buf curl offer gzip) are inflated by
+                // the intake, within its bounds, for callers the policy allows: the service
+                // itself sees only uncompressed messages.
                 NpudServer::new(svc)
-                    .accept_compressed(CompressionEncoding::Gzip)
-                    .accept_compressed(CompressionEncoding::Deflate)
                     .max_decoding_message_size(max.saturating_mul(2))
                     .max_encoding_message_size(max.saturating_mul(2)),
             ))
