@@ -228,6 +228,10 @@ pub struct Options {
     /// A network namespace (`ip netns` name) to start it in, through `ip netns exec` (which
     /// execs the daemon, so its pid is the daemon's); its Unix sockets stay reachable from here.
     pub netns: Option<String>,
+    /// An address-space limit (`RLIMIT_AS`, bytes) to start it under, through `prlimit` (which
+    /// execs the daemon): an allocation past it fails in the daemon, as under a container's
+    /// memory limit, instead of driving the machine into the OOM killer.
+    pub address_space: Option<u64>,
 }
 
 impl Default for Options {
@@ -242,6 +246,7 @@ impl Default for Options {
             socket_activated: false,
             state_dir: None,
             netns: None,
+            address_space: None,
         }
     }
 }
@@ -413,6 +418,10 @@ impl Daemon {
                 .arg(&self.fd_socket)
                 .args(["--names", "npud:fd", "--"])
                 .arg(binary("npud"));
+            c
+        } else if let Some(bytes) = opts.address_space {
+            let mut c = Command::new("prlimit");
+            c.arg(format!("--as={bytes}")).arg("--").arg(binary("npud"));
             c
         } else {
             Command::new(binary("npud"))
