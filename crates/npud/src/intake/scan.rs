@@ -14,7 +14,8 @@
 //!
 //! The estimate: the message's inline size, plus for each repeated field its elements' inline
 //! size times the capacity prost's `Vec` grows to (the next power of two, at least 8), plus the
-//! length of every `string` and `bytes` value. It bounds what prost allocates (the tests of
+//! length of every `string` and `bytes` value, plus half the largest `Vec`'s capacity (its old
+//! buffer, live beside the new one while it last grew). It bounds what prost allocates (the tests of
 //! `tests/decode_cost.rs` check it against a counting allocator).
 
 use crate::error::NpudError;
@@ -65,10 +66,13 @@ pub fn scan(
         wire: bytes.len() as u64,
         bounds,
         root,
+        growing: 0,
     };
     s.check_bound()?;
     s.message(root, bytes)?;
     s.close_scope(0)?;
+    // While the largest `Vec` grew to its capacity, its old buffer was live beside the new.
+    s.add(s.growing)?;
     Ok(Scanned { decoded: s.decoded })
 }
 
@@ -101,6 +105,8 @@ struct Scanner<'a> {
     wire: u64,
     bounds: Bounds,
     root: MessageId,
+    /// The largest `Vec`'s last growth: half its capacity, in bytes.
+    growing: u64,
 }
 
 /// What the bytes broke, for the INVALID_ARGUMENT message.
@@ -351,6 +357,9 @@ impl Scanner<'_> {
             .iter()
             .map(|c| c.elem.saturating_mul(capacity(c.n) - c.n))
             .fold(0, u64::saturating_add);
+        for c in &self.counts[start..] {
+            self.growing = self.growing.max(c.elem.saturating_mul(capacity(c.n) / 2));
+        }
         self.counts.truncate(start);
         self.add(slack)
     }
