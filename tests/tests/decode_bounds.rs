@@ -364,3 +364,169 @@ async fn a_submit_streams_queued_messages_count_in_the_queued_request_budget() {
     .await
     .expect("the budget is free again");
 }
+
+/// Latencies of a bystander's calls, in µs, sorted.
+fn summary(mut lat: Vec<u64>, secs: f64) -> String {
+    lat.sort_unstable();
+    let at = |q: f64| {
+        lat.get(((lat.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or(0)
+    };
+    format!(
+        "{} calls ({:.0}/s), p50 {} µs, p99 {} µs, max {} µs",
+        lat.len(),
+        lat.len() as f64 / secs,
+        at(0.5),
+        at(0.99),
+        lat.last().copied().unwrap_or(0)
+    )
+}
+
+/// A bystander's `GetDeviceInfo` latency on the Unix socket, alone and while one client sends
+/// 32 MiB messages (a 30 MiB `RegisterProgram`; 32 MiB of unknown fields; the gzip
+/// `Chain` bomb from a TCP caller without credentials), against the daemon at `NPUD_MEASURE`
+/// (a path; this build's `npud` by default). Prints the figures; asserts nothing about time.
+/// `NPUD_MEASURE=/path/to/npud cargo nextest run -p npud-e2e --test decode_bounds
+/// --run-ignored only --no-capture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: prints figures, run by hand"]
+async fn measure_a_bystanders_latency_while_another_client_sends_32_mib_messages() {
+    const SECS: f64 = 3.0;
+    let bin = std::env::var("NPUD_MEASURE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| npud_e2e::binary("npud"));
+    let tokens = TokenDir::new(&["pod"]);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("npud.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[auth]\ntoken_dir = \"{}\"\nrequire_token = [\"unix\"]\n",
+            tokens.path().display()
+        ),
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let ready = dir.path().join("ready");
+    let socket = dir.path().join("s");
+    let mut child = std::process::Command::new(&bin)
+        .args(["--backend", "emulator", "--log-level", "warn", "--socket"])
+        .arg(&socket)
+        .arg("--fd-socket")
+        .arg(dir.path().join("f"))
+        .arg("--ready-file")
+        .arg(&ready)
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--tcp")
+        .arg(port.to_string())
+        .arg("--config")
+        .arg(&cfg)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    while !ready.exists() {
+        assert!(Instant::now() < until, "{} not ready", bin.display());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = child.id();
+    let good = secret("pod");
+    let channel = npud_e2e::connect_unix(&socket).await;
+    let bystand = |channel: tonic::transport::Channel| async move {
+        let mut c = pb::npud_client::NpudClient::new(channel);
+        let mut lat = Vec::new();
+        let start = Instant::now();
+        while start.elapsed().as_secs_f64() < SECS {
+            let t = Instant::now();
+            c.get_device_info(pb::GetDeviceInfoRequest {})
+                .await
+                .unwrap();
+            lat.push(t.elapsed().as_micros() as u64);
+        }
+        lat
+    };
+    println!(
+        "{}: alone: {}",
+        bin.display(),
+        summary(bystand(channel.clone()).await, SECS)
+    );
+    let mut unknown = Vec::with_capacity(32 << 20);
+    while unknown.len() + 3 <= (32 << 20) - 16 {
+        unknown.extend_from_slice(&[0xf8, 0x7f, 0x00]);
+    }
+    let program = pb::RegisterProgramRequest {
+        pdi: vec![7; 30 << 20],
+        insts: vec![0; 4],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let bomb = gzip_bomb([0x0a, 0x00]);
+    let scenarios: Vec<(&str, Vec<u8>, bool, &str, bool)> = vec![
+        (
+            "a 30 MiB RegisterProgram",
+            program,
+            false,
+            "/npud.v1.Npud/RegisterProgram",
+            true,
+        ),
+        (
+            "32 MiB of unknown fields",
+            unknown,
+            false,
+            "/npud.v1.Npud/GetDeviceInfo",
+            true,
+        ),
+        (
+            "the gzip Chain bomb, no credentials (TCP)",
+            bomb,
+            true,
+            "/npud.v1.Npud/Chain",
+            false,
+        ),
+    ];
+    for (what, message, compressed, path, with_token) in scenarios {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (socket, token, flag) = (socket.clone(), good.clone(), stop.clone());
+        let hostile = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let mut sent = 0u32;
+                let mut codes = std::collections::BTreeMap::new();
+                let body = frame(compressed, &message);
+                while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (code, _) = if compressed {
+                        tcp_call(port, path, &gzip_headers(None), body.clone()).await
+                    } else {
+                        let mut h = vec![];
+                        if with_token {
+                            h.push((npu_proto::IDENTITY_TOKEN_HEADER, token.as_str()));
+                        }
+                        let (c, m) = npud_e2e::raw_h2_call(&socket, path, &h, &message).await;
+                        (Code::from_i32(c), m)
+                    };
+                    sent += 1;
+                    *codes.entry(format!("{code:?}")).or_insert(0u32) += 1;
+                }
+                (sent, codes)
+            })
+        });
+        let s = summary(bystand(channel.clone()).await, SECS);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let hwm = status_kib(pid, "VmHWM:");
+        let (sent, codes) = hostile.join().unwrap();
+        println!(
+            "{}: beside {what} ({sent} sent, {codes:?}): {s}; VmHWM {hwm} KiB",
+            bin.display()
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}

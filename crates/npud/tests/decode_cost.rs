@@ -28,7 +28,9 @@ use npud::config::Limits;
 use npud::intake::inflate::{Encoding, Inflate};
 use npud::intake::scan::{Bounds, scan};
 use npud::intake::schema::{Kind, MessageId, Schema};
-use npud::intake::{DECODED_PER_WIRE_BYTE, DECODED_SLACK, INFLATE_RATIO, INFLATE_SLACK};
+use npud::intake::{
+    DECODED_PER_WIRE_BYTE, DECODED_SLACK, INFLATE_RATIO, INFLATE_SLACK, MAX_FIELDS,
+};
 use prost::Message as _;
 
 /// Allowed peak bytes per input byte (the intake's own bound on decoded size).
@@ -292,6 +294,7 @@ fn intake(schema: &Schema, id: MessageId, input: &[u8], compressed: bool, max: u
     let bounds = Bounds {
         per_wire_byte: DECODED_PER_WIRE_BYTE,
         slack: DECODED_SLACK,
+        max_fields: MAX_FIELDS,
     };
     let inflated;
     let bytes: &[u8] = if compressed {
@@ -421,6 +424,7 @@ fn the_estimate_bounds_prost_for_messages_that_carry_data() {
     let bounds = Bounds {
         per_wire_byte: DECODED_PER_WIRE_BYTE,
         slack: DECODED_SLACK,
+        max_fields: MAX_FIELDS,
     };
     let arg = |t| pb::TensorArg {
         tensor_id: t,

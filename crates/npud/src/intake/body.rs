@@ -188,12 +188,16 @@ impl IntakeBody {
                 _ => NpudError::Unauthenticated(why),
             });
         }
-        let most = if compressed {
-            len + self.intake.inflate_bound(len)
-        } else {
-            len
-        };
-        self.ledger.settle(most as u64)?;
+        // What the message may hold, reserved before its bytes are gathered (a message
+        // already all in, the usual small one, is charged once, when it is handed on).
+        if compressed || self.rx_len < HEADER + len {
+            let most = if compressed {
+                len + self.intake.inflate_bound(len)
+            } else {
+                len
+            };
+            self.ledger.settle(most as u64)?;
+        }
         self.header = Some((compressed, len));
         Ok(Some((compressed, len)))
     }
@@ -223,7 +227,11 @@ impl IntakeBody {
         })?;
         let bound = intake.inflate_bound(len);
         let mut inflate = Inflate::new(encoding, message, bound, HEADER);
-        if inflate_step(&mut inflate, encoding, len, bound, &intake, INLINE_BYTES)? {
+        // Inline, at most `INLINE_BYTES` of input and about as much output (deflate's empty
+        // blocks produce nothing from any amount of input: the input bounds the work too).
+        if len <= INLINE_BYTES
+            && inflate_step(&mut inflate, encoding, len, bound, &intake, INLINE_BYTES)?
+        {
             let out = inflate.finish();
             if out.len() - HEADER <= INLINE_BYTES {
                 return Ok(Some(Step::Ready(framed(&intake, input, out, len)?)));
@@ -271,10 +279,9 @@ impl IntakeBody {
     }
 
     fn hand(&mut self, p: Processed) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
-        if let Err(e) = self.ledger.settle(p.charge) {
+        if let Err(e) = self.ledger.hand(p.charge) {
             return self.fail(e);
         }
-        self.ledger.handed();
         self.handed = true;
         Poll::Ready(Some(Ok(Frame::data(p.frame))))
     }
@@ -372,9 +379,8 @@ impl http_body::Body for IntakeBody {
             }
             if this.ended {
                 if this.rx_len > 0 || this.header.is_some() {
-                    let missing = this
-                        .header
-                        .map_or(HEADER - this.rx_len, |(_, len)| HEADER + len - this.rx_len);
+                    let want = this.header.map_or(HEADER, |(_, len)| HEADER + len);
+                    let missing = want.saturating_sub(this.rx_len);
                     return this.fail(NpudError::InvalidArgument(format!(
                         "the request is not a valid message for this method: it ended {missing} \
                          bytes short of the end of its last message"
@@ -504,6 +510,186 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::{AuthConfig, Identity, Policy};
+    use crate::budget::MemoryBudget;
+    use crate::config::Limits;
+    use crate::intake::ledger::Hold;
+    use http_body_util::BodyExt;
+    use npu_proto::v1 as pb;
+    use prost::Message as _;
+    use std::io::Write;
+
+    fn intake(budget: &MemoryBudget) -> Arc<Intake> {
+        let limits = Limits::default();
+        let policy = Arc::new(Policy::new(&AuthConfig::default(), &limits, 0, ""));
+        Arc::new(Intake::new(&limits, policy, budget.clone(), 2).unwrap())
+    }
+
+    fn framed_message(flag: u8, m: &[u8]) -> Vec<u8> {
+        let mut f = vec![flag];
+        f.extend_from_slice(&u32::try_from(m.len()).unwrap().to_be_bytes());
+        f.extend_from_slice(m);
+        f
+    }
+
+    /// What an `IntakeBody` for `path` hands on from `wire` cut into `cut`-byte frames: each
+    /// data frame, or the error that ended it.
+    async fn read(
+        path: &str,
+        caller: Identity,
+        encoding: Option<Encoding>,
+        wire: Vec<u8>,
+        cut: usize,
+        budget: &MemoryBudget,
+    ) -> (Vec<Bytes>, Option<tonic::Status>) {
+        let intake = intake(budget);
+        let method = intake.schema.method(path).unwrap();
+        let frames: Vec<Result<Frame<Bytes>, tonic::Status>> = wire
+            .chunks(cut)
+            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+            .collect();
+        let inner =
+            tonic::body::Body::new(http_body_util::StreamBody::new(tokio_stream::iter(frames)));
+        let ledger = Arc::new(Ledger::new(budget.clone(), Hold::of(method.flow)));
+        let caller = Caller {
+            transport: caller,
+            token: None,
+        };
+        let mut body = IntakeBody::new(inner, intake, method.input, encoding, caller, ledger);
+        let mut out = Vec::new();
+        while let Some(f) = body.frame().await {
+            match f {
+                Ok(f) => out.push(f.into_data().unwrap()),
+                Err(e) => return (out, Some(e)),
+            }
+        }
+        (out, None)
+    }
+
+    #[tokio::test]
+    async fn messages_come_out_whole_however_the_frames_cut_them() {
+        let budget = MemoryBudget::new(&Limits::default());
+        let d = pb::DispatchRequest {
+            program_id: 5,
+            args: (1..=3)
+                .map(|t| pb::TensorArg {
+                    tensor_id: t,
+                    ..Default::default()
+                })
+                .collect(),
+        }
+        .encode_to_vec();
+        // A large one goes through the blocking pool.
+        let big = pb::SubmitRequest {
+            request_id: 1,
+            work: Some(pb::submit_request::Work::Dispatch(pb::DispatchRequest {
+                program_id: 1,
+                args: Vec::new(),
+            })),
+            timeout_ms: 0,
+        }
+        .encode_to_vec();
+        let mut big = big;
+        big.extend_from_slice(&[0x82, 0x06, 0x80, 0x80, 0x08]);
+        big.resize(big.len() + (128 << 10), 0);
+        let small = pb::SubmitRequest::default().encode_to_vec();
+        let wire = [framed_message(0, &big), framed_message(0, &small)].concat();
+        for cut in [1, 3, 5, 4096, wire.len()] {
+            let (out, err) = read(
+                "/npud.v1.Npud/Submit",
+                Identity::uid(1000, []),
+                None,
+                wire.clone(),
+                cut,
+                &budget,
+            )
+            .await;
+            assert!(err.is_none(), "{cut}: {err:?}");
+            assert_eq!(out.len(), 2, "{cut}");
+            assert_eq!(&out[0][..], &framed_message(0, &big)[..], "{cut}");
+            assert_eq!(&out[1][..], &framed_message(0, &small)[..], "{cut}");
+        }
+        let (out, err) = read(
+            "/npud.v1.Npud/Dispatch",
+            Identity::uid(1000, []),
+            None,
+            framed_message(0, &d),
+            7,
+            &budget,
+        )
+        .await;
+        assert!(err.is_none());
+        assert_eq!(&out[0][5..], &d[..]);
+        // Every body is gone: nothing is held.
+        assert_eq!(budget.queued_now(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_compressed_message_comes_out_inflated_and_a_bomb_is_refused() {
+        let budget = MemoryBudget::new(&Limits::default());
+        let gzip = |data: &[u8]| {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+            e.write_all(data).unwrap();
+            e.finish().unwrap()
+        };
+        let chunk = pb::WriteTensorChunk {
+            tensor_id: 1,
+            offset: 0,
+            data: vec![3; 200_000],
+        }
+        .encode_to_vec();
+        let wire = framed_message(1, &gzip(&chunk));
+        let (out, err) = read(
+            "/npud.v1.Npud/WriteTensor",
+            Identity::uid(1000, []),
+            Some(Encoding::Gzip),
+            wire,
+            1000,
+            &budget,
+        )
+        .await;
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(&out[0][..], &framed_message(0, &chunk)[..]);
+        let bomb = framed_message(1, &gzip(&[0x0a, 0x00].repeat(1 << 24)));
+        let (out, err) = read(
+            "/npud.v1.Npud/Chain",
+            Identity::uid(1000, []),
+            Some(Encoding::Gzip),
+            bomb,
+            16 << 10,
+            &budget,
+        )
+        .await;
+        assert!(out.is_empty());
+        let e = err.unwrap();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("inflates past"), "{e:?}");
+        // A caller the policy does not allow sends no message over 64 KiB.
+        let (_, err) = read(
+            "/npud.v1.Npud/GetDeviceInfo",
+            Identity::anonymous(None),
+            None,
+            framed_message(0, &vec![0; 70_000]),
+            16 << 10,
+            &budget,
+        )
+        .await;
+        let e = err.unwrap();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+        assert!(e.message().contains("at most 65536 bytes"), "{e:?}");
+        // A body that ends inside a message.
+        let (_, err) = read(
+            "/npud.v1.Npud/GetDeviceInfo",
+            Identity::uid(1000, []),
+            None,
+            framed_message(0, &[0x08, 0x01])[..6].to_vec(),
+            2,
+            &budget,
+        )
+        .await;
+        assert!(err.unwrap().message().contains("1 bytes short"));
+        assert_eq!(budget.queued_now(), 0);
+    }
 
     #[test]
     fn the_counter_counts_messages_split_anywhere() {

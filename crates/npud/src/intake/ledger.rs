@@ -95,8 +95,34 @@ impl Ledger {
         Ok(())
     }
 
+    /// The message read, holding `n` bytes, is handed to the handler: as [`Ledger::settle`],
+    /// then it is held as the call's [`Hold`] says. One lock for both.
+    ///
+    /// # Errors
+    /// As [`Ledger::settle`]; the message is then not handed.
+    pub fn hand(&self, n: u64) -> Result<(), NpudError> {
+        let mut s = self.state();
+        let st = &mut *s;
+        if n > st.pending {
+            self.budget.reserve(&mut st.queued, n - st.pending)?;
+        } else {
+            st.queued.release(st.pending - n);
+        }
+        st.pending = 0;
+        match self.hold {
+            Hold::UntilReturned => {}
+            Hold::UntilNext => {
+                let last = std::mem::replace(&mut st.last, n);
+                st.queued.release(last);
+            }
+            Hold::UntilAnswered => st.unanswered.push_back(n),
+        }
+        Ok(())
+    }
+
     /// The message read is handed to the handler: it is held as the call's [`Hold`] says.
-    pub fn handed(&self) {
+    #[cfg(test)]
+    fn handed(&self) {
         let mut s = self.state();
         let n = std::mem::take(&mut s.pending);
         match self.hold {

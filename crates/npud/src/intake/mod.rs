@@ -19,7 +19,9 @@
 //!   its limit (`ChainRequest.links` against `limits.max_chain_links`, RESOURCE_EXHAUSTED;
 //!   `DispatchRequest.args` against the 64 arguments a dispatch may pass, INVALID_ARGUMENT, as
 //!   the handlers say), and the decoded size is estimated and refused past
-//!   [`DECODED_PER_WIRE_BYTE`] × the message's length + [`DECODED_SLACK`] (RESOURCE_EXHAUSTED).
+//!   [`DECODED_PER_WIRE_BYTE`] × the message's length + [`DECODED_SLACK`], as is a message of
+//!   more than [`MAX_FIELDS`] fields (RESOURCE_EXHAUSTED): prost's decode, which tonic runs on
+//!   the I/O thread, is then at most a bounded number of steps and copies of `bytes` fields.
 //!   Bytes that are no valid message are INVALID_ARGUMENT naming the field.
 //! - **Budget.** Each message's bytes and estimated decoded size are charged to
 //!   `limits.max_queued_request_bytes` before they are gathered, and given back when the
@@ -71,6 +73,10 @@ pub const INFLATE_SLACK: u64 = 1 << 20;
 pub const DECODED_PER_WIRE_BYTE: u64 = 8;
 /// What a message may decode to beyond [`DECODED_PER_WIRE_BYTE`] × its length.
 pub const DECODED_SLACK: u64 = 1 << 20;
+/// Most fields (known or unknown, at every depth) one message may have: each is a step of
+/// prost's decode, which runs on the I/O thread serving the call. The densest request the
+/// limits allow, a chain of 1024 links of 64 four-field arguments, has 330,000.
+pub const MAX_FIELDS: u64 = 1 << 20;
 /// Longest message a caller the policy does not allow may send: it may call only
 /// GetDeviceInfo, health and reflection, whose requests are a few bytes.
 pub const UNKNOWN_CALLER_MAX_MESSAGE: usize = 64 << 10;
@@ -87,8 +93,9 @@ pub struct Intake {
     /// Longest message on the wire: twice `limits.max_message_bytes`.
     max_message: usize,
     max_message_bytes: u64,
-    /// Blocking-pool jobs (inflating, scanning) running at once.
+    /// Places for blocking-pool jobs (inflating, scanning): [`Intake::workers`] of them.
     workers: Arc<Semaphore>,
+    places: usize,
 }
 
 impl Intake {
@@ -111,18 +118,20 @@ impl Intake {
                 .unwrap_or(usize::MAX),
             max_message_bytes: limits.max_message_bytes,
             workers: Arc::new(Semaphore::new(workers.max(1))),
+            places: workers.max(1),
         })
     }
 
     /// Blocking-pool jobs that may run at once.
     pub fn workers(&self) -> usize {
-        self.workers.available_permits()
+        self.places
     }
 
     fn bounds() -> scan::Bounds {
         scan::Bounds {
             per_wire_byte: DECODED_PER_WIRE_BYTE,
             slack: DECODED_SLACK,
+            max_fields: MAX_FIELDS,
         }
     }
 

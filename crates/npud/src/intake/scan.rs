@@ -5,7 +5,8 @@
 //!
 //! Cost: one pass over the bytes, no allocation but two small stacks that grow with the
 //! nesting depth (at most [`MAX_DEPTH`]); a refusal stops the pass where it is found (a chain
-//! of 16 million empty links is refused at link `limits.max_chain_links + 1`).
+//! of 16 million empty links is refused at link `limits.max_chain_links + 1`, a message of
+//! 16 million unknown fields at field [`Bounds::max_fields`] + 1).
 //!
 //! Counting follows prost's merge rules: every occurrence of a singular message field merges
 //! into one value, so the repeated fields inside all its occurrences count together; each
@@ -25,11 +26,14 @@ use super::schema::{Kind, LimitCode, MessageId, Schema};
 /// Deepest nesting of messages accepted (prost's own limit is 100; this API nests 4 deep).
 pub const MAX_DEPTH: usize = 32;
 
-/// The bound on a message's decoded size: `per_wire_byte` × its length + `slack`.
+/// The bounds of one message: its decoded size at most `per_wire_byte` × its length +
+/// `slack`, and at most `max_fields` fields (each one a step of prost's decode, which runs on
+/// the thread that serves the call).
 #[derive(Debug, Clone, Copy)]
 pub struct Bounds {
     pub per_wire_byte: u64,
     pub slack: u64,
+    pub max_fields: u64,
 }
 
 /// What a scan found.
@@ -67,6 +71,7 @@ pub fn scan(
         bounds,
         root,
         growing: 0,
+        fields: 0,
     };
     s.check_bound()?;
     s.message(root, bytes)?;
@@ -107,6 +112,8 @@ struct Scanner<'a> {
     root: MessageId,
     /// The largest `Vec`'s last growth: half its capacity, in bytes.
     growing: u64,
+    /// Fields read so far, at every depth.
+    fields: u64,
 }
 
 /// What the bytes broke, for the INVALID_ARGUMENT message.
@@ -196,6 +203,15 @@ impl Scanner<'_> {
         let mut pos = 0;
         while pos < buf.len() {
             let key = varint(buf, &mut pos).map_err(|m| self.malformed(m, None))?;
+            self.fields += 1;
+            if self.fields > self.bounds.max_fields {
+                return Err(NpudError::ResourceExhausted(format!(
+                    "the request has more than {} fields (known or not, at every depth): \
+                     what one message may have, to bound the work of decoding it; refused \
+                     before decoding",
+                    self.bounds.max_fields
+                )));
+            }
             let (wire, number) = (key & 7, key >> 3);
             if number == 0 {
                 return Err(self.malformed(Malformed::FieldZero, None));
@@ -438,6 +454,7 @@ mod tests {
     const BOUNDS: Bounds = Bounds {
         per_wire_byte: 8,
         slack: 1 << 20,
+        max_fields: 1 << 20,
     };
 
     fn schema() -> Schema {
@@ -576,10 +593,21 @@ mod tests {
         let tight = Bounds {
             per_wire_byte: 8,
             slack: 0,
+            max_fields: 1 << 20,
         };
         let e = scan(&s, id, &c.encode_to_vec(), tight).unwrap_err();
         assert_eq!(e.code_name(), "RESOURCE_EXHAUSTED");
         assert!(e.message().contains("once decoded"), "{e}");
+    }
+
+    #[test]
+    fn a_message_of_more_fields_than_the_bound_is_refused() {
+        // 2 M unknown varint fields: prost would walk every one.
+        let many = [0xf8_u8, 0x7f, 0x00].repeat(2 << 20);
+        let e = scan_as("npud.v1.GetDeviceInfoRequest", &many).unwrap_err();
+        assert_eq!(e.code_name(), "RESOURCE_EXHAUSTED");
+        assert!(e.message().contains("more than 1048576 fields"), "{e}");
+        scan_as("npud.v1.GetDeviceInfoRequest", &many[..3 << 20]).unwrap();
     }
 
     #[test]

@@ -318,7 +318,6 @@ impl Schema {
 /// Bytes of one field inline in prost's struct, at most: scalars 8 (alignment included),
 /// `String`/`Vec` 24, a map 48, a nested message its own size plus 8 for the `Option`.
 fn field_inline(
-    f: &prost_types::FieldDescriptorProto,
     field: &Field,
     protos: &[(String, &DescriptorProto)],
     messages: &[Message],
@@ -336,7 +335,6 @@ fn field_inline(
         };
         return if map { 48 } else { 24 };
     }
-    let _ = f;
     match field.kind {
         Kind::Varint { .. } | Kind::Fixed32 | Kind::Fixed64 => 8,
         Kind::Bytes => 24,
@@ -366,7 +364,7 @@ fn inline_size(
         let Some((_, field)) = m.field(u32::try_from(f.number()).unwrap_or(0)) else {
             continue;
         };
-        let size = field_inline(f, field, protos, messages, memo, path);
+        let size = field_inline(field, protos, messages, memo, path);
         match f.oneof_index.and_then(|i| usize::try_from(i).ok()) {
             Some(i) if i < oneofs.len() => oneofs[i] = oneofs[i].max(size),
             _ => total += size,
