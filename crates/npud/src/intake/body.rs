@@ -4,7 +4,9 @@
 //! [`IntakeBody`] reads the HTTP/2 body's frames into a queue only as far as the message being
 //! read needs, checks its 5-byte header as soon as it is in (flag, length, the caller's size,
 //! the budget), and hands tonic each message whole, uncompressed, in one frame: the frame
-//! received when the message came in one (no copy), else the message gathered into one buffer.
+//! received when the message came in one (no copy), else the message gathered into one buffer
+//! (a long one frame by frame as its bytes arrive, into a buffer of its length, charged before
+//! it is allocated).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -52,6 +54,9 @@ pub(super) struct IntakeBody {
     rx_len: usize,
     /// The header of the message being read: compressed, length.
     header: Option<(bool, usize)>,
+    /// A message longer than [`INLINE_BYTES`] being gathered, frame by frame as its bytes
+    /// arrive (so that no single copy of it stalls the I/O thread); its header included.
+    gather: Option<BytesMut>,
     job: Option<Job>,
     /// A message was handed to tonic since the last poll.
     handed: bool,
@@ -80,6 +85,7 @@ impl IntakeBody {
             rx: VecDeque::new(),
             rx_len: 0,
             header: None,
+            gather: None,
             job: None,
             handed: false,
             ended: false,
@@ -207,11 +213,27 @@ impl IntakeBody {
         let Some((compressed, len)) = self.read_header()? else {
             return Ok(None);
         };
-        if self.rx_len < HEADER + len {
-            return Ok(None);
-        }
+        let message = match self.gather.take() {
+            Some(g) if g.len() == HEADER + len => g.freeze(),
+            Some(g) => {
+                self.gather = Some(g);
+                return Ok(None);
+            }
+            None if self.rx_len < HEADER + len => {
+                if len > INLINE_BYTES {
+                    // Everything received belongs to this message: gather it from here on.
+                    let mut g = BytesMut::with_capacity(HEADER + len);
+                    for b in self.rx.drain(..) {
+                        g.put_slice(&b);
+                    }
+                    self.rx_len = 0;
+                    self.gather = Some(g);
+                }
+                return Ok(None);
+            }
+            None => self.take(HEADER + len),
+        };
         self.header = None;
-        let message = self.take(HEADER + len);
         let (intake, input) = (self.intake.clone(), self.input);
         if !compressed {
             if len <= INLINE_BYTES {
@@ -271,6 +293,20 @@ impl IntakeBody {
                 )))
             })
         })
+    }
+
+    /// Bytes received: into the message being gathered, as far as it needs them; the rest
+    /// queued.
+    fn push(&mut self, mut d: Bytes) {
+        if let (Some(g), Some((_, len))) = (&mut self.gather, self.header) {
+            let k = (HEADER + len - g.len()).min(d.len());
+            g.put_slice(&d[..k]);
+            d.advance(k);
+        }
+        if !d.is_empty() {
+            self.rx_len += d.len();
+            self.rx.push_back(d);
+        }
     }
 
     fn fail(&mut self, e: NpudError) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
@@ -380,7 +416,8 @@ impl http_body::Body for IntakeBody {
             if this.ended {
                 if this.rx_len > 0 || this.header.is_some() {
                     let want = this.header.map_or(HEADER, |(_, len)| HEADER + len);
-                    let missing = want.saturating_sub(this.rx_len);
+                    let have = this.rx_len + this.gather.as_ref().map_or(0, BytesMut::len);
+                    let missing = want.saturating_sub(have);
                     return this.fail(NpudError::InvalidArgument(format!(
                         "the request is not a valid message for this method: it ended {missing} \
                          bytes short of the end of its last message"
@@ -396,12 +433,7 @@ impl http_body::Body for IntakeBody {
                     return Poll::Ready(Some(Err(e)));
                 }
                 Some(Ok(f)) => match f.into_data() {
-                    Ok(d) => {
-                        if !d.is_empty() {
-                            this.rx_len += d.len();
-                            this.rx.push_back(d);
-                        }
-                    }
+                    Ok(d) => this.push(d),
                     Err(f) => {
                         if let Ok(t) = f.into_trailers() {
                             this.trailers = Some(t);
