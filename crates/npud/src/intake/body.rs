@@ -28,6 +28,10 @@ use crate::error::NpudError;
 
 /// A gRPC message's header: the compressed flag and the length.
 const HEADER: usize = 5;
+/// A long message is handed to tonic in frames of this many bytes.
+const CHUNK: usize = 256 << 10;
+/// Bytes of a long message handed on between two yields of the task.
+const YIELD_BYTES: usize = 1 << 20;
 
 type Job = Pin<Box<dyn Future<Output = Result<Processed, NpudError>> + Send>>;
 
@@ -60,6 +64,10 @@ pub(super) struct IntakeBody {
     job: Option<Job>,
     /// A message was handed to tonic since the last poll.
     handed: bool,
+    /// The rest of a long message being handed to tonic, in [`CHUNK`]s.
+    out: VecDeque<Bytes>,
+    /// Bytes handed on since this body last let its task yield.
+    since_yield: usize,
     ended: bool,
     done: bool,
     trailers: Option<http::HeaderMap>,
@@ -88,6 +96,8 @@ impl IntakeBody {
             gather: None,
             job: None,
             handed: false,
+            out: VecDeque::new(),
+            since_yield: 0,
             ended: false,
             done: false,
             trailers: None,
@@ -318,8 +328,39 @@ impl IntakeBody {
         if let Err(e) = self.ledger.hand(p.charge) {
             return self.fail(e);
         }
-        self.handed = true;
-        Poll::Ready(Some(Ok(Frame::data(p.frame))))
+        let mut frame = p.frame;
+        while frame.len() > CHUNK {
+            let rest = frame.split_off(CHUNK);
+            self.out.push_back(frame);
+            frame = rest;
+        }
+        self.out.push_back(frame);
+        self.since_yield = 0;
+        self.next_chunk(None).unwrap_or(Poll::Ready(None))
+    }
+
+    /// The next chunk of the message being handed on, if any: tonic copies each into its
+    /// buffer, and every [`YIELD_BYTES`] this body lets its task yield, so that a long message
+    /// does not hold the I/O thread for its whole copy. The message counts as handed once its
+    /// last chunk is out.
+    fn next_chunk(
+        &mut self,
+        cx: Option<&mut Context<'_>>,
+    ) -> Option<Poll<Option<Result<Frame<Bytes>, tonic::Status>>>> {
+        let chunk = self.out.pop_front()?;
+        if let Some(cx) = cx
+            && self.since_yield >= YIELD_BYTES
+        {
+            self.since_yield = 0;
+            self.out.push_front(chunk);
+            cx.waker().wake_by_ref();
+            return Some(Poll::Pending);
+        }
+        self.since_yield += chunk.len();
+        if self.out.is_empty() {
+            self.handed = true;
+        }
+        Some(Poll::Ready(Some(Ok(Frame::data(chunk)))))
     }
 }
 
@@ -391,6 +432,9 @@ impl http_body::Body for IntakeBody {
         let this = self.get_mut();
         if this.done {
             return Poll::Ready(None);
+        }
+        if let Some(p) = this.next_chunk(Some(cx)) {
+            return p;
         }
         if std::mem::take(&mut this.handed) {
             this.ledger.next_asked();
@@ -624,6 +668,10 @@ mod tests {
         let mut big = big;
         big.extend_from_slice(&[0x82, 0x06, 0x80, 0x80, 0x08]);
         big.resize(big.len() + (128 << 10), 0);
+        // One past a chunk: handed on in several frames.
+        let mut huge = pb::GetDeviceInfoRequest {}.encode_to_vec();
+        huge.extend_from_slice(&[0x82, 0x06, 0x80, 0x80, 0x28]);
+        huge.resize(huge.len() + (640 << 10), 1);
         let small = pb::SubmitRequest::default().encode_to_vec();
         let wire = [framed_message(0, &big), framed_message(0, &small)].concat();
         for cut in [1, 3, 5, 4096, wire.len()] {
@@ -641,6 +689,19 @@ mod tests {
             assert_eq!(&out[0][..], &framed_message(0, &big)[..], "{cut}");
             assert_eq!(&out[1][..], &framed_message(0, &small)[..], "{cut}");
         }
+        let wire = framed_message(0, &huge);
+        let (out, err) = read(
+            "/npud.v1.Npud/GetDeviceInfo",
+            Identity::uid(1000, []),
+            None,
+            wire.clone(),
+            16 << 10,
+            &budget,
+        )
+        .await;
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(out.len(), 3);
+        assert_eq!(out.concat(), wire);
         let (out, err) = read(
             "/npud.v1.Npud/Dispatch",
             Identity::uid(1000, []),
