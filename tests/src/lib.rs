@@ -234,6 +234,10 @@ pub struct Options {
     /// leading arguments (`prlimit --as=N -- target/release/npud`). It must exec npud, so that
     /// the pid is the daemon's. See [`bystander`].
     pub program: Option<Vec<std::ffi::OsString>>,
+    /// An address-space limit (`RLIMIT_AS`, bytes) to start it under, through `prlimit` (which
+    /// execs the daemon): an allocation past it fails in the daemon, as under a container's
+    /// memory limit, instead of driving the machine into the OOM killer.
+    pub address_space: Option<u64>,
 }
 
 impl Default for Options {
@@ -249,6 +253,7 @@ impl Default for Options {
             state_dir: None,
             netns: None,
             program: None,
+            address_space: None,
         }
     }
 }
@@ -424,6 +429,10 @@ impl Daemon {
                 .arg(&self.fd_socket)
                 .args(["--names", "npud:fd", "--"])
                 .args(&npud);
+            c
+        } else if let Some(bytes) = opts.address_space {
+            let mut c = Command::new("prlimit");
+            c.arg(format!("--as={bytes}")).arg("--").args(&npud);
             c
         } else {
             let (program, args) = npud

@@ -421,11 +421,13 @@ async fn the_memory_budget_refuses_naming_its_key_and_rss_returns_near_baseline(
             .unwrap()
             .into_inner()
             .tensor_id;
-        let chunks: Vec<pb::WriteTensorChunk> = (0..8)
+        // 2 MiB chunks: each chunk is charged to the 8 MiB queued budget while the handler
+        // writes it (its bytes and its decoded copy).
+        let chunks: Vec<pb::WriteTensorChunk> = (0..32)
             .map(|c| pb::WriteTensorChunk {
                 tensor_id: t,
-                offset: c * 8 * MIB,
-                data: vec![u8::try_from(i).unwrap() + 1; usize::try_from(8 * MIB).unwrap()],
+                offset: c * 2 * MIB,
+                data: vec![u8::try_from(i).unwrap() + 1; usize::try_from(2 * MIB).unwrap()],
             })
             .collect();
         let w = with_session(tokio_stream::iter(chunks), sess.id, &sess.token);

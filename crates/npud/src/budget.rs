@@ -10,10 +10,9 @@
 //!   after deduplication (bytes already stored cost nothing), before validation and again
 //!   before storing;
 //! - request messages received and not yet answered (`limits.max_queued_request_bytes`):
-//!   reserved frame by frame as a unary call's request arrives (see [`crate::drain`]) and
-//!   released when the call ends. Streaming requests (`WriteTensor`, `Submit`) hold at most
-//!   their HTTP/2 window and one message, bounded by `limits.max_message_bytes`, and are not
-//!   counted.
+//!   every call's messages, streams included, charged by the intake ([`crate::intake`]) before
+//!   their bytes are gathered and again once scanned (bytes plus estimated decoded size), and
+//!   given back when the handler is done with each (see `intake::ledger`).
 //!
 //! What is freed goes back to the kernel: the daemon's allocator is mimalloc (see `main.rs`),
 //! which returns freed pages once the threads that own them collect (`main.rs` makes idle I/O
@@ -28,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::config::Limits;
 use crate::error::NpudError;
 
-/// The budget's limits and what unary requests hold now.
+/// The budget's limits and what requests hold now.
 #[derive(Debug, Clone)]
 pub struct MemoryBudget {
     tensor_bytes: u64,
@@ -54,6 +53,13 @@ impl Queued {
     /// Bytes this call holds.
     pub fn held(&self) -> u64 {
         self.held
+    }
+
+    /// Gives `n` of the held bytes back (at most all of them).
+    pub fn release(&mut self, n: u64) {
+        let n = n.min(self.held);
+        self.held -= n;
+        self.queued.fetch_sub(n, Ordering::AcqRel);
     }
 }
 
@@ -145,7 +151,7 @@ impl MemoryBudget {
         }
     }
 
-    /// Request bytes held by unary calls now.
+    /// Request bytes held by calls now.
     pub fn queued_now(&self) -> u64 {
         self.queued.load(Ordering::Acquire)
     }
@@ -183,6 +189,8 @@ mod tests {
             "{e}"
         );
         assert_eq!((b.queued_now(), r.held()), (6, 0));
+        q.release(2);
+        assert_eq!((b.queued_now(), q.held()), (4, 4));
         drop(q);
         b.reserve(&mut r, 10).unwrap();
         drop(r);

@@ -11,10 +11,6 @@
 //! UNAVAILABLE; a response stream gets UNAVAILABLE trailers). Connections with no call at all
 //! (one that sent only its preface) are closed by the server after that.
 //!
-//! The same layer counts unary calls' request bytes in the memory budget's queued part
-//! ([`crate::budget`]): a call whose bytes would pass `limits.max_queued_request_bytes` fails
-//! with RESOURCE_EXHAUSTED naming the key, and a call's bytes are given back when it is gone.
-//!
 //! Cost: one mutex-guarded map insert and remove per call, a few atomic stores per frame.
 
 use std::collections::HashMap;
@@ -25,7 +21,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::budget::{MemoryBudget, Queued};
 use bytes::Bytes;
 use http_body::Frame;
 
@@ -42,8 +37,6 @@ struct Call {
     responded: AtomicBool,
     /// When the call last moved (a request or response frame), in ms since [`Shared::epoch`].
     moved_ms: AtomicU64,
-    /// The request bytes a unary call holds in the memory budget, until the call is gone.
-    queued: Option<Mutex<Queued>>,
 }
 
 #[derive(Debug)]
@@ -51,7 +44,6 @@ struct Shared {
     calls: Mutex<HashMap<u64, Arc<Call>>>,
     next: AtomicU64,
     epoch: Instant,
-    budget: Option<MemoryBudget>,
 }
 
 impl Shared {
@@ -66,15 +58,20 @@ pub struct Drain {
     shared: Arc<Shared>,
 }
 
+impl Default for Drain {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Drain {
-    /// A drain whose unary calls reserve their request bytes in `budget`.
-    pub fn new(budget: Option<MemoryBudget>) -> Self {
+    /// A drain with no call yet.
+    pub fn new() -> Self {
         Self {
             shared: Arc::new(Shared {
                 calls: Mutex::new(HashMap::new()),
                 next: AtomicU64::new(0),
                 epoch: Instant::now(),
-                budget,
             }),
         }
     }
@@ -108,18 +105,12 @@ impl Drain {
             .len()
     }
 
-    fn register(&self, counted: bool) -> (u64, Arc<Call>) {
+    fn register(&self) -> (u64, Arc<Call>) {
         let id = self.shared.next.fetch_add(1, Ordering::Relaxed);
         let call = Arc::new(Call {
             waiting_for_caller: AtomicBool::new(false),
             responded: AtomicBool::new(false),
             moved_ms: AtomicU64::new(self.shared.now_ms()),
-            queued: self
-                .shared
-                .budget
-                .as_ref()
-                .filter(|_| counted)
-                .map(|b| Mutex::new(b.queued())),
         });
         self.shared
             .calls
@@ -188,7 +179,7 @@ where
     }
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        let (id, call) = self.drain.register(counts_request_bytes(req.uri().path()));
+        let (id, call) = self.drain.register();
         let registration = Arc::new(Registration {
             shared: self.drain.shared.clone(),
             id,
@@ -221,13 +212,6 @@ where
     }
 }
 
-/// Whether a call's request bytes count in the budget: unary `npud.v1.Npud` calls, which hold
-/// their request until answered. Streams hold one message and their HTTP/2 window at most.
-fn counts_request_bytes(path: &str) -> bool {
-    path.strip_prefix("/npud.v1.Npud/")
-        .is_some_and(|m| !matches!(m, "WriteTensor" | "Submit"))
-}
-
 /// A request body that records whether the handler waits for the caller.
 struct RequestBody {
     inner: tonic::body::Body,
@@ -245,15 +229,6 @@ impl http_body::Body for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
         let r = Pin::new(&mut self.inner).poll_frame(cx);
-        if let (Poll::Ready(Some(Ok(f))), Some(q), Some(budget)) =
-            (&r, &self.call.queued, &self.shared.budget)
-            && let Some(data) = f.data_ref()
-        {
-            let mut q = q.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Err(e) = budget.reserve(&mut q, data.len() as u64) {
-                return Poll::Ready(Some(Err(tonic::Status::resource_exhausted(e.message()))));
-            }
-        }
         let waiting = r.is_pending();
         self.call
             .waiting_for_caller
@@ -327,8 +302,8 @@ mod tests {
 
     #[test]
     fn a_call_is_busy_until_it_waits_for_its_caller_and_has_been_quiet() {
-        let d = Drain::new(None);
-        let (id, call) = d.register(false);
+        let d = Drain::new();
+        let (id, call) = d.register();
         let _r = Registration {
             shared: d.shared.clone(),
             id,

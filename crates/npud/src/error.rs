@@ -130,7 +130,8 @@ impl NpudError {
     /// device (its arguments, a quota, the policy, a deadline that passed in the queue, a
     /// device recovering, a program the runtime refused without running it), so running the
     /// call again is safe and may succeed; INTERNAL is a failure of work that had started (a
-    /// device fault) or a broken invariant, and is final.
+    /// device fault) or a broken invariant, and UNKNOWN work that may have run (its doorbell
+    /// outlasted the runtime's wait): both are final, so a retry never runs the work twice.
     pub fn is_final(&self) -> bool {
         match self {
             Self::InvalidArgument(_)
@@ -141,7 +142,7 @@ impl NpudError {
             | Self::DeadlineExceeded(_)
             | Self::Unauthenticated(_)
             | Self::PermissionDenied(_) => false,
-            Self::Internal(_) => true,
+            Self::Internal(_) | Self::OutcomeUnknown(_) => true,
         }
     }
 

@@ -24,6 +24,7 @@ pub mod executor;
 pub mod faults;
 pub mod fdsock;
 pub mod health;
+pub mod intake;
 pub mod lives;
 pub mod logging;
 pub mod metrics;

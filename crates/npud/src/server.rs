@@ -18,7 +18,6 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::codec::CompressionEncoding;
 use tonic::transport::Server;
 use tonic::transport::server::Router;
 use tower_layer::{Identity, Stack};
@@ -33,6 +32,7 @@ use crate::error::DocumentedCodes;
 use crate::executor::{Executor, Opened};
 use crate::fdsock::{self, Tickets};
 use crate::health::{self, Condition, DeviceHealth, HealthService};
+use crate::intake::{Intake, IntakeLayer};
 use crate::lives::LifeLayer;
 use crate::metrics::collect::StateCollector;
 use crate::metrics::rpc::RpcMetrics;
@@ -48,12 +48,16 @@ use crate::tls::Tls;
 /// The tower layers around every gRPC service: [`RpcMetrics`] outside, so that it counts the
 /// codes [`DocumentedCodes`] gives clients; [`Drain`] inside it, tracking which calls the
 /// daemon works on for shutdown; [`CountCalls`] counts each connection's open calls for its
-/// idle timer; [`LifeLayer`] innermost, around the handlers, ending each call when the life it
-/// runs in ends (revocation, cool-down, session end, shutdown), so that every layer outside
-/// sees the status it ends a call with.
+/// idle timer; [`LifeLayer`] around the handlers, ending each call when the life it runs in
+/// ends (revocation, cool-down, session end, shutdown), so that every layer outside sees the
+/// status it ends a call with; [`IntakeLayer`] innermost, so that a call's life holds while it
+/// reads a body (it bounds every request body before tonic decodes it: see `intake`).
 type Layers = Stack<
-    LifeLayer,
-    Stack<Drain, Stack<CountCalls, Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>>>,
+    IntakeLayer,
+    Stack<
+        LifeLayer,
+        Stack<Drain, Stack<CountCalls, Stack<DocumentedCodes, Stack<RpcMetrics, Identity>>>>,
+    >,
 >;
 
 /// How long shutdown waits, once the calls still open are ended, for their connections to
@@ -97,6 +101,8 @@ pub enum ServeError {
     },
     #[error("building server reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error(transparent)]
+    Intake(#[from] crate::intake::SchemaError),
     #[error("installing signal handlers: {0}")]
     Signal(std::io::Error),
     #[error("serving gRPC: {0}")]
@@ -266,13 +272,20 @@ pub async fn run(
         rings: Arc::default(),
         lifecycle: Arc::new(crate::principals::Lifecycle::new()),
     });
-    let drain = Drain::new(Some(state.budget.clone()));
+    let drain = Drain::new();
     // A cool-down ends what the identity holds open, as revocation does.
     state
         .exec
         .fault_budget()
         .end_holds_through(state.lifecycle.clone());
     let life_layer = LifeLayer::new(state.policy.tokens().cloned(), state.lifecycle.clone());
+    // Inflating and scanning large messages: at most one job per core on the blocking pool.
+    let intake = IntakeLayer::new(Intake::new(
+        &cfg.limits,
+        state.policy.clone(),
+        state.budget.clone(),
+        std::thread::available_parallelism().map_or(1, usize::from),
+    )?);
 
     let stop = CancellationToken::new();
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -384,16 +397,15 @@ pub async fn run(
             .layer(CountCalls)
             .layer(drain.clone())
             .layer(life_layer.clone())
+            .layer(intake.clone())
             .add_service(health.clone())
             .add_service(v1)
             .add_service(v1alpha)
             .add_service(
-                // Compressed requests are accepted as gRPC clients may send them (grpcurl,
-                // grpcio and buf curl offer gzip); the size limit holds for the decompressed
-                // message, so a small compressed one cannot inflate past it.
+                // Compressed requests (grpcurl, grpcio and buf curl offer gzip) are inflated by
+                // the intake, within its bounds, for callers the policy allows: the service
+                // itself sees only uncompressed messages.
                 NpudServer::new(svc)
-                    .accept_compressed(CompressionEncoding::Gzip)
-                    .accept_compressed(CompressionEncoding::Deflate)
                     .max_decoding_message_size(max.saturating_mul(2))
                     .max_encoding_message_size(max.saturating_mul(2)),
             ))

@@ -40,6 +40,7 @@ use crate::sessions::Sessions;
 use crate::stats::PendingWork;
 
 pub use ring::{RingControl, Rings};
+pub use work::MAX_ARGS;
 
 /// What every handler shares.
 #[derive(Debug)]

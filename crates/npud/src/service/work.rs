@@ -21,8 +21,8 @@ use crate::executor::{Command, Link, LinkPrefix, WorkDone, WorkItem};
 use crate::metrics::Kind;
 use crate::stats::{Outcome, PendingGuard, Tally};
 
-/// Most buffer arguments one dispatch may pass.
-const MAX_ARGS: usize = 64;
+/// Most buffer arguments one dispatch may pass (the intake counts them before decoding).
+pub const MAX_ARGS: usize = 64;
 
 type WorkReply = oneshot::Receiver<Result<WorkDone, NpudError>>;
 
