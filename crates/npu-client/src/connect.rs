@@ -126,7 +126,7 @@ impl Address {
         uri.rsplit_once(':').map_or(Some(uri), |(h, _)| Some(h))
     }
 
-    fn is_loopback(&self) -> bool {
+    pub(crate) fn is_loopback(&self) -> bool {
         match self.host() {
             None => true,
             Some("localhost") => true,
@@ -361,12 +361,29 @@ pub(crate) async fn open_channel(
     };
     match tokio::time::timeout(opts.connect_timeout, ep.connect()).await {
         Ok(Ok(ch)) => Ok(ch),
-        Ok(Err(e)) => Err(failed(error_chain(&e))),
+        Ok(Err(e)) => Err(failed(crate::diagnose::connect_failure(addr, &e))),
         Err(_) => Err(failed(format!(
             "no connection within {:?}",
             opts.connect_timeout
         ))),
     }
+}
+
+/// A status from the transport: its message and the sources below it, joined with ": "
+/// (a status's own `Display` shows its fields with their Rust debug form).
+pub(crate) fn status_chain(status: &tonic::Status) -> String {
+    use std::error::Error as _;
+    let mut s = status.message().to_owned();
+    let mut cur = status.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
 }
 
 /// An error and its sources, joined with ": ".

@@ -505,6 +505,7 @@ fn item_error(code: i32, message: String) -> ClientError {
         call: "Submit",
         code: tonic::Code::from_i32(code),
         message,
+        note: None,
     }
 }
 
@@ -514,5 +515,6 @@ fn protocol(message: String) -> ClientError {
         call: "Submit",
         code: tonic::Code::Internal,
         message,
+        note: None,
     }
 }

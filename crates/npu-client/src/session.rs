@@ -141,11 +141,23 @@ impl Inner {
         let identity = identity_header(&addr, &opts)?;
         let channel = open_channel(&addr, &opts).await?;
         let mut plain = plain_client(channel.clone(), &opts, identity.clone());
-        let device = bounded(&opts, "GetDeviceInfo", async {
-            plain.get_device_info(pb::GetDeviceInfoRequest {}).await
-        })
-        .await?
-        .into_inner();
+        let device = match tokio::time::timeout(
+            opts.call_timeout,
+            plain.get_device_info(pb::GetDeviceInfoRequest {}),
+        )
+        .await
+        {
+            Ok(Ok(r)) => r.into_inner(),
+            Ok(Err(st)) => {
+                return Err(first_call_failed(&addr, &opts, "GetDeviceInfo", &st).await);
+            }
+            Err(_) => {
+                return Err(ClientError::Timeout {
+                    call: "GetDeviceInfo",
+                    timeout: opts.call_timeout,
+                });
+            }
+        };
         let session = if open_session {
             let r = bounded(&opts, "OpenSession", async {
                 plain
@@ -390,10 +402,20 @@ impl Inner {
         if is_transport(status) {
             return ClientError::Connect {
                 address: self.addr.to_string(),
-                message: format!("{name}: {}", crate::connect::error_chain(status)),
+                message: format!("{name}: {}", crate::connect::status_chain(status)),
             };
         }
-        ClientError::daemon(name, status)
+        let mut e = ClientError::daemon(name, status);
+        if let ClientError::Daemon {
+            code,
+            message,
+            note,
+            ..
+        } = &mut e
+        {
+            *note = crate::diagnose::refusal_note(&self.addr, *code, message);
+        }
+        e
     }
 
     /// Opens a streaming call once, without the retry of [`Inner::call`]: the stream's request
@@ -571,6 +593,30 @@ async fn bounded<T>(
             call,
             timeout: opts.call_timeout,
         }),
+    }
+}
+
+/// The error for a connection's first call that failed: below gRPC (the transport), a
+/// connection failure with its cause and the next step ([`crate::diagnose::first_call`]);
+/// otherwise the daemon's refusal.
+pub(crate) async fn first_call_failed(
+    addr: &Address,
+    opts: &ConnectOptions,
+    call: &'static str,
+    status: &Status,
+) -> ClientError {
+    if !is_transport(status) {
+        return ClientError::daemon(call, status);
+    }
+    let chain = crate::connect::status_chain(status);
+    let cert = opts.tls_cert.is_some();
+    let message = match crate::diagnose::first_call(addr, &chain, cert).await {
+        Some(m) => format!("{call}: {m}"),
+        None => format!("{call}: {chain}"),
+    };
+    ClientError::Connect {
+        address: addr.to_string(),
+        message,
     }
 }
 
