@@ -217,3 +217,68 @@ fn a_local_user_the_socket_keeps_out_is_told_why_over_loopback_and_on_the_socket
         "{err}"
     );
 }
+
+#[test]
+fn run_refuses_files_that_do_not_fit_the_designs_arguments() {
+    let d = Daemon::start(Options::default());
+    let addr = format!("unix:{}", d.socket.display());
+    let dir = tempfile::tempdir().unwrap();
+    let design = dir.path().join("vector_scalar_add");
+    let design_s = design.display().to_string();
+    let out = npuctl(&[
+        "--addr",
+        &addr,
+        "emu-design",
+        "vector_scalar_add",
+        "--out",
+        &design_s,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let input = dir.path().join("in.bin");
+    let bytes: Vec<u8> = (1..=1024i32).flat_map(i32::to_le_bytes).collect();
+    std::fs::write(&input, &bytes).unwrap();
+    let (input, output) = (
+        input.display().to_string(),
+        dir.path().join("out.bin").display().to_string(),
+    );
+    // Three files for two arguments: it ran and wrote 4-byte outputs, exit 0.
+    let err = failed(&npuctl(&[
+        "--addr", &addr, "run", &design_s, "--input", &input, &input, "--output", &output,
+    ]));
+    assert!(
+        err.contains(
+            "vector_scalar_add takes 2 buffer arguments; 2 --input and 1 --output files are 3"
+        ),
+        "{err}"
+    );
+    // --output alone: it became argument 0, the input.
+    let err = failed(&npuctl(&[
+        "--addr", &addr, "run", &design_s, "--output", &output,
+    ]));
+    assert!(err.contains("--output without --input"), "{err}");
+    assert!(!Path::new(&output).exists(), "nothing ran");
+    // As the design takes them: the input, then the output.
+    let out = npuctl(&[
+        "--addr", &addr, "run", &design_s, "--input", &input, "--output", &output,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let got = std::fs::read(&output).unwrap();
+    let want: Vec<u8> = (2..=1025i32).flat_map(i32::to_le_bytes).collect();
+    assert!(got == want, "vector_scalar_add wrote {} bytes", got.len());
+}
+
+#[test]
+fn options_a_subcommand_cannot_honour_are_refused_not_ignored() {
+    let err = failed(&npuctl(&["demo", "--addr", "unix:/x.sock"]));
+    assert!(
+        err.contains("--addr does not apply to npuctl demo: it starts a daemon of its own"),
+        "{err}"
+    );
+    let err = failed(&npuctl(&["--token-file", "/t", "bench", "--quick"]));
+    assert!(
+        err.contains("--token-file does not apply to npuctl bench"),
+        "{err}"
+    );
+    let err = failed(&npuctl(&["bench", "--addr", "https://localhost:1"]));
+    assert!(err.contains("is not one"), "{err}");
+}
