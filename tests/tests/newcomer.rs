@@ -1,5 +1,5 @@
-//! What a new user or an outside gRPC client meets first: a start that logs no warning,
-//! compressed requests, ReadTensor chunks a client with default limits can receive, and an
+//! What a new user or an outside gRPC client meets first: a start that logs no warning (and no
+//! colour escapes into a file), a second daemon beside the first, compressed requests, ReadTensor chunks a client with default limits can receive, and an
 //! ended session that says how it ended.
 
 #![forbid(unsafe_code)]
@@ -43,6 +43,7 @@ async fn a_normal_start_logs_no_warning_and_keeps_the_probe_evidence() {
         d.terminate();
         let log = d.stderr();
         assert!(log.contains("chose the packet ABI"), "{log}");
+
         let w = warnings(&log);
         assert!(w.is_empty(), "a normal start ({runtime:?}) warned: {w:#?}");
     }
@@ -218,6 +219,8 @@ fn plain_npud(dir: &std::path::Path, name: &str) -> std::process::Child {
             c.env_remove(&k);
         }
     }
+    // As a person starts it: no NO_COLOR (the harness's daemons get one).
+    c.env_remove("NO_COLOR");
     let mut child = c.spawn().unwrap();
     let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !ready.exists() {
@@ -234,7 +237,8 @@ fn plain_npud(dir: &std::path::Path, name: &str) -> std::process::Child {
 }
 
 #[test]
-fn two_daemons_given_two_sockets_get_two_fd_sockets_and_state_dir_empty_is_accepted() {
+fn two_daemons_given_two_sockets_get_two_fd_sockets_state_dir_empty_is_accepted_and_logs_are_plain()
+{
     let dir = tempfile::tempdir().unwrap();
     let mut a = plain_npud(dir.path(), "a");
     // The second one's fd socket was the first one's default, and it failed to bind.
@@ -282,6 +286,11 @@ fn two_daemons_given_two_sockets_get_two_fd_sockets_and_state_dir_empty_is_accep
     }
     let log = std::fs::read_to_string(dir.path().join("a.log")).unwrap();
     assert!(log.contains("quarantine is kept in memory only"), "{log}");
+    // stderr is a file, not a terminal: plain text, no colour escapes.
+    assert!(
+        !log.contains('\x1b'),
+        "colour escapes in a log file: {log:?}"
+    );
     for c in [&mut a, &mut b] {
         let _ = c.kill();
         let _ = c.wait();
