@@ -19,7 +19,10 @@
 //!   [`ClientError::SessionLost`] and so does every later call. The client never re-registers
 //!   programs or re-creates tensors behind the caller's back: their contents are gone.
 //! - An `UNAVAILABLE` the daemon itself sends (the device recovers, the daemon drains) is returned
-//!   as [`ClientError::Daemon`], not retried.
+//!   as [`ClientError::Daemon`], not retried; except at connect, before any session exists:
+//!   there a daemon that drains (a `systemctl restart` whose socket unit hands the next
+//!   connection to the next daemon) is asked again on a new connection, within the connect
+//!   timeout.
 //! - A session a [`crate::Fleet`] opened is also lost when the fleet finds its host down (a
 //!   session call in flight then ends at once, not at its timeout), and when its own reconnect
 //!   fails for the reconnect timeout (it then tells the fleet): the daemon that held its
@@ -139,23 +142,38 @@ impl Inner {
         open_session: bool,
     ) -> Result<Arc<Inner>, ClientError> {
         let identity = identity_header(&addr, &opts)?;
-        let channel = open_channel(&addr, &opts).await?;
-        let mut plain = plain_client(channel.clone(), &opts, identity.clone());
-        let device = match tokio::time::timeout(
-            opts.call_timeout,
-            plain.get_device_info(pb::GetDeviceInfoRequest {}),
-        )
-        .await
-        {
-            Ok(Ok(r)) => r.into_inner(),
-            Ok(Err(st)) => {
-                return Err(first_call_failed(&addr, &opts, "GetDeviceInfo", &st).await);
-            }
-            Err(_) => {
-                return Err(ClientError::Timeout {
-                    call: "GetDeviceInfo",
-                    timeout: opts.call_timeout,
-                });
+        // A daemon that is shutting down answers UNAVAILABLE on a connection it accepted just
+        // before: under socket activation the next daemon takes the next connection from the
+        // same socket, so a new connection is tried until the connect timeout.
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_millis(20);
+        let (channel, mut plain, device) = loop {
+            let channel = open_channel(&addr, &opts).await?;
+            let mut plain = plain_client(channel.clone(), &opts, identity.clone());
+            match tokio::time::timeout(
+                opts.call_timeout,
+                plain.get_device_info(pb::GetDeviceInfoRequest {}),
+            )
+            .await
+            {
+                Ok(Ok(r)) => break (channel, plain, r.into_inner()),
+                Ok(Err(st))
+                    if st.code() == Code::Unavailable
+                        && !is_transport(&st)
+                        && started.elapsed() + pause < opts.connect_timeout =>
+                {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(250));
+                }
+                Ok(Err(st)) => {
+                    return Err(first_call_failed(&addr, &opts, "GetDeviceInfo", &st).await);
+                }
+                Err(_) => {
+                    return Err(ClientError::Timeout {
+                        call: "GetDeviceInfo",
+                        timeout: opts.call_timeout,
+                    });
+                }
             }
         };
         let session = if open_session {
