@@ -3,8 +3,11 @@
 //! The image is the Containerfile's `from-host` target: the binaries this build made
 //! (`npud`, `npuctl`, `npud-device-plugin`, their debug sections stripped) in
 //! `target/npud-image/bin/`, on a Debian bookworm base made with mmdebstrap and imported into
-//! podman (no registry is reachable where these tests run). The base's tarball is kept in
-//! `target/npud-base/base-bookworm.tar` between runs, so only the first run pays for it.
+//! podman (no registry is reachable where these tests run). The base carries Debian's
+//! `systemd` too, so that the systemd test (`tests/tests/systemd_real.rs`) boots the same base
+//! as its PID 1 ([`base`]). The base's tarball is kept in
+//! `target/npud-base/base-bookworm-systemd-procps.tar` between runs, so only the first run pays for
+//! it, and a lock file beside it makes concurrent tests wait for one build.
 //!
 //! Podman runs every container with `--runtime runc` and explicit `nofile`/`nproc` limits
 //! (crun refuses hybrid cgroup hierarchies, and podman's default limits may exceed what a
@@ -16,7 +19,11 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The base image's name in podman's storage.
-const BASE: &str = "localhost/npud-e2e-base:bookworm";
+pub const BASE: &str = "localhost/npud-e2e-base:bookworm-systemd-procps";
+
+/// What the base carries beyond Debian's minbase: systemd as PID 1, and procps (`kill`, which
+/// `npud.service`'s `ExecReload=` runs, as on any host with systemd and a shell).
+const INCLUDE: &str = "--include=systemd,systemd-sysv,procps";
 const LABEL: &str = "npud_e2e_pid";
 
 /// Whether this machine can run the container tests: `Err` says what is missing.
@@ -149,38 +156,7 @@ impl Image {
         sweep();
         let bin = repo().join("target/npud-image/bin");
         std::fs::create_dir_all(&bin).expect("target/npud-image/bin");
-        // Outside the build context (target/npud-image/ is in it).
-        let dir = repo().join("target/npud-base");
-        std::fs::create_dir_all(&dir).expect("target/npud-base");
-        let t = Instant::now();
-        let tar = dir.join("base-bookworm.tar");
-        let cold = !tar.exists();
-        if cold {
-            let part = dir.join(format!("base-bookworm.tar.{}", std::process::id()));
-            check(
-                Command::new("mmdebstrap")
-                    .args([
-                        "--variant=minbase",
-                        "--mode=root",
-                        "--format=tar",
-                        "bookworm",
-                    ])
-                    .arg(&part),
-                Duration::from_secs(900),
-            );
-            std::fs::rename(&part, &tar).expect("the base tarball");
-        }
-        let imported = run_within(
-            podman().args(["image", "exists", BASE]),
-            Duration::from_secs(60),
-        );
-        if cold || !imported.status.success() {
-            check(
-                podman().arg("import").arg(&tar).arg(BASE),
-                Duration::from_secs(300),
-            );
-        }
-        let base_took = t.elapsed();
+        let (base_took, cold) = base();
         let t = Instant::now();
         for b in ["npud", "npuctl", "npud-device-plugin"] {
             let from = if b == "npuctl" {
@@ -218,6 +194,55 @@ impl Image {
     }
 }
 
+/// The Debian bookworm base (minbase, with [`INCLUDE`]'s packages) in podman's storage
+/// as [`BASE`]: made with mmdebstrap the first time (its tarball kept in `target/npud-base/`),
+/// imported when podman lacks it. Concurrent callers wait on a lock file for one build. Returns
+/// how long it took and whether the tarball had to be made.
+///
+/// # Panics
+/// When a step fails or takes longer than its bound (mmdebstrap: 15 min; the import: 5 min).
+pub fn base() -> (Duration, bool) {
+    // Outside the build context (target/npud-image/ is in it).
+    let dir = repo().join("target/npud-base");
+    std::fs::create_dir_all(&dir).expect("target/npud-base");
+    let lock = std::fs::File::create(dir.join("lock")).expect("target/npud-base/lock");
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+        .expect("the base image's lock");
+    let t = Instant::now();
+    let tar = dir.join("base-bookworm-systemd-procps.tar");
+    let cold = !tar.exists();
+    if cold {
+        let part = dir.join(format!(
+            "base-bookworm-systemd-procps.tar.{}",
+            std::process::id()
+        ));
+        check(
+            Command::new("mmdebstrap")
+                .args([
+                    "--variant=minbase",
+                    "--mode=root",
+                    "--format=tar",
+                    INCLUDE,
+                    "bookworm",
+                ])
+                .arg(&part),
+            Duration::from_secs(900),
+        );
+        std::fs::rename(&part, &tar).expect("the base tarball");
+    }
+    let imported = run_within(
+        podman().args(["image", "exists", BASE]),
+        Duration::from_secs(60),
+    );
+    if cold || !imported.status.success() {
+        check(
+            podman().arg("import").arg(&tar).arg(BASE),
+            Duration::from_secs(300),
+        );
+    }
+    (t.elapsed(), cold)
+}
+
 impl Drop for Image {
     fn drop(&mut self) {
         let _ = run_within(
@@ -240,6 +265,14 @@ impl Pod {
     /// When podman refuses.
     pub fn start(role: &str, args: &[String], image: &str, command: &[&str]) -> Pod {
         let name = format!("npud-e2e-{}-{role}", std::process::id());
+        Pod::start_named(name, args, image, command)
+    }
+
+    /// [`Pod::start`] with a name of the caller's.
+    ///
+    /// # Panics
+    /// When podman refuses.
+    pub fn start_named(name: String, args: &[String], image: &str, command: &[&str]) -> Pod {
         check(
             podman()
                 .args(["run", "-d", "--name", &name])
@@ -274,10 +307,12 @@ impl Pod {
 
     /// `podman exec` in it.
     pub fn exec(&self, command: &[&str]) -> Output {
-        run_within(
-            podman().arg("exec").arg(&self.name).args(command),
-            Duration::from_secs(60),
-        )
+        self.exec_within(command, Duration::from_secs(60))
+    }
+
+    /// `podman exec` in it, bounded by `limit`.
+    pub fn exec_within(&self, command: &[&str], limit: Duration) -> Output {
+        run_within(podman().arg("exec").arg(&self.name).args(command), limit)
     }
 }
 

@@ -293,10 +293,47 @@ async fn without_its_token_a_caller_gets_device_info_and_health_only_and_no_uid_
             "the DaemonSet's probe: {}",
             String::from_utf8_lossy(&health.stderr)
         );
+        // `npuctl status` without a token shows the device (GetDeviceInfo answers) and says
+        // why the counters are not shown; it printed nothing before. Not a terminal: no line
+        // is padded.
+        let status = Command::new(npud_e2e::npuctl_binary())
+            .arg("--addr")
+            .arg(format!("unix:{}", d.socket.display()))
+            .arg("status")
+            .env_remove("NPUD_TOKEN_FILE")
+            .env_remove("NPUD_ADDR")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&status.stdout);
+        assert!(
+            status.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+        assert!(
+            text.contains("device:") && text.contains("emulator"),
+            "{text}"
+        );
+        let refused = text
+            .lines()
+            .find_map(|l| l.strip_prefix("statistics:"))
+            .map(str::trim_start);
+        assert!(
+            refused.is_some_and(|r| r.starts_with(&format!(
+                "not shown: GetStatistics failed (UNAUTHENTICATED): {uid} presented no identity \
+                 token"
+            ))),
+            "{text}"
+        );
+        assert!(
+            text.lines().all(|l| l == l.trim_end()),
+            "padded lines: {text:?}"
+        );
         let expected = format!(
-            "{uid} presented no x-npud-token token, which auth.require_token = [\"unix\"] \
-             requires on the unix listener; without one a caller may call only GetDeviceInfo and \
-             the health service"
+            "{uid} presented no identity token (the x-npud-token metadata: npuctl \
+             --token-file, NPUD_TOKEN_FILE), which auth.require_token = [\"unix\"] requires on \
+             the unix listener; without one a caller may call only GetDeviceInfo and the health \
+             service"
         );
         let refusals = [
             c.open_session(tonic::Request::new(pb::OpenSessionRequest {

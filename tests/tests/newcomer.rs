@@ -1,5 +1,5 @@
-//! What a new user or an outside gRPC client meets first: a start that logs no warning,
-//! compressed requests, ReadTensor chunks a client with default limits can receive, and an
+//! What a new user or an outside gRPC client meets first: a start that logs no warning (and no
+//! colour escapes into a file), a second daemon beside the first, compressed requests, ReadTensor chunks a client with default limits can receive, and an
 //! ended session that says how it ended.
 
 #![forbid(unsafe_code)]
@@ -43,6 +43,7 @@ async fn a_normal_start_logs_no_warning_and_keeps_the_probe_evidence() {
         d.terminate();
         let log = d.stderr();
         assert!(log.contains("chose the packet ABI"), "{log}");
+
         let w = warnings(&log);
         assert!(w.is_empty(), "a normal start ({runtime:?}) warned: {w:#?}");
     }
@@ -199,4 +200,99 @@ async fn a_closed_session_says_it_was_closed_not_that_its_grace_period_passed() 
         )),
         "{e:?}"
     );
+}
+
+/// Starts `npud --socket SOCKET --state-dir ""` with only those (as a person would run a second
+/// daemon), waiting for its ready file.
+fn plain_npud(dir: &std::path::Path, name: &str) -> std::process::Child {
+    let ready = dir.join(format!("{name}.ready"));
+    let mut c = std::process::Command::new(npud_e2e::binary("npud"));
+    c.arg("--socket")
+        .arg(dir.join(format!("{name}.sock")))
+        .args(["--state-dir", ""])
+        .arg("--ready-file")
+        .arg(&ready)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("NPUD_") {
+            c.env_remove(&k);
+        }
+    }
+    // As a person starts it: no NO_COLOR (the harness's daemons get one).
+    c.env_remove("NO_COLOR");
+    let mut child = c.spawn().unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !ready.exists() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "npud {name} exited ({status}): {}",
+                std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
+            );
+        }
+        assert!(std::time::Instant::now() < until, "npud {name} not ready");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child
+}
+
+#[test]
+fn two_daemons_given_two_sockets_get_two_fd_sockets_state_dir_empty_is_accepted_and_logs_are_plain()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = plain_npud(dir.path(), "a");
+    // The second one's fd socket was the first one's default, and it failed to bind.
+    let mut b = plain_npud(dir.path(), "b");
+    for name in ["a", "b"] {
+        assert!(
+            dir.path().join(format!("{name}.fd.sock")).exists(),
+            "{name}"
+        );
+        // Tensors shared by fd: the daemon's fd socket answers.
+        let out = std::process::Command::new(npud_e2e::npuctl_binary())
+            .arg("--addr")
+            .arg(format!(
+                "unix:{}",
+                dir.path().join(format!("{name}.sock")).display()
+            ))
+            .args(["emu-design", "passthrough", "--out"])
+            .arg(dir.path().join(format!("design-{name}")))
+            .env_remove("NPUD_ADDR")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let input = dir.path().join("in.bin");
+        std::fs::write(&input, vec![7u8; 4096]).unwrap();
+        let out = std::process::Command::new(npud_e2e::npuctl_binary())
+            .arg("--addr")
+            .arg(format!(
+                "unix:{}",
+                dir.path().join(format!("{name}.sock")).display()
+            ))
+            .arg("run")
+            .arg(dir.path().join(format!("design-{name}")))
+            .arg("--input")
+            .arg(&input)
+            .arg("--output")
+            .arg(dir.path().join(format!("out-{name}.bin")))
+            .env_remove("NPUD_ADDR")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("fd-shared tensors"),
+            "{out:?}"
+        );
+    }
+    let log = std::fs::read_to_string(dir.path().join("a.log")).unwrap();
+    assert!(log.contains("quarantine is kept in memory only"), "{log}");
+    // stderr is a file, not a terminal: plain text, no colour escapes.
+    assert!(
+        !log.contains('\x1b'),
+        "colour escapes in a log file: {log:?}"
+    );
+    for c in [&mut a, &mut b] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
 }

@@ -466,8 +466,10 @@ async fn sessions_are_served_round_robin() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grpc_timeout_that_expires_in_the_queue_keeps_the_dispatch_from_running() {
+    // The hang holds the device for 3 s: room for the next dispatch to be sent and expire
+    // behind it however slowly a loaded machine runs this test.
     let d = Daemon::start(Options {
-        args: vec!["--emulator-timeout-ms".into(), "400".into()],
+        args: vec!["--emulator-timeout-ms".into(), "3000".into()],
         ..Options::default()
     });
     let (mut s, p, mut a, b) = setup(&d).await;
@@ -480,7 +482,16 @@ async fn a_grpc_timeout_that_expires_in_the_queue_keeps_the_dispatch_from_runnin
     let mut s2 = s.clone();
     let (ia, ib) = (a.id, b.id);
     let blocker = tokio::spawn(async move { s2.dispatch(hang, &[ia, ib]).await });
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    // Once the hang is admitted, this session's next dispatch queues behind it (a session's
+    // work runs in order). A fixed 100 ms wait here failed on a machine with load 8.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while s.statistics().await.unwrap().pending_dispatches == 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the hanging dispatch was never admitted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     let mut req = s.req(dispatch_request(p, &[a.id, b.id]));
     req.set_timeout(std::time::Duration::from_millis(50));
     let e = s.client.dispatch(req).await.unwrap_err();

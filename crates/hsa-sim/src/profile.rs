@@ -57,8 +57,18 @@ pub enum Profile {
     /// that takes `PdiInsts` kernels through the executable API while the packets still name
     /// instruction streams, never kernel objects.
     RocrG2Jul2026,
-    /// The newest ROCR: G2, chains split to fit, a failed batch suspends the queue and calls
-    /// its error callback.
+    /// The newest ROCR whose source could be read here: rocm-systems `develop` as the newest
+    /// stored text of its files shows it, the loader `runtime/hsa-runtime/loader/executable.cpp`
+    /// @ `a1e856c405773f4386a1f34dc259b3741e48e11f` (gfx1250 kernel-entry trampolines, so
+    /// newer than every AIE branch cited here) and the G2 driver with full-ELF packets
+    /// (`core/driver/xdna/README.md` @ `159fb22fb91d26b08f8c4fcbebba417edacc622a`): G2
+    /// packets, full-ELF packets, chains split to fit, a failed batch suspends the queue and
+    /// calls its error callback. Its loader has no AIE section loader (no `AieKernelDescriptor`,
+    /// no `amd_aie_code.hpp`: the July 2026 tree's loader lived on a development line that
+    /// this text does not carry), so an AIE hsaco goes to the GPU loader and fails as an
+    /// invalid code object. The newest whole tree that could be fetched, rocm-systems `develop`
+    /// @ `1b1610fc2b2ab32af71e6e04e4d4a6a4ae597992` (2025-08-09), predates G2 and is not what
+    /// this profile models.
     #[default]
     RocrNewest,
     /// A kernel-object ROCR (rocm-systems development branch, `rocr-aie-hsaco.md`): AIE hsacos

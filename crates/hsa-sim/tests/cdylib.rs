@@ -70,6 +70,20 @@ const EXTRA: [&str; 23] = [
     "hsa_amd_interop_map_buffer",
 ];
 
+/// The loaded library's runtime is one per process (`hsa_init` counts references, as ROCR's
+/// does): two tests that init and shut it down at once, as `cargo test` runs them on threads
+/// of one process, would read each other's counts. Each such test holds this for its whole
+/// length (nextest runs each test in a process of its own, where it costs nothing).
+static RUNTIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Holds [`RUNTIME`]; a test that panicked while holding it left nothing half-done that the
+/// next one depends on (every test inits and shuts down itself).
+fn runtime() -> std::sync::MutexGuard<'static, ()> {
+    RUNTIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn open() -> libloading::Library {
     // SAFETY: loading the emulator runs no initialisers beyond Rust's own statics.
     unsafe { libloading::Library::new(device_support::cdylib_path()) }.unwrap()
@@ -111,6 +125,7 @@ unsafe extern "C" fn ignore_queue_error(_status: Status, _q: *mut Queue, _data: 
 
 #[test]
 fn a_dispatch_through_the_loaded_library_runs_and_errors_read_back_through_c() {
+    let _runtime = runtime();
     let lib = open();
     // SAFETY: (whole test) every symbol is this crate's function of the C name's signature;
     // calls follow ROCR's contracts: live out-pointers, handles from the runtime, buffers sized
@@ -233,6 +248,7 @@ fn the_memory_suites_calls_answer_as_rocr_through_the_loaded_library() {
     use hsa_core::sys::{AccessDesc, AccessPermission, MemoryType, VmemHandle, global_flag};
     use std::ffi::c_int;
     type PoolCb = unsafe extern "C" fn(MemoryPool, *mut c_void) -> Status;
+    let _runtime = runtime();
     let lib = open();
     // SAFETY: (whole test) every symbol is this crate's function of the C name's signature;
     // out-pointers are live locals; addresses and handles come from the library.

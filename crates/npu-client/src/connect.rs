@@ -10,7 +10,8 @@
 //!
 //! With no address, `NPUD_ADDR` is used, and without that the daemon's default socket:
 //! `/run/npud/npud.sock` for root, `$XDG_RUNTIME_DIR/npud/npud.sock` otherwise, and
-//! `/tmp/npud-<uid>/npud.sock` when `XDG_RUNTIME_DIR` is unset or empty (npud's own default).
+//! `/tmp/npud-<uid>/npud.sock` when `XDG_RUNTIME_DIR` is unset or empty (npud's own default);
+//! when no socket is there and the system service's `/run/npud/npud.sock` is, that one.
 //!
 //! TLS options ([`ConnectOptions`]): a CA bundle (`tls_ca` / `tls_ca_pem`; default: the system
 //! roots), a client certificate and key for mTLS (`tls_cert`, `tls_key`), and the name to check
@@ -25,7 +26,7 @@
 //! the network in the clear.
 
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -126,7 +127,7 @@ impl Address {
         uri.rsplit_once(':').map_or(Some(uri), |(h, _)| Some(h))
     }
 
-    fn is_loopback(&self) -> bool {
+    pub(crate) fn is_loopback(&self) -> bool {
         match self.host() {
             None => true,
             Some("localhost") => true,
@@ -144,9 +145,24 @@ impl std::fmt::Display for Address {
     }
 }
 
-/// The daemon's default gRPC socket, computed exactly as npud computes it.
+/// The system service's gRPC socket (`systemd/npud.socket`).
+pub const SYSTEM_SOCKET: &str = "/run/npud/npud.sock";
+
+/// The daemon's default gRPC socket: the one npud run by this user would take (computed as
+/// npud computes it), else, when no socket is there and the system service's is, the system
+/// service's (`/run/npud/npud.sock`), so that a member of the service's group needs no
+/// `NPUD_ADDR`.
 #[must_use]
 pub fn default_socket() -> PathBuf {
+    let own = own_default_socket();
+    if !own.exists() && Path::new(SYSTEM_SOCKET).exists() {
+        return PathBuf::from(SYSTEM_SOCKET);
+    }
+    own
+}
+
+/// The socket npud takes by default when this user runs it.
+fn own_default_socket() -> PathBuf {
     let uid = rustix::process::getuid();
     let dir = if uid.is_root() {
         PathBuf::from("/run/npud")
@@ -361,12 +377,29 @@ pub(crate) async fn open_channel(
     };
     match tokio::time::timeout(opts.connect_timeout, ep.connect()).await {
         Ok(Ok(ch)) => Ok(ch),
-        Ok(Err(e)) => Err(failed(error_chain(&e))),
+        Ok(Err(e)) => Err(failed(crate::diagnose::connect_failure(addr, &e))),
         Err(_) => Err(failed(format!(
             "no connection within {:?}",
             opts.connect_timeout
         ))),
     }
+}
+
+/// A status from the transport: its message and the sources below it, joined with ": "
+/// (a status's own `Display` shows its fields with their Rust debug form).
+pub(crate) fn status_chain(status: &tonic::Status) -> String {
+    use std::error::Error as _;
+    let mut s = status.message().to_owned();
+    let mut cur = status.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
 }
 
 /// An error and its sources, joined with ": ".

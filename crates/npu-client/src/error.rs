@@ -13,7 +13,7 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum ClientError {
     /// The daemon refused or failed a call; `code` and `message` are the daemon's own.
-    #[error("{call} failed ({}): {message}", code_name(*code))]
+    #[error("{call} failed ({}): {message}{}", code_name(*code), with_note(note.as_deref()))]
     Daemon {
         /// The RPC, e.g. `Dispatch`.
         call: &'static str,
@@ -21,6 +21,9 @@ pub enum ClientError {
         code: tonic::Code,
         /// The daemon's message.
         message: String,
+        /// What to do next, when the remedy lies on the client's side (the client's words, not
+        /// the daemon's: an anonymous local user over loopback TCP, for one).
+        note: Option<String>,
     },
     /// The session no longer exists on the daemon: the daemon restarted, or the session ended
     /// after its grace period without a connection. Its tensors and programs are gone; open a new
@@ -150,6 +153,7 @@ impl ClientError {
             call,
             code: status.code(),
             message: status.message().to_owned(),
+            note: None,
         }
     }
 
@@ -157,6 +161,10 @@ impl ClientError {
         let what = what.into();
         move |source| Self::Fd { what, source }
     }
+}
+
+fn with_note(note: Option<&str>) -> String {
+    note.map_or_else(String::new, |n| format!(" ({n})"))
 }
 
 fn host_reasons(hosts: &[(String, String)]) -> String {

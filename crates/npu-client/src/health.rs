@@ -16,7 +16,8 @@ use crate::ClientError;
 use crate::connect::{Address, ConnectOptions, open_channel};
 
 /// The health status the daemon at `address` (as [`Address::resolve`] takes it) reports for
-/// `service`, within the options' connect and call timeouts.
+/// `service`, within the options' connect and call timeouts, over the options' TLS and with
+/// their identity token.
 ///
 /// # Errors
 ///
@@ -29,14 +30,24 @@ pub async fn check(
     service: &str,
 ) -> Result<ServingStatus, ClientError> {
     let addr = Address::resolve(address)?;
+    let identity = crate::session::identity_header(&addr, opts)?;
     let channel = open_channel(&addr, opts).await?;
     let mut client = HealthClient::new(channel);
-    let call = client.check(HealthCheckRequest {
+    let mut request = tonic::Request::new(HealthCheckRequest {
         service: service.to_owned(),
     });
+    // The identity token, as every other call carries it (health answers without one too).
+    if let Some(token) = identity {
+        request
+            .metadata_mut()
+            .insert(npu_proto::IDENTITY_TOKEN_HEADER, token);
+    }
+    let call = client.check(request);
     match tokio::time::timeout(opts.call_timeout, call).await {
         Ok(Ok(r)) => Ok(r.into_inner().status()),
-        Ok(Err(st)) => Err(ClientError::daemon("Health/Check", &st)),
+        Ok(Err(st)) => {
+            Err(crate::session::first_call_failed(&addr, opts, "Health/Check", &st).await)
+        }
         Err(_) => Err(ClientError::Timeout {
             call: "Health/Check",
             timeout: opts.call_timeout,

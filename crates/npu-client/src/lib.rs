@@ -50,6 +50,7 @@ pub mod binaries;
 pub mod blocking;
 mod client;
 pub mod connect;
+mod diagnose;
 mod dispatch;
 mod error;
 pub mod fastpath;

@@ -507,6 +507,7 @@ fn item_error(code: i32, message: String) -> ClientError {
         call: "Submit",
         code: tonic::Code::from_i32(code),
         message,
+        note: None,
     }
 }
 
@@ -516,5 +517,6 @@ fn protocol(message: String) -> ClientError {
         call: "Submit",
         code: tonic::Code::Internal,
         message,
+        note: None,
     }
 }

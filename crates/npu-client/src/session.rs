@@ -19,7 +19,10 @@
 //!   [`ClientError::SessionLost`] and so does every later call. The client never re-registers
 //!   programs or re-creates tensors behind the caller's back: their contents are gone.
 //! - An `UNAVAILABLE` the daemon itself sends (the device recovers, the daemon drains) is returned
-//!   as [`ClientError::Daemon`], not retried.
+//!   as [`ClientError::Daemon`], not retried; except at connect, before any session exists:
+//!   there a daemon that drains (a `systemctl restart` whose socket unit hands the next
+//!   connection to the next daemon) is asked again on a new connection, within the connect
+//!   timeout.
 //! - A session a [`crate::Fleet`] opened is also lost when the fleet finds its host down (a
 //!   session call in flight then ends at once, not at its timeout), and when its own reconnect
 //!   fails for the reconnect timeout (it then tells the fleet): the daemon that held its
@@ -172,13 +175,40 @@ impl Inner {
         open_session: bool,
     ) -> Result<Arc<Inner>, ClientError> {
         let identity = identity_header(&addr, &opts)?;
-        let channel = open_channel(&addr, &opts).await?;
-        let mut plain = plain_client(channel.clone(), &opts, identity.clone());
-        let device = bounded(&opts, "GetDeviceInfo", async {
-            plain.get_device_info(pb::GetDeviceInfoRequest {}).await
-        })
-        .await?
-        .into_inner();
+        // A daemon that is shutting down answers UNAVAILABLE on a connection it accepted just
+        // before: under socket activation the next daemon takes the next connection from the
+        // same socket, so a new connection is tried until the connect timeout.
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_millis(20);
+        let (channel, mut plain, device) = loop {
+            let channel = open_channel(&addr, &opts).await?;
+            let mut plain = plain_client(channel.clone(), &opts, identity.clone());
+            match tokio::time::timeout(
+                opts.call_timeout,
+                plain.get_device_info(pb::GetDeviceInfoRequest {}),
+            )
+            .await
+            {
+                Ok(Ok(r)) => break (channel, plain, r.into_inner()),
+                Ok(Err(st))
+                    if st.code() == Code::Unavailable
+                        && !is_transport(&st)
+                        && started.elapsed() + pause < opts.connect_timeout =>
+                {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(250));
+                }
+                Ok(Err(st)) => {
+                    return Err(first_call_failed(&addr, &opts, "GetDeviceInfo", &st).await);
+                }
+                Err(_) => {
+                    return Err(ClientError::Timeout {
+                        call: "GetDeviceInfo",
+                        timeout: opts.call_timeout,
+                    });
+                }
+            }
+        };
         let session = if open_session {
             let r = bounded(&opts, "OpenSession", async {
                 plain
@@ -438,10 +468,20 @@ impl Inner {
         if is_transport(status) {
             return ClientError::Connect {
                 address: self.addr.to_string(),
-                message: format!("{name}: {}", crate::connect::error_chain(status)),
+                message: format!("{name}: {}", crate::connect::status_chain(status)),
             };
         }
-        ClientError::daemon(name, status)
+        let mut e = ClientError::daemon(name, status);
+        if let ClientError::Daemon {
+            code,
+            message,
+            note,
+            ..
+        } = &mut e
+        {
+            *note = crate::diagnose::refusal_note(&self.addr, *code, message);
+        }
+        e
     }
 
     /// Opens a streaming call once, without the retry of [`Inner::call`]: the stream's request
@@ -620,6 +660,30 @@ async fn bounded<T>(
             call,
             timeout: opts.call_timeout,
         }),
+    }
+}
+
+/// The error for a connection's first call that failed: below gRPC (the transport), a
+/// connection failure with its cause and the next step ([`crate::diagnose::first_call`]);
+/// otherwise the daemon's refusal.
+pub(crate) async fn first_call_failed(
+    addr: &Address,
+    opts: &ConnectOptions,
+    call: &'static str,
+    status: &Status,
+) -> ClientError {
+    if !is_transport(status) {
+        return ClientError::daemon(call, status);
+    }
+    let chain = crate::connect::status_chain(status);
+    let cert = opts.tls_cert.is_some();
+    let message = match crate::diagnose::first_call(addr, &chain, cert).await {
+        Some(m) => format!("{call}: {m}"),
+        None => format!("{call}: {chain}"),
+    };
+    ClientError::Connect {
+        address: addr.to_string(),
+        message,
     }
 }
 

@@ -357,7 +357,7 @@ fn hsaco_pack_inspect_and_emu_design_formats() {
         serde_json::json!([
             {"arch": "aie2", "name": "a"},
             {"arch": "aie2", "name": "b"},
-            {"arch": "aie2p", "name": "matmul:sequence"},
+            {"arch": "aie2p", "name": "main:sequence"},
         ])
     );
 
@@ -384,7 +384,7 @@ fn hsaco_pack_inspect_and_emu_design_formats() {
     let text = stdout(&ok(npuctl(&["inspect", &p("all.hsaco")])));
     assert!(
         text.contains("section aie2p")
-            && text.contains("matmul:sequence")
+            && text.contains("main:sequence")
             && text.contains("FullElf"),
         "{text}"
     );
@@ -416,7 +416,8 @@ fn hsaco_pack_inspect_and_emu_design_formats() {
         &p("noop.hsaco"),
     ]));
     let v = json_of(&npuctl(&["inspect", &p("noop.hsaco"), "--json"]));
-    assert_eq!(v["sections"][0]["kernels"][0]["name"], "noop:sequence");
+    // Named as aiecc names a full ELF's kernel: its device is `main`.
+    assert_eq!(v["sections"][0]["kernels"][0]["name"], "main:sequence");
     let o = npuctl(&[
         "emu-design",
         "noop",

@@ -45,8 +45,9 @@ class Case:
     pytest: bool = False
     # Tests of a pytest file that cannot run on npud, with why.
     deselect: dict[str, str] = dataclasses.field(default_factory=dict)
-    # The IRON eras the script is a host script in ("newer": NpuTensor, "older": Tensor).
-    eras: tuple[str, ...] = ("newer", "older")
+    # Text the script must hold for this case to apply (an option it parses, say); a script
+    # without any of IRON's runtime entry points is a design generator in that tree.
+    needs: tuple[str, ...] = ()
 
 
 def _x(d: pathlib.Path) -> str:
@@ -60,13 +61,13 @@ def _i(d: pathlib.Path) -> str:
 CASES = [
     # The newer era (IRON's @iron.jit examples and their bring-your-own-artifacts mode).
     Case("passthrough_kernel (JIT)", "programming_examples/basic/passthrough_kernel/"
-         "passthrough_kernel.py", lambda d: ["-w", "1", "-n", "2"], eras=("newer",)),
+         "passthrough_kernel.py", lambda d: ["-w", "1", "-n", "2"], needs=("iron.jit",)),
     Case("vector_scalar_add (JIT)", "programming_examples/basic/vector_scalar_add/"
-         "vector_scalar_add.py", lambda d: [], eras=("newer",)),
+         "vector_scalar_add.py", lambda d: [], needs=("iron.jit",)),
     Case("vector_scalar_add (from xclbin + insts)", "programming_examples/basic/"
          "vector_scalar_add/vector_scalar_add.py",
          lambda d: ["--from-xclbin", _x(d["vsa"]), "--from-insts", _i(d["vsa"])],
-         designs={"vsa": ("vector_scalar_add", 1024, "i32", 1)}, eras=("newer",)),
+         designs={"vsa": ("vector_scalar_add", 1024, "i32", 1)}, needs=("--from-xclbin",)),
     Case("vector_vector_add (JIT)", "programming_examples/basic/vector_vector_add/"
          "vector_vector_add.py", lambda d: ["-n", "1024"]),
     Case("algorithms/transform (JIT)", "programming_examples/algorithms/transform.py",
@@ -77,13 +78,13 @@ CASES = [
          lambda d: [], pytest=True,
          deselect={"test_chain_survives_executable_eviction":
                    "builds IRON's HRX runtime itself (CachedHRXRuntime over libhrx), not the "
-                   "default runtime"}, eras=("newer",)),
+                   "default runtime"}),
     # The older era (host scripts that load aiecc's artifacts, and the older JIT).
     Case("passthrough_kernel test.py (xclbin + insts)", "programming_examples/basic/"
          "passthrough_kernel/test.py",
          lambda d: ["-x", _x(d["pt"]), "-i", _i(d["pt"]), "-k", "MLIR_AIE", "-i1s", "4096",
                     "-os", "4096"],
-         designs={"pt": ("passthrough", 4096, "u8", 0)}, eras=("older",)),
+         designs={"pt": ("passthrough", 4096, "u8", 0)}, needs=("-i1s",)),
     Case("passthrough_pykernel test.py (xclbin + insts)", "programming_examples/basic/"
          "passthrough_pykernel/test.py",
          lambda d: ["--xclbin", _x(d["pt"]), "--instr", _i(d["pt"]), "--kernel", "MLIR_AIE",
@@ -166,12 +167,32 @@ def emu_design(npuctl: str, addr: str, out: pathlib.Path, kernel: str, n: int, d
     (out / "final.xclbin").write_bytes(b"npud loads main.pdi beside this file")
 
 
+# What makes a script a host script (it runs a design), not a design generator (it prints one).
+RUNTIME_MARKERS = ("DefaultNPURuntime", "iron.jit", "NPUKernel", "create_npu_kernel",
+                   "run_test", "load_and_run", "pytest")
+
+
+def applies(c: Case, root: pathlib.Path) -> str | None:
+    """Why the case does not apply to this checkout, or None when it does."""
+    script = root / c.path
+    if not script.is_file():
+        return "not in this checkout"
+    text = script.read_text(encoding="utf-8", errors="replace")
+    if not any(m in text for m in RUNTIME_MARKERS):
+        return "a design generator in this checkout, not a host script"
+    missing = [n for n in c.needs if n not in text]
+    if missing:
+        return f"this checkout's script has no {', '.join(missing)}"
+    return None
+
+
 def run_case(c: Case, root: pathlib.Path, site: pathlib.Path, work: pathlib.Path,
              env: dict[str, str], designs: dict[str, pathlib.Path],
              timeout: float) -> tuple[str, str]:
     script = root / c.path
-    if not script.is_file():
-        return "SKIP", "not in this checkout"
+    why = applies(c, root)
+    if why is not None:
+        return "SKIP", why
     argv = c.argv(designs)
     if c.pytest:
         cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
@@ -249,8 +270,9 @@ def main() -> int:
         for c in CASES:
             if o.only and o.only not in c.name:
                 continue
-            if kind not in c.eras:
-                continue  # in this era the file is a design generator, or absent
+            if applies(c, root) is not None:
+                rows.append((c.name, era, "SKIP", applies(c, root) or ""))
+                continue
             for label, (kernel, n, dtype, scalar) in c.designs.items():
                 if label not in designs:
                     d = tmp / "designs" / label
@@ -258,8 +280,8 @@ def main() -> int:
                     designs[label] = d
             result, why = run_case(c, root, site, work, env, designs, o.timeout)
             rows.append((c.name, era, result, why))
-        for path, eras, why in CANNOT:
-            if kind in eras and (root / path.split(" ")[0]).is_file():
+        for path, _eras, why in CANNOT:
+            if (root / path.split(" ")[0]).is_file():
                 rows.append((path, era, "CANNOT", why))
     finally:
         if daemon is not None:

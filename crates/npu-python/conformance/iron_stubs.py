@@ -257,10 +257,13 @@ def _patch_newer_jit() -> None:
     except ImportError:
         return
 
-    def compile(self, xclbin_path=None, inst_path=None, elf_path=None, full_elf_path=None,
-                pdi_path=None):
-        # What the real compile reads from the runtime: the DDR-patch ABI of the tensor class.
-        self._resolve_fold_ddr_addr_offset()
+    def compile(self, *args, **kw):
+        # Whatever this tree's compile takes (its signature changed between trees): what the
+        # real compile reads from the runtime first, where the tree has it (the DDR-patch ABI
+        # of the tensor class), then the emulated design where aiecc's output would be.
+        resolve = getattr(self, "_resolve_fold_ddr_addr_offset", None)
+        if resolve is not None:
+            resolve()
         kwargs = {}
         gen = self.mlir_generator
         try:
@@ -273,7 +276,9 @@ def _patch_newer_jit() -> None:
             pass
         kwargs.update(self.compile_kwargs)
         x, i = _emulated(self.generator_name, kwargs)
+        # The attributes this tree's compile leaves for the rest of its JIT.
         self._kernel_dir = x.parent
+        self._xclbin_path, self._inst_path = x, i
         self._expected_tensor_sizes = None
         return x, i
 

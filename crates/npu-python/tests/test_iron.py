@@ -233,7 +233,9 @@ def test_verify_results_counts_references(daemon):
 
 
 def test_load_and_run_keywords_scalars_and_per_call_insts(design, daemon):
-    # Row 13: keywords reach load as in IRON; runtime scalars are refused by name, never
+    # Row 13: every keyword of load_and_run reaches load and none the run, as IRON's own
+    # HostRuntime.load_and_run sends them (the JIT passes a design's tile_size=16 this way; it
+    # was refused as a runtime scalar); run's own runtime scalars are refused by name, never
     # dropped (a dispatch carries buffers only); a per-call instruction stream (dispatch_insts,
     # where IRON's DispatchTime values are written) runs with the design's PDI.
     run_py(f"""
@@ -252,15 +254,19 @@ def test_load_and_run_keywords_scalars_and_per_call_insts(design, daemon):
         k = NPUKernel("{design}/final.xclbin", "{design}/insts.bin")
         a = u.tensor(np.arange({N}, dtype=np.int32), dtype=np.int32)
         b = u.zeros(({N},), dtype=np.int32)
+        h, r = rt.load_and_run(k, [a, b], tile_size=16)
+        assert r.is_success() and seen == {{"tile_size": 16}}, seen
+        assert (b.numpy() == np.arange({N}) + 1).all()
+        k(a, b, tile_size=16, dtype=np.int32)
+        assert seen == {{"tile_size": 16, "dtype": np.int32}}, seen
         try:
-            rt.load_and_run(k, [a, b], dispatch_scalars=[5])
+            rt.run(h, [a, b], dispatch_scalars=[5])
         except HostRuntimeError as e:
             assert "runtime scalar arguments [5]" in str(e) and "dispatch_insts" in str(e), e
         else:
             raise AssertionError("scalars were dropped")
-        assert seen == {{"dispatch_scalars": [5]}}, seen
         try:
-            k(a, b, factor=3)
+            rt.run(h, [a, b], factor=3)
         except HostRuntimeError as e:
             assert "[3]" in str(e), e
         else:

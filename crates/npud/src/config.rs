@@ -386,6 +386,16 @@ impl Default for Config {
     }
 }
 
+/// The fd socket's default: beside the gRPC socket, named after it (`npud.sock` gives
+/// `npud.fd.sock`, `a.sock` `a.fd.sock`), so that two daemons given two sockets get two fd
+/// sockets.
+pub fn fd_socket_beside(socket: &Path) -> PathBuf {
+    let stem = socket
+        .file_stem()
+        .map_or_else(|| "npud".into(), |s| s.to_string_lossy().into_owned());
+    socket.with_file_name(format!("{stem}.fd.sock"))
+}
+
 /// `/run/npud` for root, `$XDG_RUNTIME_DIR/npud` otherwise, `/tmp/npud-<uid>` as a last resort.
 fn default_runtime_dir() -> PathBuf {
     let uid = rustix::process::getuid();
@@ -479,23 +489,30 @@ impl Config {
     /// A key with a value of the wrong type or an unknown key (naming it), or a value out of
     /// range ([`ConfigError::Invalid`]).
     pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
-        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        // What the operator set (file, environment, flags), apart from the defaults: an fd
+        // socket nobody named follows the gRPC socket wherever that was put.
+        let mut given = Figment::new();
         match file {
-            Some(f) => fig = fig.merge(Toml::file_exact(f)),
+            Some(f) => given = given.merge(Toml::file_exact(f)),
             None if Path::new(DEFAULT_CONFIG_FILE).exists() => {
-                fig = fig.merge(Toml::file_exact(DEFAULT_CONFIG_FILE));
+                given = given.merge(Toml::file_exact(DEFAULT_CONFIG_FILE));
             }
             None => {}
         }
-        let cfg: Config = fig
+        let given = given
             .merge(
                 Env::prefixed("NPUD_")
                     .split("__")
                     .filter(|k| is_config_key(k.as_str())),
             )
-            .merge(Serialized::defaults(overrides))
+            .merge(Serialized::defaults(overrides));
+        let mut cfg: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(given.clone())
             .extract()
             .map_err(Box::new)?;
+        if !given.contains("fd_socket") {
+            cfg.fd_socket = fd_socket_beside(&cfg.socket);
+        }
         cfg.check()?;
         Ok(cfg)
     }
@@ -1012,6 +1029,25 @@ mod tests {
             jail.set_env("NPUD_EXECUTOR__SPIN_MS", "1");
             let e = Config::load(None, &Overrides::default()).unwrap_err();
             assert!(e.to_string().contains("spin_ms"), "{e}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_fd_socket_follows_the_grpc_socket_unless_it_is_named() {
+        Jail::expect_with(|jail| {
+            let flags = Overrides {
+                socket: Some("/tmp/a/one.sock".into()),
+                ..Overrides::default()
+            };
+            let c = Config::load(None, &flags).map_err(|e| e.to_string())?;
+            assert_eq!(c.fd_socket, PathBuf::from("/tmp/a/one.fd.sock"));
+            jail.set_env("NPUD_SOCKET", "/tmp/b/npud.sock");
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.fd_socket, PathBuf::from("/tmp/b/npud.fd.sock"));
+            jail.set_env("NPUD_FD_SOCKET", "/tmp/c/fd");
+            let c = Config::load(None, &flags).map_err(|e| e.to_string())?;
+            assert_eq!(c.fd_socket, PathBuf::from("/tmp/c/fd"));
             Ok(())
         });
     }

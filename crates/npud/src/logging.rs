@@ -1,6 +1,11 @@
 //! Logging: the configured filter and format to stderr, and hints for what a dependency refuses
 //! below the level an operator sees.
 //!
+//! Where the plain format goes: colour escapes only when stderr is a terminal and `NO_COLOR`
+//! is unset or empty (<https://no-color.org>), so a file, a pipe or a container log holds plain
+//! text; under systemd (stderr is the journal's stream, [`journald::stderr_is_journal`]) each
+//! event goes to the journal as fields instead ([`journald`]). `json` is always JSON on stderr.
+//!
 //! gRPC C-core clients (grpcio for Python, and Ruby, C++, C#) send a Unix socket's
 //! percent-encoded path as the HTTP/2 `:authority` (`%2Frun%2Fnpud%2Fnpud.sock`). h2, under
 //! tonic, refuses such a request with `RST_STREAM(PROTOCOL_ERROR)` before any of npud's code
@@ -20,6 +25,8 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::{Config, LogFormat};
 
+pub mod journald;
+
 /// Where h2 reports a request it refuses as malformed, and what it says about the authority.
 const H2_SERVER: &str = "h2::server";
 const MALFORMED_AUTHORITY: &str = "malformed authority";
@@ -30,16 +37,29 @@ gRPC C-core clients (grpcio, Ruby, C++, C#) send the Unix socket's path there: s
 option grpc.default_authority to \"localhost\" (grpcurl: -authority localhost, before the \
 address; grpc-go: grpc.WithAuthority(\"localhost\"))";
 
-/// Installs the global subscriber: `RUST_LOG`, else `log.level`, in `log.format`, to stderr,
-/// with [`AuthorityHint`] beside it. Run [`Hints::log`] on the runtime to log its hint.
+/// Installs the global subscriber: `RUST_LOG`, else `log.level`, in `log.format`, to stderr
+/// (plain: to the journal when stderr is its stream), with [`AuthorityHint`] beside it. Run
+/// [`Hints::log`] on the runtime to log its hint.
 pub fn init(cfg: &Config) -> Hints {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&cfg.log.level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let fmt = match cfg.log.format {
-        LogFormat::Plain => fmt.boxed(),
-        LogFormat::Json => fmt.json().boxed(),
+    let journal = match cfg.log.format {
+        LogFormat::Plain if journald::stderr_is_journal() => {
+            journald::Journald::connect(std::path::Path::new(journald::SOCKET)).ok()
+        }
+        _ => None,
+    };
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(colour(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ));
+    let fmt = match (cfg.log.format, journal) {
+        (LogFormat::Plain, Some(j)) => j.boxed(),
+        (LogFormat::Plain, None) => fmt.boxed(),
+        (LogFormat::Json, _) => fmt.json().boxed(),
     };
     let (hint, hints) = AuthorityHint::new();
     tracing_subscriber::registry()
@@ -47,6 +67,12 @@ pub fn init(cfg: &Config) -> Hints {
         .with(hint.with_filter(Targets::new().with_target(H2_SERVER, LevelFilter::DEBUG)))
         .init();
     hints
+}
+
+/// Whether the plain format colours its output: only on a terminal, and not when `NO_COLOR`
+/// holds anything.
+fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
 }
 
 /// Notes the first request h2 refuses for its `:authority`. A layer cannot log (tracing drops
@@ -147,6 +173,15 @@ mod tests {
             "malformed headers: malformed authority ({:?}): invalid authority",
             B(authority)
         );
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(colour(true, None));
+        assert!(colour(true, Some(OsStr::new(""))));
+        assert!(!colour(true, Some(OsStr::new("1"))));
+        assert!(!colour(false, None));
     }
 
     #[test]

@@ -67,7 +67,8 @@ struct Cli {
     /// The gRPC Unix socket.
     #[arg(long)]
     socket: Option<PathBuf>,
-    /// The fd socket.
+    /// The fd socket (default: beside the gRPC socket, named after it: npud.sock gives
+    /// npud.fd.sock).
     #[arg(long)]
     fd_socket: Option<PathBuf>,
     /// Also listen on TCP, e.g. 127.0.0.1:50051 (TLS with [tls] in the configuration).
@@ -109,7 +110,7 @@ struct Cli {
     #[arg(long)]
     emulator_timeout_ms: Option<u64>,
     /// Where quarantine records survive restarts ("" keeps them in memory only).
-    #[arg(long)]
+    #[arg(long, value_parser = any_path)]
     state_dir: Option<PathBuf>,
     /// How long a session outlives its last connection, in milliseconds.
     #[arg(long)]
@@ -145,6 +146,12 @@ fn parse_log_format(s: &str) -> Result<LogFormat, String> {
         "json" => Ok(LogFormat::Json),
         _ => Err(format!("{s:?}: expected plain or json")),
     }
+}
+
+/// A path, the empty one included (clap's own path parser refuses `""`, which `--state-dir`
+/// documents as "in memory only").
+fn any_path(s: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(s))
 }
 
 fn main() -> ExitCode {

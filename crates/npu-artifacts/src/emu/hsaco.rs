@@ -69,6 +69,18 @@ impl EmuDesign {
     ///
     /// [`EmuDesign::validate`]'s errors.
     pub fn to_full_elf_abi(&self, abi_version: u8) -> Result<Vec<u8>, ArtifactError> {
+        self.to_full_elf_as(self.kernel.name(), abi_version)
+    }
+
+    /// The design as a full ELF whose one kernel is `device:sequence`. aiecc names the device of
+    /// every design it compiles `main` (`main:sequence`), which is what `npuctl emu-design`
+    /// writes; the design's own name (the default of [`EmuDesign::to_full_elf`]) tells
+    /// emulated kernels apart where several share one executable.
+    ///
+    /// # Errors
+    ///
+    /// [`EmuDesign::validate`]'s errors.
+    pub fn to_full_elf_as(&self, device: &str, abi_version: u8) -> Result<Vec<u8>, ArtifactError> {
         self.validate()?;
         let mut ctrl = EMU_CTRL_MAGIC.to_vec();
         ctrl.resize(
@@ -80,7 +92,7 @@ impl EmuDesign {
             .collect();
         Ok(FullElfBuilder {
             kernels: vec![ElfKernelSpec {
-                kernel: self.kernel.name().to_owned(),
+                kernel: device.to_owned(),
                 instance: EMU_INSTANCE.to_owned(),
                 ctrl_code: ctrl,
                 pdi_sites: vec![(EMU_CTRL_PDI_SITE, ".pdi".to_owned())],

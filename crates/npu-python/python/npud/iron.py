@@ -717,12 +717,16 @@ class _RuntimeCore:
         """Registers the design with the daemon, once per runtime and design: the PDI beside
         ``npu_kernel.xclbin_path`` (``main.pdi``, or a ``.pdi`` path) with its ``insts_path``,
         or the full ELF of ``npu_kernel.elf_path``. Refuses a design for another device (IRON's
-        ``check_device_consistency``).
+        ``check_device_consistency``). Other keywords are taken and not used, as IRON's XRT
+        runtime's ``load`` takes them: IRON's ``load_and_run`` hands ``load`` every keyword its
+        caller gave (the JIT passes a design's compile-time values, ``tile_size=16``), and the
+        design was compiled with them already.
 
         Raises:
             HostRuntimeError: the files are missing or malformed, or the daemon refuses them.
         """
-        if getattr(npu_kernel, "trace_config", None) is not None:
+        if kwargs.get("trace_config") is not None or \
+                getattr(npu_kernel, "trace_config", None) is not None:
             raise HostRuntimeError("trace capture is not supported by the npud runtime; run "
                                    "without a trace_config")
         self.check_device_consistency()
@@ -836,17 +840,19 @@ class _RuntimeCore:
         return NpudKernelResult(r.device_ns, r.queue_ns)
 
     def load_and_run(self, npu_kernel: Any, run_args: list[Any], **kwargs: Any) -> Any:
-        """``load`` then ``run``: returns ``(handle, result)``. Keywords go to ``load`` as in
-        IRON; runtime scalars (``dispatch_scalars=`` or named) go on to the run."""
+        """``load`` then ``run``: returns ``(handle, result)``. Every keyword goes to ``load``
+        and none to ``run``, as IRON's own ``HostRuntime.load_and_run`` sends them (the JIT
+        and ``NPUKernel.__call__`` pass a design's keywords this way: ``tile_size=16``). Runtime
+        scalars and per-call instruction streams are ``run``'s keywords (``dispatch_scalars=``,
+        ``dispatch_insts=``), given to ``run`` itself."""
         if isinstance(npu_kernel, list):  # a list of one kernel, as some callers pass it
             npu_kernel = npu_kernel[0]
-        trace = kwargs.pop("trace_config", None) or getattr(npu_kernel, "trace_config", None)
+        trace = kwargs.get("trace_config") or getattr(npu_kernel, "trace_config", None)
         if trace is not None:
             raise HostRuntimeError("trace capture is not supported by the npud runtime; run "
                                    "without a trace_config")
         h = self.load(npu_kernel, **kwargs)
-        run_kw = {k: v for k, v in kwargs.items() if k not in _CONFIG_KWARGS}
-        return h, self.run(h, list(run_args), **run_kw)
+        return h, self.run(h, list(run_args))
 
     def device(self) -> Any:
         """IRON's device object for the daemon's NPU when IRON is installed, else the

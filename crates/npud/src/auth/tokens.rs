@@ -78,8 +78,9 @@ pub fn require_token(
     }
     let listed: Vec<String> = required.iter().map(|r| format!("{:?}", r.word())).collect();
     Err(NpudError::Unauthenticated(format!(
-        "{transport} presented no {} token, which auth.require_token = [{}] requires on the {} \
-         listener; without one a caller may call only GetDeviceInfo and the health service",
+        "{transport} presented no identity token (the {} metadata: npuctl --token-file, \
+         NPUD_TOKEN_FILE), which auth.require_token = [{}] requires on the {} listener; without \
+         one a caller may call only GetDeviceInfo and the health service",
         npu_proto::IDENTITY_TOKEN_HEADER,
         listed.join(", "),
         t.word()
@@ -615,9 +616,10 @@ mod tests {
         assert_eq!(e.code_name(), "UNAUTHENTICATED");
         assert_eq!(
             e.message(),
-            "uid:0 presented no x-npud-token token, which auth.require_token = [\"unix\"] \
-             requires on the unix listener; without one a caller may call only GetDeviceInfo \
-             and the health service"
+            "uid:0 presented no identity token (the x-npud-token metadata: npuctl \
+             --token-file, NPUD_TOKEN_FILE), which auth.require_token = [\"unix\"] requires on \
+             the unix listener; without one a caller may call only GetDeviceInfo and the health \
+             service"
         );
         require_token(&req, &unix, true).unwrap();
         require_token(&req, &tcp, false).unwrap();

@@ -38,6 +38,14 @@ pub async fn run(a: &Args, addr: Option<&str>, fleet: Option<&str>, json: bool) 
         None => None,
     };
     let addr = chosen.as_deref().or(addr);
+    if let Some(a) = addr
+        && !npu_client::Address::parse(a).is_ok_and(|a| a.is_local())
+    {
+        return Err(format!(
+            "npuctl bench measures a daemon on this machine's Unix socket (its floors are this \
+             machine's): --addr {a} is not one"
+        ));
+    }
     let bin = find_binary(&NPUCTL_BENCH, a.bench_bin.as_deref()).map_err(|e| e.to_string())?;
     let mut cmd = Command::new(&bin);
     cmd.args(&a.args);

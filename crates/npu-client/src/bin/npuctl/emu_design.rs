@@ -10,6 +10,9 @@ use serde_json::json;
 
 use crate::output;
 
+/// The device name aiecc gives every design, the first half of a full-ELF kernel's name.
+const AIECC_DEVICE: &str = "main";
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// passthrough, vector_scalar_add, vector_scalar_mul, vector_vector_add, vector_mul, relu,
@@ -121,10 +124,16 @@ async fn write_file(
             }
         },
     };
+    // A full ELF's kernel is named as aiecc names it, main:sequence (aiecc calls every
+    // design's device `main`), so that scripts written for aiecc's files find it.
     let bytes = match a.format {
         Format::Hsaco => design.to_hsaco(generation),
-        Format::HsacoFullElf => design.to_full_elf_hsaco(),
-        _ => design.to_full_elf(),
+        Format::HsacoFullElf => design.to_full_elf_as(AIECC_DEVICE, 0).and_then(|elf| {
+            npu_client::artifacts::hsaco::HsacoBuilder::new()
+                .full_elf(&elf, None)?
+                .build()
+        }),
+        _ => design.to_full_elf_as(AIECC_DEVICE, 0),
     }
     .map_err(|e| e.to_string())?;
     std::fs::write(&a.out, &bytes).map_err(|e| format!("{}: {e}", a.out.display()))?;

@@ -22,10 +22,12 @@ pub struct Args {
 
 pub async fn run(a: &Args, addr: Option<&str>, json: bool) -> crate::CmdResult {
     let limit = Duration::from_millis(a.timeout_ms);
+    // The global connection options (--ca, --cert, --key, --tls-server-name, --token-file),
+    // as every subcommand takes them.
     let opts = ConnectOptions {
         connect_timeout: limit,
         call_timeout: limit,
-        ..ConnectOptions::default()
+        ..crate::connect_options()
     };
     let status = health::check(addr, &opts, &a.service)
         .await

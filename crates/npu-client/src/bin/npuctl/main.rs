@@ -24,7 +24,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::OnceLock;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use npu_client::{Client, ConnectOptions, Fleet, FleetOptions, FleetSpec, Operator};
 
 /// Operate and use npud, the daemon that owns the NPU.
@@ -104,7 +105,15 @@ type CmdResult = Result<(), String>;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    if let Err(e) = options_apply(&cli.command, &matches) {
+        eprintln!("npuctl: {e}");
+        return ExitCode::FAILURE;
+    }
     let _ = OPTIONS.set(ConnectOptions {
         tls_ca: cli.ca.clone(),
         tls_cert: cli.cert.clone(),
@@ -153,6 +162,50 @@ async fn main() -> ExitCode {
             eprintln!("npuctl: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The global connection options (`--addr`, `--fleet`, the TLS files, the token) apply to every
+/// subcommand that connects; `demo` starts a daemon of its own and `bench` measures one on
+/// this machine's Unix socket, so such an option given to them on the command line is refused,
+/// saying why, rather than ignored. (From the environment they are left alone: a pod's
+/// `NPUD_TOKEN_FILE` is no request.)
+fn options_apply(command: &Command, matches: &clap::ArgMatches) -> Result<(), String> {
+    let given = |id: &str| {
+        let sub = matches.subcommand().map(|(_, m)| m);
+        [Some(matches), sub].into_iter().flatten().any(|m| {
+            m.try_get_raw(id).is_ok_and(|v| v.is_some())
+                && m.value_source(id) == Some(ValueSource::CommandLine)
+        })
+    };
+    let (name, unused, why): (&str, &[&str], &str) = match command {
+        Command::Demo(_) => (
+            "demo",
+            &[
+                "addr",
+                "fleet",
+                "ca",
+                "cert",
+                "key",
+                "tls_server_name",
+                "token_file",
+            ],
+            "it starts a daemon of its own on a private socket",
+        ),
+        Command::Bench(_) => (
+            "bench",
+            &["ca", "cert", "key", "tls_server_name", "token_file"],
+            "it measures a daemon on this machine's Unix socket (--addr), beside floors \
+             measured on this machine",
+        ),
+        _ => return Ok(()),
+    };
+    match unused.iter().find(|id| given(id)) {
+        Some(id) => Err(format!(
+            "--{} does not apply to npuctl {name}: {why}",
+            id.replace('_', "-")
+        )),
+        None => Ok(()),
     }
 }
 

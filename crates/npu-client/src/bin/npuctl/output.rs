@@ -15,15 +15,42 @@ pub fn table(header: &[&str]) -> Table {
     t
 }
 
-/// A two-column table of names and values, without borders.
-pub fn kv_table(rows: Vec<(&str, String)>) -> Table {
-    let mut t = Table::new();
-    t.load_preset(presets::NOTHING)
-        .set_content_arrangement(ContentArrangement::Dynamic);
-    for (k, v) in rows {
-        t.add_row(vec![format!("{k}:"), v]);
+/// Names and values, one pair a line, the values aligned. On a terminal long values wrap to
+/// its width; elsewhere (a pipe, a file, a log) each line is as long as its text, never padded.
+pub fn kv_table(rows: Vec<(&str, String)>) -> String {
+    use std::io::IsTerminal;
+    if std::io::stdout().is_terminal() {
+        let mut t = Table::new();
+        t.load_preset(presets::NOTHING)
+            .set_content_arrangement(ContentArrangement::Dynamic);
+        for (k, v) in rows {
+            t.add_row(vec![format!("{k}:"), v]);
+        }
+        return t
+            .to_string()
+            .lines()
+            .map(str::trim_end)
+            .collect::<Vec<_>>()
+            .join("\n");
     }
-    t
+    plain_rows(&rows)
+}
+
+/// `name:` padded to the longest name, then the value; no trailing blanks.
+fn plain_rows(rows: &[(&str, String)]) -> String {
+    let width = rows
+        .iter()
+        .map(|(k, _)| k.chars().count() + 1)
+        .max()
+        .unwrap_or(0);
+    rows.iter()
+        .map(|(k, v)| {
+            format!("{:<width$} {v}", format!("{k}:"))
+                .trim_end()
+                .to_owned()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Prints a value as pretty JSON.
@@ -79,4 +106,19 @@ pub fn totals(s: &pb::Statistics) -> (u64, u64, u64, u64) {
         }
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_rows_align_values_and_pad_nothing_at_the_end() {
+        let s = plain_rows(&[
+            ("device", "npu2".into()),
+            ("you are", "uid:0".into()),
+            ("x", String::new()),
+        ]);
+        assert_eq!(s, "device:  npu2\nyou are: uid:0\nx:");
+    }
 }

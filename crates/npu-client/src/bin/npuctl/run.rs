@@ -54,8 +54,9 @@ pub async fn run(
         ));
     }
     .map_err(|e| e.to_string())?;
-    let client = crate::session(addr, fleet).await?;
     let need = program.min_arg_sizes();
+    files_fit(need.len(), a.inputs.len(), a.outputs.len(), program.name())?;
+    let client = crate::session(addr, fleet).await?;
     let mut tensors: Vec<Tensor<u8>> = Vec::new();
     for path in &a.inputs {
         let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -152,4 +153,49 @@ pub async fn run(
     }
     drop(tensors);
     client.close().await.map_err(|e| e.to_string())
+}
+
+/// Whether the files given fit the design's buffer arguments (as many as its instruction
+/// stream patches DDR addresses): the inputs first, then the outputs, in argument order, and
+/// arguments left over (IRON's trace slot) get scratch buffers. More files than arguments, or
+/// outputs without inputs (they would take the design's first arguments, its inputs), are
+/// refused, naming the counts.
+fn files_fit(args: usize, inputs: usize, outputs: usize, design: &str) -> Result<(), String> {
+    if inputs + outputs > args {
+        return Err(format!(
+            "{design} takes {args} buffer argument{}; {inputs} --input and {outputs} --output \
+             file{} are {}: give the inputs, then the outputs, in the design's argument order \
+             (`npuctl inspect` lists its arguments)",
+            if args == 1 { "" } else { "s" },
+            if inputs + outputs == 1 { "" } else { "s" },
+            inputs + outputs
+        ));
+    }
+    if inputs == 0 && outputs > 0 {
+        return Err(format!(
+            "--output without --input: the outputs follow the inputs in {design}'s argument \
+             order, so alone they would be its first arguments, the ones it reads; give the \
+             input files with --input"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn more_files_than_arguments_and_outputs_alone_are_refused() {
+        files_fit(2, 1, 1, "d").unwrap();
+        files_fit(3, 1, 1, "d").unwrap(); // the trace slot: scratch
+        files_fit(2, 1, 0, "d").unwrap();
+        let e = files_fit(2, 2, 1, "d").unwrap_err();
+        assert!(
+            e.starts_with("d takes 2 buffer arguments; 2 --input and 1 --output files are 3"),
+            "{e}"
+        );
+        let e = files_fit(2, 0, 1, "d").unwrap_err();
+        assert!(e.starts_with("--output without --input"), "{e}");
+    }
 }

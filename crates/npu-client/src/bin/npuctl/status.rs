@@ -4,18 +4,31 @@ use serde_json::json;
 
 use crate::output::{self, bytes, device_json, kv_table, ns, statistics_json};
 
+/// Device information answers every caller that can connect; statistics only callers the
+/// policy serves. A caller refused them (no token where `auth.require_token` asks for one, an
+/// anonymous caller) still sees the device, and the refusal in place of the counters.
 pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
     let op = crate::operator(addr).await?;
     let info = op.device_info().await.map_err(|e| e.to_string())?;
-    let stats = op.statistics().await.map_err(|e| e.to_string())?;
+    let stats = op.statistics().await;
     if json {
-        output::print_json(&json!({
-            "address": op.address().to_string(),
-            "device": device_json(&info),
-            "statistics": statistics_json(&stats),
-        }));
+        output::print_json(&match &stats {
+            Ok(stats) => json!({
+                "address": op.address().to_string(),
+                "device": device_json(&info),
+                "statistics": statistics_json(stats),
+            }),
+            Err(e) => json!({
+                "address": op.address().to_string(),
+                "device": device_json(&info),
+                "statistics": null,
+                "statistics_refused": e.to_string(),
+            }),
+        });
         return Ok(());
     }
+    let refused = stats.as_ref().err().map(ToString::to_string);
+    let stats = stats.unwrap_or_default();
     let (ok, failed, queue_ns, device_ns) = output::totals(&stats);
     let product = if info.product_name.is_empty() {
         String::new()
@@ -170,6 +183,24 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
     if !info.runtime_notes.is_empty() {
         // Beside the packet ABI rows, where a reader looks for what the runtime is.
         rows.insert(4, ("runtime notes", info.runtime_notes.clone()));
+    }
+    if let Some(why) = refused {
+        // Without statistics: the rows they fill go, the device's own counts stay.
+        const FROM_STATISTICS: [&str; 5] = [
+            "pending",
+            "dispatches",
+            "device faults",
+            "uptime",
+            "programs",
+        ];
+        rows.retain(|(k, _)| !FROM_STATISTICS.contains(k));
+        for (k, v) in &mut rows {
+            if *k == "sessions" {
+                *v = format!("{} open", info.sessions);
+            }
+        }
+        rows.push(("programs", format!("{} loaded", info.programs_loaded)));
+        rows.push(("statistics", format!("not shown: {why}")));
     }
     println!("{}", kv_table(rows));
     Ok(())
