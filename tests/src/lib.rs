@@ -923,10 +923,11 @@ impl Session {
         let d = dispatch_request(program, tensors);
         if let Some(ring) = self.ring.clone() {
             let sent = d.clone();
-            let answer =
-                tokio::task::spawn_blocking(move || ring.try_dispatch(&sent, Duration::from_secs(60)))
-                    .await
-                    .map_err(|e| Status::internal(e.to_string()))?;
+            let answer = tokio::task::spawn_blocking(move || {
+                ring.try_dispatch(&sent, Duration::from_secs(60))
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
             match answer {
                 Some(a) => return a,
                 // The ring closed before the daemon took it: gRPC, as the spec allows.

@@ -369,9 +369,10 @@ async fn a_submit_streams_queued_messages_count_in_the_queued_request_budget() {
 fn summary(mut lat: Vec<u64>, secs: f64) -> String {
     lat.sort_unstable();
     let at = |q: f64| {
-        lat.get(((lat.len() as f64 - 1.0) * q) as usize)
-            .copied()
-            .unwrap_or(0)
+        // q in [0, 1]: an index within the list.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let at = ((lat.len() as f64 - 1.0) * q) as usize;
+        lat.get(at).copied().unwrap_or(0)
     };
     format!(
         "{} calls ({:.0}/s), p50 {} µs, p99 {} µs, max {} µs",
@@ -446,7 +447,7 @@ async fn measure_a_bystanders_latency_while_another_client_sends_32_mib_messages
             c.get_device_info(pb::GetDeviceInfoRequest {})
                 .await
                 .unwrap();
-            lat.push(t.elapsed().as_micros() as u64);
+            lat.push(u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX));
         }
         lat
     };

@@ -264,18 +264,42 @@ fn blocks(text: &str, lang: &str) -> Vec<(String, Vec<String>)> {
 /// Every `sh` block of the README, the test that runs it, or why none can. A block this list
 /// does not name fails the check below: a new walkthrough gets a test (or a stated reason).
 const SH_BLOCKS: &[(&str, &str)] = &[
-    ("The two commands", "this file: the_readme_commands_run_as_written"),
-    ("What is verified, and where", "reliability.rs (its soak mode, by hand)"),
-    ("Exposing npud on a network", "this file: the_readme_walkthroughs_run_as_written (steps 1, 2, 3); step 4 is grpcurl, not packaged for CI's Debian"),
-    ("The API", "not run: grpcurl is not packaged for CI's Debian"),
-    ("Using it from Rust", "this file: the_readme_walkthroughs_run_as_written"),
-    ("Many hosts: the fleet client", "fleet.rs and fleet_netns.rs (the --fleet commands)"),
-    ("Using it from Python", "python.rs (builds and installs the package as the README says)"),
+    (
+        "The two commands",
+        "this file: the_readme_commands_run_as_written",
+    ),
+    (
+        "What is verified, and where",
+        "reliability.rs (its soak mode, by hand)",
+    ),
+    (
+        "Exposing npud on a network",
+        "this file: the_readme_walkthroughs_run_as_written (steps 1, 2, 3); step 4 is grpcurl, not packaged for CI's Debian",
+    ),
+    (
+        "The API",
+        "not run: grpcurl is not packaged for CI's Debian",
+    ),
+    (
+        "Using it from Rust",
+        "this file: the_readme_walkthroughs_run_as_written",
+    ),
+    (
+        "Many hosts: the fleet client",
+        "fleet.rs and fleet_netns.rs (the --fleet commands)",
+    ),
+    (
+        "Using it from Python",
+        "python.rs (builds and installs the package as the README says)",
+    ),
     ("Metrics", "metrics.rs"),
     ("Running as a systemd service", "systemd_real.rs"),
     ("Running a real NPU", "not run: needs an NPU"),
     ("Running on a real NPU", "not run: needs an NPU"),
-    ("Benchmarks", "crates/npu-bench/tests (npuctl bench --quick)"),
+    (
+        "Benchmarks",
+        "crates/npu-bench/tests (npuctl bench --quick)",
+    ),
 ];
 
 #[test]
@@ -389,9 +413,16 @@ fn the_readme_walkthroughs_run_as_written() {
         .expect("the README shows how to make vector_scalar_add");
     let (daemon, sock) = start(dir.path(), &["--backend", "emulator"]);
     let env = [("NPUD_ADDR", format!("unix:{}", sock.display()))];
-    ok("making vector_scalar_add", &bash(dir.path(), &how.join("\n"), &env));
+    ok(
+        "making vector_scalar_add",
+        &bash(dir.path(), &how.join("\n"), &env),
+    );
     let out = std::fs::read(dir.path().join("out.bin")).unwrap();
-    assert_eq!(&out[..8], &[1, 0, 0, 0, 1, 0, 0, 0], "vector_scalar_add adds 1");
+    assert_eq!(
+        &out[..8],
+        &[1, 0, 0, 0, 1, 0, 0, 0],
+        "vector_scalar_add adds 1"
+    );
     drop(daemon);
 
     // "Exposing npud on a network", steps 1 to 3.
@@ -422,7 +453,10 @@ fn the_readme_walkthroughs_run_as_written() {
     };
     let config = tls.join("etc/npud/npud.toml");
     std::fs::write(&config, here(&toml[0].1.join("\n"))).unwrap();
-    ok("step 2 (the token)", &bash(&tls, &here(&sh[1].1.join("\n")), &[]));
+    ok(
+        "step 2 (the token)",
+        &bash(&tls, &here(&sh[1].1.join("\n")), &[]),
+    );
     let (daemon, _) = start(&tls, &["--config", &config.display().to_string()]);
     let log = std::fs::read_to_string(tls.join("npud.log")).unwrap();
     assert!(
@@ -433,8 +467,14 @@ fn the_readme_walkthroughs_run_as_written() {
     let step3: Vec<String> = sh[2].1.iter().map(|l| here(l)).collect();
     assert_eq!(step3.len(), 4, "{step3:#?}");
     let cert = ok("step 3, a certificate", &bash(&tls, &step3[0], &[]));
-    assert!(cert.contains("you are:") && cert.contains("cert:dns:client-a.example"), "{cert}");
-    ok("step 3, the environment", &bash(&tls, &step3[1..3].join("\n"), &[]));
+    assert!(
+        cert.contains("you are:") && cert.contains("cert:dns:client-a.example"),
+        "{cert}"
+    );
+    ok(
+        "step 3, the environment",
+        &bash(&tls, &step3[1..3].join("\n"), &[]),
+    );
     let token = ok("step 3, the token", &bash(&tls, &step3[3], &[]));
     assert!(token.contains("token:client-b@"), "{token}");
     // Step 5, with the npud package of the tests' Python environment (python.rs builds and

@@ -480,6 +480,7 @@ fn a_chain_past_the_50_ms_wait_ran_but_the_runtime_cannot_tell() {
         "{:?}",
         last_error()
     );
+    // SAFETY: as when it was set: this test process runs one test (nextest), on this thread.
     unsafe { std::env::remove_var("HSA_SIM_COMMAND_DELAY_MS") };
 }
 

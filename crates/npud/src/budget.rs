@@ -10,7 +10,7 @@
 //!   after deduplication (bytes already stored cost nothing), before validation and again
 //!   before storing;
 //! - request messages received and not yet answered (`limits.max_queued_request_bytes`):
-//!   every call's messages, streams included, charged by the intake ([`crate::intake`]) before
+//!   every call's messages, streams included, charged by the intake (`intake`) before
 //!   their bytes are gathered and again once scanned (bytes plus estimated decoded size), and
 //!   given back when the handler is done with each (see `intake::ledger`).
 //!

@@ -5,6 +5,12 @@
 //! `NPUD_SOCKET=/run/npud/npud.sock`, `NPUD_LIMITS__MAX_SESSIONS=8`, `NPUD_LOG__FORMAT=json`.
 //! Every key is documented in the crate's README.
 
+mod policy;
+mod tls;
+
+pub use policy::{AuthConfig, Rule, TokenTransport, check_pattern};
+pub use tls::{ClientAuth, TlsConfig};
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -316,8 +322,8 @@ pub struct Config {
     /// Listen on a TCP address that is not loopback without `[tls]` (session tokens and tensor
     /// bytes then cross the network in the clear).
     pub allow_insecure_tcp: bool,
-    pub tls: crate::tls::TlsConfig,
-    pub auth: crate::auth::AuthConfig,
+    pub tls: TlsConfig,
+    pub auth: AuthConfig,
     pub backend: Backend,
     /// Path of libhsa-runtime64.so for the `hsa` backend (otherwise discovered).
     pub library: Option<PathBuf>,
@@ -363,8 +369,8 @@ impl Default for Config {
             fd_socket: dir.join("npud.fd.sock"),
             tcp: None,
             allow_insecure_tcp: false,
-            tls: crate::tls::TlsConfig::default(),
-            auth: crate::auth::AuthConfig::default(),
+            tls: TlsConfig::default(),
+            auth: AuthConfig::default(),
             backend: Backend::Emulator,
             library: None,
             packet_abi: None,

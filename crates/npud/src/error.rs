@@ -4,23 +4,10 @@
 //! at fault (`args[1]`, `links[3].program_id`, `size_bytes`). Statistics count failures by
 //! [`NpudError::code_name`], and the Submit stream reports [`NpudError::code`] inline.
 //!
-//! Some statuses are tonic's own, made before or beside a handler: a request body that is not
-//! the method's protobuf (tonic-prost says INTERNAL), a message over the transport's size
-//! limit (OUT_OF_RANGE), a `grpc-timeout` that expires (CANCELLED, from tonic's timeout
-//! layer). [`transport_status`] puts them into the codes the README documents, and
-//! [`DocumentedCodes`], a tower layer around every service, applies it to trailers-only
-//! responses, answers a refused connection's requests, and enforces `grpc-timeout` itself a
-//! millisecond before tonic's own timeout would.
-
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::Duration;
+//! Statuses tonic makes on its own, before or beside a handler, are put into the documented
+//! codes by the transport (`codes`), which this layer knows nothing of.
 
 use tonic::Code;
-
-use crate::conn::ConnInfo;
 
 /// A request the daemon refused or could not complete.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -225,120 +212,12 @@ pub fn transport_status(
     }
 }
 
-fn deadline_passed() -> tonic::Status {
+/// The status of a call whose `grpc-timeout` passed.
+pub fn deadline_passed() -> tonic::Status {
     tonic::Status::deadline_exceeded(
         "the call's deadline (grpc-timeout) passed before it finished; if it was queued work, \
          it did not run",
     )
-}
-
-/// How much earlier than tonic's own timeout [`DocumentedCodes`] ends a call, so that the
-/// client reads DEADLINE_EXCEEDED and never tonic's CANCELLED.
-const DEADLINE_MARGIN: Duration = Duration::from_millis(1);
-
-/// A `grpc-timeout` header value: up to 8 digits and a unit (H, M, S, m, u, n).
-fn parse_grpc_timeout(v: &str) -> Option<Duration> {
-    if v.len() < 2 || v.len() > 9 {
-        return None;
-    }
-    let (digits, unit) = v.split_at(v.len() - 1);
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n.saturating_mul(3600)),
-        "M" => Duration::from_secs(n.saturating_mul(60)),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
-/// The tower layer that makes tonic's own statuses the documented ones (see the module docs).
-#[derive(Debug, Clone, Copy)]
-pub struct DocumentedCodes {
-    pub max_message_bytes: u64,
-}
-
-impl<S> tower_layer::Layer<S> for DocumentedCodes {
-    type Service = DocumentedCodesService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        DocumentedCodesService {
-            inner,
-            max_message_bytes: self.max_message_bytes,
-        }
-    }
-}
-
-/// [`DocumentedCodes`] around a service.
-#[derive(Debug, Clone)]
-pub struct DocumentedCodesService<S> {
-    inner: S,
-    max_message_bytes: u64,
-}
-
-type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
-
-impl<S, B, R> tower_service::Service<http::Request<B>> for DocumentedCodesService<S>
-where
-    S: tower_service::Service<http::Request<B>, Response = http::Response<R>>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    B: Send + 'static,
-    R: Default + Send + 'static,
-{
-    type Response = http::Response<R>;
-    type Error = S::Error;
-    type Future = BoxFuture<Self::Response, Self::Error>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let refused: Option<Arc<str>> = req
-            .extensions()
-            .get::<ConnInfo>()
-            .and_then(|c| c.refused.clone());
-        if let Some(why) = refused {
-            let s = tonic::Status::resource_exhausted(why.to_string());
-            return Box::pin(async move { Ok(s.into_http()) });
-        }
-        let deadline = req
-            .headers()
-            .get("grpc-timeout")
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_grpc_timeout)
-            .map(|d| tokio::time::Instant::now() + d.saturating_sub(DEADLINE_MARGIN));
-        // The service that was made ready is the one called; a clone takes its place.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let max = self.max_message_bytes;
-        Box::pin(async move {
-            let fut = inner.call(req);
-            let mut resp = match deadline {
-                Some(d) => match tokio::time::timeout_at(d, fut).await {
-                    Ok(r) => r?,
-                    Err(_) => return Ok(deadline_passed().into_http()),
-                },
-                None => fut.await?,
-            };
-            // A trailers-only response carries its status in the headers.
-            if let Some(st) = tonic::Status::from_header_map(resp.headers())
-                && let Some(fixed) = transport_status(st.code(), st.message(), max)
-            {
-                resp.headers_mut().remove("grpc-status-details-bin");
-                if fixed.add_header(resp.headers_mut()).is_err() {
-                    return Ok(fixed.into_http());
-                }
-            }
-            Ok(resp)
-        })
-    }
 }
 
 /// An hsa-core failure outside a dispatch (allocation, copy, export), classified by what
@@ -376,7 +255,7 @@ impl From<hsa_core::HsaError> for NpudError {
 /// is out of file descriptors (the emulator's and staged runtimes' tensors are memfds), which
 /// the message then says instead.
 fn out_of_memory(e: &hsa_core::HsaError) -> NpudError {
-    match crate::accept::fd_exhaustion() {
+    match crate::fds::fd_exhaustion() {
         Some(why) => NpudError::ResourceExhausted(format!("{why} (the runtime said: {e})")),
         None => NpudError::ResourceExhausted(format!("the device is out of memory: {e}")),
     }
@@ -423,17 +302,6 @@ mod tests {
             s.message().contains("limits.max_message_bytes is 8"),
             "{s:?}"
         );
-    }
-
-    #[test]
-    fn grpc_timeouts_parse_in_every_unit() {
-        assert_eq!(parse_grpc_timeout("5m"), Some(Duration::from_millis(5)));
-        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
-        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
-        assert_eq!(parse_grpc_timeout("7u"), Some(Duration::from_micros(7)));
-        assert_eq!(parse_grpc_timeout("123456789S"), None);
-        assert_eq!(parse_grpc_timeout("5x"), None);
-        assert_eq!(parse_grpc_timeout("S"), None);
     }
 
     #[test]

@@ -16,18 +16,22 @@
 pub mod accept;
 pub mod auth;
 pub mod budget;
+pub mod codes;
 pub mod config;
 pub mod conn;
+pub mod deadline;
 pub mod drain;
 pub mod error;
 pub mod executor;
 pub mod faults;
+pub mod fds;
 pub mod fdsock;
 pub mod health;
 pub mod intake;
 pub mod lives;
 pub mod logging;
 pub mod metrics;
+pub mod peer;
 pub mod principals;
 pub mod programs;
 pub mod request_ids;
@@ -38,7 +42,9 @@ pub mod signals;
 pub mod state_dir;
 pub mod stats;
 pub mod systemd;
+pub mod tickets;
 pub mod tls;
+pub mod token_dir;
 
 /// A map keyed by ids the daemon assigns (sessions, tensors, programs), on the dispatch path:
 /// foldhash, seeded per process, instead of SipHash. SipHash's strength is against keys an

@@ -27,7 +27,7 @@ use http_body::Frame;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use crate::auth::{Identity, Tokens};
-use crate::conn::ConnInfo;
+use crate::peer::ConnInfo;
 use crate::principals::{Life, Lifecycle};
 
 type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;

@@ -25,24 +25,25 @@ use tower_layer::{Identity, Stack};
 use crate::accept::{Accepted, Acceptor, Admission, Limiter, Listener};
 use crate::auth::Policy;
 use crate::budget::MemoryBudget;
+use crate::codes::DocumentedCodes;
 use crate::config::Config;
 use crate::conn::{Conn, CountCalls, Timeouts};
 use crate::drain::Drain;
-use crate::error::DocumentedCodes;
 use crate::executor::{Executor, Opened};
-use crate::fdsock::{self, Tickets};
+use crate::fdsock;
 use crate::health::{self, Condition, DeviceHealth, HealthService};
 use crate::intake::{Intake, IntakeLayer};
 use crate::lives::LifeLayer;
-use crate::metrics::collect::StateCollector;
 use crate::metrics::rpc::RpcMetrics;
 use crate::metrics::{Exporter, Metrics};
 use crate::programs::{Programs, Runs};
+use crate::service::collect::StateCollector;
 use crate::service::{NpudService, State};
 use crate::sessions::Sessions;
 use crate::state_dir::Persisted;
 use crate::stats::PendingWork;
 use crate::systemd::{self, Activated};
+use crate::tickets::Tickets;
 use crate::tls::Tls;
 
 /// The tower layers around every gRPC service: [`RpcMetrics`] outside, so that it counts the
@@ -369,7 +370,10 @@ pub async fn run(
     let metrics_task = metrics_listener.map(|l| {
         let exporter = Arc::new(Exporter::new(
             &metrics,
-            StateCollector::new(Arc::downgrade(&state), cfg.metrics.max_session_labels),
+            Box::new(StateCollector::new(
+                Arc::downgrade(&state),
+                cfg.metrics.max_session_labels,
+            )),
         ));
         tracing::info!("npud serving metrics on http://{metrics_address}/metrics");
         tokio::spawn(crate::metrics::http::serve(l, exporter, stop.clone()))

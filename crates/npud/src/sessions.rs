@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use tonic::metadata::MetadataMap;
 
 use crate::auth::{Grant, Identity};
-use crate::conn::ConnInfo;
 use crate::error::NpudError;
+use crate::peer::ConnInfo;
 use crate::request_ids::{Claim, Replay, SessionIds};
 use crate::stats::{DispatchStats, Tally};
 

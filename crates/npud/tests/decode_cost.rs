@@ -16,6 +16,9 @@
 //! a regression fails fast instead of swapping the machine. Tests take one lock: the counters
 //! are global.
 
+// Sizes are u64 on the wire and usize in memory; this test runs on 64-bit hosts only.
+#![allow(clippy::cast_possible_truncation)]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Write;
 use std::sync::Mutex;
@@ -275,8 +278,9 @@ fn gzip(data: &[u8]) -> Vec<u8> {
     e.finish().unwrap()
 }
 
-/// What happened to one input.
+/// What happened to one input (its fields are read in failure messages, through `Debug`).
 #[derive(Debug)]
+#[allow(dead_code)]
 enum Outcome {
     /// Refused by inflate or scan.
     Refused(String),

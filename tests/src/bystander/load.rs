@@ -64,6 +64,8 @@ impl Latencies {
             if sorted.is_empty() {
                 return Duration::ZERO;
             }
+            // q in [0, 1]: the rank is within 0..=len.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
             sorted[rank - 1]
         };

@@ -16,16 +16,16 @@ const LEN: u32 = 2;
 /// A varint.
 pub fn varint(mut v: u64, out: &mut Vec<u8>) {
     while v >= 0x80 {
-        out.push((v as u8) | 0x80);
+        out.push(v.to_le_bytes()[0] | 0x80);
         v >>= 7;
     }
-    out.push(v as u8);
+    out.push(v.to_le_bytes()[0]);
 }
 
 /// The two bytes of an empty length-delimited field `field` (< 16): its key and length 0.
 pub fn empty_field(field: u32) -> [u8; 2] {
     assert!(field < 16, "a one-byte key");
-    [((field << 3) | LEN) as u8, 0]
+    [((field << 3) | LEN).to_le_bytes()[0], 0]
 }
 
 /// How many empty repeated fields fit a message of at most `max` bytes after `overhead` bytes.
@@ -280,7 +280,7 @@ fn percent_decode(s: &str) -> String {
             && i + 2 < b.len()
             && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
         {
-            out.push((h * 16 + l) as u8);
+            out.push((h * 16 + l).to_le_bytes()[0]);
             i += 3;
             continue;
         }
@@ -337,7 +337,7 @@ pub fn raw_h2_request(path: &str, headers: &[(&str, &str)], message: &[u8]) -> V
 
 fn hpack_string(s: &str, out: &mut Vec<u8>) {
     assert!(s.len() < 127, "a one-byte length");
-    out.push(s.len() as u8);
+    out.push(u8::try_from(s.len()).expect("a one-byte length"));
     out.extend_from_slice(s.as_bytes());
 }
 

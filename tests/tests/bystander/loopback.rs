@@ -147,7 +147,7 @@ async fn time_wait_rows(ns: &str, n: usize) -> usize {
             for i in 0..n {
                 // Ports chosen here: the kernel's search for a free one slows as they fill.
                 let from = SocketAddr::new(
-                    IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + (i % 4) as u8)),
+                    IpAddr::V4(Ipv4Addr::new(127, 0, 0, [2, 3, 4, 5][i % 4])),
                     10_000 + u16::try_from(i / 4).expect("at most 222,140 rows"),
                 );
                 let client = tcp_from(Some(from), to[i % 4])

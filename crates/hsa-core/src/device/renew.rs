@@ -36,6 +36,9 @@ use super::{Device, ProgramId, QueueState, SIDE_SLOT, TensorId, discover, find_a
 use crate::error::HsaError;
 use crate::sys::AIE_QUEUE_SIZE;
 
+/// A program as a renewal puts it back: its id, PDI bytes and instruction bytes.
+type SavedProgram = (ProgramId, Vec<u8>, Vec<u8>);
+
 impl Device {
     /// Replaces the runtime with a fresh one and puts every program and tensor back, then
     /// creates the queue in it.
@@ -100,7 +103,7 @@ impl Device {
     }
 
     /// Every program's PDI and instruction bytes, by id, in id order.
-    fn saved_programs(&self) -> Result<Vec<(ProgramId, Vec<u8>, Vec<u8>)>, HsaError> {
+    fn saved_programs(&self) -> Result<Vec<SavedProgram>, HsaError> {
         let mut out = Vec::with_capacity(self.programs.len());
         for (&id, p) in &self.programs {
             let Code::Heap {

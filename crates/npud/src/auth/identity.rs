@@ -170,39 +170,6 @@ pub fn matches(pattern: &str, name: &str) -> bool {
     glob(pattern, name)
 }
 
-/// Why `pattern` cannot be a policy pattern, if it cannot: a certificate pattern must say
-/// which kind of name it matches (`cert:*` for any but the common name).
-pub fn check_pattern(pattern: &str) -> Result<(), String> {
-    if pattern.is_empty() {
-        return Err("an empty pattern matches nothing".into());
-    }
-    if let Some(rest) = pattern.strip_prefix("cert:")
-        && rest != "*"
-        && !["dns:", "uri:", "email:", "cn:"]
-            .iter()
-            .any(|k| rest.starts_with(k))
-    {
-        return Err(format!(
-            "{pattern:?} does not say which name of a certificate it matches: write \
-             cert:dns:{rest} (a DNS name), cert:uri:{rest}, cert:email:{rest}, or cert:cn:{rest} \
-             (the common name, matched only where a pattern names it); cert:* matches any but \
-             the common name"
-        ));
-    }
-    // Token identities are `token:<file>@<allocation>`: a pattern naming a file without
-    // `@` or `*` would silently match nothing.
-    if let Some(rest) = pattern.strip_prefix("token:")
-        && !rest.contains('@')
-        && !rest.contains('*')
-    {
-        return Err(format!(
-            "{pattern:?} matches no token identity: they are token:<file>@<allocation> (one per \
-             secret the file held); write token:{rest}@* for every allocation of that file"
-        ));
-    }
-    Ok(())
-}
-
 /// Whether `pattern` matches `text`; `*` in a pattern matches any run of characters.
 pub fn glob(pattern: &str, text: &str) -> bool {
     let parts: Vec<&str> = pattern.split('*').collect();
@@ -226,6 +193,7 @@ pub fn glob(pattern: &str, text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::check_pattern;
 
     #[test]
     fn a_token_pattern_without_an_allocation_is_refused_naming_the_form() {

@@ -24,40 +24,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::Identity;
 use super::Kind;
-use super::token_dir::{self, Cached, DirError, valid_secret};
+use crate::config::TokenTransport;
 use crate::error::NpudError;
+use crate::token_dir::{self, Cached, DirError, valid_secret};
 
-/// A listener on which `auth.require_token` makes callers present a token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TokenTransport {
-    /// Local users: the Unix socket, and TCP from this host, whose callers the kernel's socket
-    /// table names (`uid:` identities either way, so that the TCP port is no way around it).
-    Unix,
-    /// The TCP listener (certificates and anonymous callers).
-    Tcp,
-}
-
-impl TokenTransport {
-    /// The listener a transport identity came from.
-    fn of(transport: &Identity) -> Option<Self> {
-        match transport.kind() {
-            Kind::Uid(_) => Some(Self::Unix),
-            Kind::Cert | Kind::Anonymous => Some(Self::Tcp),
-            Kind::Token => None,
-        }
-    }
-
-    fn word(self) -> &'static str {
-        match self {
-            Self::Unix => "unix",
-            Self::Tcp => "tcp",
-        }
+/// The listener a transport identity came from (`None` for a token identity).
+fn listener_of(transport: &Identity) -> Option<TokenTransport> {
+    match transport.kind() {
+        Kind::Uid(_) => Some(TokenTransport::Unix),
+        Kind::Cert | Kind::Anonymous => Some(TokenTransport::Tcp),
+        Kind::Token => None,
     }
 }
 
@@ -70,7 +50,7 @@ pub fn require_token(
     transport: &Identity,
     has_token: bool,
 ) -> Result<(), NpudError> {
-    let Some(t) = TokenTransport::of(transport) else {
+    let Some(t) = listener_of(transport) else {
         return Ok(());
     };
     if has_token || !required.contains(&t) {

@@ -168,7 +168,7 @@ impl Tensors {
             let fd = npu_fd::memfd::create("npud-tensor", size)
                 .and_then(|fd| npu_fd::memfd::freeze_seals(fd.as_fd()).map(|()| fd))
                 .map_err(|e| {
-                    NpudError::ResourceExhausted(match crate::accept::fd_exhaustion() {
+                    NpudError::ResourceExhausted(match crate::fds::fd_exhaustion() {
                         Some(why) => format!("creating the tensor's memfd: {why} ({e})"),
                         None => format!("creating the tensor's memfd: {e}"),
                     })

@@ -1,6 +1,6 @@
 //! The fd socket: a Unix socket beside the gRPC one on which tensor file descriptors travel
 //! with `SCM_RIGHTS`, each exchange redeeming a one-time [`Ticket`](npu_fd::wire::Ticket) that
-//! a gRPC call issued ([`tickets`]). Frames and fd passing are `npu_fd::wire`'s; this module
+//! a gRPC call issued (`tickets`). Frames and fd passing are `npu_fd::wire`'s; this module
 //! decides what a ticket is worth, and keeps what clients send from costing anyone else:
 //!
 //! - Every read takes every fd the client attached (`npu_fd::wire` makes room for a whole
@@ -12,17 +12,17 @@
 //! - After ATTACH_RING the connection is the ring's lifeline and carries nothing: the first
 //!   byte or fd on it ends the ring (`ring.md`, `broken` 3) and the connection.
 //!
-//! Each connection ends promptly when the daemon stops or when [`Connections::end_uid`] ends
-//! its peer's; a ring's lifeline ends with its ring (`Rings::stop`), and the ring with it.
+//! Each connection ends promptly when the daemon stops. A connection holds nothing of a
+//! principal's but through a ticket, which the session's end forgets (revocation, expiry,
+//! CloseSession: `principals`), and a ring's lifeline, which ends with its ring
+//! (`Rings::stop`, called when the session's life ends) and the ring with it.
 
 pub mod budget;
 pub mod closer;
-pub mod tickets;
-
-use std::collections::HashMap;
+pub use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use std::sync::Arc;
 use std::time::Instant;
 
 use npu_fd::wire::server::{self, LifelineEnd};
@@ -32,58 +32,13 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::budget::FrameBudget;
 pub use self::closer::Closer;
-use self::tickets::Issued;
-pub use self::tickets::{Grant, TICKET_TTL, Tickets};
 use crate::accept::{Accepted, Acceptor, Admission, REFUSED_LIFETIME};
 use crate::conn::Timeouts;
 use crate::error::NpudError;
 use crate::executor::{Command, ExecutorHandle};
 use crate::metrics::Metrics;
 use crate::service::{NpudService, RingControl};
-
-/// The fd socket's open connections, by the uid at their other end, so that something outside
-/// (a revoked principal, a cooled-down user) can end them: [`Connections::end_uid`] cancels
-/// each one's token, which its reads, waits and lifeline honour at once (a ring whose lifeline
-/// ends is torn down).
-#[derive(Debug, Default)]
-pub struct Connections {
-    map: Mutex<HashMap<u64, (Option<u32>, CancellationToken)>>,
-    next: AtomicU64,
-}
-
-impl Connections {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, (Option<u32>, CancellationToken)>> {
-        self.map.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn add(&self, uid: Option<u32>, token: CancellationToken) -> u64 {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.lock().insert(id, (uid, token));
-        id
-    }
-
-    fn remove(&self, id: u64) {
-        self.lock().remove(&id);
-    }
-
-    /// Ends every open connection of `uid` (rings' lifelines among them); returns how many.
-    pub fn end_uid(&self, uid: u32) -> usize {
-        let g = self.lock();
-        let mut n = 0;
-        for (u, token) in g.values() {
-            if *u == Some(uid) {
-                token.cancel();
-                n += 1;
-            }
-        }
-        n
-    }
-
-    /// Open connections.
-    pub fn count(&self) -> usize {
-        self.lock().len()
-    }
-}
+use crate::tickets::{Grant, Issued, Tickets};
 
 /// What every connection shares.
 #[derive(Debug)]
@@ -137,7 +92,7 @@ pub async fn serve(
 }
 
 /// Serves one connection until it closes, times out, is ended, or the daemon stops (`stop`,
-/// a child of the daemon's token that [`Connections::end_uid`] may cancel alone): a request
+/// a child of the daemon's token): a request
 /// being served then is answered first, so shutdown cuts off only idle connections. The
 /// connection is closed on the spot when the client closed it cleanly (nothing can be left in
 /// it), else by the [`Closer`] with whatever else the client sent.
@@ -154,7 +109,6 @@ async fn connection(
             None
         }
     };
-    let id = shared.tickets.connections().add(uid, stop.clone());
     let mut c = Conn {
         budget: FrameBudget::new(Instant::now()),
         received: Vec::new(),
@@ -179,7 +133,6 @@ async fn connection(
         }
         (_, Some(_)) => c.serve().await,
     };
-    shared.tickets.connections().remove(id);
     let Conn {
         stream,
         mut received,
@@ -539,22 +492,5 @@ mod tests {
         for (e, want) in cases {
             assert_eq!(refusal(&e).status, want, "{e:?}");
         }
-    }
-
-    #[test]
-    fn connections_are_ended_by_uid() {
-        let c = Connections::default();
-        let (a, b, d) = (
-            CancellationToken::new(),
-            CancellationToken::new(),
-            CancellationToken::new(),
-        );
-        let ia = c.add(Some(1000), a.clone());
-        c.add(Some(1000), b.clone());
-        c.add(Some(1001), d.clone());
-        c.remove(ia);
-        assert_eq!(c.end_uid(1000), 1);
-        assert!(!a.is_cancelled() && b.is_cancelled() && !d.is_cancelled());
-        assert_eq!(c.count(), 3 - 1);
     }
 }

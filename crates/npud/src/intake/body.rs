@@ -26,6 +26,9 @@ use super::{
 };
 use crate::error::NpudError;
 
+/// One frame of a request body, or why the body failed.
+type FrameResult = Result<Frame<Bytes>, tonic::Status>;
+
 /// A gRPC message's header: the compressed flag and the length.
 const HEADER: usize = 5;
 /// A long message is handed to tonic in frames of this many bytes.
@@ -343,10 +346,7 @@ impl IntakeBody {
     /// buffer, and every [`YIELD_BYTES`] this body lets its task yield, so that a long message
     /// does not hold the I/O thread for its whole copy. The message counts as handed once its
     /// last chunk is out.
-    fn next_chunk(
-        &mut self,
-        cx: Option<&mut Context<'_>>,
-    ) -> Option<Poll<Option<Result<Frame<Bytes>, tonic::Status>>>> {
+    fn next_chunk(&mut self, cx: Option<&mut Context<'_>>) -> Option<Poll<Option<FrameResult>>> {
         let chunk = self.out.pop_front()?;
         if let Some(cx) = cx
             && self.since_yield >= YIELD_BYTES
@@ -526,7 +526,8 @@ impl Counter {
         let mut n = 0;
         while !data.is_empty() {
             if self.body > 0 {
-                let k = (self.body.min(data.len() as u64)) as usize;
+                // At most data.len(), so it fits a usize.
+                let k = usize::try_from(self.body).map_or(data.len(), |b| b.min(data.len()));
                 self.body -= k as u64;
                 data = &data[k..];
                 continue;

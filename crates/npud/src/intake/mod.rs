@@ -51,8 +51,8 @@ use tokio::sync::Semaphore;
 use crate::auth::{Identity, Policy};
 use crate::budget::MemoryBudget;
 use crate::config::Limits;
-use crate::conn::ConnInfo;
 use crate::error::NpudError;
+use crate::peer::ConnInfo;
 
 use body::{Answered, IntakeBody};
 use inflate::Header;

@@ -423,7 +423,11 @@ impl Scanner<'_> {
             Malformed::WrongWireType { got, want } => format!(
                 "wire type {} ({}), but the field is {want}",
                 got,
-                WIRE_NAMES.get(got as usize).copied().unwrap_or("none")
+                usize::try_from(got)
+                    .ok()
+                    .and_then(|g| WIRE_NAMES.get(g))
+                    .copied()
+                    .unwrap_or("none")
             ),
             Malformed::PackedLength { len, size } => {
                 format!("a packed field of {len} bytes, not a multiple of {size}")

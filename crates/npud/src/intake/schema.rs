@@ -199,7 +199,7 @@ impl Schema {
         let index: HashMap<String, MessageId> = protos
             .iter()
             .enumerate()
-            .map(|(i, (n, _))| (n.clone(), i as MessageId))
+            .map(|(i, (n, _))| (n.clone(), MessageId::try_from(i).unwrap_or(MessageId::MAX)))
             .collect();
         let lookup = |owner: &str, type_name: &str| -> Result<MessageId, SchemaError> {
             let t = type_name.trim_start_matches('.');
@@ -293,7 +293,7 @@ impl Schema {
         self.messages
             .iter()
             .position(|m| m.name == name)
-            .map(|i| i as MessageId)
+            .and_then(|i| MessageId::try_from(i).ok())
     }
 
     /// The messages reachable from `root` through its fields (itself included).

@@ -1,5 +1,5 @@
 //! Prometheus metrics: what the daemon counts as work happens ([`Metrics`]), what it reads from
-//! its own state at each scrape ([`collect`]), the tower layer that counts RPC outcomes
+//! its own state at each scrape (`service::collect`), the tower layer that counts RPC outcomes
 //! ([`rpc`]), and the HTTP listener that serves `GET /metrics` ([`http`]).
 //!
 //! Counters that the daemon already keeps (sessions opened and ended, device faults,
@@ -16,7 +16,6 @@
 //! for per-session series (`metrics.max_session_labels`): then at most that many sessions are
 //! shown by id and `client_name` (control characters escaped), the rest as `other`.
 
-pub mod collect;
 pub mod http;
 pub mod rpc;
 
@@ -345,10 +344,15 @@ pub struct Exporter {
 }
 
 impl Exporter {
-    pub fn new(metrics: &Metrics, collector: collect::StateCollector) -> Self {
+    /// The registry of `metrics`' counters and `collector`, which reads the daemon's state at
+    /// each scrape (`service::collect`).
+    pub fn new(
+        metrics: &Metrics,
+        collector: Box<dyn prometheus_client::collector::Collector>,
+    ) -> Self {
         let mut registry = Registry::with_prefix("npud");
         metrics.register(&mut registry);
-        registry.register_collector(Box::new(collector));
+        registry.register_collector(collector);
         Self { registry }
     }
 

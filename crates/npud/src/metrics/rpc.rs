@@ -1,6 +1,6 @@
 //! [`RpcMetrics`]: the tower layer that counts every gRPC call's outcome by method and code.
 //!
-//! It sits outside [`DocumentedCodes`](crate::error::DocumentedCodes), so it counts the codes
+//! It sits outside [`DocumentedCodes`](crate::codes::DocumentedCodes), so it counts the codes
 //! clients read. A call's status is in the response headers when the response is
 //! trailers-only (every unary error), otherwise in the trailers after the body; the layer
 //! wraps the body to read them. A body dropped before its trailers (the client went away) is

@@ -8,6 +8,7 @@
 //! ListPrograms without a session must be allowed by the `[auth]` policy; GetDeviceInfo
 //! answers every caller.
 
+pub mod collect;
 mod programs;
 mod replay;
 mod ring;
@@ -29,15 +30,16 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Grant, Identity, Policy};
 use crate::config::Limits;
-use crate::conn::ConnInfo;
+use crate::deadline::parse_grpc_timeout;
 use crate::error::NpudError;
 use crate::executor::{Command, DeviceFacts, ExecutorHandle};
-use crate::fdsock::Tickets;
 use crate::health::Condition;
 use crate::metrics::Metrics;
+use crate::peer::ConnInfo;
 use crate::programs::Programs;
 use crate::sessions::Sessions;
 use crate::stats::PendingWork;
+use crate::tickets::Tickets;
 
 pub use ring::{RingControl, Rings};
 pub use work::MAX_ARGS;
@@ -227,24 +229,6 @@ fn deadline<T>(req: &Request<T>) -> Option<Instant> {
     timeout(req).map(|d| Instant::now() + d)
 }
 
-/// Parses a `grpc-timeout` value: up to 8 digits and a unit (H, M, S, m, u, n).
-fn parse_grpc_timeout(v: &str) -> Option<Duration> {
-    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
-    if digits.is_empty() || digits.len() > 8 {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n.checked_mul(3600)?),
-        "M" => Duration::from_secs(n.checked_mul(60)?),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
 type Res<T> = Result<Response<T>, Status>;
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -371,24 +355,5 @@ impl Npud for NpudService {
         req: Request<pb::ClearQuarantineRequest>,
     ) -> Res<pb::ClearQuarantineResponse> {
         ok(self.clear_quarantine(req))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn grpc_timeouts_parse_every_unit() {
-        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
-        assert_eq!(parse_grpc_timeout("2M"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_grpc_timeout("3S"), Some(Duration::from_secs(3)));
-        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
-        assert_eq!(parse_grpc_timeout("7u"), Some(Duration::from_micros(7)));
-        assert_eq!(parse_grpc_timeout("9n"), Some(Duration::from_nanos(9)));
-        assert_eq!(parse_grpc_timeout("123456789S"), None);
-        assert_eq!(parse_grpc_timeout("S"), None);
-        assert_eq!(parse_grpc_timeout("5x"), None);
-        assert_eq!(parse_grpc_timeout(""), None);
     }
 }

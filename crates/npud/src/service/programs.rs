@@ -12,9 +12,9 @@ use tokio::sync::Semaphore;
 use tonic::Request;
 
 use super::NpudService;
-use crate::conn::ConnInfo;
 use crate::error::NpudError;
 use crate::executor::Command;
+use crate::peer::ConnInfo;
 use crate::programs::record_proto;
 
 /// Registrations that parse at once; later ones wait (holding no thread) for a turn.

@@ -36,7 +36,7 @@ use super::NpudService;
 use super::work::{Admitted, Work};
 use crate::error::NpudError;
 use crate::executor::{Command, Intake, Polled, WorkDone, WorkItem};
-use crate::fdsock::Grant;
+use crate::tickets::Grant;
 
 /// The bell thread's first sleep while the port holds answers it could not post (a full
 /// completion ring is looked at again this soon).

@@ -4,8 +4,8 @@ use npu_proto::v1 as pb;
 use tonic::Request;
 
 use super::NpudService;
-use crate::conn::ConnInfo;
 use crate::error::NpudError;
+use crate::peer::ConnInfo;
 
 impl NpudService {
     pub(super) async fn device_info(

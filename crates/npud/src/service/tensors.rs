@@ -7,7 +7,7 @@ use tonic::{Request, Status, Streaming};
 use super::{BoxStream, NpudService};
 use crate::error::NpudError;
 use crate::executor::Command;
-use crate::fdsock::Grant;
+use crate::tickets::Grant;
 
 /// ReadTensor's chunk size when the request leaves it 0.
 const DEFAULT_CHUNK: u64 = 1 << 20;

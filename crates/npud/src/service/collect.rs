@@ -12,9 +12,9 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Unit;
 
-use crate::service::State;
+use super::State;
 
-/// The collector registered with the [`Exporter`](super::Exporter); it holds the state weakly,
+/// The collector registered with the [`Exporter`](crate::metrics::Exporter); it holds the state weakly,
 /// so that a scrape in flight at shutdown keeps nothing alive.
 #[derive(Debug)]
 pub struct StateCollector {
@@ -89,8 +89,8 @@ fn pending_series(
         let rest = sorted[max..].iter().map(|x| u64::from(x.pending)).sum();
         out.push((
             vec![
-                ("session", super::OTHER.to_owned()),
-                ("client", super::OTHER.to_owned()),
+                ("session", crate::metrics::OTHER.to_owned()),
+                ("client", crate::metrics::OTHER.to_owned()),
             ],
             rest,
         ));

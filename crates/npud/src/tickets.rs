@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use npu_fd::wire::{Op, Response, Status, Ticket};
 
-use super::Connections;
 use crate::error::NpudError;
 
 /// How long a ticket may wait to be redeemed.
@@ -33,21 +32,20 @@ pub enum Grant {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Issued {
-    pub(super) session: u64,
+pub(crate) struct Issued {
+    pub(crate) session: u64,
     uid: u32,
-    pub(super) tensor: u64,
-    pub(super) grant: Grant,
+    pub(crate) tensor: u64,
+    pub(crate) grant: Grant,
     expires: Instant,
 }
 
-/// Outstanding tickets, and the fd socket's open connections ([`Tickets::connections`]): what
-/// the gRPC side shares with the fd socket.
+/// Outstanding tickets: what the gRPC side (which issues them) shares with the fd socket
+/// (which redeems them).
 #[derive(Debug)]
 pub struct Tickets {
     map: Mutex<HashMap<Ticket, Issued>>,
     ttl: Duration,
-    connections: Connections,
 }
 
 impl Default for Tickets {
@@ -62,13 +60,7 @@ impl Tickets {
         Self {
             map: Mutex::new(HashMap::new()),
             ttl,
-            connections: Connections::default(),
         }
-    }
-
-    /// The fd socket's open connections, to end those of a peer from outside.
-    pub fn connections(&self) -> &Connections {
-        &self.connections
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<Ticket, Issued>> {
@@ -106,7 +98,7 @@ impl Tickets {
     /// Checks a ticket for `op` by `uid` and takes it out of the table, in one step under
     /// the lock: of concurrent redeems of one ticket, one gets it and the rest are refused
     /// as unknown. A ticket refused for another uid or op stays.
-    pub(super) fn take(&self, ticket: &Ticket, uid: u32, op: Op) -> Result<Issued, Response> {
+    pub(crate) fn take(&self, ticket: &Ticket, uid: u32, op: Op) -> Result<Issued, Response> {
         let mut g = self.lock();
         let issued = g
             .get(ticket)
@@ -145,7 +137,7 @@ impl Tickets {
 
     /// Puts back a ticket whose exchange was refused (a memfd that failed the import
     /// checks), so the client can try again with a fixed one, unless it has expired.
-    pub(super) fn put_back(&self, ticket: Ticket, issued: Issued) {
+    pub(crate) fn put_back(&self, ticket: Ticket, issued: Issued) {
         if issued.expires > Instant::now() {
             self.lock().insert(ticket, issued);
         }
