@@ -298,7 +298,7 @@ async fn unwanted_fds_are_refused_and_closed() {
     );
     assert_eq!(
         malformed(&daemon).await,
-        "malformed fd-socket frame: the frame carried 2 fds; a frame carries at most one"
+        "malformed fd-socket frame: the frame carried 2 fds; IMPORT takes one"
     );
 
     // More fds than the receiver makes room for: the kernel truncates, and the frame is refused.
