@@ -48,13 +48,30 @@ use crate::api::HsaApi;
 use crate::error::HsaError;
 use crate::sys::{Agent, AgentInfo, Status};
 
-/// What `auto`'s evidence says of a G2 runtime with the AIE loader (ROCR's July 2026 tree).
-pub(crate) const G2_WITH_LOADER: &str = "a G2 ROCR with the AIE loader, July 2026";
+/// What proved the packet ABI: decisions made on it (whether G2 full ELF runs) match on this,
+/// never on the sentence that says it to a person.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Evidence {
+    /// Set in the configuration, not proven.
+    Configured,
+    /// The AIE loader took a code object and the driver read its packet as a kernel object.
+    LoaderReadsKernelObjects,
+    /// The AIE loader took a code object and the driver resolved word 48 as the PDI: a G2
+    /// ROCR with the AIE loader (July 2026), which came after G2 full ELF.
+    G2WithLoader,
+    /// No AIE loader, but a vmem mapping of the AIE data pool (the 2026 G2 releases).
+    VmemMapping,
+    /// No loader, no vmem mapping, and ROCm 7.0's AIE product name.
+    Rocm70ProductName,
+}
+
+/// A packet ABI, what proved it, and the sentence that says so.
+pub(crate) type Proof = (PacketAbi, Evidence, String);
 
 /// ROCm 7.0's (and develop's of August 2025) `HSA_AMD_AGENT_INFO_PRODUCT_NAME` for every NPU.
 pub const ROCM_7_0_PRODUCT_NAME: &str = "AIE-ML";
 
-/// The packet ABI `auto` proves for this runtime, and the evidence, as one sentence.
+/// The packet ABI `auto` proves for this runtime, the evidence, and it as one sentence.
 ///
 /// # Errors
 /// [`HsaError::PacketAbiUnknown`] when nothing proves one, naming what was seen.
@@ -63,12 +80,13 @@ pub(crate) fn prove(
     pools: &PoolChoice,
     cpu: Agent,
     aie: Agent,
-) -> Result<(PacketAbi, String), HsaError> {
+) -> Result<Proof, HsaError> {
     let code_object = match code_object::probe(api, aie) {
         Ok(kernel) => {
             return Ok(match ko_probe::run(api, aie, kernel.kernel_object)? {
                 ko_probe::Reads::KernelObjects => (
                     PacketAbi::KernelObject,
+                    Evidence::LoaderReadsKernelObjects,
                     "auto: the runtime loaded a built-in AIE code object, and refused a packet \
                      naming its kernel object with NULL kernargs as INVALID_PACKET_FORMAT: its \
                      driver read words 20/24 as a kernel object"
@@ -76,6 +94,7 @@ pub(crate) fn prove(
                 ),
                 ko_probe::Reads::G2 => (
                     PacketAbi::G2,
+                    Evidence::G2WithLoader,
                     "auto: the runtime loaded a built-in AIE code object but refused a packet \
                      naming its kernel object as INVALID_ALLOCATION: its driver resolves word 48 \
                      as the PDI, so its packets are G2 (a G2 ROCR with the AIE loader, July 2026)"
@@ -91,6 +110,7 @@ pub(crate) fn prove(
             drop(v);
             return Ok((
                 PacketAbi::G2,
+                Evidence::VmemMapping,
                 format!(
                     "auto: the runtime loads no AIE code object but maps a vmem handle of the \
                      AIE data pool, which only the 2026 (G2) releases do (the code object: \
@@ -111,6 +131,7 @@ pub(crate) fn prove(
         let export = dmabuf_export_status(api, pools);
         return Ok((
             PacketAbi::G1a,
+            Evidence::Rocm70ProductName,
             format!(
                 "auto: ROCm 7.0 (G1a): a 2025 runtime (no AIE vmem mapping) whose AIE agent is \
                  named {ROCM_7_0_PRODUCT_NAME:?}, as only ROCm 7.0 and develop of August 2025 \

@@ -240,7 +240,8 @@ impl Device {
         let timestamp_frequency = system_u64(&api, SystemInfo::TIMESTAMP_FREQUENCY)?;
         let (aie, cpu) = find_agents(&api)?;
         let pools = discover::choose_pools(&discover::pools(&api, aie.agent)?)?;
-        let (abi, packet_abi_source) = resolve_abi(&api, &pools, cpu, aie.agent, &opts)?;
+        let (abi, evidence, packet_abi_source) =
+            resolve_abi(&api, &pools, cpu, aie.agent, &opts)?;
         tracing::info!(abi = %abi, how = %packet_abi_source, "chose the packet ABI");
         if abi == PacketAbi::G1a {
             match driver::amdxdna_origin(&opts.sysfs_root) {
@@ -265,7 +266,7 @@ impl Device {
             "chose how tensors are allocated and shared"
         );
         let (g2_full_elf, g2_full_elf_source) =
-            g2_full_elf(abi, &packet_abi_source, generation, opts.g2_full_elf);
+            g2_full_elf(abi, evidence, generation, opts.g2_full_elf);
         tracing::info!(
             g2_full_elf, how = %g2_full_elf_source,
             "decided whether FullElf kernels run as G2 full-ELF packets"
@@ -419,9 +420,9 @@ fn resolve_abi(
     cpu: Agent,
     aie: Agent,
     opts: &DeviceOptions,
-) -> Result<(PacketAbi, String), HsaError> {
+) -> Result<abi::Proof, HsaError> {
     if !opts.probe_code_objects {
-        return Ok((opts.packet_abi, "configured".into()));
+        return Ok((opts.packet_abi, abi::Evidence::Configured, "configured".into()));
     }
     abi::prove(api, pools, cpu, aie)
 }
@@ -429,7 +430,7 @@ fn resolve_abi(
 /// Whether FullElf kernels run as G2 full-ELF packets, and why ([`DeviceInfo::g2_full_elf`]).
 fn g2_full_elf(
     abi: PacketAbi,
-    abi_source: &str,
+    evidence: abi::Evidence,
     generation: Generation,
     configured: Option<bool>,
 ) -> (bool, String) {
@@ -441,7 +442,7 @@ fn g2_full_elf(
     }
     match configured {
         Some(on) => (on, "configured".into()),
-        None if abi_source.contains(abi::G2_WITH_LOADER) => (
+        None if evidence == abi::Evidence::G2WithLoader => (
             true,
             "auto: a G2 runtime with the AIE loader, which came after G2 full ELF".into(),
         ),
