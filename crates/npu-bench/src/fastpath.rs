@@ -22,8 +22,8 @@ use crate::client::{Iters, Pipelined, Session};
 use crate::stats::{Summary, nanos, summarize};
 use crate::{BenchError, Result};
 
-/// How long a waiting side spins before it sleeps on its bell (as npu-client).
-const SPIN: Duration = Duration::from_micros(50);
+// Tuned latencies: `npu_fd::latency` says why each has its value and what measured it.
+const SPIN: Duration = npu_fd::latency::CLIENT_SPIN;
 
 /// A session's ring, client side.
 #[derive(Debug)]

@@ -31,26 +31,14 @@ use std::time::{Duration, Instant};
 use npu_fd::ring::{self, Completion, RingArg, RingMemory, Submission, Word};
 use npu_proto::v1 as pb;
 
-/// How long a caller spins for its completion before it sleeps.
-pub(crate) const SPIN: Duration = Duration::from_micros(50);
-
-/// The first sleep of a submitter that found the submission ring full after spinning for
-/// [`SPIN`] (the daemon holds a ring's worth: it frees slots as it answers); each further one
-/// doubles, up to [`FULL_SLEEP_MAX`].
-const FULL_SLEEP_FIRST: Duration = Duration::from_micros(100);
-/// The longest sleep of a submitter waiting for a free slot.
-const FULL_SLEEP_MAX: Duration = Duration::from_millis(4);
-
-/// How long a parked blocking wait ([`FastPath::wait_now_checking`]) sleeps before it asks its
-/// caller whether to go on waiting.
-const CHECK_EVERY: Duration = Duration::from_millis(100);
-
-/// Looks at the completion ring's tail between two looks at the completions while spinning.
-const SPIN_LOOKS: u32 = 16;
-/// The waiter thread's longest sleep while a task waits (bounds a lost wake).
-const WAITER_SLEEP: Duration = Duration::from_millis(5);
-/// The waiter thread's sleep while no task waits.
-const IDLE_SLEEP: Duration = Duration::from_millis(500);
+// Tuned latencies: `npu_fd::latency` says why each has its value and what measured it.
+pub(crate) const SPIN: Duration = npu_fd::latency::CLIENT_SPIN;
+const FULL_SLEEP_FIRST: Duration = npu_fd::latency::CLIENT_FULL_SLEEP_FIRST;
+const FULL_SLEEP_MAX: Duration = npu_fd::latency::CLIENT_FULL_SLEEP_MAX;
+const CHECK_EVERY: Duration = npu_fd::latency::CLIENT_CHECK_EVERY;
+const SPIN_LOOKS: u32 = npu_fd::latency::CLIENT_SPIN_LOOKS;
+const WAITER_SLEEP: Duration = npu_fd::latency::CLIENT_WAITER_SLEEP;
+const IDLE_SLEEP: Duration = npu_fd::latency::CLIENT_IDLE_SLEEP;
 
 /// The environment variable that turns the fast path off (`0`, `off`, `false`, `no`).
 pub const FAST_PATH_ENV: &str = "NPUD_FAST_PATH";

@@ -11,6 +11,8 @@
 //!   another process or the device writes is not a slice).
 //! - [`client_memory`]: [`ClientMemory`], a client's own tensor memory, whose views are safe
 //!   because nothing else maps it and the daemon writes it only while it is lent.
+//! - [`latency`]: every spin, sleep and back-off tuned by measurement, for both sides of the
+//!   ring and the daemon's threads that serve it, each with its reason and its measurement.
 //! - [`peer`]: the supplementary groups of a Unix socket's peer (`SO_PEERGROUPS`).
 //! - [`ring`]: the dispatch ring's shared memory ([`ring::RingMemory`]), its slots and its futex
 //!   doorbells, every access atomic (`proto/npud/v1/ring.md`).
@@ -41,6 +43,7 @@
 
 pub mod client_memory;
 mod error;
+pub mod latency;
 pub mod mapping;
 pub mod memfd;
 pub mod peer;

@@ -120,7 +120,7 @@ pub struct ExecutorConfig {
 impl Default for ExecutorConfig {
     fn default() -> Self {
         Self {
-            spin_us: 200,
+            spin_us: npu_fd::latency::EXECUTOR_SPIN_US,
             slice_bytes: 1 << 20,
         }
     }

@@ -240,8 +240,7 @@ impl Device {
         let timestamp_frequency = system_u64(&api, SystemInfo::TIMESTAMP_FREQUENCY)?;
         let (aie, cpu) = find_agents(&api)?;
         let pools = discover::choose_pools(&discover::pools(&api, aie.agent)?)?;
-        let (abi, evidence, packet_abi_source) =
-            resolve_abi(&api, &pools, cpu, aie.agent, &opts)?;
+        let (abi, evidence, packet_abi_source) = resolve_abi(&api, &pools, cpu, aie.agent, &opts)?;
         tracing::info!(abi = %abi, how = %packet_abi_source, "chose the packet ABI");
         if abi == PacketAbi::G1a {
             match driver::amdxdna_origin(&opts.sysfs_root) {
@@ -422,7 +421,11 @@ fn resolve_abi(
     opts: &DeviceOptions,
 ) -> Result<abi::Proof, HsaError> {
     if !opts.probe_code_objects {
-        return Ok((opts.packet_abi, abi::Evidence::Configured, "configured".into()));
+        return Ok((
+            opts.packet_abi,
+            abi::Evidence::Configured,
+            "configured".into(),
+        ));
     }
     abi::prove(api, pools, cpu, aie)
 }

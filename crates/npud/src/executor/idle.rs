@@ -21,21 +21,11 @@
 
 use std::time::{Duration, Instant};
 
-/// Looks at the channel and the rings between two yields of the CPU while polling: a look
-/// costs tens of ns, a yield a system call, during which a submission waits. 128 looks is a few
-/// µs between yields: on the 2-core VM, fast-path unary over its floor read 1.27–1.85× in six
-/// runs, against 1.62–2.39× yielding every 16 looks in six runs alternating with them, with
-/// the gRPC and many-client rows within their spread.
-const LOOKS_PER_YIELD: u32 = 128;
+// Tuned latencies: `npu_fd::latency` says why each has its value and what measured it.
+const LOOKS_PER_YIELD: u32 = npu_fd::latency::EXECUTOR_LOOKS_PER_YIELD;
+const CHANNEL_EVERY: u32 = npu_fd::latency::EXECUTOR_CHANNEL_EVERY;
 
-/// While polling, the channel is looked at every this many looks at the rings: a look at the
-/// channel costs several times a quiet ring's two loads, and a command waits a few looks at
-/// most (tens of ns) where its gRPC call took tens of µs to arrive.
-const CHANNEL_EVERY: u32 = 4;
-
-/// Serving two sessions this close together counts as shared use, which stops polling for as
-/// long again.
-pub const SHARED: Duration = Duration::from_millis(2);
+pub const SHARED: Duration = npu_fd::latency::EXECUTOR_SHARED;
 
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TryRecvError;

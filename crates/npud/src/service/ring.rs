@@ -38,28 +38,13 @@ use crate::error::NpudError;
 use crate::executor::{Command, Intake, Polled, WorkDone, WorkItem};
 use crate::tickets::Grant;
 
-/// The bell thread's first sleep while the port holds answers it could not post (a full
-/// completion ring is looked at again this soon).
-const BUSY_SLEEP: Duration = Duration::from_millis(10);
-/// The longest: [`BUSY_SLEEP`] doubles at each look that finds the client has consumed nothing,
-/// so a client that never consumes costs a wake-up of its bell thread a few times a second,
-/// and one that resumes waits at most this long for the rest of its answers.
-const BUSY_SLEEP_MAX: Duration = Duration::from_millis(160);
-/// The bell thread's longest sleep otherwise (how soon a submission whose bell the client
-/// did not ring is noticed while the executor blocks).
-const IDLE_SLEEP: Duration = Duration::from_secs(1);
-/// Rings of the bell in a row with nothing behind them (nothing submitted to take, nothing
-/// taken since the last) that the bell thread answers at once. A client that publishes then
-/// rings can make one now and then (the executor took its submission before the bell thread
-/// looked); only one that rings for nothing makes many.
-const WASTED_FREE: u32 = 4;
-/// The bell thread's pause after the first wasted ring past [`WASTED_FREE`]; it doubles with
-/// each further one up to [`BELL_BACKOFF_MAX`]. While it pauses, the bell's rings cost their
-/// client a `FUTEX_WAKE` that wakes nobody.
-const BELL_BACKOFF_FIRST: Duration = Duration::from_millis(1);
-/// The longest pause: how late a backed-off client's next real submission may be noticed
-/// while the executor blocks.
-const BELL_BACKOFF_MAX: Duration = Duration::from_millis(100);
+// Tuned latencies: `npu_fd::latency` says why each has its value and what measured it.
+const BUSY_SLEEP: Duration = npu_fd::latency::BELL_BUSY_SLEEP;
+const BUSY_SLEEP_MAX: Duration = npu_fd::latency::BELL_BUSY_SLEEP_MAX;
+const IDLE_SLEEP: Duration = npu_fd::latency::BELL_IDLE_SLEEP;
+const WASTED_FREE: u32 = npu_fd::latency::BELL_WASTED_FREE;
+const BELL_BACKOFF_FIRST: Duration = npu_fd::latency::BELL_BACKOFF_FIRST;
+const BELL_BACKOFF_MAX: Duration = npu_fd::latency::BELL_BACKOFF_MAX;
 
 /// The rings of the daemon's sessions, one at most per session.
 #[derive(Debug, Default)]

@@ -564,12 +564,8 @@ pub(super) struct Pending {
 /// Handlers waiting for a work item's reply, daemon-wide.
 static WAITING: AtomicUsize = AtomicUsize::new(0);
 
-/// How long a handler whose item is the only one in the daemon polls for its reply before it
-/// sleeps. The executor answers such an item in about 15 µs; a worker thread that went to
-/// sleep instead must be woken by the executor thread (an eventfd or futex write, then a
-/// context switch), which on a small VM costs more than the poll. With other items in hand
-/// the reply is further away and the handler sleeps at once, so a loaded daemon never polls.
-const IDLE_POLL: Duration = Duration::from_micros(50);
+// Tuned latencies: `npu_fd::latency` says why each has its value and what measured it.
+const IDLE_POLL: Duration = npu_fd::latency::HANDLER_IDLE_POLL;
 
 /// Counts a waiting handler in [`WAITING`] while it lives.
 #[derive(Debug)]

@@ -1,0 +1,114 @@
+//! Every latency constant tuned by measurement, for both sides of the dispatch ring and the
+//! daemon's threads that serve it, in one place: how long something spins before it sleeps,
+//! how long it sleeps, how it backs off. Each says why it has its value and what measured it.
+//!
+//! They were tuned on one machine: the 2-core development VM whose figures the bench README
+//! gives (`crates/npu-bench/README.md`, its rows by number). A host with more cores or a real
+//! NPU (whose doorbell costs tens of µs more than the emulator's) may want others; the ones a
+//! user may change are configuration (`executor.spin_us`), the rest are here to be changed
+//! together, with the bench run side by side before and after (`npuctl bench --only
+//! fastpath`, rows 3, 10 and 15).
+//!
+//! Nothing here is a correctness bound: every wait that uses them also wakes on its event (a
+//! futex bell, a channel), so a different value changes CPU time and latency, never outcomes.
+
+use std::time::Duration;
+
+// --- The client's side of the ring (npu-client, npu-bench, Python through npu-client) -----
+
+/// How long a client spins (yielding to its runtime) for its completion, or for a free slot in
+/// a full submission ring, before it sleeps on the completion bell. The emulator answers a
+/// dispatch the executor has in hand in 3–5 µs; a sleep and wake costs the client a futex
+/// wait, the daemon a `FUTEX_WAKE`, and a context switch (≈ 11 µs when both threads share a
+/// vCPU, 40–50 µs when they do not, on the VM). 50 µs covers a lone dispatch's answer with
+/// room, and a client whose answer is further away (others' work queued) sleeps after it.
+pub const CLIENT_SPIN: Duration = Duration::from_micros(50);
+
+/// Looks at the completion ring's tail between two looks at the completions while spinning.
+pub const CLIENT_SPIN_LOOKS: u32 = 16;
+
+/// The first sleep of a submitter that found the submission ring full after spinning for
+/// [`CLIENT_SPIN`] (the daemon holds a ring's worth and frees slots as it answers); each
+/// further one doubles, up to [`CLIENT_FULL_SLEEP_MAX`]. Measured: a client waiting on a full
+/// ring used 4 ticks of CPU in 1 s, against 59 with the yield loop this replaced
+/// (`tests/tests/fastpath.rs`).
+pub const CLIENT_FULL_SLEEP_FIRST: Duration = Duration::from_micros(100);
+
+/// The longest sleep of a submitter waiting for a free slot: how late it may notice one.
+pub const CLIENT_FULL_SLEEP_MAX: Duration = Duration::from_millis(4);
+
+/// How long a parked blocking wait sleeps before it asks its caller whether to go on waiting
+/// (Python's Ctrl-C is looked at this often).
+pub const CLIENT_CHECK_EVERY: Duration = Duration::from_millis(100);
+
+/// The client's waiter thread's longest sleep while a task waits: it bounds a lost wake-up.
+pub const CLIENT_WAITER_SLEEP: Duration = Duration::from_millis(5);
+
+/// The client's waiter thread's sleep while no task waits.
+pub const CLIENT_IDLE_SLEEP: Duration = Duration::from_millis(500);
+
+// --- The daemon's side of the ring (npud's bell thread) -------------------------------------
+
+/// The bell thread's first sleep while its port holds answers it could not post (a full
+/// completion ring is looked at again this soon); it doubles at each look that finds the
+/// client consumed nothing, up to [`BELL_BUSY_SLEEP_MAX`].
+pub const BELL_BUSY_SLEEP: Duration = Duration::from_millis(10);
+
+/// The longest: a client that never consumes costs a wake-up of its bell thread a few times a
+/// second, and one that resumes waits at most this long for the rest of its answers.
+pub const BELL_BUSY_SLEEP_MAX: Duration = Duration::from_millis(160);
+
+/// The bell thread's longest sleep otherwise: how soon a submission whose bell the client did
+/// not ring is noticed while the executor blocks. 64 idle rings cost 0–0.4 % of a core.
+pub const BELL_IDLE_SLEEP: Duration = Duration::from_secs(1);
+
+/// Rings of the bell in a row with nothing behind them that the bell thread answers at once.
+/// A client that publishes then rings can make one now and then (the executor took its
+/// submission before the bell thread looked); only one that rings for nothing makes many.
+pub const BELL_WASTED_FREE: u32 = 4;
+
+/// The bell thread's pause after the first wasted ring past [`BELL_WASTED_FREE`]; it doubles
+/// with each further one up to [`BELL_BACKOFF_MAX`]. While it pauses, the bell's rings cost
+/// their client a `FUTEX_WAKE` that wakes nobody. Measured: a client ringing without work cut
+/// a bystander's calls 3–34× before the back-off, within the bystander's 3× bound after it
+/// (`tests/tests/bystander/lifeline.rs`).
+pub const BELL_BACKOFF_FIRST: Duration = Duration::from_millis(1);
+
+/// The longest pause: how late a backed-off client's next real submission may be noticed while
+/// the executor blocks.
+pub const BELL_BACKOFF_MAX: Duration = Duration::from_millis(100);
+
+// --- The daemon's executor and handlers ------------------------------------------------------
+
+/// `executor.spin_us`'s default: how long the executor polls for the next command before it
+/// sleeps, while one client's dispatches arrive back to back; 200 µs covers a client's
+/// turnaround between two dispatches on the VM. Measured (two alternating runs): one client's
+/// unary dispatch 136.1, 112.0 µs sleeping against 62.2, 57.2 µs polling (1.46–1.71× the
+/// tonic echo against 0.75–0.77×), the daemon's CPU per dispatch 94, 82 against 104, 92 µs.
+pub const EXECUTOR_SPIN_US: u64 = 200;
+
+/// Looks at the channel and the rings between two yields of the CPU while the executor polls:
+/// a look costs tens of ns, a yield a system call, during which a submission waits. 128 looks
+/// is a few µs between yields: fast-path unary over its floor read 1.27–1.85× in six runs,
+/// against 1.62–2.39× yielding every 16 looks in six runs alternating with them, the gRPC and
+/// many-client rows within their spread.
+pub const EXECUTOR_LOOKS_PER_YIELD: u32 = 128;
+
+/// While polling, the executor looks at its channel every this many looks at the rings: a look
+/// at the channel costs several times a quiet ring's two loads, and a command waits a few
+/// looks at most (tens of ns) where its gRPC call took tens of µs to arrive.
+pub const EXECUTOR_CHANNEL_EVERY: u32 = 4;
+
+/// Serving two sessions this close together counts as shared use, which stops the executor's
+/// polling for as long again: polling took the CPU 16 clients' requests are decoded on (16
+/// clients 30.1k, 31.4k dispatches/s polling against 33.1k, 35.4k not, on 2 cores).
+pub const EXECUTOR_SHARED: Duration = Duration::from_millis(2);
+
+/// How long a gRPC handler whose item is the only one in the daemon polls (yielding) for its
+/// reply before it sleeps. The executor answers such an item in about 15 µs; a worker thread
+/// that slept must be woken by the executor thread (an eventfd or futex write, then a context
+/// switch), which costs more on a small VM. Measured (five runs): unary over the in-process
+/// floor (row 3 over row 1b) 1.242–1.319 sleeping against 1.175–1.314 polling, one client
+/// 161.2, 167.5 against 141.7, 143.8 µs, 16 and 64 clients unchanged. With other items in
+/// hand the reply is further away and the handler sleeps at once.
+pub const HANDLER_IDLE_POLL: Duration = Duration::from_micros(50);
