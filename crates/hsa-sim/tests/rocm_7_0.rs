@@ -462,6 +462,75 @@ fn after_255_contexts_a_stale_entry_runs_another_programs_kernel() {
     );
 }
 
+/// Rings `d` alone on `q` with `input` in and the sentinel `i32::MIN` out, and returns the
+/// output's first element.
+fn ring_one(sim: &Sim, q: &TestQueue, d: &Dispatch, input: i32) -> i32 {
+    write(d.args[0].0, &i32_bytes(&[input; 256]));
+    write(d.args[1].0, &i32_bytes(&[i32::MIN; 256]));
+    q.submit(&[sim.packet(d)]);
+    bytes_i32(&read(d.args[1].0, 1024))[0]
+}
+
+#[test]
+fn a_hit_on_a_reused_context_id_runs_the_pdi_its_cu_was_configured_with_or_fails_if_freed() {
+    // ROCR 7.0 (`SubmitCmdChain`): a doorbell on a queue whose context id is `k` looks up the
+    // entry under `k`, which the doorbell that replaced the *earlier* context `k` stored (the
+    // list it configured its own, newer context with). When the PDI's handle is in it, nothing
+    // is configured: the commands go to the live context `k` with that entry's CU index, and
+    // run whatever PDI the live context `k` was configured with at that index. The driver
+    // reads a CU's PDI buffer as it was at CONFIG_CU: freed since, the command ends
+    // ERT_STATE_ERROR, which ROCR never reads back.
+    let sim = Sim::new(Profile::Rocm70);
+    let p = add_k(&sim, 1, 0);
+    let other = add_k(&sim, 2, 0);
+    let pdi_bytes = read(p.pdi, 4096);
+    let before = counters();
+    // A queue every 60 packets (G1a's ring does not wrap at 64). The first queue's first
+    // doorbell names the program's PDI; every later queue's a fresh copy of it, kept alive, so
+    // that it misses under key 0. So every doorbell misses and builds a context: ids 1..=255
+    // in turn, then 1 again. Doorbell 2 stored the list of context 2 ([the PDI]) under key 1.
+    let mut q = sim.queue();
+    let mut copies = Vec::new();
+    for n in 1..=255usize {
+        let mut d = p.clone();
+        if n % 60 == 1 && n > 1 {
+            drop(q);
+            q = sim.queue();
+            copies.push(sim.put(HEAP, &pdi_bytes));
+            d.pdi = *copies.last().unwrap();
+        }
+        let input = i32::try_from(n).unwrap();
+        assert_eq!(ring_one(&sim, &q, &d, input), input + 1, "doorbell {n}");
+    }
+    // Doorbell 256 runs the other program: key 255 has no entry, a miss; the new context's
+    // id wraps to 1, configured with [the other PDI].
+    assert_eq!(ring_one(&sim, &q, &other, 256), 256 + 2);
+    let seen = counters().since(&before);
+    assert_eq!((seen.hw_context_builds, seen.rocm70_cache_hits), (256, 0));
+
+    // Doorbell 257 runs the program again: key 1's entry lists its PDI at index 0, a hit;
+    // context 1's CU 0 is the other program's PDI, which runs on this dispatch's data.
+    assert_eq!(ring_one(&sim, &q, &p, 257), 257 + 2, "another kernel ran");
+    assert_eq!(
+        (q.errors(), q.read_index()),
+        (vec![], 257 - 240),
+        "silently"
+    );
+    // The other program's PDI buffer is freed; the same hit again: the command fails on the
+    // device, and nothing says so.
+    sim.free(other.pdi);
+    assert_eq!(ring_one(&sim, &q, &p, 258), i32::MIN, "nothing ran");
+    assert_eq!(q.errors(), vec![], "silently");
+    let e = last_error().unwrap();
+    assert!(e.contains("closed since CONFIG_CU"), "{e}");
+    let seen = counters().since(&before);
+    assert_eq!((seen.hw_context_builds, seen.rocm70_cache_hits), (256, 2));
+    assert_eq!(
+        seen.packets_completed, 257,
+        "the failed command did not complete"
+    );
+}
+
 #[test]
 fn a_chain_past_the_50_ms_wait_ran_but_the_runtime_cannot_tell() {
     // SAFETY: nextest runs each test in its own process; nothing else reads the environment
