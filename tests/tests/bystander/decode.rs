@@ -232,9 +232,10 @@ async fn gzip_chain_of_16m_empty_links_from_a_unix_session() {
     stand
         .attack("gzip Chain, 16.7 M links, Unix session", flood(call))
         .await
-        .expect("answer (RESOURCE_EXHAUSTED naming the inflate bound)", |a| {
-            all_answered(a, Code::ResourceExhausted, &["may inflate to at most"])
-        })
+        .expect(
+            "answer (RESOURCE_EXHAUSTED naming the inflate bound)",
+            |a| all_answered(a, Code::ResourceExhausted, &["may inflate to at most"]),
+        )
         .finish();
 }
 
@@ -252,9 +253,10 @@ async fn gzip_dispatch_of_16m_empty_args_from_a_unix_session() {
     stand
         .attack("gzip Dispatch, 16.7 M args, Unix session", flood(call))
         .await
-        .expect("answer (RESOURCE_EXHAUSTED naming the inflate bound)", |a| {
-            all_answered(a, Code::ResourceExhausted, &["may inflate to at most"])
-        })
+        .expect(
+            "answer (RESOURCE_EXHAUSTED naming the inflate bound)",
+            |a| all_answered(a, Code::ResourceExhausted, &["may inflate to at most"]),
+        )
         .finish();
 }
 
