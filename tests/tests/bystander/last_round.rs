@@ -120,7 +120,6 @@ async fn hsacos_built_to_explode_the_parsers_cost() {
         .finish();
 }
 
-#[ignore = "open (issue 36): measured 4.7x the bystander's p99 on the 2-core VM, over the 3x bound; run with --run-ignored all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_allocating_and_freeing_tensors_without_pause() {
     let stand = Stand::start(Options::default()).await;
@@ -178,7 +177,6 @@ async fn a_client_allocating_and_freeing_tensors_without_pause() {
         .finish();
 }
 
-#[ignore = "open (issue 36): measured 4.9x the bystander's p99 on the 2-core VM, over the 3x bound; run with --run-ignored all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chains_of_1024_links_of_64_arguments_queued_from_four_sessions() {
     let stand = Stand::start(Options::default()).await;

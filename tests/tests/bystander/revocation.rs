@@ -160,7 +160,6 @@ fn ended(record: &Record, removed: Instant, accepted: &[Code]) -> Result<String,
     }
 }
 
-#[ignore = "open (issue 36): measured 4.4x the bystander's p99 on the 2-core VM, over the 3x bound; run with --run-ignored all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_token_ends_its_dispatch_ring() {
     let (stand, tokens) = stand().await;
