@@ -218,6 +218,9 @@ pub struct Limits {
     pub max_sessions_per_uid: u32,
     /// Bytes of the programs one session references, each distinct content counted once.
     pub max_program_bytes_per_session: u64,
+    /// Distinct programs one session may reference: each costs the daemon its bookkeeping
+    /// beside its bytes, and listings walk them.
+    pub max_programs_per_session: u32,
     /// Open connections on the gRPC Unix socket and the fd socket together (the local pool;
     /// TCP connections never draw on it). At this total a newcomer whose uid holds fewer evicts
     /// a connection of the uid holding the most (see `accept`).
@@ -287,6 +290,7 @@ impl Default for Limits {
             max_program_bytes: 8 << 20,
             max_sessions_per_uid: 16,
             max_program_bytes_per_session: 64 << 20,
+            max_programs_per_session: crate::programs::DEFAULT_MAX_PROGRAMS_PER_SESSION,
             max_connections: 1024,
             max_connections_per_peer: 128,
             max_tcp_connections: 256,
@@ -657,6 +661,10 @@ impl Config {
             (
                 "limits.max_program_bytes_per_session",
                 l.max_program_bytes_per_session,
+            ),
+            (
+                "limits.max_programs_per_session",
+                u64::from(l.max_programs_per_session),
             ),
             ("limits.max_connections", u64::from(l.max_connections)),
             (

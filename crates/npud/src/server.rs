@@ -225,6 +225,7 @@ pub async fn run(
             persisted.records,
         )
         .with_packet_abi(opened.facts.info.packet_abi)
+        .with_max_programs_per_session(cfg.limits.max_programs_per_session)
         .with_g2_full_elf(if opened.facts.info.g2_full_elf {
             Ok(())
         } else {

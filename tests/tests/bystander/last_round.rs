@@ -13,7 +13,7 @@ use npud_e2e::{Options, Session};
 use tonic::Code;
 
 /// How long the attackers keep going.
-const FLOOD: Duration = Duration::from_secs(3);
+pub(crate) const FLOOD: Duration = Duration::from_secs(3);
 
 /// The file from issue 19 (as `hostile.rs` builds it): exactly 8 MiB, an ELF64 whose 65535
 /// section headers all name one string of almost 4 MiB; with `aie` the headers are also AIE

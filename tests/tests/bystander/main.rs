@@ -19,6 +19,7 @@ mod last_round;
 mod lifeline;
 mod lockouts;
 mod loopback;
+mod programs;
 mod revocation;
 
 use std::time::Duration;

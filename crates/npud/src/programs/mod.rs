@@ -49,6 +49,13 @@ struct Entry {
 struct Store {
     by_hash: HashMap<String, u64>,
     entries: BTreeMap<u64, Entry>,
+    /// What each session references, kept as references come and go, so that no operation
+    /// under the store's lock walks every program: the executor takes this lock for every
+    /// dispatch, and a caller's registrations or listings must not hold it for a time that
+    /// grows with what other sessions stored.
+    held: HashMap<u64, Held>,
+    /// Bytes of every stored program.
+    total_bytes: u64,
     next_id: u64,
     /// Quarantine records by content hash, stored programs or not.
     quarantine: HashMap<String, QuarantineRecord>,
@@ -56,6 +63,74 @@ struct Store {
     loads: u64,
     evictions: u64,
 }
+
+/// The programs one session references, and their bytes (each distinct content once).
+#[derive(Debug, Default)]
+struct Held {
+    ids: std::collections::BTreeSet<u64>,
+    bytes: u64,
+}
+
+impl Store {
+    /// Adds `session`'s reference to entry `id` (which it did not hold).
+    fn add_ref(&mut self, session: u64, id: u64) {
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        if e.refs.insert(session) {
+            let h = self.held.entry(session).or_default();
+            h.ids.insert(id);
+            h.bytes = h.bytes.saturating_add(e.program.byte_len());
+        }
+    }
+
+    /// Drops `session`'s reference to entry `id`; whether it held one.
+    fn remove_ref(&mut self, session: u64, id: u64) -> bool {
+        let Some(e) = self.entries.get_mut(&id) else {
+            return false;
+        };
+        if !e.refs.remove(&session) {
+            return false;
+        }
+        let len = e.program.byte_len();
+        if let Some(h) = self.held.get_mut(&session) {
+            h.ids.remove(&id);
+            h.bytes = h.bytes.saturating_sub(len);
+            if h.ids.is_empty() {
+                self.held.remove(&session);
+            }
+        }
+        true
+    }
+
+    /// The entries any of `sessions` references, in id order (every entry with `None`).
+    fn visible<'a>(&'a self, sessions: Option<&[u64]>) -> Vec<&'a Entry> {
+        match sessions {
+            None => self.entries.values().collect(),
+            Some(ss) => {
+                let ids: std::collections::BTreeSet<u64> = ss
+                    .iter()
+                    .filter_map(|s| self.held.get(s))
+                    .flat_map(|h| h.ids.iter().copied())
+                    .collect();
+                ids.iter().filter_map(|id| self.entries.get(id)).collect()
+            }
+        }
+    }
+}
+
+/// A stored program as a listing shows it ([`Programs::seen`]).
+struct Seen {
+    program: Arc<Program>,
+    references: u32,
+    loaded: bool,
+    quarantined: bool,
+    loads: u64,
+    stats: Option<DispatchStats>,
+}
+
+/// Programs one session may reference unless configured (`limits.max_programs_per_session`).
+pub const DEFAULT_MAX_PROGRAMS_PER_SESSION: u32 = 1024;
 
 /// Store-wide counts, as metrics report them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +148,9 @@ pub struct Programs {
     max_bytes: u64,
     /// Bytes of distinct programs one session may reference (`limits.max_program_bytes_per_session`).
     max_session_bytes: u64,
+    /// Distinct programs one session may reference (`limits.max_programs_per_session`): each
+    /// costs the daemon its bookkeeping beside its bytes, and listings walk them.
+    max_session_programs: u32,
     device: NpuGen,
     runs: Runs,
     /// Where records are kept across restarts; `None` when `state_dir` is empty.
@@ -150,6 +228,7 @@ impl Programs {
             }),
             max_bytes,
             max_session_bytes,
+            max_session_programs: DEFAULT_MAX_PROGRAMS_PER_SESSION,
             device,
             runs,
             records,
@@ -157,6 +236,13 @@ impl Programs {
             g2_full_elf: Err("not configured".into()),
             budget: None,
         }
+    }
+
+    /// Lets one session reference at most `n` distinct programs.
+    #[must_use]
+    pub fn with_max_programs_per_session(mut self, n: u32) -> Self {
+        self.max_session_programs = n;
+        self
     }
 
     /// Stores programs only while all of them together fit `budget`'s program part.
@@ -180,8 +266,7 @@ impl Programs {
         let Some(b) = &self.budget else {
             return Ok(());
         };
-        let held = g.entries.values().map(|e| e.program.byte_len()).sum();
-        b.check_program(held, bytes)
+        b.check_program(g.total_bytes, bytes)
     }
 
     /// The packet ABI the device speaks (G2 unless set).
@@ -192,15 +277,26 @@ impl Programs {
     }
 
     /// Refuses a program of `bytes` bytes for `session` when the distinct programs it already
-    /// references plus these would pass `limit`. Bytes the session already references are
-    /// never counted twice, so registering the same content again always succeeds.
-    fn check_quota(g: &Store, session: u64, bytes: u64, limit: u64) -> Result<(), NpudError> {
-        let held: u64 = g
-            .entries
-            .values()
-            .filter(|e| e.refs.contains(&session))
-            .map(|e| e.program.byte_len())
-            .sum();
+    /// references plus these would pass `limit`, or when it references
+    /// `max_programs` already. Bytes the session already references are never counted twice,
+    /// so registering the same content again always succeeds.
+    fn check_quota(
+        g: &Store,
+        session: u64,
+        bytes: u64,
+        limit: u64,
+        max_programs: u32,
+    ) -> Result<(), NpudError> {
+        let (held, count) = g
+            .held
+            .get(&session)
+            .map_or((0, 0), |h| (h.bytes, h.ids.len()));
+        if count >= max_programs as usize {
+            return Err(NpudError::ResourceExhausted(format!(
+                "this session references {count} programs, the most it may \
+                 (limits.max_programs_per_session): unregister programs it no longer uses"
+            )));
+        }
         if held.saturating_add(bytes) > limit {
             return Err(NpudError::ResourceExhausted(format!(
                 "this session's programs hold {held} bytes; {bytes} more would pass {limit} \
@@ -218,23 +314,24 @@ impl Programs {
         session: u64,
         hash: &str,
         limit: u64,
+        max_programs: u32,
     ) -> Option<Result<Registered, NpudError>> {
         if let Some(r) = g.quarantine.get(hash) {
             return Some(Err(refused_at_registration(r)));
         }
         let id = g.by_hash.get(hash).copied()?;
         let e = g.entries.get(&id)?;
+        let program = e.program.clone();
+        let referenced_by = e.refs.iter().copied().collect();
         if !e.refs.contains(&session) {
             let bytes = e.program.byte_len();
-            if let Err(err) = Self::check_quota(g, session, bytes, limit) {
+            if let Err(err) = Self::check_quota(g, session, bytes, limit, max_programs) {
                 return Some(Err(err));
             }
+            g.add_ref(session, id);
         }
-        let e = g.entries.get_mut(&id)?;
-        let referenced_by = e.refs.iter().copied().collect();
-        e.refs.insert(session);
         Some(Ok(Registered {
-            program: e.program.clone(),
+            program,
             newly_stored: false,
             referenced_by,
         }))
@@ -318,25 +415,25 @@ impl Programs {
                 name.len()
             )));
         }
-        let limit = self.max_session_bytes;
-        if let Some(known) = Self::known(&mut self.lock(), session, &hash, limit) {
+        let (limit, most) = (self.max_session_bytes, self.max_session_programs);
+        if let Some(known) = Self::known(&mut self.lock(), session, &hash, limit, most) {
             return known;
         }
         // Before validation, so that a session at its quota (or a daemon at its budget) costs
         // no parsing.
         {
             let g = self.lock();
-            Self::check_quota(&g, session, bytes, limit)?;
+            Self::check_quota(&g, session, bytes, limit, most)?;
             self.check_total(&g, bytes)?;
         }
         let (code, summary) = validate()?;
         let mut g = self.lock();
         // Another session may have stored the same bytes (or a fault quarantined them) while
         // this one validated, and this session and others may have registered others.
-        if let Some(known) = Self::known(&mut g, session, &hash, limit) {
+        if let Some(known) = Self::known(&mut g, session, &hash, limit, most) {
             return known;
         }
-        Self::check_quota(&g, session, bytes, limit)?;
+        Self::check_quota(&g, session, bytes, limit, most)?;
         self.check_total(&g, bytes)?;
         let id = g.next_id;
         g.next_id += 1;
@@ -348,17 +445,19 @@ impl Programs {
             summary,
         });
         g.by_hash.insert(hash, id);
+        g.total_bytes = g.total_bytes.saturating_add(program.byte_len());
         g.entries.insert(
             id,
             Entry {
                 program: program.clone(),
-                refs: std::iter::once(session).collect(),
+                refs: crate::IdSet::default(),
                 quarantined: false,
                 loaded: false,
                 loads: 0,
                 stats: DispatchStats::default(),
             },
         );
+        g.add_ref(session, id);
         tracing::info!(program = id, session, "stored a program");
         Ok(Registered {
             program,
@@ -374,12 +473,9 @@ impl Programs {
     /// NOT_FOUND when the session holds no reference to `id`.
     pub fn unregister(&self, session: u64, id: u64) -> Result<Option<u64>, NpudError> {
         let mut g = self.lock();
-        let e = g
-            .entries
-            .get_mut(&id)
-            .filter(|e| e.refs.contains(&session))
-            .ok_or_else(|| not_found("program_id", id))?;
-        e.refs.remove(&session);
+        if !g.remove_ref(session, id) {
+            return Err(not_found("program_id", id));
+        }
         Ok(drop_if_unused(&mut g, id))
     }
 
@@ -387,12 +483,15 @@ impl Programs {
     pub fn release_session(&self, session: u64) -> Vec<u64> {
         let mut g = self.lock();
         let ids: Vec<u64> = g
-            .entries
-            .iter_mut()
-            .filter_map(|(id, e)| e.refs.remove(&session).then_some(*id))
-            .collect();
+            .held
+            .get(&session)
+            .map(|h| h.ids.iter().copied().collect())
+            .unwrap_or_default();
         ids.into_iter()
-            .filter_map(|id| drop_if_unused(&mut g, id))
+            .filter_map(|id| {
+                g.remove_ref(session, id);
+                drop_if_unused(&mut g, id)
+            })
             .collect()
     }
 
@@ -490,66 +589,70 @@ impl Programs {
         }
     }
 
-    /// Programs `session` references (every program with `None`).
     /// The stored programs that any of `sessions` references (`None`: every one, an admin's
     /// view).
     pub fn list(&self, sessions: Option<&[u64]>) -> Vec<pb::ProgramListing> {
-        let g = self.lock();
-        g.entries
-            .values()
-            .filter(|e| sessions.is_none_or(|ss| ss.iter().any(|s| e.refs.contains(s))))
-            .map(|e| pb::ProgramListing {
-                program_id: e.program.id,
-                name: e.program.name.clone(),
-                content_hash: e.program.hash.clone(),
-                references: refs(e),
-                loaded: e.loaded,
-                quarantined: e.quarantined,
-                summary: Some(e.program.summary.clone()),
+        self.seen(sessions, false)
+            .into_iter()
+            .map(|v| pb::ProgramListing {
+                program_id: v.program.id,
+                name: v.program.name.clone(),
+                content_hash: v.program.hash.clone(),
+                references: v.references,
+                loaded: v.loaded,
+                quarantined: v.quarantined,
+                summary: Some(v.program.summary.clone()),
             })
             .collect()
     }
 
     /// Statistics of the programs any of `sessions` references (`None`: every one).
     pub fn statistics(&self, sessions: Option<&[u64]>) -> Vec<pb::ProgramStatistics> {
-        let g = self.lock();
-        g.entries
-            .values()
-            .filter(|e| sessions.is_none_or(|ss| ss.iter().any(|s| e.refs.contains(s))))
-            .map(|e| pb::ProgramStatistics {
-                program_id: e.program.id,
-                name: e.program.name.clone(),
-                content_hash: e.program.hash.clone(),
-                references: refs(e),
-                loaded: e.loaded,
-                quarantined: e.quarantined,
-                loads: e.loads,
-                dispatches: Some(e.stats.to_proto()),
-                form: e.program.summary.form.clone(),
-                kernel_name: e.program.summary.kernel_name.clone(),
-                kernel_kind: e.program.summary.kernel_kind.clone(),
+        self.seen(sessions, true)
+            .into_iter()
+            .map(|v| pb::ProgramStatistics {
+                program_id: v.program.id,
+                name: v.program.name.clone(),
+                content_hash: v.program.hash.clone(),
+                references: v.references,
+                loaded: v.loaded,
+                quarantined: v.quarantined,
+                loads: v.loads,
+                dispatches: Some(v.stats.map(|s| s.to_proto()).unwrap_or_default()),
+                form: v.program.summary.form.clone(),
+                kernel_name: v.program.summary.kernel_name.clone(),
+                kernel_kind: v.program.summary.kernel_kind.clone(),
             })
             .collect()
     }
 
-    /// How many programs `session` references.
-    /// Bytes of the distinct programs `session` references.
-    pub fn bytes_for(&self, session: u64) -> u64 {
-        self.lock()
-            .entries
-            .values()
-            .filter(|e| e.refs.contains(&session))
-            .map(|e| e.program.byte_len())
-            .sum()
+    /// What a listing shows of the programs any of `sessions` references, copied out under
+    /// the lock (a reference and a few numbers each); the answer's strings are made after it
+    /// is let go, so a listing holds the lock the executor takes for every dispatch no
+    /// longer than it takes to copy that.
+    fn seen(&self, sessions: Option<&[u64]>, with_stats: bool) -> Vec<Seen> {
+        let g = self.lock();
+        g.visible(sessions)
+            .into_iter()
+            .map(|e| Seen {
+                program: e.program.clone(),
+                references: refs(e),
+                loaded: e.loaded,
+                quarantined: e.quarantined,
+                loads: e.loads,
+                stats: with_stats.then(|| e.stats.clone()),
+            })
+            .collect()
     }
 
+    /// Bytes of the distinct programs `session` references.
+    pub fn bytes_for(&self, session: u64) -> u64 {
+        self.lock().held.get(&session).map_or(0, |h| h.bytes)
+    }
+
+    /// How many programs `session` references.
     pub fn count_for(&self, session: u64) -> u32 {
-        let n = self
-            .lock()
-            .entries
-            .values()
-            .filter(|e| e.refs.contains(&session))
-            .count();
+        let n = self.lock().held.get(&session).map_or(0, |h| h.ids.len());
         u32::try_from(n).unwrap_or(u32::MAX)
     }
 }
@@ -573,6 +676,7 @@ fn drop_if_unused(g: &mut Store, id: u64) -> Option<u64> {
     }
     if let Some(e) = g.entries.remove(&id) {
         g.by_hash.remove(&e.program.hash);
+        g.total_bytes = g.total_bytes.saturating_sub(e.program.byte_len());
         tracing::info!(program = id, "dropped a program no session references");
     }
     Some(id)
@@ -637,6 +741,55 @@ mod tests {
             .unwrap();
         let e = p.register(1, pdi3, insts3, "c".into()).unwrap_err();
         assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+    }
+
+    #[test]
+    fn a_session_references_at_most_its_program_count_and_the_counts_follow_every_reference() {
+        let p = store().with_max_programs_per_session(3);
+        let ids: Vec<u64> = (1..=3)
+            .map(|k| {
+                let (pdi, insts) = vsa(k);
+                p.register(1, pdi, insts, String::new()).unwrap().program.id
+            })
+            .collect();
+        let (pdi4, insts4) = vsa(4);
+        let e = p
+            .register(1, pdi4.clone(), insts4.clone(), String::new())
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(
+            e.message(),
+            "this session references 3 programs, the most it may \
+             (limits.max_programs_per_session): unregister programs it no longer uses"
+        );
+        // Bytes it holds already cost nothing, even at the limit.
+        let (pdi1, insts1) = vsa(1);
+        let one = (pdi1.len() + insts1.len()) as u64;
+        p.register(1, pdi1.clone(), insts1.clone(), String::new())
+            .unwrap();
+        // Another session's count is its own; a program it shares counts for both.
+        p.register(2, pdi1, insts1, String::new()).unwrap();
+        p.register(2, pdi4.clone(), insts4.clone(), String::new())
+            .unwrap();
+        assert_eq!((p.count_for(1), p.bytes_for(1)), (3, 3 * one));
+        assert_eq!((p.count_for(2), p.bytes_for(2)), (2, 2 * one));
+        assert_eq!(p.list(Some(&[2])).len(), 2);
+        assert_eq!(p.list(Some(&[1, 2])).len(), 4);
+        assert_eq!(p.statistics(Some(&[1])).len(), 3);
+        // Unregistering makes room.
+        assert_eq!(p.unregister(1, ids[1]).unwrap(), Some(ids[1]));
+        p.register(1, pdi4, insts4, String::new()).unwrap();
+        assert_eq!(p.count_for(1), 3);
+        // A session's end drops its references; programs another session holds stay.
+        let dropped = p.release_session(1);
+        assert_eq!(dropped, vec![ids[2]]);
+        assert_eq!((p.count_for(1), p.bytes_for(1)), (0, 0));
+        assert!(p.list(Some(&[1])).is_empty());
+        assert_eq!(p.list(None).len(), 2);
+        assert_eq!(p.release_session(2).len(), 2);
+        assert!(p.list(None).is_empty());
+        assert_eq!(p.lock().total_bytes, 0);
+        assert!(p.lock().held.is_empty());
     }
 
     #[test]
