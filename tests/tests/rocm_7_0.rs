@@ -476,3 +476,101 @@ async fn a_loaded_host_s_slow_doorbells_are_outcome_unknown_never_faults() {
     // A healthy kernel whose doorbell the host made take 55 ms.
     slow_doorbells_are_outcome_unknown_never_faults("55").await;
 }
+
+/// The descriptors of npud (`pid`) open on an NPU device node.
+fn accel_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|t| t.to_string_lossy().starts_with("/dev/accel/"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// ROCR 7.0 never closes its `/dev/accel/accel0` descriptor at `hsa_shut_down`, and npud shuts
+/// the runtime down every 64 dispatches at most: left alone, a daemon runs out of descriptors
+/// after some two million dispatches. Here npud runs in a mount namespace of its own whose
+/// `/dev` (a tmpfs holding the few nodes a process needs) has an `accel/accel0`, which the
+/// emulator opens in `hsa_init` and leaves open as ROCR 7.0 does: after 300 dispatches across
+/// four queues, one descriptor of it is open (the live runtime's), not one per runtime.
+#[cfg_attr(not(as_root), ignore = "needs root for a mount namespace")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_device_descriptors_shut_down_runtimes_leave_open_are_closed() {
+    const SETUP: &str = r#"set -e
+d=$(mktemp -d)
+mkdir "$d/dev"
+mount --bind /dev "$d/dev"
+mount -t tmpfs -o mode=755 npud-test-dev /dev
+for n in null zero full random urandom; do
+    touch "/dev/$n"
+    mount --bind "$d/dev/$n" "/dev/$n"
+done
+mkdir /dev/accel
+: > /dev/accel/accel0
+umount -l "$d/dev"
+rmdir "$d/dev" "$d"
+exec "$@""#;
+    let root = sysfs("0x17f0");
+    let program = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        SETUP,
+        "sh",
+    ]
+    .iter()
+    .map(std::ffi::OsString::from)
+    .chain(std::iter::once(npud_e2e::binary("npud").into_os_string()))
+    .collect();
+    let d = Daemon::start(Options {
+        program: Some(program),
+        ..Options::default()
+            .profile("rocm-7.0", Runtime::Linked)
+            .arg("--sysfs-root")
+            .arg(root.path().to_str().unwrap())
+    });
+    let pid = d.pid().expect("the daemon's pid");
+    assert_eq!(accel_fds(pid), 1, "the first runtime's descriptor");
+    let mut s = Session::open(d.connect().await, "descriptors")
+        .await
+        .unwrap();
+    let p = s
+        .register(&EmuDesign::vector_scalar_add(N, DType::I32, 1))
+        .await
+        .unwrap()
+        .program_id;
+    let mut a = s.alloc_mapped(BYTES).await.unwrap();
+    let mut b = s.alloc_mapped(BYTES).await.unwrap();
+    for i in 0..300 {
+        let input: Vec<i32> = (0..N as i32).map(|j| i * 7 + j).collect();
+        a.map.set_i32s(&input).unwrap();
+        b.map.fill_i32(i32::MIN).unwrap();
+        s.dispatch(p, &[a.id, b.id])
+            .await
+            .unwrap_or_else(|e| panic!("dispatch {i}: {e:?}"));
+        let want: Vec<i32> = input.iter().map(|v| v + 1).collect();
+        same(&b.map.i32s().unwrap(), &want, &format!("dispatch {i}"));
+    }
+    let status = std::process::Command::new(npuctl_binary())
+        .args(["--addr", d.socket.to_str().unwrap(), "status"])
+        .output()
+        .unwrap();
+    let status = format!(
+        "{}{}",
+        String::from_utf8_lossy(&status.stdout),
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert_eq!(
+        accel_fds(pid),
+        1,
+        "descriptors of /dev/accel/accel0 after 300 dispatches; npuctl status:\n{status}"
+    );
+}

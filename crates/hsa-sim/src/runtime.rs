@@ -47,6 +47,9 @@ pub(crate) struct Runtime {
     pub rocm70: Mutex<crate::dispatch::rocm70::AgentContexts>,
 }
 
+/// The NPU's device node, as ROCR 7.0 opens it.
+const ACCEL_NODE: &str = "/dev/accel/accel0";
+
 impl Runtime {
     fn new(config: SimConfig) -> Result<Self, SimError> {
         let cpu_agent = Agent {
@@ -60,8 +63,17 @@ impl Runtime {
         if config.profile == crate::Profile::Rocm70 {
             // ROCm 7.0 opens `/dev/accel/accel0` in `hsa_init` and never closes it: neither
             // `hsa_shut_down` nor a second `hsa_init` does (rocm70-observed.md item 9). The
-            // emulator leaks a named memfd in its place, one per initialisation.
-            let fd = crate::memory::new_memfd("hsa-sim-accel0-left-open-by-rocm-7.0", 0)?;
+            // emulator opens that node too where there is one (a test can give it one in a
+            // mount namespace), else a named memfd in its place, one per initialisation, and
+            // leaves it open.
+            let fd = match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(ACCEL_NODE)
+            {
+                Ok(f) => std::os::fd::OwnedFd::from(f),
+                Err(_) => crate::memory::new_memfd("hsa-sim-accel0-left-open-by-rocm-7.0", 0)?,
+            };
             let _ = std::os::fd::IntoRawFd::into_raw_fd(fd);
         }
         Ok(Self {

@@ -212,6 +212,8 @@ pub struct Device {
     heap_used: usize,
     /// Runtimes initialised after the first (G1a: one per queue).
     renewals: u64,
+    /// Device-node descriptors closed after renewals (ROCR 7.0 leaves one open at each).
+    orphans_closed: u64,
     /// The function table; it outlives every runtime reference.
     api: Arc<HsaApi>,
     rt: Option<Runtime>,
@@ -326,6 +328,7 @@ impl Device {
             next_id: 1,
             heap_used: 0,
             renewals: 0,
+            orphans_closed: 0,
             api,
             rt: Some(rt),
         })
@@ -350,6 +353,12 @@ impl Device {
     /// per queue after the first, see [`DeviceOptions::g1a_runtime_per_queue`]).
     pub fn runtime_renewals(&self) -> u64 {
         self.renewals
+    }
+
+    /// Descriptors of the NPU's device node that shut-down runtimes left open and the renewals
+    /// closed (ROCR 7.0 leaves one at each `hsa_shut_down`).
+    pub fn device_fds_closed(&self) -> u64 {
+        self.orphans_closed
     }
 
     fn next_id(&mut self) -> u64 {

@@ -26,7 +26,11 @@
 //! Cost: one `hsa_shut_down` + `hsa_init` per queue, the programs' bytes copied out and back in,
 //! and every tensor's bytes copied out and back in. ROCR 7.0 closes neither its `/dev/accel` fd
 //! nor its shared-memory mappings in `hsa_shut_down` (`rocm70-observed.md` item 9): each renewal
-//! leaves one fd open in the process.
+//! would leave one fd open in the process, a renewal every 64 dispatches at most, so a daemon
+//! would run out of descriptors after some two million dispatches under `LimitNOFILE=32768`.
+//! Once the runtime is down (its last reference given back, which `hsa_system_get_info`
+//! answering NOT_INITIALIZED proves), nothing in the process uses a descriptor of the NPU's
+//! device node any more, and [`close_orphaned_device_fds`] closes them.
 
 use super::dispatch::ChainReport;
 use super::program::Code;
@@ -35,6 +39,59 @@ use super::tensor::Tensor;
 use super::{Device, ProgramId, QueueState, SIDE_SLOT, TensorId, discover, find_agents};
 use crate::error::HsaError;
 use crate::sys::AIE_QUEUE_SIZE;
+
+/// Where the NPU's device nodes are (`/dev/accel/accel<N>`, the DRM accel class).
+const ACCEL_NODES: &str = "/dev/accel/";
+
+/// Whether the runtime is down: no `hsa_init` reference is held anywhere in the process.
+fn runtime_is_down(api: &crate::api::HsaApi) -> bool {
+    let mut major: u16 = 0;
+    // SAFETY: VERSION_MAJOR writes a u16 into `major`, which outlives the call.
+    let st = unsafe {
+        (api.fns().system_get_info)(
+            crate::sys::SystemInfo::VERSION_MAJOR,
+            (&raw mut major).cast(),
+        )
+    };
+    st == crate::sys::Status::ERROR_NOT_INITIALIZED
+}
+
+/// Closes the descriptors of the NPU's device nodes a runtime left open at `hsa_shut_down`
+/// (ROCR 7.0 never closes its own), once the runtime is down; returns how many. Nothing when
+/// it is up: a live runtime's descriptor is its own.
+fn close_orphaned_device_fds(api: &crate::api::HsaApi) -> usize {
+    if !runtime_is_down(api) {
+        return 0;
+    }
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return 0;
+    };
+    let orphans: Vec<i32> = dir
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|t| {
+                t.as_os_str()
+                    .as_encoded_bytes()
+                    .starts_with(ACCEL_NODES.as_bytes())
+            })
+        })
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    for &fd in &orphans {
+        // SAFETY: `fd` is open on an NPU device node while no runtime is up: the runtime that
+        // opened it has shut down and lost it (nothing else in the process opens these
+        // nodes), so no other owner will close it or use it again, and it was never closed,
+        // so its number has not been reused.
+        drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    }
+    if !orphans.is_empty() {
+        tracing::debug!(
+            closed = orphans.len(),
+            "closed the NPU device descriptors the shut-down runtime left open"
+        );
+    }
+    orphans.len()
+}
 
 /// A program as a renewal puts it back: its id, PDI bytes and instruction bytes.
 type SavedProgram = (ProgramId, Vec<u8>, Vec<u8>);
@@ -59,6 +116,8 @@ impl Device {
         self.side = None;
         self.signal = None;
         self.rt = None;
+        let closed = close_orphaned_device_fds(&self.api);
+        self.orphans_closed += closed as u64;
         self.heap_used = 0;
         self.errors.take();
         let api = self.api.clone();

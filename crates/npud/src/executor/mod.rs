@@ -73,7 +73,8 @@ pub fn runtime_notes(info: &DeviceInfo) -> String {
         "every queue (64 packets at most) gets a runtime of its own, so that ROCR 7.0's \
          agent-wide PDI cache can never drop a dispatch or run another program's kernel: the \
          runtime is shut down and initialised again every 64 dispatches (every program and \
-         tensor copied back; ROCR leaves one file descriptor open each time), and every \
+         tensor copied back; the descriptor of /dev/accel ROCR leaves open each time is \
+         closed once that runtime is down), and every \
          doorbell builds a new hardware context"
     } else {
         "rocm70_runtime_per_queue = false accepts the risk: queues are recreated in one \
