@@ -277,6 +277,7 @@ fn daemon() -> Daemon {
 /// why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lingering_socket_sent_on_a_lifeline_holds_no_one_else() {
+    let _alone = ALONE.lock().await;
     let d = daemon();
     let mut by = Bystander::start(&d).await;
     let fds_before = d.open_fds();
@@ -316,6 +317,7 @@ async fn a_lingering_socket_sent_on_a_lifeline_holds_no_one_else() {
 /// the count, and closes them on a thread of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frame_with_more_fds_than_it_may_carry_holds_no_one_else() {
+    let _alone = ALONE.lock().await;
     let d = daemon();
     let mut by = Bystander::start(&d).await;
     let fds_before = d.open_fds();
@@ -372,6 +374,7 @@ async fn a_frame_with_more_fds_than_it_may_carry_holds_no_one_else() {
 /// its sender a refused write, not the daemon's I/O thread a read per write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bytes_written_into_lifelines_end_those_rings_and_hold_no_one_else() {
+    let _alone = ALONE.lock().await;
     let d = daemon();
     let mut by = Bystander::start(&d).await;
     let fds_before = d.open_fds();
@@ -437,6 +440,7 @@ async fn bytes_written_into_lifelines_end_those_rings_and_hold_no_one_else() {
 /// threads wake a bounded number of times whatever the clients do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bells_rung_without_work_wake_the_daemon_a_bounded_number_of_times() {
+    let _alone = ALONE.lock().await;
     let d = daemon();
     let mut by = Bystander::start(&d).await;
     let fds_before = d.open_fds();
@@ -521,6 +525,7 @@ async fn bells_rung_without_work_wake_the_daemon_a_bounded_number_of_times() {
 /// threads a bounded number of wake-ups, and a client that consumes again is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rings_that_never_consume_completions_wake_the_daemon_a_bounded_number_of_times() {
+    let _alone = ALONE.lock().await;
     const RINGS: usize = 8;
     let d = daemon();
     let mut by = Bystander::start(&d).await;
@@ -601,6 +606,12 @@ async fn rings_that_never_consume_completions_wake_the_daemon_a_bounded_number_o
 }
 
 /// This process's CPU time (user and system), in clock ticks (`/proc/self/stat`).
+/// Held by each test of this file while it runs: `cargo test` runs them as threads of one
+/// process, and [`own_cpu_ticks`] reads that process's CPU time (and the bystander checks
+/// time calls that the other tests' daemons would share the machine with). Under nextest,
+/// which gives each test a process, it is never contended.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn own_cpu_ticks() -> u64 {
     let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
     let rest = &stat[stat.rfind(')').expect("a stat line") + 2..];
@@ -615,6 +626,7 @@ fn own_cpu_ticks() -> u64 {
 /// for as long as the ring stayed full.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_waiting_for_a_free_slot_sleeps() {
+    let _alone = ALONE.lock().await;
     use npu_client::{Client, ConnectOptions, Program};
     let d = Daemon::start(Options::default().arg("--emulator-timeout-ms").arg("6000"));
     let c = Client::connect_with(

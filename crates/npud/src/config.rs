@@ -198,6 +198,9 @@ const MAX_PROGRAM_LABELS: u32 = 1024;
 /// Longest `health.min_not_serving_ms`: past this, health hides a device that serves again.
 const MAX_MIN_NOT_SERVING_MS: u64 = 60_000;
 
+/// `limits.max_programs_per_session` unless configured.
+pub const DEFAULT_MAX_PROGRAMS_PER_SESSION: u32 = 1024;
+
 /// `[limits]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -290,7 +293,7 @@ impl Default for Limits {
             max_program_bytes: 8 << 20,
             max_sessions_per_uid: 16,
             max_program_bytes_per_session: 64 << 20,
-            max_programs_per_session: crate::programs::DEFAULT_MAX_PROGRAMS_PER_SESSION,
+            max_programs_per_session: DEFAULT_MAX_PROGRAMS_PER_SESSION,
             max_connections: 1024,
             max_connections_per_peer: 128,
             max_tcp_connections: 256,

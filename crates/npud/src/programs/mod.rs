@@ -129,8 +129,7 @@ struct Seen {
     stats: Option<DispatchStats>,
 }
 
-/// Programs one session may reference unless configured (`limits.max_programs_per_session`).
-pub const DEFAULT_MAX_PROGRAMS_PER_SESSION: u32 = 1024;
+pub use crate::config::DEFAULT_MAX_PROGRAMS_PER_SESSION;
 
 /// Store-wide counts, as metrics report them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
