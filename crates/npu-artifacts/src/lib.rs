@@ -47,7 +47,7 @@
 //! | 0 | 8 | magic | ASCII `NPUD-EMU` |
 //! | 8 | 2 | format version | `1` |
 //! | 10 | 2 | header length | `80` (the whole file) |
-//! | 12 | 32 | kernel | ASCII name, NUL-padded (`passthrough`, `vector_scalar_add`, `vector_scalar_mul`, `vector_vector_add`, `vector_mul`, `relu`, `matmul`, `noop`, `fault`, `hang`) |
+//! | 12 | 32 | kernel | ASCII name, NUL-padded (`passthrough`, `vector_scalar_add`, `vector_scalar_mul`, `vector_scale`, `vector_scale_mid`, `vector_vector_add`, `vector_mul`, `relu`, `matmul`, `noop`, `fault`, `hang`) |
 //! | 44 | 1 | dtype_in | code, see below |
 //! | 45 | 1 | dtype_out | code |
 //! | 46 | 1 | num_args | number of buffer arguments |

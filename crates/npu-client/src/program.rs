@@ -356,7 +356,13 @@ impl Program {
             EmuKernel::Noop => usize::from(d.num_args),
             // One buffer, read and written in place.
             EmuKernel::VectorScalarMul => 0,
-            EmuKernel::VectorVectorAdd | EmuKernel::VectorMul | EmuKernel::Matmul => 2,
+            // (in, factor, out): both inputs lead.
+            EmuKernel::VectorScaleMid
+            | EmuKernel::VectorVectorAdd
+            | EmuKernel::VectorMul
+            | EmuKernel::Matmul => 2,
+            // (in, out, factor): only `in` leads; the factor counts as written.
+            EmuKernel::VectorScale => 1,
             EmuKernel::Passthrough
             | EmuKernel::VectorScalarAdd
             | EmuKernel::Relu

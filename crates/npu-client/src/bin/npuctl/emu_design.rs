@@ -15,8 +15,9 @@ const AIECC_DEVICE: &str = "main";
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// passthrough, vector_scalar_add, vector_scalar_mul, vector_vector_add, vector_mul, relu,
-    /// matmul, noop, fault or hang.
+    /// passthrough, vector_scalar_add, vector_scalar_mul, vector_scale (in, out, i32 factor),
+    /// vector_scale_mid (in, i32 factor, out), vector_vector_add, vector_mul, relu, matmul,
+    /// noop, fault or hang.
     kernel: String,
     /// Directory to write main.pdi and insts.bin into (created if missing); for the other formats,
     /// the file to write.
