@@ -9,6 +9,8 @@
 //! |---|---|---|
 //! | passthrough | 0 → 1 | bytes copied (argument 2 is IRON's unused trace slot) |
 //! | vector_scalar_add | 0 → 1 | `out = in + scalar` |
+//! | vector_scalar_add_inplace | 0 → 0 | `inout = inout + scalar`, in place |
+//! | vector_scalar_add_unused | 0 → 2 | `out = in + scalar` (argument 1 is unused) |
 //! | vector_scalar_mul | 0 → 0 | `inout = inout * scalar`, in place |
 //! | vector_scale | 0, 2 → 1 | `out = in * factor[0]`, the factor an i32 buffer |
 //! | vector_scale_mid | 0, 1 → 2 | `out = in * factor[0]`, the factor an i32 buffer |
@@ -26,7 +28,8 @@ use npu_artifacts::emu::{DType, EmuDesign, EmuKernel};
 pub(crate) fn io(kernel: EmuKernel) -> (&'static [usize], Option<usize>) {
     match kernel {
         EmuKernel::Passthrough | EmuKernel::VectorScalarAdd | EmuKernel::Relu => (&[0], Some(1)),
-        EmuKernel::VectorScalarMul => (&[0], Some(0)),
+        EmuKernel::VectorScalarMul | EmuKernel::VectorScalarAddInPlace => (&[0], Some(0)),
+        EmuKernel::VectorScalarAddUnused => (&[0], Some(2)),
         // Inputs in the order (in, factor).
         EmuKernel::VectorScale => (&[0, 2], Some(1)),
         EmuKernel::VectorScaleMid => (&[0, 1], Some(2)),
@@ -264,7 +267,9 @@ pub(crate) fn run(design: &EmuDesign, inputs: &[Vec<u8>]) -> Result<Option<Vec<u
     let d = design.dtype_in;
     let out = match design.kernel {
         EmuKernel::Passthrough => input(0)[..(n * d.size()).min(input(0).len())].to_vec(),
-        EmuKernel::VectorScalarAdd => with_dtype!(d, T => {
+        EmuKernel::VectorScalarAdd
+        | EmuKernel::VectorScalarAddInPlace
+        | EmuKernel::VectorScalarAddUnused => with_dtype!(d, T => {
             let s = T::from_scalar(design.scalar);
             unary::<T>(input(0), n, |x| x.add(s))
         }),

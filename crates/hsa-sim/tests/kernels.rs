@@ -154,6 +154,37 @@ fn vector_scale_multiplies_by_the_factor_buffer_in_both_iron_orders() {
     assert_eq!(bytes_i32(&read(c, 16)), want);
 }
 
+/// IRON's `algorithms/for_each.py` (`a + 1` on one int32 buffer in place) and
+/// `test/npu-xrt/add_one_objFifo` (u32 `out = in + 41` with an unused second buffer).
+#[test]
+fn vector_scalar_add_in_place_and_with_an_unused_buffer() {
+    let sim = Sim::new(Profile::RocrNewest);
+    let x: Vec<i32> = (0..1024).map(|i| i * 3 - 100).collect();
+    let inout = sim.put(DATA, &i32_bytes(&x));
+    run(
+        &sim,
+        &EmuDesign::vector_scalar_add_inplace(1024, DType::I32, 1),
+        &[(inout, 4096)],
+    );
+    let want: Vec<i32> = x.iter().map(|v| v + 1).collect();
+    assert_eq!(bytes_i32(&read(inout, 4096)), want);
+
+    let a: Vec<u8> = (1..=64u32).flat_map(u32::to_le_bytes).collect();
+    let (a, unused, out) = (
+        sim.put(DATA, &a),
+        sim.put(DATA, &[0xa5; 256]),
+        sim.alloc(DATA, 256),
+    );
+    run(
+        &sim,
+        &EmuDesign::vector_scalar_add_unused(64, DType::U32, 41),
+        &[(a, 256), (unused, 256), (out, 256)],
+    );
+    let want: Vec<i32> = (42..=105).collect();
+    assert_eq!(bytes_i32(&read(out, 256)), want);
+    assert_eq!(read(unused, 256), vec![0xa5; 256]);
+}
+
 #[test]
 fn relu_clamps_negative_ints_and_floats() {
     let sim = Sim::new(Profile::RocrNewest);

@@ -74,6 +74,8 @@ CASES = [
          lambda d: []),
     Case("algorithms/transform_binary (JIT)", "programming_examples/algorithms/"
          "transform_binary.py", lambda d: []),
+    Case("algorithms/for_each (JIT; in place)", "programming_examples/algorithms/for_each.py",
+         lambda d: []),
     Case("algorithms/transform_parallel (JIT)", "programming_examples/algorithms/"
          "transform_parallel.py", lambda d: []),
     Case("algorithms/transform_parallel_binary (JIT)", "programming_examples/algorithms/"
@@ -108,6 +110,11 @@ CASES = [
          lambda d: ["--xclbin", _x(d["pt"]), "--instr", _i(d["pt"]), "--kernel", "MLIR_AIE",
                     "--in1-size", "4096", "--out-size", "4096"],
          designs={"pt": ("passthrough", 4096, "u8", 0)}),
+    # IRON's runtime test: u32 out = in + 41 with an unused second input.
+    Case("test/npu-xrt/add_one_objFifo/test.py (xclbin + insts)",
+         "test/npu-xrt/add_one_objFifo/test.py",
+         lambda d: ["--xclbin", _x(d["a41"]), "--instr", _i(d["a41"]), "--kernel", "MLIR_AIE"],
+         designs={"a41": ("vector_scalar_add_unused", 64, "u32", 41)}),
     Case("passthrough_pykernel test.py (xclbin + insts)", "programming_examples/basic/"
          "passthrough_pykernel/test.py",
          lambda d: ["--xclbin", _x(d["pt"]), "--instr", _i(d["pt"]), "--kernel", "MLIR_AIE",
@@ -119,11 +126,6 @@ CASES = [
 # script must hold for the row to apply, why). Listed in the table when the checkout's script
 # is a host script holding that text.
 CANNOT = [
-    ("test/npu-xrt/add_one_objFifo/test.py", (),
-     "three buffers (in, an unused second input, out = in + 41): no emulated design has that "
-     "layout"),
-    ("programming_examples/algorithms/for_each.py", (),
-     "one buffer updated in place (a + 1): no emulated design adds in place"),
     ("programming_examples/basic/passthrough_kernel/passthrough_kernel.py --trace_size 8192",
      ("iron.jit",), "trace capture: npud does not capture traces"),
     ("programming_examples/basic/passthrough_kernel/test.py -t 8192", (),
@@ -182,7 +184,7 @@ def emu_design(npuctl: str, addr: str, out: pathlib.Path, kernel: str, n: int, d
                scalar: int) -> None:
     cmd = [npuctl, "--addr", addr, "emu-design", kernel, "--n", str(n), "--dtype", dtype,
            "--out", str(out)]
-    if kernel == "vector_scalar_add":
+    if kernel.startswith("vector_scalar_add"):
         cmd += ["--scalar", str(scalar)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=120)
     # aiecc leaves the PDI beside the xclbin; npud loads the PDI (the xclbin is a stand-in).

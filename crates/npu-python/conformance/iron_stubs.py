@@ -240,6 +240,8 @@ _DESIGNS = {
     "transform": ("vector_scalar_add", "num_elements", 1024, None, 1),
     "transform_binary": ("vector_vector_add", "num_elements", 1024, None, 0),
     "add_two": ("vector_scalar_add", "N", 1024, "i32", 2),
+    # algorithms/for_each.py: a + 1 on one buffer, in place.
+    "for_each": ("vector_scalar_add_inplace", "num_elements", 1024, None, 1),
     "transform_parallel": ("vector_scalar_add", "num_elements", 1024, None, 1),
     "transform_parallel_binary": ("vector_vector_add", "num_elements", 1024, None, 0),
     "vector_vector_mul": ("vector_mul", "num_elements", 256, None, 0),
@@ -290,7 +292,7 @@ def _emulated(name: str, kwargs: dict) -> tuple:
     if not (out / "insts.bin").is_file():
         cmd = [os.environ["NPUD_CONFORMANCE_NPUCTL"], "emu-design", kernel, "--n", str(n),
                "--dtype", dtype, "--generation", gen, "--out", str(out)]
-        if kernel == "vector_scalar_add":
+        if kernel.startswith("vector_scalar_add"):
             cmd += ["--scalar", str(scalar)]
         subprocess.run(cmd, check=True, capture_output=True, timeout=120)
         (out / "final.xclbin").write_bytes(b"npud loads main.pdi beside this file")
