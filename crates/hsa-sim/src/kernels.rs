@@ -9,7 +9,11 @@
 //! |---|---|---|
 //! | passthrough | 0 → 1 | bytes copied (argument 2 is IRON's unused trace slot) |
 //! | vector_scalar_add | 0 → 1 | `out = in + scalar` |
+//! | vector_scalar_add_inplace | 0 → 0 | `inout = inout + scalar`, in place |
+//! | vector_scalar_add_unused | 0 → 2 | `out = in + scalar` (argument 1 is unused) |
 //! | vector_scalar_mul | 0 → 0 | `inout = inout * scalar`, in place |
+//! | vector_scale | 0, 2 → 1 | `out = in * factor[0]`, the factor an i32 buffer |
+//! | vector_scale_mid | 0, 1 → 2 | `out = in * factor[0]`, the factor an i32 buffer |
 //! | vector_vector_add | 0, 1 → 2 | `c = a + b` |
 //! | vector_mul | 0, 1 → 2 | `c = a * b` |
 //! | relu | 0 → 1 | `max(x, 0)` (unsigned types unchanged) |
@@ -24,7 +28,11 @@ use npu_artifacts::emu::{DType, EmuDesign, EmuKernel};
 pub(crate) fn io(kernel: EmuKernel) -> (&'static [usize], Option<usize>) {
     match kernel {
         EmuKernel::Passthrough | EmuKernel::VectorScalarAdd | EmuKernel::Relu => (&[0], Some(1)),
-        EmuKernel::VectorScalarMul => (&[0], Some(0)),
+        EmuKernel::VectorScalarMul | EmuKernel::VectorScalarAddInPlace => (&[0], Some(0)),
+        EmuKernel::VectorScalarAddUnused => (&[0], Some(2)),
+        // Inputs in the order (in, factor).
+        EmuKernel::VectorScale => (&[0, 2], Some(1)),
+        EmuKernel::VectorScaleMid => (&[0, 1], Some(2)),
         EmuKernel::VectorVectorAdd | EmuKernel::VectorMul | EmuKernel::Matmul => (&[0, 1], Some(2)),
         EmuKernel::Noop | EmuKernel::Fault | EmuKernel::Hang => (&[], None),
     }
@@ -259,7 +267,9 @@ pub(crate) fn run(design: &EmuDesign, inputs: &[Vec<u8>]) -> Result<Option<Vec<u
     let d = design.dtype_in;
     let out = match design.kernel {
         EmuKernel::Passthrough => input(0)[..(n * d.size()).min(input(0).len())].to_vec(),
-        EmuKernel::VectorScalarAdd => with_dtype!(d, T => {
+        EmuKernel::VectorScalarAdd
+        | EmuKernel::VectorScalarAddInPlace
+        | EmuKernel::VectorScalarAddUnused => with_dtype!(d, T => {
             let s = T::from_scalar(design.scalar);
             unary::<T>(input(0), n, |x| x.add(s))
         }),
@@ -267,6 +277,18 @@ pub(crate) fn run(design: &EmuDesign, inputs: &[Vec<u8>]) -> Result<Option<Vec<u
             let s = T::from_scalar(design.scalar);
             unary::<T>(input(0), n, |x| x.mul(s))
         }),
+        EmuKernel::VectorScale | EmuKernel::VectorScaleMid => {
+            // The factor buffer's first i32, converted (wrapping) to the element type as the
+            // design's scalar is.
+            let factor = decode::<i32>(input(1), 1)
+                .first()
+                .copied()
+                .ok_or("the factor buffer holds no i32")?;
+            with_dtype!(d, T => {
+                let s = T::from_scalar(i64::from(factor));
+                unary::<T>(input(0), n, |x| x.mul(s))
+            })
+        }
         EmuKernel::VectorVectorAdd => {
             with_dtype!(d, T => binary::<T>(input(0), input(1), n, Elem::add))
         }
@@ -292,6 +314,26 @@ mod tests {
         let d = EmuDesign::vector_scalar_add(3, DType::I32, 1);
         let out = run(&d, &[bytes(&[1i32, -1, i32::MAX])]).unwrap().unwrap();
         assert_eq!(decode::<i32>(&out, 3), vec![2, 0, i32::MIN]);
+    }
+
+    #[test]
+    fn vector_scale_reads_its_factor_from_the_buffer() {
+        let x = bytes(&[-3i16, 4, 300, i16::MAX]);
+        for d in [
+            EmuDesign::vector_scale(4, DType::I16),
+            EmuDesign::vector_scale_mid(4, DType::I16),
+        ] {
+            // Inputs in io() order: (in, factor).
+            let out = run(&d, &[x.clone(), bytes(&[3i32])]).unwrap().unwrap();
+            assert_eq!(
+                decode::<i16>(&out, 4),
+                vec![-9, 12, 900, i16::MAX.wrapping_mul(3)]
+            );
+            let e = run(&d, &[x.clone(), vec![]]).unwrap_err();
+            assert_eq!(e, "the factor buffer holds no i32");
+        }
+        assert_eq!(io(EmuKernel::VectorScale), (&[0, 2][..], Some(1)));
+        assert_eq!(io(EmuKernel::VectorScaleMid), (&[0, 1][..], Some(2)));
     }
 
     #[test]

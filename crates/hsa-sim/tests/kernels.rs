@@ -92,6 +92,99 @@ fn vector_vector_add_and_mul_wrap_like_i32() {
     assert_eq!(bytes_i32(&read(c, 256)), want);
 }
 
+fn i16_bytes(v: &[i16]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn bytes_i16(b: &[u8]) -> Vec<i16> {
+    b.chunks_exact(2)
+        .map(|c| i16::from_le_bytes([c[0], c[1]]))
+        .collect()
+}
+
+/// IRON's `basic/vector_scalar_mul`: 4096 i16 elements (its `-i1s 8192`) times the i32 factor
+/// its host scripts put in a one-element buffer, in both buffer orders IRON's scripts pass
+/// (in, out, factor and in, factor, out). The factor is read when the batch runs: a second
+/// dispatch after the host rewrites it multiplies by the new one.
+#[test]
+fn vector_scale_multiplies_by_the_factor_buffer_in_both_iron_orders() {
+    let sim = Sim::new(Profile::RocrNewest);
+    let x: Vec<i16> = (1..=4096).map(|i| (i * 7 - 9000) as i16).collect();
+    let a = sim.put(DATA, &i16_bytes(&x));
+    let factor = sim.put(DATA, &3i32.to_le_bytes());
+    let out = sim.alloc(DATA, 8192);
+    let want = |f: i16| -> Vec<i16> { x.iter().map(|v| v.wrapping_mul(f)).collect() };
+
+    run(
+        &sim,
+        &EmuDesign::vector_scale(4096, DType::I16),
+        &[(a, 8192), (out, 8192), (factor, 4)],
+    );
+    assert_eq!(bytes_i16(&read(out, 8192)), want(3));
+    // The factor is the buffer's content at run time, not part of the design.
+    write(factor, &(-5i32).to_le_bytes());
+    run(
+        &sim,
+        &EmuDesign::vector_scale(4096, DType::I16),
+        &[(a, 8192), (out, 8192), (factor, 4)],
+    );
+    assert_eq!(bytes_i16(&read(out, 8192)), want(-5));
+
+    let out2 = sim.alloc(DATA, 8192);
+    run(
+        &sim,
+        &EmuDesign::vector_scale_mid(4096, DType::I16),
+        &[(a, 8192), (factor, 4), (out2, 8192)],
+    );
+    assert_eq!(bytes_i16(&read(out2, 8192)), want(-5));
+    // The inputs are unchanged.
+    assert_eq!(bytes_i16(&read(a, 8192)), x);
+    assert_eq!(read(factor, 4), (-5i32).to_le_bytes());
+
+    // i32 elements wrap like i32.
+    let y: Vec<i32> = vec![i32::MAX, -7, 1 << 30, 0];
+    let (b, c) = (sim.put(DATA, &i32_bytes(&y)), sim.alloc(DATA, 16));
+    write(factor, &4i32.to_le_bytes());
+    run(
+        &sim,
+        &EmuDesign::vector_scale(4, DType::I32),
+        &[(b, 16), (c, 16), (factor, 4)],
+    );
+    let want: Vec<i32> = y.iter().map(|v| v.wrapping_mul(4)).collect();
+    assert_eq!(bytes_i32(&read(c, 16)), want);
+}
+
+/// IRON's `algorithms/for_each.py` (`a + 1` on one int32 buffer in place) and
+/// `test/npu-xrt/add_one_objFifo` (u32 `out = in + 41` with an unused second buffer).
+#[test]
+fn vector_scalar_add_in_place_and_with_an_unused_buffer() {
+    let sim = Sim::new(Profile::RocrNewest);
+    let x: Vec<i32> = (0..1024).map(|i| i * 3 - 100).collect();
+    let inout = sim.put(DATA, &i32_bytes(&x));
+    run(
+        &sim,
+        &EmuDesign::vector_scalar_add_inplace(1024, DType::I32, 1),
+        &[(inout, 4096)],
+    );
+    let want: Vec<i32> = x.iter().map(|v| v + 1).collect();
+    assert_eq!(bytes_i32(&read(inout, 4096)), want);
+
+    let a: Vec<u8> = (1..=64u32).flat_map(u32::to_le_bytes).collect();
+    let (a, unused, out) = (
+        sim.put(DATA, &a),
+        sim.put(DATA, &[0xa5; 256]),
+        sim.alloc(DATA, 256),
+    );
+    run(
+        &sim,
+        &EmuDesign::vector_scalar_add_unused(64, DType::U32, 41),
+        &[(a, 256), (unused, 256), (out, 256)],
+    );
+    let want: Vec<i32> = (42..=105).collect();
+    assert_eq!(bytes_i32(&read(out, 256)), want);
+    assert_eq!(read(unused, 256), vec![0xa5; 256]);
+}
+
 #[test]
 fn relu_clamps_negative_ints_and_floats() {
     let sim = Sim::new(Profile::RocrNewest);

@@ -47,7 +47,7 @@
 //! | 0 | 8 | magic | ASCII `NPUD-EMU` |
 //! | 8 | 2 | format version | `1` |
 //! | 10 | 2 | header length | `80` (the whole file) |
-//! | 12 | 32 | kernel | ASCII name, NUL-padded (`passthrough`, `vector_scalar_add`, `vector_scalar_mul`, `vector_vector_add`, `vector_mul`, `relu`, `matmul`, `noop`, `fault`, `hang`) |
+//! | 12 | 32 | kernel | ASCII name, NUL-padded (`passthrough`, `vector_scalar_add`, `vector_scalar_add_inplace`, `vector_scalar_add_unused`, `vector_scalar_mul`, `vector_scale`, `vector_scale_mid`, `vector_vector_add`, `vector_mul`, `relu`, `matmul`, `noop`, `fault`, `hang`) |
 //! | 44 | 1 | dtype_in | code, see below |
 //! | 45 | 1 | dtype_out | code |
 //! | 46 | 1 | num_args | number of buffer arguments |
@@ -56,7 +56,7 @@
 //! | 52 | 4 | k | u32 (matmul inner dimension; otherwise 0) |
 //! | 56 | 4 | n | u32 (matmul columns of B and C; element count for elementwise kernels; bytes per buffer for `noop`) |
 //! | 60 | 4 | reserved | `0` |
-//! | 64 | 8 | scalar | i64 (`vector_scalar_add`'s addend, `vector_scalar_mul`'s factor; otherwise 0) |
+//! | 64 | 8 | scalar | i64 (the `vector_scalar_add` kernels' addend, `vector_scalar_mul`'s factor; otherwise 0) |
 //! | 72 | 4 | reserved | `0` |
 //! | 76 | 4 | checksum | CRC-32 (IEEE 802.3, as in zlib) of bytes 0..76 |
 //!

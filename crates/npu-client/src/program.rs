@@ -355,9 +355,17 @@ impl Program {
         match d.kernel {
             EmuKernel::Noop => usize::from(d.num_args),
             // One buffer, read and written in place.
-            EmuKernel::VectorScalarMul => 0,
-            EmuKernel::VectorVectorAdd | EmuKernel::VectorMul | EmuKernel::Matmul => 2,
+            EmuKernel::VectorScalarMul | EmuKernel::VectorScalarAddInPlace => 0,
+            // (in, factor, out): both inputs lead.
+            EmuKernel::VectorScaleMid
+            | EmuKernel::VectorVectorAdd
+            | EmuKernel::VectorMul
+            | EmuKernel::Matmul => 2,
+            // (in, out, factor): only `in` leads; the factor counts as written.
+            EmuKernel::VectorScale => 1,
+            // (in, unused, out): the unused buffer counts as written.
             EmuKernel::Passthrough
+            | EmuKernel::VectorScalarAddUnused
             | EmuKernel::VectorScalarAdd
             | EmuKernel::Relu
             | EmuKernel::Fault

@@ -23,6 +23,7 @@ is ``0``.
 from __future__ import annotations
 
 import enum
+import importlib
 import importlib.abc
 import importlib.machinery
 import os
@@ -96,6 +97,13 @@ class AIEArch(enum.Enum):
     AIE2p = 3
 
 
+class AIETileType(enum.Enum):
+    CoreTile = 1
+    MemTile = 2
+    ShimNOCTile = 3
+    ShimPLTile = 4
+
+
 class AIEDevice(enum.Enum):
     npu1 = 1
     npu1_1col = 2
@@ -136,8 +144,17 @@ class _Device:
         return hash((self.arch, self.cols))
 
 
+# The tree's own tile module (``aie.iron.device.tile``: ``Tile``, ``AnyComputeTile``, ...) is
+# loaded, not stubbed: its tiles carry the tile type IRON's design code checks (a Worker refuses
+# a tile whose type is not a core tile) and need nothing compiled beyond the enum above.
+_REAL = ("aie.iron.device.tile",)
+
+
 def _device_module(name: str) -> types.ModuleType:
     m = types.ModuleType(name)
+    # The tree's device directory, for its tile module.
+    parent = sys.modules.get(name.rpartition(".")[0])
+    m.__path__ = [os.path.join(p, "device") for p in getattr(parent, "__path__", [])]
     m.Device = _Device
     specs = {"NPU1": ("aie2", 4, "npu1"), "NPU2": ("aie2p", 8, "npu2")}
     for n in range(1, 4):
@@ -154,7 +171,19 @@ def _device_module(name: str) -> types.ModuleType:
         return m.__dict__[gen if n_cols is None else f"{gen}Col{n_cols}"]()
 
     m.from_name = from_name
-    m.__getattr__ = lambda attr: _Inert()
+
+    def getattr_(attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        try:
+            tile = importlib.import_module(name + ".tile")
+        except ImportError:
+            tile = None
+        if tile is not None and hasattr(tile, attr):
+            return getattr(tile, attr)
+        return _Inert()
+
+    m.__getattr__ = getattr_
     return m
 
 
@@ -164,7 +193,7 @@ class _StubLoader(importlib.abc.Loader):
             return _device_module(spec.name)
         if spec.name == "aie.dialects._aie_enum_gen":
             m = types.ModuleType(spec.name)
-            m.AIEArch, m.AIEDevice = AIEArch, AIEDevice
+            m.AIEArch, m.AIEDevice, m.AIETileType = AIEArch, AIEDevice, AIETileType
             m.__getattr__ = lambda attr: _Inert()
             return m
         m = types.ModuleType(spec.name)
@@ -185,6 +214,8 @@ if os.environ.get("NPUD_CONFORMANCE_STUB_TRACE") == "1":
 
 class _StubFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
+        if fullname in _REAL:
+            return None
         if any(fullname == p or fullname.startswith(p + ".") for p in _STUBBED):
             return importlib.machinery.ModuleSpec(fullname, _StubLoader(),
                                                   is_package=True)
@@ -197,7 +228,8 @@ sys.meta_path.insert(0, _StubFinder())
 # --- the JIT's compile step --------------------------------------------------------------------
 
 # Generator name -> (emulated kernel, the compile argument holding the element count, its
-# default, dtype, scalar).
+# default, dtype, scalar), or a function of the compile arguments giving (kernel, n, dtype,
+# scalar).
 _DESIGNS = {
     "my_passthrough_kernel": ("passthrough", "n", 4096, "u8", 0),
     "passthrough_kernel": ("passthrough", "n", 4096, "u8", 0),
@@ -208,6 +240,18 @@ _DESIGNS = {
     "transform": ("vector_scalar_add", "num_elements", 1024, None, 1),
     "transform_binary": ("vector_vector_add", "num_elements", 1024, None, 0),
     "add_two": ("vector_scalar_add", "N", 1024, "i32", 2),
+    # algorithms/for_each.py: a + 1 on one buffer, in place.
+    "for_each": ("vector_scalar_add_inplace", "num_elements", 1024, None, 1),
+    "transform_parallel": ("vector_scalar_add", "num_elements", 1024, None, 1),
+    "transform_parallel_binary": ("vector_vector_add", "num_elements", 1024, None, 0),
+    "vector_vector_mul": ("vector_mul", "num_elements", 256, None, 0),
+    # basic/vector_scalar_mul: c = a * factor, the factor an i32 buffer; the JIT passes (a, c,
+    # factor). The newer generator takes the input's size in bytes and its bit width.
+    "vector_scalar_mul": lambda kw: (
+        "vector_scale", int(kw["in1_size"]) // (int(kw.get("int_bit_width", 16)) // 8),
+        "i16" if int(kw.get("int_bit_width", 16)) == 16 else "i32", 0),
+    # The older vector_scalar_mul_jit.py: transform(scale_kernel, input, output, factor).
+    "transform:vector_scalar_mul": ("vector_scale", "num_elements", 2048, None, 0),
 }
 
 
@@ -227,8 +271,12 @@ def _emulated(name: str, kwargs: dict) -> tuple:
 
     if name not in _DESIGNS:
         raise RuntimeError(f"no emulated design stands for the generator {name!r}")
-    kernel, n_arg, n_default, dtype, scalar = _DESIGNS[name]
-    n = int(kwargs.get(n_arg, n_default))
+    entry = _DESIGNS[name]
+    if callable(entry):
+        kernel, n, dtype, scalar = entry(kwargs)
+    else:
+        kernel, n_arg, n_default, dtype, scalar = entry
+        n = int(kwargs.get(n_arg, n_default))
     if dtype is None:
         dtype = _dtype_name(kwargs.get("dtype", "int32"))
     if kernel == "passthrough":
@@ -244,7 +292,7 @@ def _emulated(name: str, kwargs: dict) -> tuple:
     if not (out / "insts.bin").is_file():
         cmd = [os.environ["NPUD_CONFORMANCE_NPUCTL"], "emu-design", kernel, "--n", str(n),
                "--dtype", dtype, "--generation", gen, "--out", str(out)]
-        if kernel == "vector_scalar_add":
+        if kernel.startswith("vector_scalar_add"):
             cmd += ["--scalar", str(scalar)]
         subprocess.run(cmd, check=True, capture_output=True, timeout=120)
         (out / "final.xclbin").write_bytes(b"npud loads main.pdi beside this file")
@@ -307,7 +355,13 @@ def _patch_older_jit() -> None:
 
             kwargs.setdefault("num_elements", int(np.size(tensors[0])))
             kwargs.setdefault("dtype", tensors[0].dtype)
-        x, i = _emulated(getattr(fn, "__name__", "?"), kwargs)
+        name = getattr(fn, "__name__", "?")
+        # A generic algorithm (transform) stands for the design of the kernel it is given.
+        externals = f.f_locals.get("external_kernels") or ()
+        if any("vector_scalar_mul" in str(getattr(k, "_name", getattr(k, "name", "")))
+               for k in externals):
+            name += ":vector_scalar_mul"
+        x, i = _emulated(name, kwargs)
         import shutil
 
         shutil.copy(x.parent / "main.pdi", pathlib_path(xclbin_path).parent / "main.pdi")
@@ -315,6 +369,10 @@ def _patch_older_jit() -> None:
         pathlib_path(xclbin_path).write_bytes(b"npud loads main.pdi beside this file")
 
     jit.compile_mlir_module = compile_mlir_module
+    # aiecc's kernel compiler (Peano or chess) for ExternalFunctions: the emulated design needs
+    # no object file.
+    if hasattr(jit, "compile_external_kernel"):
+        jit.compile_external_kernel = lambda *a, **k: None
 
 
 def pathlib_path(p):

@@ -12,7 +12,11 @@
 //! |---|---|---|---|
 //! | `passthrough` | in, out, unused (trace slot) | `out = in` | `n` elements; dtype_in = dtype_out |
 //! | `vector_scalar_add` | in, out | `out[i] = in[i] + scalar` (wrapping for integers) | `n`, `scalar` representable in the dtype (integers) or within ±2^24 (floats) |
+//! | `vector_scalar_add_inplace` | inout | `inout[i] = inout[i] + scalar`, in place (IRON's `algorithms/for_each.py`, `a + 1`) | as `vector_scalar_add` |
+//! | `vector_scalar_add_unused` | in, unused, out | `out[i] = in[i] + scalar`, the second buffer neither read nor written (IRON's `test/npu-xrt/add_one_objFifo`, `in + 41`) | as `vector_scalar_add` |
 //! | `vector_scalar_mul` | inout | `inout[i] = inout[i] * scalar`, in place (wrapping for integers; ROCR's AIE suites' second kernel, `MUL_SCALE`) | as `vector_scalar_add` |
+//! | `vector_scale` | in, out, factor | `out[i] = in[i] * factor[0]`, the factor an i32 in a one-element buffer read at run time (wrapping; IRON's `vector_scalar_mul` as its JIT and its host script from mid-2026 pass it) | `n` |
+//! | `vector_scale_mid` | in, factor, out | as `vector_scale` (IRON's `vector_scalar_mul` as its host script passed it until spring 2026) | `n` |
 //! | `vector_vector_add` | a, b, c | `c = a + b` (wrapping) | `n` |
 //! | `vector_mul` | a, b, c | `c = a * b` (wrapping) | `n` |
 //! | `relu` | in, out | `out = max(in, 0)` | `n`; signed or float dtype |
@@ -49,8 +53,16 @@ pub enum EmuKernel {
     Passthrough,
     /// `out = in + scalar`.
     VectorScalarAdd,
+    /// `inout = inout + scalar`, in place, one buffer.
+    VectorScalarAddInPlace,
+    /// `out = in + scalar`; buffers (in, unused, out).
+    VectorScalarAddUnused,
     /// `inout = inout * scalar`, in place, one buffer.
     VectorScalarMul,
+    /// `out = in * factor[0]`, the factor an i32 buffer; buffers (in, out, factor).
+    VectorScale,
+    /// `out = in * factor[0]`; buffers (in, factor, out).
+    VectorScaleMid,
     /// `c = a + b`.
     VectorVectorAdd,
     /// `c = a * b`.
@@ -69,10 +81,14 @@ pub enum EmuKernel {
 
 impl EmuKernel {
     /// Every kernel, in documentation order.
-    pub const ALL: [EmuKernel; 10] = [
+    pub const ALL: [EmuKernel; 14] = [
         Self::Passthrough,
         Self::VectorScalarAdd,
+        Self::VectorScalarAddInPlace,
+        Self::VectorScalarAddUnused,
         Self::VectorScalarMul,
+        Self::VectorScale,
+        Self::VectorScaleMid,
         Self::VectorVectorAdd,
         Self::VectorMul,
         Self::Relu,
@@ -88,7 +104,11 @@ impl EmuKernel {
         match self {
             Self::Passthrough => "passthrough",
             Self::VectorScalarAdd => "vector_scalar_add",
+            Self::VectorScalarAddInPlace => "vector_scalar_add_inplace",
+            Self::VectorScalarAddUnused => "vector_scalar_add_unused",
             Self::VectorScalarMul => "vector_scalar_mul",
+            Self::VectorScale => "vector_scale",
+            Self::VectorScaleMid => "vector_scale_mid",
             Self::VectorVectorAdd => "vector_vector_add",
             Self::VectorMul => "vector_mul",
             Self::Relu => "relu",
@@ -103,9 +123,15 @@ impl EmuKernel {
     #[must_use]
     pub fn fixed_num_args(self) -> Option<u8> {
         match self {
-            Self::Passthrough | Self::VectorVectorAdd | Self::VectorMul | Self::Matmul => Some(3),
+            Self::Passthrough
+            | Self::VectorScalarAddUnused
+            | Self::VectorScale
+            | Self::VectorScaleMid
+            | Self::VectorVectorAdd
+            | Self::VectorMul
+            | Self::Matmul => Some(3),
             Self::VectorScalarAdd | Self::Relu | Self::Fault | Self::Hang => Some(2),
-            Self::VectorScalarMul => Some(1),
+            Self::VectorScalarMul | Self::VectorScalarAddInPlace => Some(1),
             Self::Noop => None,
         }
     }
@@ -184,6 +210,25 @@ impl EmuDesign {
         }
     }
 
+    /// IRON's `algorithms/for_each.py` (`a + 1` in place): `inout = inout + scalar`; one buffer.
+    #[must_use]
+    pub fn vector_scalar_add_inplace(n: u32, dtype: DType, scalar: i64) -> Self {
+        Self {
+            scalar,
+            ..Self::elementwise(EmuKernel::VectorScalarAddInPlace, n, dtype)
+        }
+    }
+
+    /// IRON's `test/npu-xrt/add_one_objFifo` (`out = in + 41`): `out = in + scalar`; buffers
+    /// (in, an unused buffer of the same size, out).
+    #[must_use]
+    pub fn vector_scalar_add_unused(n: u32, dtype: DType, scalar: i64) -> Self {
+        Self {
+            scalar,
+            ..Self::elementwise(EmuKernel::VectorScalarAddUnused, n, dtype)
+        }
+    }
+
     /// The in-place multiply of ROCR's AIE suites: `inout = inout * scale`; one buffer.
     #[must_use]
     pub fn vector_scalar_mul(n: u32, dtype: DType, scale: i64) -> Self {
@@ -191,6 +236,21 @@ impl EmuDesign {
             scalar: scale,
             ..Self::elementwise(EmuKernel::VectorScalarMul, n, dtype)
         }
+    }
+
+    /// IRON's vector_scalar_mul as its JIT and its newer host script pass the buffers:
+    /// `out = in * factor[0]`, the factor one i32 read from the third buffer at run time;
+    /// buffers (in, out, factor of 4 bytes).
+    #[must_use]
+    pub fn vector_scale(n: u32, dtype: DType) -> Self {
+        Self::elementwise(EmuKernel::VectorScale, n, dtype)
+    }
+
+    /// IRON's vector_scalar_mul as its older host script passes the buffers: as
+    /// [`EmuDesign::vector_scale`] with buffers (in, factor of 4 bytes, out).
+    #[must_use]
+    pub fn vector_scale_mid(n: u32, dtype: DType) -> Self {
+        Self::elementwise(EmuKernel::VectorScaleMid, n, dtype)
     }
 
     /// IRON's vector_vector_add: `c = a + b`; buffers (a, b, c).
@@ -249,8 +309,8 @@ impl EmuDesign {
     }
 
     /// A design by kernel name with one size parameter and IRON's defaults: `n` elements for the
-    /// elementwise kernels (dtype default i32, `vector_scalar_add` adds 1, `vector_scalar_mul`
-    /// multiplies by 3; passthrough u8), an
+    /// elementwise kernels (dtype default i32, the `vector_scalar_add` kernels add 1, `vector_scalar_mul`
+    /// multiplies by 3, `vector_scale` by its factor buffer; passthrough u8), an
     /// n×n×n matmul (default i16→i32; `bf16` gives bf16→f32), 3 `noop` buffers of `n` bytes, and
     /// `n`-byte `fault`/`hang` buffers.
     ///
@@ -267,7 +327,11 @@ impl EmuDesign {
                 ..Self::passthrough(n)
             },
             EmuKernel::VectorScalarAdd => Self::vector_scalar_add(n, d, 1),
+            EmuKernel::VectorScalarAddInPlace => Self::vector_scalar_add_inplace(n, d, 1),
+            EmuKernel::VectorScalarAddUnused => Self::vector_scalar_add_unused(n, d, 1),
             EmuKernel::VectorScalarMul => Self::vector_scalar_mul(n, d, 3),
+            EmuKernel::VectorScale => Self::vector_scale(n, d),
+            EmuKernel::VectorScaleMid => Self::vector_scale_mid(n, d),
             EmuKernel::VectorVectorAdd => Self::vector_vector_add(n, d),
             EmuKernel::VectorMul => Self::vector_mul(n, d),
             EmuKernel::Relu => Self::relu(n, d),
@@ -301,6 +365,11 @@ impl EmuDesign {
             EmuKernel::Passthrough => {
                 let b = bytes(n, self.dtype_in);
                 vec![b; 3]
+            }
+            // The factor is one i32.
+            EmuKernel::VectorScale => vec![bytes(n, self.dtype_in), bytes(n, self.dtype_out), 4],
+            EmuKernel::VectorScaleMid => {
+                vec![bytes(n, self.dtype_in), 4, bytes(n, self.dtype_out)]
             }
             _ => {
                 let mut sizes = vec![bytes(n, self.dtype_in); usize::from(self.num_args)];
@@ -380,7 +449,10 @@ impl EmuDesign {
         }
         if matches!(
             self.kernel,
-            EmuKernel::VectorScalarAdd | EmuKernel::VectorScalarMul
+            EmuKernel::VectorScalarAdd
+                | EmuKernel::VectorScalarAddInPlace
+                | EmuKernel::VectorScalarAddUnused
+                | EmuKernel::VectorScalarMul
         ) {
             let (lo, hi) = self.dtype_in.exact_integer_range();
             if !(lo..=hi).contains(&self.scalar) {
@@ -391,7 +463,8 @@ impl EmuDesign {
             }
         } else if self.scalar != 0 {
             return bad(format!(
-                "scalar is {}; expected 0 (only vector_scalar_add and vector_scalar_mul use it)",
+                "scalar is {}; expected 0 (only the vector_scalar_add kernels and vector_scalar_mul \
+             use it)",
                 self.scalar
             ));
         }
@@ -468,6 +541,22 @@ mod tests {
             EmuDesign::vector_vector_add(32, DType::I16).arg_sizes(),
             vec![64; 3]
         );
+        assert_eq!(
+            EmuDesign::vector_scale(4096, DType::I16).arg_sizes(),
+            vec![8192, 8192, 4]
+        );
+        assert_eq!(
+            EmuDesign::vector_scale_mid(4096, DType::I16).arg_sizes(),
+            vec![8192, 4, 8192]
+        );
+        assert_eq!(
+            EmuDesign::vector_scalar_add_inplace(1024, DType::I32, 1).arg_sizes(),
+            vec![4096]
+        );
+        assert_eq!(
+            EmuDesign::vector_scalar_add_unused(64, DType::U32, 41).arg_sizes(),
+            vec![256; 3]
+        );
         assert_eq!(EmuDesign::relu(8, DType::Bf16).arg_sizes(), vec![16, 16]);
         assert_eq!(
             EmuDesign::matmul(2, 4, 6, DType::I16, DType::I32).arg_sizes(),
@@ -539,8 +628,8 @@ mod tests {
                 scalar: 1,
                 ..EmuDesign::relu(4, DType::I32)
             }),
-            "emulated design relu: scalar is 1; expected 0 (only vector_scalar_add and \
-             vector_scalar_mul use it)"
+            "emulated design relu: scalar is 1; expected 0 (only the vector_scalar_add kernels \
+             and vector_scalar_mul use it)"
         );
         assert_eq!(
             msg(EmuDesign {
@@ -563,6 +652,10 @@ mod tests {
                 EmuDesign::passthrough(4096),
                 EmuDesign::vector_scalar_add(1024, DType::I32, 1),
                 EmuDesign::vector_vector_add(256, DType::Bf16),
+                EmuDesign::vector_scale(4096, DType::I16),
+                EmuDesign::vector_scalar_add_inplace(1024, DType::I32, 1),
+                EmuDesign::vector_scalar_add_unused(64, DType::U32, 41),
+                EmuDesign::vector_scale_mid(1024, DType::I32),
                 EmuDesign::vector_mul(256, DType::U8),
                 EmuDesign::relu(64, DType::I16),
                 EmuDesign::matmul(8, 16, 4, DType::Bf16, DType::F32),

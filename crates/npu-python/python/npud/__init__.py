@@ -343,7 +343,9 @@ class Program:
     def emulated(kernel: str, n: int, *, generation: str = "npu2", dtype: Any = None,
                  scalar: int | None = None) -> Program:
         """An emulated design for the daemon's emulator: ``kernel`` is one of passthrough,
-        vector_scalar_add, vector_scalar_mul (in place), vector_vector_add, vector_mul, relu,
+        vector_scalar_add, vector_scalar_add_inplace, vector_scalar_add_unused (in, unused,
+        out), vector_scalar_mul (in place), vector_scale (in, out, an i32 factor
+        buffer), vector_scale_mid (in, factor, out), vector_vector_add, vector_mul, relu,
         matmul (n×n×n), noop, fault, hang; ``n`` elements; ``generation`` should be :attr:`Client.generation`."""
         return Program(_npud.Program.emulated(kernel, n, generation, _emu_dtype(dtype), scalar))
 

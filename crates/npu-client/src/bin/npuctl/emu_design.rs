@@ -15,8 +15,10 @@ const AIECC_DEVICE: &str = "main";
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// passthrough, vector_scalar_add, vector_scalar_mul, vector_vector_add, vector_mul, relu,
-    /// matmul, noop, fault or hang.
+    /// passthrough, vector_scalar_add, vector_scalar_add_inplace (inout),
+    /// vector_scalar_add_unused (in, unused, out), vector_scalar_mul, vector_scale (in, out, i32 factor),
+    /// vector_scale_mid (in, i32 factor, out), vector_vector_add, vector_mul, relu, matmul,
+    /// noop, fault or hang.
     kernel: String,
     /// Directory to write main.pdi and insts.bin into (created if missing); for the other formats,
     /// the file to write.
@@ -34,7 +36,7 @@ pub struct Args {
     /// bf16->f32).
     #[arg(long)]
     dtype: Option<String>,
-    /// vector_scalar_add's addend (default 1).
+    /// The vector_scalar_add kernels' addend (default 1), vector_scalar_mul's factor (default 3).
     #[arg(long)]
     scalar: Option<i64>,
     /// npu1 or npu2 (default: the daemon's, or npu2 when no daemon answers).
