@@ -325,7 +325,7 @@ async fn a_client_scribbling_on_its_ring_cannot_crash_stall_or_mislead_the_daemo
         let mut checked = 0u64;
         while started.elapsed() < Duration::from_secs(6) || rounds < 3 {
             rounds += 1;
-            s.attach_ring().await.unwrap();
+            attach_once_the_old_ring_is_gone(&mut s).await;
             let ring = s.ring.take().unwrap();
             stop.store(false, Ordering::SeqCst);
             let mut threads = Vec::new();
@@ -363,25 +363,11 @@ async fn a_client_scribbling_on_its_ring_cannot_crash_stall_or_mislead_the_daemo
             // Dropping the ring closes its lifeline: the daemon tears it down (if the
             // scribbling had not broken it), and a new one can be attached.
             drop(ring);
-            let mut attached = false;
-            for _ in 0..500 {
-                match s.attach_ring().await {
-                    Ok(()) => {
-                        attached = true;
-                        break;
-                    }
-                    Err(e) if e.code() == Code::FailedPrecondition => {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                    Err(e) => panic!("AttachRing: {e:?}"),
-                }
-            }
-            assert!(attached, "the old ring was torn down");
+            attach_once_the_old_ring_is_gone(&mut s).await;
             // The fresh ring works.
             let r = s.dispatch(sp, &[own.id, own.id]).await;
             assert!(r.is_ok(), "{r:?}");
             s.ring = None;
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert!(d.running(), "the daemon survived the scribbling");
         assert!(
@@ -909,4 +895,24 @@ async fn a_bad_cq_head_breaks_the_ring_when_the_completion_ring_fills() {
         assert_eq!(counts(&st, s.id), (u64::from(slots) + 1, 0));
     })
     .await;
+}
+
+/// Attaches a ring to `s` once the daemon has torn down the one `s` let go of (it does so when
+/// it sees the lifeline close, which a client does not wait for): AttachRing answers
+/// FAILED_PRECONDITION until then.
+async fn attach_once_the_old_ring_is_gone(s: &mut Session) {
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match s.attach_ring().await {
+            Ok(()) => return,
+            Err(e) if e.code() == Code::FailedPrecondition => {
+                assert!(
+                    std::time::Instant::now() < until,
+                    "the old ring was never torn down: {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("AttachRing: {e:?}"),
+        }
+    }
 }

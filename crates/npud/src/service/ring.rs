@@ -663,6 +663,9 @@ impl Port {
     /// the lifeline go. Answers left unposted (the completion ring was full) are dropped.
     fn finish(&mut self) {
         self.entries.clear();
+        // Out of the session's rings before the client can see the end: a client that sees
+        // its ring closed or broken may attach another at once.
+        self.svc.state.rings.remove(self.session, &self.ctl);
         let mem = &self.ctl.mem;
         match self.end {
             Some(End::Broken(why)) => {
@@ -677,7 +680,6 @@ impl Port {
             Some(End::Stopped) | None => mem.store(Word::State, ring::STATE_CLOSED),
         }
         mem.ring(Word::CqBell);
-        self.svc.state.rings.remove(self.session, &self.ctl);
         self.ctl.backlog.store(false, Ordering::SeqCst);
         self.ctl.finished.store(true, Ordering::SeqCst);
         self.ctl.done.notify_waiters();
