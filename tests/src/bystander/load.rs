@@ -98,6 +98,8 @@ impl Latencies {
 pub struct Bystander {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// Its thread's id, kept at its priority while an attack runs ([`super::nice`]).
+    tid: rustix::process::Pid,
 }
 
 impl Bystander {
@@ -108,12 +110,14 @@ impl Bystander {
     pub fn start(socket: &Path) -> Result<Bystander, String> {
         let shared = Arc::new(Shared::default());
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let socket = socket.to_path_buf();
         let thread = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("bystander".into())
                 .spawn(move || {
+                    let _ = tid_tx.send(rustix::thread::gettid());
                     let rt = match tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build()
@@ -128,9 +132,13 @@ impl Bystander {
                 })
                 .map_err(|e| format!("a thread: {e}"))?
         };
+        let tid = tid_rx
+            .recv()
+            .map_err(|_| "the thread ended before it started".to_owned())?;
         let b = Bystander {
             shared,
             thread: Some(thread),
+            tid,
         };
         match ready_rx.recv_timeout(Duration::from_secs(60)) {
             Ok(Ok(())) => Ok(b),
@@ -154,6 +162,11 @@ impl Bystander {
         {
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Its thread's id.
+    pub fn tid(&self) -> rustix::process::Pid {
+        self.tid
     }
 
     /// Calls again after [`Bystander::pause`].

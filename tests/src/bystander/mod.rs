@@ -22,6 +22,9 @@
 //!
 //! The bystander is a thread with its own tokio runtime and its own connection on the Unix
 //! socket: a session with a small program, calling `GetDeviceInfo` and `Dispatch` in turn.
+//! While an attack runs, every other thread of the test process runs at nice 19 ([`nice`]): the
+//! attack's client pays for its own CPU, as another tenant's process would under the host's
+//! scheduler, and the bystander measures only what the attack makes the daemon do.
 //!
 //! The daemon is `target/release/npud`, built by [`release_npud`] with `cargo build --release
 //! -p npud` (a no-op when it is fresh), and run through `prlimit --as=1073741824 --` so that the
@@ -31,6 +34,7 @@
 pub mod creds;
 pub mod fds;
 mod load;
+pub mod nice;
 pub mod wire;
 
 use std::ffi::OsString;
@@ -250,12 +254,16 @@ impl Stand {
             }
         });
         let started = Instant::now();
+        // The attack's client pays for its own CPU (`nice`): only what it makes the daemon do
+        // reaches the bystander.
+        let lowered = nice::Lowered::all_but(self.bystander.tid());
         let outcome = attack.await;
         let took = started.elapsed();
         if took < MIN_WINDOW {
             tokio::time::sleep(MIN_WINDOW - took).await;
         }
         let end = Instant::now();
+        drop(lowered);
         let during = self.bystander.between(started, end, true);
         sampler.abort();
         let peak_rss = status_bytes(pid, "VmHWM")
