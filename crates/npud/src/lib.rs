@@ -16,6 +16,7 @@
 pub mod accept;
 pub mod auth;
 pub mod budget;
+pub mod bulk;
 pub mod codes;
 pub mod config;
 pub mod conn;

@@ -281,18 +281,13 @@ pub async fn run(
         .fault_budget()
         .end_holds_through(state.lifecycle.clone());
     let life_layer = LifeLayer::new(state.policy.tokens().cloned(), state.lifecycle.clone());
-    // Inflating and scanning large messages on the blocking pool: one job fewer than the
-    // cores (at least one), so that one core is always left to the I/O threads and the
-    // executor, which serve every caller, however many callers send large or compressed
-    // messages at once.
+    // Inflating and scanning large messages as bulk work (`bulk`): below the priority of the
+    // I/O threads and the executor, which serve every caller, and bounded in number.
     let intake = IntakeLayer::new(Intake::new(
         &cfg.limits,
         state.policy.clone(),
         state.budget.clone(),
-        std::thread::available_parallelism()
-            .map_or(1, usize::from)
-            .saturating_sub(1)
-            .max(1),
+        crate::bulk::decoders(),
     )?);
 
     let stop = CancellationToken::new();

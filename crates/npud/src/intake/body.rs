@@ -281,7 +281,7 @@ impl IntakeBody {
         }))))
     }
 
-    /// `work`, on the blocking pool once one of the intake's places there is free.
+    /// `work`, as bulk work (`crate::bulk`) once one of the intake's places is free.
     fn job(
         &self,
         work: impl FnOnce(&Intake) -> Result<Processed, NpudError> + Send + 'static,
@@ -295,7 +295,7 @@ impl IntakeBody {
                 .await
                 .map_err(|_| NpudError::Unavailable("the daemon is shutting down".into()))?;
             let i = intake.clone();
-            tokio::task::spawn_blocking(move || {
+            crate::bulk::run(move || {
                 let _permit = permit;
                 work(&i)
             })
@@ -656,7 +656,7 @@ mod tests {
                 .collect(),
         }
         .encode_to_vec();
-        // A large one goes through the blocking pool.
+        // A large one goes through the bulk-work threads.
         let big = pb::SubmitRequest {
             request_id: 1,
             work: Some(pb::submit_request::Work::Dispatch(pb::DispatchRequest {

@@ -27,8 +27,9 @@
 //!   `limits.max_queued_request_bytes` before they are gathered, and given back when the
 //!   handler is done with it ([`ledger`]), for every call, streams included.
 //! - **Threads.** A message longer than [`INLINE_BYTES`] (uncompressed), or whose inflate goes
-//!   past that, is inflated and scanned on tokio's blocking pool, at most
-//!   [`Intake::workers`] at a time, never on the I/O threads that serve every caller.
+//!   past that, is inflated and scanned as bulk work ([`crate::bulk`]: below the
+//!   priority of the I/O threads and the executor), at most [`Intake::workers`] at a time,
+//!   never on the I/O threads that serve every caller.
 //!
 //! A refused message ends its call with the status (a stream's handler names the message's
 //! index: `Submit` ends the stream, `WriteTensor` fails). Cost for a caller the policy does
@@ -81,7 +82,7 @@ pub const MAX_FIELDS: u64 = 1 << 20;
 /// GetDeviceInfo, health and reflection, whose requests are a few bytes.
 pub const UNKNOWN_CALLER_MAX_MESSAGE: usize = 64 << 10;
 /// Messages up to this long are scanned (and compressed ones inflated this far) on the I/O
-/// thread that read them: about 100 µs of work. Longer ones go to the blocking pool.
+/// thread that read them: about 100 µs of work. Longer ones go to the bulk-work threads.
 pub const INLINE_BYTES: usize = 64 << 10;
 
 /// What the intake needs, shared by every call.

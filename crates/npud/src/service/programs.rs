@@ -2,10 +2,12 @@
 //!
 //! Registration parses, validates and hashes up to `limits.max_program_bytes` of untrusted bytes
 //! per call: milliseconds to tens of milliseconds of CPU and a few times the bytes in memory
-//! (npu-artifacts' parsers are linear, see their `# Cost`). That runs on tokio's blocking pool,
+//! (npu-artifacts' parsers are linear, see their `# Cost`). That runs as bulk work
+//! ([`crate::bulk`]: threads of its own, below the priority of the I/O threads and the executor),
 //! never on a runtime worker, so a flood of registrations cannot stall other calls' handlers or
-//! the connections they share a worker with; at most [`PARSERS`] run at once, so the memory
-//! they hold together stays a small multiple of the program size limit.
+//! the connections they share a worker with, nor take their CPU; at most
+//! [`crate::bulk::PARSERS`] run at once, so the memory they hold together stays a small multiple
+//! of the program size limit.
 
 use npu_proto::v1 as pb;
 use tokio::sync::Semaphore;
@@ -17,10 +19,7 @@ use crate::executor::Command;
 use crate::peer::ConnInfo;
 use crate::programs::record_proto;
 
-/// Registrations that parse at once; later ones wait (holding no thread) for a turn.
-const PARSERS: usize = 2;
-
-static PARSING: Semaphore = Semaphore::const_new(PARSERS);
+static PARSING: Semaphore = Semaphore::const_new(crate::bulk::PARSERS);
 
 impl NpudService {
     pub(super) async fn register_program(
@@ -66,7 +65,8 @@ impl NpudService {
             .map_err(|e| NpudError::Internal(format!("program parser queue: {e}")))?;
         let programs = std::sync::Arc::clone(&self.state.programs);
         let session = caller.session;
-        let reg = tokio::task::spawn_blocking(move || {
+        // Parsed as bulk work: below the priority of the threads that serve every caller.
+        let reg = crate::bulk::run(move || {
             let _turn = turn;
             if r.hsaco.is_empty() {
                 programs.register(session, r.pdi, r.insts, r.name)
