@@ -6,7 +6,7 @@
 //! together ([`MERGE_MAX`], fewer when the packet ABI's plan ends the batch sooner): the
 //! doorbell, the wait for completion and the in-flight record are paid once per batch instead
 //! of once per dispatch. A turn is still one doorbell batch, and nothing merges while another
-//! session waits, so the round-robin bound is unchanged.
+//! session waits, so the bound on another session's wait is unchanged.
 //!
 //! Each dispatch keeps its own checks (deadline, fault budget, program, arguments) and its own
 //! answer. Only dispatches whose program is loaded and whose tensors need no staging join; the

@@ -5,7 +5,7 @@
 //!
 //! The executor does a bounded amount of work per turn, as firecracker's device loop does.
 //! Dispatches, chains, tensor writes and reads and session releases go into per-session queues
-//! served round-robin ([`sched`]), and each turn does at most one doorbell batch, the checks of
+//! served in fair turns, each session charged the time its turns take ([`sched`]), and each turn does at most one doorbell batch, the checks of
 //! at most 256 links, at most one program load and [`loads::MAX_EVICTIONS_PER_TURN`] evictions
 //! ([`loads`]), and at most `executor.slice_bytes` of copying (WriteTensor and ReadTensor
 //! chunks, staging copies of client memfds) or of freeing an ended session's tensors (at least
@@ -55,7 +55,7 @@ use crate::programs::{Program, Programs};
 use crate::state_dir::InFlight;
 use cache::ProgramCache;
 use idle::Idle;
-use sched::RoundRobin;
+use sched::FairTurns;
 use shared::Shared;
 use tensors::Tensors;
 use worker::Worker;
@@ -383,7 +383,7 @@ impl Executor {
                         crate::budget::MemoryBudget::new(l),
                     ),
                     cache: ProgramCache::new(l.max_cached_programs as usize),
-                    rr: RoundRobin::new(l.max_pending_per_session as usize),
+                    rr: FairTurns::new(l.max_pending_per_session as usize),
                     programs,
                     serving,
                     faults: thread_faults,

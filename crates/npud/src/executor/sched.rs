@@ -1,21 +1,41 @@
-//! Per-session work queues served round-robin, and the deadline check.
+//! Per-session work queues served in fair turns, and the deadline check.
 //!
-//! Each session has a FIFO; the scheduler takes one item from the session at the front of the
-//! rotation and moves that session to the back if it has more. An item that did only part of
+//! Each session has a FIFO. A turn takes one item from a session; an item that did only part of
 //! its work in its turn (a chain between doorbell batches, a copy between slices) is resumed at
-//! the front of its session's queue, and the session goes to the back of the rotation. A session
-//! with a thousand pending items, or one very large item, therefore delays another session's
-//! next item by at most one turn.
+//! the front of its session's queue. Which session has the next turn is start-time fair
+//! queuing over the executor's time: each session is charged the time its turns took (its
+//! virtual time), and the next turn goes to the waiting session charged least, ties in the
+//! order they started waiting. A session that starts waiting is charged at least the virtual
+//! time of the turn last started, so idling banks no credit, and a session keeps what it was
+//! charged while it idles, so emptying its queue between calls forgives no debt.
+//!
+//! So sessions that keep the device busy share it equally by time, not by turn count (one
+//! whose turns are 32-link doorbell batches no longer gets 32 times the device of one sending
+//! single dispatches), and a session that uses little of the device is served after the turn
+//! under way, ahead of sessions that have used more, instead of waiting for a turn of each
+//! (with four sessions queueing 1,024-link chains, a bystander's dispatch waited for four turns
+//! of theirs; now for the one under way). With every turn free of charge the order is plain
+//! round robin. A session with a thousand pending items, or one very large item, still delays
+//! another session's next item by at most the turns it has been charged less than it.
 
-use std::collections::VecDeque;
-use std::time::Instant;
+use std::collections::{BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
 
-/// Round-robin queues of `T`, keyed by session.
+/// Per-session queues of `T` served in fair turns.
 #[derive(Debug)]
-pub struct RoundRobin<T> {
+pub struct FairTurns<T> {
     queues: crate::IdMap<u64, VecDeque<T>>,
-    /// Sessions with pending items, in serving order; each appears once.
-    order: VecDeque<u64>,
+    /// Sessions with pending items as (virtual time, arrival, session): the first has the
+    /// next turn. Each appears once.
+    order: BTreeSet<(u64, u64, u64)>,
+    /// Each waiting session's key in `order`.
+    keys: crate::IdMap<u64, (u64, u64)>,
+    /// What each session has been charged (ns of turns), kept while it idles with a debt.
+    charged: crate::IdMap<u64, u64>,
+    /// The virtual time of the turn last started.
+    now: u64,
+    /// Arrivals so far, the tie-break.
+    arrivals: u64,
     max_per_session: usize,
     /// Emptied queues kept for the next session that queues (a session dispatching one item
     /// at a time empties its queue at every turn): at most [`SPARE_QUEUES`], none large.
@@ -26,12 +46,19 @@ pub struct RoundRobin<T> {
 const SPARE_QUEUES: usize = 16;
 /// The largest capacity of an emptied queue that is kept.
 const SPARE_CAPACITY: usize = 64;
+/// Past this many charges kept, those that no longer matter (at most the current virtual
+/// time) are dropped.
+const PRUNE_AT: usize = 1024;
 
-impl<T> RoundRobin<T> {
+impl<T> FairTurns<T> {
     pub fn new(max_per_session: usize) -> Self {
         Self {
             queues: crate::IdMap::default(),
-            order: VecDeque::new(),
+            order: BTreeSet::new(),
+            keys: crate::IdMap::default(),
+            charged: crate::IdMap::default(),
+            now: 0,
+            arrivals: 0,
             max_per_session,
             spare: Vec::new(),
         }
@@ -47,11 +74,37 @@ impl<T> RoundRobin<T> {
 
     /// Drops `session`'s queue, which is empty, keeping it as a spare when there is room.
     fn retire(&mut self, session: u64) {
+        self.leave(session);
         if let Some(q) = self.queues.remove(&session)
             && self.spare.len() < SPARE_QUEUES
             && q.capacity() <= SPARE_CAPACITY
         {
             self.spare.push(q);
+        }
+    }
+
+    /// `session` waits for a turn (a no-op when it already does), charged at least the
+    /// virtual time of the turn last started.
+    fn wait(&mut self, session: u64) {
+        if self.keys.contains_key(&session) {
+            return;
+        }
+        let v = self
+            .charged
+            .get(&session)
+            .copied()
+            .unwrap_or(0)
+            .max(self.now);
+        self.charged.insert(session, v);
+        self.arrivals += 1;
+        self.keys.insert(session, (v, self.arrivals));
+        self.order.insert((v, self.arrivals, session));
+    }
+
+    /// `session` no longer waits.
+    fn leave(&mut self, session: u64) {
+        if let Some((v, a)) = self.keys.remove(&session) {
+            self.order.remove(&(v, a, session));
         }
     }
 
@@ -67,30 +120,24 @@ impl<T> RoundRobin<T> {
     /// Queues `item` for `session` whatever the session's queue holds (control work, which the
     /// request channel already bounds).
     pub fn push_unbounded(&mut self, session: u64, item: T) {
-        let q = self.queue(session);
-        let first = q.is_empty();
-        q.push_back(item);
-        if first {
-            self.order.push_back(session);
-        }
+        self.queue(session).push_back(item);
+        self.wait(session);
     }
 
-    /// Puts back an item that [`RoundRobin::pop`] returned and that has work left: first in its
-    /// session's queue, with the session last in the rotation.
+    /// Puts back an item that [`FairTurns::pop`] returned and that has work left: first in its
+    /// session's queue. A session that had left the turns (its queue emptied) starts waiting
+    /// again behind those already waiting at its virtual time.
     pub fn resume(&mut self, session: u64, item: T) {
-        let q = self.queue(session);
-        let first = q.is_empty();
-        q.push_front(item);
-        if first {
-            // `pop` took the session out of the rotation when its queue emptied; otherwise it
-            // is already at the back.
-            self.order.push_back(session);
-        }
+        self.queue(session).push_front(item);
+        self.wait(session);
     }
 
-    /// The next item in round-robin order.
+    /// The next item: the first of the waiting session charged least. Charge the turn it gets
+    /// with [`FairTurns::charge`].
     pub fn pop(&mut self) -> Option<(u64, T)> {
-        while let Some(session) = self.order.pop_front() {
+        while let Some((v, _, session)) = self.order.pop_first() {
+            self.keys.remove(&session);
+            self.now = self.now.max(v);
             let Some(q) = self.queues.get_mut(&session) else {
                 continue;
             };
@@ -101,16 +148,46 @@ impl<T> RoundRobin<T> {
             if q.is_empty() {
                 self.retire(session);
             } else {
-                self.order.push_back(session);
+                // Behind the sessions waiting at the same virtual time, until its turn is
+                // charged.
+                self.wait(session);
+            }
+            if self.charged.len() > PRUNE_AT {
+                self.prune();
             }
             return Some((session, item));
         }
         None
     }
 
+    /// Charges `session` for a turn that took `took`: its place among the waiting sessions
+    /// moves back by as much.
+    pub fn charge(&mut self, session: u64, took: Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let v = self
+            .charged
+            .get(&session)
+            .copied()
+            .unwrap_or(self.now)
+            .saturating_add(ns);
+        self.charged.insert(session, v);
+        if let Some((old, a)) = self.keys.get(&session).copied() {
+            self.order.remove(&(old, a, session));
+            self.order.insert((v, a, session));
+            self.keys.insert(session, (v, a));
+        }
+    }
+
+    /// Drops the charges of idle sessions that no longer matter: a session starts waiting
+    /// charged at least the current virtual time anyway.
+    fn prune(&mut self) {
+        let (now, keys) = (self.now, &self.keys);
+        self.charged.retain(|s, v| *v > now || keys.contains_key(s));
+    }
+
     /// Whether no session but `session` has anything queued.
     pub fn alone(&self, session: u64) -> bool {
-        self.order.iter().all(|s| *s == session)
+        self.order.iter().all(|(_, _, s)| *s == session)
     }
 
     /// `session`'s next item.
@@ -119,7 +196,7 @@ impl<T> RoundRobin<T> {
     }
 
     /// Takes `session`'s next item when `accept` does, out of turn (the session keeps its
-    /// place in the rotation while it has more).
+    /// place among the waiting while it has more).
     pub fn take_next_if(&mut self, session: u64, accept: impl FnOnce(&T) -> bool) -> Option<T> {
         let q = self.queues.get_mut(&session)?;
         if !q.front().is_some_and(accept) {
@@ -128,14 +205,14 @@ impl<T> RoundRobin<T> {
         let item = q.pop_front();
         if q.is_empty() {
             self.retire(session);
-            self.order.retain(|s| *s != session);
         }
         item
     }
 
-    /// Removes and returns everything `session` has queued.
+    /// Removes and returns everything `session` has queued, and forgets its charge.
     pub fn take_session(&mut self, session: u64) -> Vec<T> {
-        self.order.retain(|s| *s != session);
+        self.leave(session);
+        self.charged.remove(&session);
         self.queues
             .remove(&session)
             .map(Vec::from)
@@ -160,7 +237,7 @@ mod tests {
 
     #[test]
     fn sessions_take_turns_one_item_each() {
-        let mut rr = RoundRobin::new(100);
+        let mut rr = FairTurns::new(100);
         for i in 0..5 {
             rr.push(1, ("a", i)).unwrap();
         }
@@ -186,7 +263,7 @@ mod tests {
 
     #[test]
     fn a_session_that_drains_and_returns_goes_to_the_back() {
-        let mut rr = RoundRobin::new(100);
+        let mut rr = FairTurns::new(100);
         rr.push(1, 10).unwrap();
         rr.push(2, 20).unwrap();
         assert_eq!(rr.pop(), Some((1, 10)));
@@ -198,7 +275,7 @@ mod tests {
 
     #[test]
     fn a_full_queue_refuses_and_others_are_unaffected() {
-        let mut rr = RoundRobin::new(2);
+        let mut rr = FairTurns::new(2);
         rr.push(1, 1).unwrap();
         rr.push(1, 2).unwrap();
         assert_eq!(rr.push(1, 3), Err(3));
@@ -210,7 +287,7 @@ mod tests {
 
     #[test]
     fn a_resumed_item_keeps_its_place_in_its_session_and_others_go_first() {
-        let mut rr = RoundRobin::new(100);
+        let mut rr = FairTurns::new(100);
         rr.push(1, "chain").unwrap();
         rr.push(1, "after-chain").unwrap();
         rr.push(2, "b0").unwrap();
@@ -232,7 +309,7 @@ mod tests {
 
     #[test]
     fn items_taken_out_of_turn_leave_the_rotation_as_popping_does() {
-        let mut rr = RoundRobin::new(100);
+        let mut rr = FairTurns::new(100);
         rr.push(1, 10).unwrap();
         rr.push(1, 11).unwrap();
         rr.push(1, 12).unwrap();
@@ -255,6 +332,97 @@ mod tests {
         assert_eq!(rr.pop(), Some((1, 13)));
         assert_eq!(rr.pop(), None);
         assert!(rr.alone(1) && rr.alone(2), "nothing queued");
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// Pops the next turn and charges it `took`.
+    fn turn<T>(q: &mut FairTurns<T>, took: Duration) -> Option<(u64, T)> {
+        let next = q.pop()?;
+        q.charge(next.0, took);
+        Some(next)
+    }
+
+    #[test]
+    fn a_session_that_used_little_goes_before_sessions_that_used_more() {
+        let mut q = FairTurns::new(100);
+        for s in 1..=3 {
+            for i in 0..10 {
+                q.push(s, (s, i)).unwrap();
+            }
+        }
+        // Three sessions keep the device busy with turns of a millisecond.
+        for _ in 0..9 {
+            turn(&mut q, MS).unwrap();
+        }
+        // A fourth asks for one short turn: it is next, not behind a turn of each.
+        q.push(4, (4, 0)).unwrap();
+        assert_eq!(turn(&mut q, MS / 20), Some((4, (4, 0))));
+    }
+
+    #[test]
+    fn sessions_that_keep_the_device_busy_share_its_time_not_its_turns() {
+        let mut q = FairTurns::new(1000);
+        for i in 0..400 {
+            q.push(1, i).unwrap();
+            q.push(2, i).unwrap();
+        }
+        // Session 1's turns take 4 ms (32-link batches), session 2's 1 ms.
+        let mut time = [Duration::ZERO; 2];
+        while time.iter().sum::<Duration>() < 200 * MS {
+            let (s, _) = q.pop().unwrap();
+            let took = if s == 1 { 4 * MS } else { MS };
+            q.charge(s, took);
+            time[(s - 1) as usize] += took;
+        }
+        let share = time[0].as_secs_f64() / time[1].as_secs_f64();
+        assert!(
+            (0.9..=1.1).contains(&share),
+            "device time {time:?}: each should have about half"
+        );
+    }
+
+    #[test]
+    fn idling_banks_no_credit_and_forgives_no_debt() {
+        let mut q = FairTurns::new(100);
+        // Session 1 used 10 ms and emptied its queue.
+        q.push(1, 0).unwrap();
+        turn(&mut q, 10 * MS).unwrap();
+        // Session 2 has used nothing and waits with work; session 1 comes back: session 2
+        // has turns until it has used as much.
+        for i in 0..20 {
+            q.push(2, i).unwrap();
+        }
+        q.push(1, 1).unwrap();
+        let order: Vec<u64> = (0..12).map(|_| turn(&mut q, MS).unwrap().0).collect();
+        assert_eq!(&order[..10], &[2; 10], "{order:?}");
+        assert!(order[10..].contains(&1), "{order:?}");
+
+        // Session 3 idled all along: it starts at the current virtual time, so it takes turns
+        // with the others instead of running everything it queues first.
+        for i in 0..10 {
+            q.push(3, i).unwrap();
+        }
+        let order: Vec<u64> = (0..6).map(|_| turn(&mut q, MS).unwrap().0).collect();
+        assert!(order.contains(&2) && order.contains(&3), "{order:?}");
+    }
+
+    #[test]
+    fn charges_of_sessions_gone_idle_are_dropped_past_the_bound() {
+        let mut q = FairTurns::new(10);
+        for s in 0..(PRUNE_AT as u64 * 3) {
+            q.push(s, s).unwrap();
+            turn(&mut q, MS).unwrap();
+            // Another session's turn moves the virtual time past what `s` was charged.
+            q.push(u64::MAX, 0).unwrap();
+            turn(&mut q, 2 * MS).unwrap();
+        }
+        assert!(
+            q.charged.len() <= PRUNE_AT + 2,
+            "{} charges kept",
+            q.charged.len()
+        );
+        assert!(q.is_empty());
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The executor thread's loop: take every waiting command, give the next session in the
-//! rotation one bounded turn, publish what changed, and wait when there is nothing to do.
+//! The executor thread's loop: take every waiting command, give the session charged least one
+//! bounded turn, publish what changed, and wait when there is nothing to do.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,7 +13,7 @@ use super::copy::CopyJob;
 use super::idle::{Idle, Woke};
 use super::loads::TurnLoads;
 use super::ports::Ports;
-use super::sched::RoundRobin;
+use super::sched::FairTurns;
 use super::shared::Shared;
 use super::tensors::Tensors;
 use super::work::Running;
@@ -30,7 +30,7 @@ pub(super) struct Worker {
     pub(super) dev: Device,
     pub(super) tensors: Tensors,
     pub(super) cache: ProgramCache,
-    pub(super) rr: RoundRobin<Job>,
+    pub(super) rr: FairTurns<Job>,
     pub(super) programs: Arc<Programs>,
     pub(super) serving: DeviceHealth,
     pub(super) faults: Arc<AtomicU64>,
@@ -133,6 +133,9 @@ impl Worker {
                     Job::Copy(c) => self.copy_turn(c).map(Job::Copy),
                     Job::Release(r) => self.release_turn(session, r).map(Job::Release),
                 };
+                // The session pays for the turn's time: the next turn goes to whoever has
+                // been charged least ([`FairTurns`]).
+                self.rr.charge(session, now.elapsed());
                 self.suspended = left.map(|job| (session, job));
                 continue;
             }
