@@ -187,6 +187,42 @@ impl Runs {
 }
 
 /// The result of a registration.
+/// A registration's bytes, hashed ([`Programs::candidate`]).
+#[derive(Debug)]
+pub struct Candidate {
+    hash: String,
+    bytes: u64,
+    name: String,
+    input: Input,
+}
+
+#[derive(Debug)]
+enum Input {
+    PdiInsts { pdi: Vec<u8>, insts: Vec<u8> },
+    Hsaco { bytes: Vec<u8>, kernel: String },
+}
+
+/// New bytes, validated ([`Programs::validate`]).
+#[derive(Debug)]
+pub struct Validated {
+    hash: String,
+    bytes: u64,
+    name: String,
+    code: Code,
+    summary: pb::ProgramSummary,
+}
+
+/// INVALID_ARGUMENT for a program name over [`MAX_NAME_BYTES`].
+fn check_name(name: &str) -> Result<(), NpudError> {
+    if name.len() > MAX_NAME_BYTES {
+        return Err(NpudError::InvalidArgument(format!(
+            "name: {} bytes; at most {MAX_NAME_BYTES}",
+            name.len()
+        )));
+    }
+    Ok(())
+}
+
 #[derive(Debug)]
 pub struct Registered {
     pub program: Arc<Program>,
@@ -353,13 +389,7 @@ impl Programs {
         insts: Vec<u8>,
         name: String,
     ) -> Result<Registered, NpudError> {
-        let hash = content_hash(&pdi, &insts);
-        let bytes = (pdi.len() as u64).saturating_add(insts.len() as u64);
-        let (max, device, runs) = (self.max_bytes, self.device, self.runs);
-        self.store(session, hash, bytes, name, || {
-            let summary = validate(&pdi, &insts, max, device, runs)?;
-            Ok((Code::PdiInsts { pdi, insts }, summary))
-        })
+        self.store(session, self.candidate(pdi, insts, name)?)
     }
 
     /// Stores kernel `kernel` of an AIE hsaco (the only kernel of the device's section when
@@ -375,75 +405,125 @@ impl Programs {
         kernel: String,
         name: String,
     ) -> Result<Registered, NpudError> {
-        let (max, device, runs, abi) = (self.max_bytes, self.device, self.runs, self.abi);
-        validate::check_size("hsaco", hsaco.len() as u64, max)?;
-        // The kernel is resolved before hashing, so that naming the only kernel and leaving
-        // the name empty are the same program.
-        let kernel = validate::resolve_kernel(&hsaco, &kernel, device)?;
-        let hash = hsaco_hash(&hsaco, &kernel);
-        let bytes = hsaco.len() as u64;
-        self.store(session, hash, bytes, name, || {
-            let full_elf = match &self.g2_full_elf {
-                Ok(()) => Ok(()),
-                Err(why) => Err(why.as_str()),
-            };
-            let summary = validate_hsaco(&hsaco, &kernel, max, device, runs, abi, full_elf)?;
-            Ok((
-                Code::Hsaco {
-                    bytes: hsaco,
-                    kernel,
-                },
-                summary,
-            ))
+        self.store(session, self.hsaco_candidate(hsaco, kernel, name)?)
+    }
+
+    /// A registration's bytes, hashed: the first step of a registration, which takes no lock
+    /// (registration runs it, and [`Programs::validate`], as bulk work, and the steps that take
+    /// the store's lock on the caller's thread, so that a thread of lower priority never holds
+    /// the lock the executor takes for every dispatch).
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT for a name over 128 bytes.
+    pub fn candidate(
+        &self,
+        pdi: Vec<u8>,
+        insts: Vec<u8>,
+        name: String,
+    ) -> Result<Candidate, NpudError> {
+        check_name(&name)?;
+        Ok(Candidate {
+            hash: content_hash(&pdi, &insts),
+            bytes: (pdi.len() as u64).saturating_add(insts.len() as u64),
+            name,
+            input: Input::PdiInsts { pdi, insts },
         })
     }
 
-    /// Registration after the bytes are hashed: dedupe, quota, then `validate` (only for
-    /// bytes not stored yet), then store.
-    fn store(
+    /// [`Programs::candidate`] for an hsaco. The kernel is resolved before hashing, so that
+    /// naming the only kernel and leaving the name empty are the same program.
+    ///
+    /// # Errors
+    /// As [`validate_hsaco`] for its size and kernel, and as [`Programs::candidate`].
+    pub fn hsaco_candidate(
         &self,
-        session: u64,
-        hash: String,
-        bytes: u64,
+        hsaco: Vec<u8>,
+        kernel: String,
         name: String,
-        validate: impl FnOnce() -> Result<(Code, pb::ProgramSummary), NpudError>,
-    ) -> Result<Registered, NpudError> {
-        if name.len() > MAX_NAME_BYTES {
-            return Err(NpudError::InvalidArgument(format!(
-                "name: {} bytes; at most {MAX_NAME_BYTES}",
-                name.len()
-            )));
-        }
+    ) -> Result<Candidate, NpudError> {
+        check_name(&name)?;
+        validate::check_size("hsaco", hsaco.len() as u64, self.max_bytes)?;
+        let kernel = validate::resolve_kernel(&hsaco, &kernel, self.device)?;
+        Ok(Candidate {
+            hash: hsaco_hash(&hsaco, &kernel),
+            bytes: hsaco.len() as u64,
+            name,
+            input: Input::Hsaco {
+                bytes: hsaco,
+                kernel,
+            },
+        })
+    }
+
+    /// What registering `c` comes to before validation, under the store's lock: the stored
+    /// program (now referenced by `session`) when the bytes are known, a refusal (quarantined
+    /// bytes, the session's quotas, the daemon's budget), or `None` for new bytes to validate,
+    /// so that a session at its quota (or a daemon at its budget) costs no parsing.
+    pub fn admit(&self, session: u64, c: &Candidate) -> Option<Result<Registered, NpudError>> {
         let (limit, most) = (self.max_session_bytes, self.max_session_programs);
-        if let Some(known) = Self::known(&mut self.lock(), session, &hash, limit, most) {
-            return known;
-        }
-        // Before validation, so that a session at its quota (or a daemon at its budget) costs
-        // no parsing.
-        {
-            let g = self.lock();
-            Self::check_quota(&g, session, bytes, limit, most)?;
-            self.check_total(&g, bytes)?;
-        }
-        let (code, summary) = validate()?;
         let mut g = self.lock();
-        // Another session may have stored the same bytes (or a fault quarantined them) while
-        // this one validated, and this session and others may have registered others.
-        if let Some(known) = Self::known(&mut g, session, &hash, limit, most) {
+        if let Some(known) = Self::known(&mut g, session, &c.hash, limit, most) {
+            return Some(known);
+        }
+        if let Err(e) = Self::check_quota(&g, session, c.bytes, limit, most) {
+            return Some(Err(e));
+        }
+        self.check_total(&g, c.bytes).err().map(Err)
+    }
+
+    /// Parses and validates new bytes. Takes no lock.
+    ///
+    /// # Errors
+    /// As [`validate`] or [`validate_hsaco`].
+    pub fn validate(&self, c: Candidate) -> Result<Validated, NpudError> {
+        let (max, device, runs, abi) = (self.max_bytes, self.device, self.runs, self.abi);
+        let (code, summary) = match c.input {
+            Input::PdiInsts { pdi, insts } => {
+                let summary = validate(&pdi, &insts, max, device, runs)?;
+                (Code::PdiInsts { pdi, insts }, summary)
+            }
+            Input::Hsaco { bytes, kernel } => {
+                let full_elf = match &self.g2_full_elf {
+                    Ok(()) => Ok(()),
+                    Err(why) => Err(why.as_str()),
+                };
+                let summary = validate_hsaco(&bytes, &kernel, max, device, runs, abi, full_elf)?;
+                (Code::Hsaco { bytes, kernel }, summary)
+            }
+        };
+        Ok(Validated {
+            hash: c.hash,
+            bytes: c.bytes,
+            name: c.name,
+            code,
+            summary,
+        })
+    }
+
+    /// Stores validated bytes for `session`, under the store's lock. Another session may have
+    /// stored the same bytes (or a fault quarantined them) since [`Programs::admit`], and this
+    /// session and others may have registered others: the checks are made again.
+    ///
+    /// # Errors
+    /// As [`Programs::admit`]'s refusals.
+    pub fn insert(&self, session: u64, v: Validated) -> Result<Registered, NpudError> {
+        let (limit, most) = (self.max_session_bytes, self.max_session_programs);
+        let mut g = self.lock();
+        if let Some(known) = Self::known(&mut g, session, &v.hash, limit, most) {
             return known;
         }
-        Self::check_quota(&g, session, bytes, limit, most)?;
-        self.check_total(&g, bytes)?;
+        Self::check_quota(&g, session, v.bytes, limit, most)?;
+        self.check_total(&g, v.bytes)?;
         let id = g.next_id;
         g.next_id += 1;
         let program = Arc::new(Program {
             id,
-            hash: hash.clone(),
-            name,
-            code,
-            summary,
+            hash: v.hash.clone(),
+            name: v.name,
+            code: v.code,
+            summary: v.summary,
         });
-        g.by_hash.insert(hash, id);
+        g.by_hash.insert(v.hash, id);
         g.total_bytes = g.total_bytes.saturating_add(program.byte_len());
         g.entries.insert(
             id,
@@ -463,6 +543,14 @@ impl Programs {
             newly_stored: true,
             referenced_by: Vec::new(),
         })
+    }
+
+    /// The steps of a registration in turn, on the caller's thread.
+    fn store(&self, session: u64, c: Candidate) -> Result<Registered, NpudError> {
+        if let Some(done) = self.admit(session, &c) {
+            return done;
+        }
+        self.insert(session, self.validate(c)?)
     }
 
     /// Drops `session`'s reference. Returns the id if that was the last reference and the

@@ -58,24 +58,48 @@ impl NpudService {
             ));
         }
         // The semaphore is never closed, so acquiring fails only if it were. The permit moves
-        // into the blocking task: a caller that goes away does not free its turn early.
+        // into each bulk job: a caller that goes away does not free its turn while one runs.
         let turn = PARSING
             .acquire()
             .await
             .map_err(|e| NpudError::Internal(format!("program parser queue: {e}")))?;
         let programs = std::sync::Arc::clone(&self.state.programs);
         let session = caller.session;
-        // Parsed as bulk work: below the priority of the threads that serve every caller.
-        let reg = crate::bulk::run(move || {
-            let _turn = turn;
-            if r.hsaco.is_empty() {
-                programs.register(session, r.pdi, r.insts, r.name)
-            } else {
-                programs.register_hsaco(session, r.hsaco, r.kernel, r.name)
+        let lost = |e: crate::bulk::Lost| {
+            NpudError::Internal(format!("registering the program failed: {e}"))
+        };
+        // Hashing and parsing are bulk work, below the priority of the threads that serve
+        // every caller; the steps that take the store's lock (which the executor takes for
+        // every dispatch) run here, never on a thread of lower priority.
+        let (turn, candidate) = crate::bulk::run({
+            let programs = programs.clone();
+            move || {
+                let c = if r.hsaco.is_empty() {
+                    programs.candidate(r.pdi, r.insts, r.name)
+                } else {
+                    programs.hsaco_candidate(r.hsaco, r.kernel, r.name)
+                };
+                (turn, c)
             }
         })
         .await
-        .map_err(|e| NpudError::Internal(format!("registering the program failed: {e}")))??;
+        .map_err(lost)?;
+        let candidate = candidate?;
+        let reg = match programs.admit(session, &candidate) {
+            Some(done) => done?,
+            None => {
+                let validated = crate::bulk::run({
+                    let programs = programs.clone();
+                    move || {
+                        let _turn = turn;
+                        programs.validate(candidate)
+                    }
+                })
+                .await
+                .map_err(lost)??;
+                programs.insert(session, validated)?
+            }
+        };
         // Whether the bytes were stored before is told only as far as the caller may see: an
         // admin learns whether anyone stored them, anyone else whether its own sessions had.
         let owner = self
