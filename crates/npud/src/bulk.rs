@@ -12,6 +12,12 @@
 //!
 //! Lowering a thread's priority needs no privilege, and these threads never raise it again
 //! (which would need `CAP_SYS_NICE`): they do nothing else.
+//!
+//! A job takes no lock that the I/O threads or the executor take (the program store's, the
+//! sessions'): Linux's mutexes do not lend a waiter's priority to the holder, so a job
+//! preempted inside one would hold up a thread that serves everyone for as long as the
+//! scheduler keeps the job waiting. Registration therefore hashes and parses here and takes the
+//! store's lock in its handler (`Programs::admit`, `Programs::insert`).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
