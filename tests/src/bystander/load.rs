@@ -24,6 +24,8 @@ struct Sample {
     start: Instant,
     took: Duration,
     error: Option<String>,
+    /// A `Dispatch` (through the executor), not a `GetDeviceInfo` (the I/O thread only).
+    dispatch: bool,
 }
 
 #[derive(Debug, Default)]
@@ -56,10 +58,15 @@ pub struct Latencies {
     /// hiccup of 1 % of a window moves it too.
     pub p99_paced: Duration,
     pub max: Duration,
+    /// The p99 of the `GetDeviceInfo` calls (served on the I/O thread alone) and of the
+    /// `Dispatch` calls (which also wait for the executor): which part of the daemon an attack
+    /// slowed.
+    pub p99_info: Duration,
+    pub p99_dispatch: Duration,
 }
 
 impl Latencies {
-    fn of(mut took: Vec<Duration>, errors: usize, first_error: Option<String>) -> Latencies {
+    fn of(took: Vec<(Duration, bool)>, errors: usize, first_error: Option<String>) -> Latencies {
         let nearest_rank = |sorted: &[Duration], q: f64| -> Duration {
             if sorted.is_empty() {
                 return Duration::ZERO;
@@ -69,6 +76,17 @@ impl Latencies {
             let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
             sorted[rank - 1]
         };
+        let kind = |dispatch: bool| -> Vec<Duration> {
+            let mut v: Vec<Duration> = took
+                .iter()
+                .filter(|(_, d)| *d == dispatch)
+                .map(|(t, _)| *t)
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        let (info, dispatch) = (kind(false), kind(true));
+        let mut took: Vec<Duration> = took.into_iter().map(|(t, _)| t).collect();
         took.sort_unstable();
         let mut paced = took.clone();
         for t in &took {
@@ -87,6 +105,8 @@ impl Latencies {
             p99: nearest_rank(&took, 0.99),
             p99_paced: nearest_rank(&paced, 0.99),
             max: took.last().copied().unwrap_or_default(),
+            p99_info: nearest_rank(&info, 0.99),
+            p99_dispatch: nearest_rank(&dispatch, 0.99),
         }
     }
 }
@@ -189,7 +209,7 @@ impl Bystander {
             .iter()
             .filter(|s| s.start + s.took >= from && s.start + s.took < to)
         {
-            took.push(s.took);
+            took.push((s.took, s.dispatch));
             if let Some(e) = &s.error {
                 errors += 1;
                 first_error.get_or_insert_with(|| e.clone());
@@ -206,7 +226,8 @@ impl Bystander {
             && let Some(start) = current
             && start < to
         {
-            took.push(now - start);
+            // Whichever call it is: counted with the dispatches, the slower kind.
+            took.push((now - start, true));
         }
         Latencies::of(took, errors, first_error)
     }
@@ -258,7 +279,8 @@ async fn run(socket: &Path, shared: &Shared, ready: std::sync::mpsc::Sender<Resu
             .current
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(start);
-        let r = if n.is_multiple_of(2) {
+        let dispatch = !n.is_multiple_of(2);
+        let r = if !dispatch {
             tokio::time::timeout(
                 CALL_LIMIT,
                 client.get_device_info(pb::GetDeviceInfoRequest {}),
@@ -294,7 +316,12 @@ async fn run(socket: &Path, shared: &Shared, ready: std::sync::mpsc::Sender<Resu
                 .samples
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            samples.push(Sample { start, took, error });
+            samples.push(Sample {
+                start,
+                took,
+                error,
+                dispatch,
+            });
             *shared
                 .current
                 .lock()

@@ -427,7 +427,8 @@ impl<T> Verdict<T> {
         let checks: Vec<&str> = self.checks.iter().map(|(s, _)| s.as_str()).collect();
         format!(
             "bystander verdict [{}]: p99 {} -> {} (x{:.2}; paced at 1/ms {} -> {}), p50 {} -> \
-             {}, max {} -> {}, calls {} -> {} ({} failed); window {:.1} s (attack {:.1} s); RSS \
+             {}, max {} -> {}, p99 of GetDeviceInfo {} -> {} and of Dispatch {} -> {}, calls {} -> \
+             {} ({} failed); window {:.1} s (attack {:.1} s); RSS \
              idle {}, peak {}{} (limit {}); daemon {}; {}",
             self.name,
             micros(self.baseline.p99),
@@ -439,6 +440,10 @@ impl<T> Verdict<T> {
             micros(self.during.p50),
             micros(self.baseline.max),
             micros(self.during.max),
+            micros(self.baseline.p99_info),
+            micros(self.during.p99_info),
+            micros(self.baseline.p99_dispatch),
+            micros(self.during.p99_dispatch),
             self.baseline.calls,
             self.during.calls,
             self.during.errors,
