@@ -260,13 +260,46 @@ impl<T: Element> Tensor<T> {
     ///
     /// When the tensor is lent to a call that ended without the daemon's answer (see
     /// [What a view guarantees](self#what-a-view-guarantees) and [`Tensor::is_lent`]); the
-    /// daemon may still be writing it.
+    /// daemon may still be writing it. [`Tensor::try_as_slice`] answers an error instead.
     #[must_use]
     pub fn as_slice(&self) -> &[T] {
         match self.raw.mem.view::<T>() {
             Ok(v) => v,
             Err(e) => self.raw.view_failed(&e),
         }
+    }
+
+    /// The elements, or why they cannot be read: [`Tensor::as_slice`] without the panic, for
+    /// callers that keep going after a call ended without the daemon's answer.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Fd`] with [`npu_fd::FdError::Lent`] while the tensor is lent to such a
+    /// call (the daemon may still be writing it: free it and allocate another).
+    pub fn try_as_slice(&self) -> Result<&[T], ClientError> {
+        self.raw
+            .mem
+            .view::<T>()
+            .map_err(ClientError::fd(format!("reading tensor {}", self.raw.id)))
+    }
+
+    /// The elements, writable, or why they cannot be: [`Tensor::as_mut_slice`] without the
+    /// panic. Marks a staged tensor dirty only when the view is given.
+    ///
+    /// # Errors
+    ///
+    /// As [`Tensor::try_as_slice`].
+    pub fn try_as_mut_slice(&mut self) -> Result<&mut [T], ClientError> {
+        let id = self.raw.id;
+        let view = self
+            .raw
+            .mem
+            .view_mut::<T>()
+            .map_err(ClientError::fd(format!("writing tensor {id}")))?;
+        if let Some(s) = &self.raw.staging {
+            s.dirty.store(true, Ordering::SeqCst);
+        }
+        Ok(view)
     }
 
     /// The elements, writable; marks a staged tensor dirty, so the next dispatch uploads it.

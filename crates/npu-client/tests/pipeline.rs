@@ -261,6 +261,28 @@ async fn dropped_in_flight(d: &Daemon, ring: bool) {
             .ends_with("the memory is lent to the daemon for a call that may still write it"),
         "{e}"
     );
+    // The fallible views say so instead of panicking.
+    let e = open.try_as_slice().unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            npu_client::ClientError::Fd {
+                source: npu_fd::FdError::Lent,
+                ..
+            }
+        ) && e
+            .to_string()
+            .contains(&format!("reading tensor {}", open.id())),
+        "{e}"
+    );
+    assert!(matches!(
+        open.try_as_mut_slice(),
+        Err(npu_client::ClientError::Fd {
+            source: npu_fd::FdError::Lent,
+            ..
+        })
+    ));
+    assert_eq!(done.try_as_slice().unwrap(), done.as_slice());
     let view = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| open.as_slice()[0]));
     let why = view.expect_err("a view of lent memory panics");
     let why = why.downcast_ref::<String>().cloned().unwrap_or_default();
