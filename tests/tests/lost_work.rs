@@ -93,14 +93,20 @@ fn program(c: &Client, name: &str, d: &EmuDesign) -> Program {
 /// inputs are the client's again at once, and what it writes to them must not be overwritten
 /// by the daemon's copy-back of the dispatch's (older) input.
 ///
-/// The order is forced with another session's hanging items (each holds the device for ROCm
-/// 7.0's 50 ms command wait): served round-robin with them, the abandoned dispatch copies one
-/// 1 MiB slice of its 8 MiB input in per turn, one turn per hang. After three hangs, part of
-/// the input is in device memory; the client writes its input then, long before the dispatch
-/// could finish (it needs some 25 turns).
+/// The order is forced with another session's stream of small dispatches, which always has one
+/// waiting. Turns go to the session that has used the device least: the abandoned dispatch is
+/// served right after the turn under way when it arrives, copies its 8 MiB input in 1 MiB
+/// slices between the stream's dispatches, and once its own doorbell (tens of ms for 8 MiB on
+/// the emulator) has been charged, the stream has every turn until it has used as much, so the
+/// copy-back waits behind tens of ms of them (a hundred dispatches or more). The client abandons
+/// the call once its program is loaded (the turn before its first copy slice; a session waiting
+/// beside the stream stops the stream's dispatches from merging, so each is a turn) and the
+/// stream has finished [`STREAM_TURNS`] more dispatches, paying back the load's turn, and
+/// writes its input then: after the copy-in started, long before the copy-back.
+const STREAM_TURNS: u64 = 40;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_staged_call_never_reverts_what_the_client_writes_to_its_inputs() {
-    const HANGS: usize = 20;
     let d = Daemon::start(
         Options::default()
             .profile("rocm-7.0", Runtime::Linked)
@@ -118,52 +124,71 @@ async fn an_abandoned_staged_call_never_reverts_what_the_client_writes_to_its_in
         input.as_mut_slice().fill(1);
 
         let mut keeper = Session::open(d.connect().await, "keeper").await.unwrap();
-        let mut h = Session::open(d.connect().await, "hangs").await.unwrap();
-        let mut hangs = Vec::new();
-        for k in 1..=HANGS {
-            // Distinct designs, so that none is refused for another's fault.
-            let n = u32::try_from(k).unwrap() * 4096;
-            hangs.push(h.register(&EmuDesign::hang(n)).await.unwrap().program_id);
-        }
-        let size = 4096 * HANGS as u64;
+        let mut h = Session::open(d.connect().await, "stream").await.unwrap();
+        let small = h
+            .register(&EmuDesign::vector_scalar_add(1024, DType::I32, 1))
+            .await
+            .unwrap()
+            .program_id;
         let (hx, hy) = (
-            h.alloc_mapped(size).await.unwrap(),
-            h.alloc_mapped(size).await.unwrap(),
+            h.alloc_mapped(4096).await.unwrap(),
+            h.alloc_mapped(4096).await.unwrap(),
         );
-        let (tx, rx) = tokio::sync::mpsc::channel(HANGS);
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
         let mut answers = h
             .client
             .submit(h.req(tokio_stream::wrappers::ReceiverStream::new(rx)))
             .await
             .unwrap()
             .into_inner();
-        for (k, p) in hangs.iter().enumerate() {
-            tx.send(submit_item(k as u64, *p, &[hx.id, hy.id]))
-                .await
-                .unwrap();
-        }
-        drop(tx);
+        // The stream always has a dispatch waiting, until the call has been abandoned.
+        let stop = Arc::new(AtomicBool::new(false));
+        let feeder = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let mut k = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    if tx.send(submit_item(k, small, &[hx.id, hy.id])).await.is_err() {
+                        break;
+                    }
+                    k += 1;
+                }
+            }
+        });
+        let drain = tokio::spawn(async move {
+            while let Some(r) = answers.next().await {
+                r.unwrap();
+            }
+        });
+        let stream_id = h.id;
         {
             let reads: [&dyn npu_client::TensorArg; 1] = [&input];
             let mut writes: [&mut dyn npu_client::TensorArg; 1] = [&mut out];
             let call = c.dispatch(&add, &reads, &mut writes);
             tokio::pin!(call);
-            let three_hangs = async {
-                for _ in 0..3 {
-                    answers.next().await.unwrap().unwrap();
-                }
+            let turns = async {
+                // The call's program is loaded at the turn before its first copy slice.
+                let st = stats_until(&mut keeper, |st| {
+                    st.programs.iter().any(|p| p.name == "add" && p.loaded)
+                })
+                .await;
+                let before = successes(&st, stream_id);
+                stats_until(&mut keeper, |st| {
+                    successes(st, stream_id) >= before + STREAM_TURNS
+                })
+                .await
             };
             tokio::select! {
-                r = &mut call => panic!("answered among the hangs: {r:?}"),
-                () = three_hangs => {}
+                r = &mut call => panic!("answered before the stream's {STREAM_TURNS} turns: {r:?}"),
+                _ = turns => {}
             }
             // The call is abandoned here: the daemon still has it, part of its input copied in.
         }
         assert!(!input.is_lent(), "an input is never lent");
         input.as_mut_slice().fill(7);
-        while let Some(r) = answers.next().await {
-            r.unwrap();
-        }
+        stop.store(true, Ordering::SeqCst);
+        feeder.await.unwrap();
+        drain.await.unwrap();
         stats_until(&mut keeper, |st| st.pending_dispatches == 0).await;
         let reverted = input.as_slice().iter().filter(|v| **v != 7).count();
         assert_eq!(
