@@ -148,7 +148,11 @@ async fn an_abandoned_staged_call_never_reverts_what_the_client_writes_to_its_in
             async move {
                 let mut k = 0u64;
                 while !stop.load(Ordering::SeqCst) {
-                    if tx.send(submit_item(k, small, &[hx.id, hy.id])).await.is_err() {
+                    if tx
+                        .send(submit_item(k, small, &[hx.id, hy.id]))
+                        .await
+                        .is_err()
+                    {
                         break;
                     }
                     k += 1;
