@@ -431,9 +431,6 @@ impl Device {
         let n = batch.len();
         // SAFETY: the signal is live; storing a value has no other precondition.
         unsafe { (f.signal_store_relaxed)(signal, n as i64) };
-        // Side buffers for dispatches with more arguments than a slot holds, freed after the
-        // batch has completed.
-        let mut oversized: Vec<PoolAlloc> = Vec::new();
         let mut first_index = 0;
         let mut last_index = 0;
         for (j, d) in batch.iter().enumerate() {
@@ -467,17 +464,24 @@ impl Device {
                 // SAFETY: the side area has one SIDE_SLOT per ring slot and slot < size == 64.
                 unsafe { side_base.add(slot * SIDE_SLOT) }
             } else {
-                let a = PoolAlloc::new(&api, self.pools.kernarg.pool, need).map_err(|e| (j, e))?;
-                let p = a.ptr();
-                oversized.push(a);
-                p
+                // The slot is reserved and its previous packet has completed, so its buffer is
+                // free to overwrite.
+                slot_buffer(&api, self.pools.kernarg.pool, &mut q.wide, slot, need, 1)
+                    .map_err(|e| (j, e))?
             };
             let ctrl_desc;
             let d = match &d.g2_elf {
                 Some(elf) => {
                     let ctrl = elf.patched(&d.args).map_err(|e| (j, e))?;
-                    let at = ctrl_slot(&api, self.pools.heap.pool, &mut q.ctrl, slot, ctrl.len())
-                        .map_err(|e| (j, e))?;
+                    let at = slot_buffer(
+                        &api,
+                        self.pools.heap.pool,
+                        &mut q.ctrl,
+                        slot,
+                        ctrl.len(),
+                        CTRL_CODE_ALIGNMENT,
+                    )
+                    .map_err(|e| (j, e))?;
                     // SAFETY: `at` is 16 KiB-aligned inside a live device-heap buffer of this
                     // ring slot with room for `ctrl.len()` bytes; the slot is reserved and its
                     // previous packet has completed (the read index passed it).
@@ -603,7 +607,6 @@ impl Device {
                 ));
             }
         }
-        drop(oversized);
         Ok(())
     }
 }
@@ -624,31 +627,33 @@ fn wait_ticks(timeout: Duration, freq: u64) -> u64 {
 /// 64 MiB-aligned, so a host address with this alignment has it on the device too.
 const CTRL_CODE_ALIGNMENT: usize = 16 << 10;
 
-/// The 16 KiB-aligned start of ring slot `slot`'s control-code buffer, with room for `len`
-/// bytes: allocated from the device heap on first use and replaced when too small.
-fn ctrl_slot(
+/// The `align`-aligned start of ring slot `slot`'s buffer in `slots` (a control-code or a
+/// wide kernarg buffer), with room for `len` bytes: allocated from `pool` on first use and
+/// replaced when too small.
+fn slot_buffer(
     api: &std::sync::Arc<crate::api::HsaApi>,
-    heap: crate::sys::MemoryPool,
+    pool: crate::sys::MemoryPool,
     slots: &mut Vec<Option<(PoolAlloc, usize)>>,
     slot: usize,
     len: usize,
+    align: usize,
 ) -> Result<*mut u8, HsaError> {
-    // The bytes from a buffer's start to its first 16 KiB boundary.
-    let offset = |a: &PoolAlloc| a.ptr().align_offset(CTRL_CODE_ALIGNMENT);
+    // The bytes from a buffer's start to its first `align` boundary.
+    let offset = |a: &PoolAlloc| a.ptr().align_offset(align);
     if slots.len() <= slot {
         slots.resize_with(slot + 1, || None);
     }
     let fits = |(a, size): &(PoolAlloc, usize)| *size >= offset(a) + len;
     if !slots[slot].as_ref().is_some_and(fits) {
         slots[slot] = None;
-        let need = len + CTRL_CODE_ALIGNMENT;
-        slots[slot] = Some((PoolAlloc::new(api, heap, need)?, need));
+        let need = len + align;
+        slots[slot] = Some((PoolAlloc::new(api, pool, need)?, need));
     }
     let (a, _) = slots[slot].as_ref().ok_or_else(|| HsaError::Contract {
         call: "hsa_amd_memory_pool_allocate",
-        detail: "no control-code buffer".into(),
+        detail: "no buffer for the ring slot".into(),
     })?;
-    // SAFETY: `fits` held or the buffer was just allocated `len + 16 KiB` long, so the aligned
+    // SAFETY: `fits` held or the buffer was just allocated `len + align` long, so the aligned
     // start and `len` bytes after it lie inside it.
     Ok(unsafe { a.ptr().add(offset(a)) })
 }

@@ -182,6 +182,11 @@ struct QueueState {
     /// Per ring slot, the device-heap buffer a G2 full-ELF packet's patched control code is
     /// copied to (allocated on first use, grown as needed).
     ctrl: Vec<Option<(PoolAlloc, usize)>>,
+    /// Per ring slot, the kernarg buffer of a packet with more arguments than [`SIDE_SLOT`]
+    /// holds (allocated on first use, grown as needed). Kept, not freed after each batch: on
+    /// ROCR every allocation is a buffer object the driver creates and maps, and freeing one
+    /// unmaps it, which costs every CPU running the process a TLB shootdown.
+    wide: Vec<Option<(PoolAlloc, usize)>>,
 }
 
 /// One AIE agent, opened through a function table.
@@ -316,6 +321,7 @@ impl Device {
                 pdis: HashSet::new(),
                 stale: false,
                 ctrl: Vec::new(),
+                wide: Vec::new(),
             }),
             signal: Some(signal),
             side: Some(side),

@@ -224,6 +224,7 @@ impl QueueState {
             pdis: Default::default(),
             stale: false,
             ctrl: Vec::new(),
+            wide: Vec::new(),
         }
     }
 }
