@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use npu_artifacts::emu::{DType, EmuDesign};
 use npu_proto::v1 as pb;
 use npud_e2e::tokens::{TokenDir, secret};
-use npud_e2e::{Daemon, Options, RawCodec, Session, dispatch_request, with_session};
+use npud_e2e::{Daemon, I32Copies, Options, RawCodec, Session, dispatch_request, with_session};
 use prost::Message;
 use tokio_stream::StreamExt;
 use tonic::Code;
@@ -531,4 +531,99 @@ async fn measure_a_bystanders_latency_while_another_client_sends_32_mib_messages
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A message longer than 64 KiB is decoded on a bulk-work thread and handed to its handler
+/// whole: a chain of 256 links of 64 arguments (67 KB) and a Submit stream carrying it between
+/// two short messages run and answer as sent. Health and reflection take no long message: a
+/// 100 KB health check is refused from its header, naming the type and its bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_messages_reach_their_handlers_whole_and_other_services_refuse_them() {
+    let d = Daemon::start(Options::default());
+    let mut s = Session::open(d.connect().await, "long").await.unwrap();
+    let p = s
+        .register(&EmuDesign::vector_scalar_add(1024, DType::I32, 3))
+        .await
+        .unwrap()
+        .program_id;
+    let mut a = s.alloc_mapped(4096).await.unwrap();
+    let b = s.alloc_mapped(4096).await.unwrap();
+    a.map.fill_i32(1).unwrap();
+    // Link k reads a and writes b when k is even, the other way round when odd; the program
+    // reads the first two of its 64 arguments.
+    let link = |k: usize| {
+        let (x, y) = if k.is_multiple_of(2) {
+            (a.id, b.id)
+        } else {
+            (b.id, a.id)
+        };
+        let args: Vec<u64> = (0..64).map(|i| if i % 2 == 0 { x } else { y }).collect();
+        dispatch_request(p, &args)
+    };
+    let chain = pb::ChainRequest {
+        links: (0..256).map(link).collect(),
+    };
+    assert!(chain.encoded_len() > 64 << 10, "{}", chain.encoded_len());
+    let r = s.client.chain(s.req(chain.clone())).await.unwrap();
+    assert!(r.get_ref().failure.is_none(), "{:?}", r.get_ref());
+    assert_eq!(r.get_ref().completed, 256);
+    assert!(a.map.i32s().unwrap().iter().all(|v| *v == 1 + 256 * 3));
+
+    // In a stream: message 1 of 3 is the long one.
+    let short = |id| pb::SubmitRequest {
+        request_id: id,
+        work: Some(pb::submit_request::Work::Dispatch(link(0))),
+        timeout_ms: 0,
+    };
+    let long = pb::SubmitRequest {
+        request_id: 2,
+        work: Some(pb::submit_request::Work::Chain(chain)),
+        timeout_ms: 0,
+    };
+    let outbound = tokio_stream::iter(vec![short(1), long, short(3)]);
+    let mut inbound = s.client.submit(s.req(outbound)).await.unwrap().into_inner();
+    let mut answers = Vec::new();
+    while let Some(r) = inbound.next().await {
+        let r = r.unwrap();
+        assert_eq!(r.code, 0, "{r:?}");
+        answers.push(r.request_id);
+    }
+    assert_eq!(answers, vec![1, 2, 3]);
+    // The chain added 768 to a; each single dispatch wrote b from a.
+    assert!(a.map.i32s().unwrap().iter().all(|v| *v == 1 + 512 * 3));
+
+    let tokens = TokenDir::new(&["pod"]);
+    let d = daemon_with_tokens(&tokens);
+    let addr = d.tcp.unwrap();
+    let good = secret("pod");
+    let mut check = pb_health_check("npud.v1.Npud");
+    check.extend_from_slice(&[0x82, 0x06, 0x80, 0x8d, 0x06]);
+    check.resize(check.len() + 100_000, 0);
+    let (code, msg) = tcp_call(
+        addr,
+        "/grpc.health.v1.Health/Check",
+        &[(npu_proto::IDENTITY_TOKEN_HEADER, good.as_str())],
+        frame(false, &check),
+    )
+    .await;
+    assert_eq!(code, Code::ResourceExhausted, "{msg}");
+    assert!(
+        msg.contains("grpc.health.v1.HealthCheckRequest is at most 65536 bytes"),
+        "{msg}"
+    );
+    let (code, msg) = tcp_call(
+        addr,
+        "/grpc.health.v1.Health/Check",
+        &[],
+        frame(false, &pb_health_check("npud.v1.Npud")),
+    )
+    .await;
+    assert_eq!(code, Code::Ok, "{msg}");
+}
+
+/// A `grpc.health.v1.HealthCheckRequest` naming `service`, encoded.
+fn pb_health_check(service: &str) -> Vec<u8> {
+    let mut m = vec![0x0a, u8::try_from(service.len()).unwrap()];
+    m.extend_from_slice(service.as_bytes());
+    m
 }

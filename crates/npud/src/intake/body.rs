@@ -6,7 +6,9 @@
 //! the budget), and hands tonic each message whole, uncompressed, in one frame: the frame
 //! received when the message came in one (no copy), else the message gathered into one buffer
 //! (a long one frame by frame as its bytes arrive, into a buffer of its length, charged before
-//! it is allocated).
+//! it is allocated). A long message is decoded on a bulk-work thread and tonic is handed an
+//! empty stand-in ([`super::decoded`]), so tonic never copies or decodes more than
+//! [`INLINE_BYTES`] of one message on the I/O thread.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -17,40 +19,44 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http_body::Frame;
 
+use super::decoded::{self, DecodeFn, Decoded};
 use super::inflate::{Encoding, Inflate, InflateError};
 use super::ledger::Ledger;
 use super::scan::scan;
-use super::schema::MessageId;
+use super::schema::{MessageId, Method};
 use super::{
     Caller, INFLATE_RATIO, INFLATE_SLACK, INLINE_BYTES, Intake, UNKNOWN_CALLER_MAX_MESSAGE,
 };
 use crate::error::NpudError;
 
-/// One frame of a request body, or why the body failed.
-type FrameResult = Result<Frame<Bytes>, tonic::Status>;
-
 /// A gRPC message's header: the compressed flag and the length.
 const HEADER: usize = 5;
-/// A long message is handed to tonic in frames of this many bytes.
-const CHUNK: usize = 256 << 10;
-/// Bytes of a long message handed on between two yields of the task.
-const YIELD_BYTES: usize = 1 << 20;
 
 type Job = Pin<Box<dyn Future<Output = Result<Processed, NpudError>> + Send>>;
 
 /// A message ready for tonic.
 struct Processed {
-    /// Header and message, uncompressed.
+    /// Header and message, uncompressed; for a message decoded here, an empty one.
     frame: Bytes,
     /// What it holds in the budget: its bytes and its decoded size.
     charge: u64,
+    /// The message, decoded here (a long one, see [`decoded`]).
+    decoded: Option<decoded::Message>,
 }
+
+/// The frame handed to tonic in place of a message the intake decoded: an empty message.
+static STAND_IN: [u8; HEADER] = [0; HEADER];
 
 /// See the module docs.
 pub(super) struct IntakeBody {
     inner: tonic::body::Body,
     intake: Arc<Intake>,
     input: MessageId,
+    /// How a long message is decoded here; `None` for a method whose messages are never long.
+    decoder: Option<DecodeFn>,
+    /// Where the messages decoded here wait for the handler, and the next message's index.
+    decoded: Decoded,
+    index: u64,
     encoding: Option<Encoding>,
     caller: Caller,
     /// Whether the policy allows the caller, once asked.
@@ -67,10 +73,6 @@ pub(super) struct IntakeBody {
     job: Option<Job>,
     /// A message was handed to tonic since the last poll.
     handed: bool,
-    /// The rest of a long message being handed to tonic, in [`CHUNK`]s.
-    out: VecDeque<Bytes>,
-    /// Bytes handed on since this body last let its task yield.
-    since_yield: usize,
     ended: bool,
     done: bool,
     trailers: Option<http::HeaderMap>,
@@ -80,7 +82,8 @@ impl IntakeBody {
     pub(super) fn new(
         inner: tonic::body::Body,
         intake: Arc<Intake>,
-        input: MessageId,
+        method: Method,
+        decoded: Decoded,
         encoding: Option<Encoding>,
         caller: Caller,
         ledger: Arc<Ledger>,
@@ -88,7 +91,10 @@ impl IntakeBody {
         Self {
             inner,
             intake,
-            input,
+            input: method.input,
+            decoder: method.decoder,
+            decoded,
+            index: 0,
             encoding,
             caller,
             allowed: None,
@@ -99,8 +105,6 @@ impl IntakeBody {
             gather: None,
             job: None,
             handed: false,
-            out: VecDeque::new(),
-            since_yield: 0,
             ended: false,
             done: false,
             trailers: None,
@@ -194,6 +198,9 @@ impl IntakeBody {
                 self.intake.max_message_bytes
             )));
         }
+        if len > INLINE_BYTES && self.decoder.is_none() {
+            return Err(too_long(&self.intake, self.input, len));
+        }
         if len > UNKNOWN_CALLER_MAX_MESSAGE
             && let Err(refused) = self.allowed()
         {
@@ -247,13 +254,15 @@ impl IntakeBody {
             None => self.take(HEADER + len),
         };
         self.header = None;
-        let (intake, input) = (self.intake.clone(), self.input);
+        let (intake, input, decoder) = (self.intake.clone(), self.input, self.decoder);
         if !compressed {
             if len <= INLINE_BYTES {
-                return Ok(Some(Step::Ready(processed(&intake, input, message)?)));
+                return Ok(Some(Step::Ready(processed(
+                    &intake, input, decoder, message,
+                )?)));
             }
             return Ok(Some(Step::Job(
-                self.job(move |i| processed(i, input, message)),
+                self.job(move |i| processed(i, input, decoder, message)),
             )));
         }
         let message = message.slice(HEADER..);
@@ -269,15 +278,17 @@ impl IntakeBody {
         {
             let out = inflate.finish();
             if out.len() - HEADER <= INLINE_BYTES {
-                return Ok(Some(Step::Ready(framed(&intake, input, out, len)?)));
+                return Ok(Some(Step::Ready(framed(
+                    &intake, input, decoder, out, len,
+                )?)));
             }
             return Ok(Some(Step::Job(
-                self.job(move |i| framed(i, input, out, len)),
+                self.job(move |i| framed(i, input, decoder, out, len)),
             )));
         }
         Ok(Some(Step::Job(self.job(move |i| {
             while !inflate_step(&mut inflate, encoding, len, bound, i, usize::MAX)? {}
-            framed(i, input, inflate.finish(), len)
+            framed(i, input, decoder, inflate.finish(), len)
         }))))
     }
 
@@ -331,36 +342,13 @@ impl IntakeBody {
         if let Err(e) = self.ledger.hand(p.charge) {
             return self.fail(e);
         }
-        let mut frame = p.frame;
-        while frame.len() > CHUNK {
-            let rest = frame.split_off(CHUNK);
-            self.out.push_back(frame);
-            frame = rest;
+        // The decoded message is in place before tonic reads its stand-in.
+        if let Some(m) = p.decoded {
+            self.decoded.put(self.index, m);
         }
-        self.out.push_back(frame);
-        self.since_yield = 0;
-        self.next_chunk(None).unwrap_or(Poll::Ready(None))
-    }
-
-    /// The next chunk of the message being handed on, if any: tonic copies each into its
-    /// buffer, and every [`YIELD_BYTES`] this body lets its task yield, so that a long message
-    /// does not hold the I/O thread for its whole copy. The message counts as handed once its
-    /// last chunk is out.
-    fn next_chunk(&mut self, cx: Option<&mut Context<'_>>) -> Option<Poll<Option<FrameResult>>> {
-        let chunk = self.out.pop_front()?;
-        if let Some(cx) = cx
-            && self.since_yield >= YIELD_BYTES
-        {
-            self.since_yield = 0;
-            self.out.push_front(chunk);
-            cx.waker().wake_by_ref();
-            return Some(Poll::Pending);
-        }
-        self.since_yield += chunk.len();
-        if self.out.is_empty() {
-            self.handed = true;
-        }
-        Some(Poll::Ready(Some(Ok(Frame::data(chunk)))))
+        self.index += 1;
+        self.handed = true;
+        Poll::Ready(Some(Ok(Frame::data(p.frame))))
     }
 }
 
@@ -394,11 +382,12 @@ fn inflate_step(
     })
 }
 
-/// An inflated message (after `HEADER` bytes of room), scanned and framed; `compressed` is
-/// its length on the wire.
+/// An inflated message (after `HEADER` bytes of room), scanned and framed (decoded when
+/// long, see [`handed_on`]); `compressed` is its length on the wire.
 fn framed(
     intake: &Intake,
     input: MessageId,
+    decoder: Option<DecodeFn>,
     mut out: Vec<u8>,
     compressed: usize,
 ) -> Result<Processed, NpudError> {
@@ -406,19 +395,63 @@ fn framed(
     let scanned = scan(&intake.schema, input, &out[HEADER..], Intake::bounds())?;
     out[0] = 0;
     out[1..HEADER].copy_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+    let charge = (len + compressed) as u64 + scanned.decoded;
+    handed_on(intake, input, decoder, Bytes::from(out), charge)
+}
+
+/// An uncompressed message (its header and bytes), scanned (and decoded when long, see
+/// [`handed_on`]).
+fn processed(
+    intake: &Intake,
+    input: MessageId,
+    decoder: Option<DecodeFn>,
+    message: Bytes,
+) -> Result<Processed, NpudError> {
+    let scanned = scan(&intake.schema, input, &message[HEADER..], Intake::bounds())?;
+    let charge = (message.len() - HEADER) as u64 + scanned.decoded;
+    handed_on(intake, input, decoder, message, charge)
+}
+
+/// A scanned message (its header and bytes) as tonic is handed it: itself when at most
+/// [`INLINE_BYTES`] long; else decoded here (on the bulk-work thread that scanned it) and
+/// replaced by an empty stand-in, so that prost's decode of it never runs on an I/O thread.
+fn handed_on(
+    intake: &Intake,
+    input: MessageId,
+    decoder: Option<DecodeFn>,
+    frame: Bytes,
+    charge: u64,
+) -> Result<Processed, NpudError> {
+    let len = frame.len() - HEADER;
+    if len <= INLINE_BYTES {
+        return Ok(Processed {
+            frame,
+            charge,
+            decoded: None,
+        });
+    }
+    let Some(decode) = decoder else {
+        return Err(too_long(intake, input, len));
+    };
+    let message = decode(frame.slice(HEADER..)).map_err(|e| {
+        NpudError::InvalidArgument(format!(
+            "the request is not a valid {}: {e}",
+            intake.schema.message(input).name
+        ))
+    })?;
     Ok(Processed {
-        frame: Bytes::from(out),
-        charge: (len + compressed) as u64 + scanned.decoded,
+        frame: Bytes::from_static(&STAND_IN),
+        charge,
+        decoded: Some(message),
     })
 }
 
-/// An uncompressed message (its header and bytes), scanned.
-fn processed(intake: &Intake, input: MessageId, message: Bytes) -> Result<Processed, NpudError> {
-    let scanned = scan(&intake.schema, input, &message[HEADER..], Intake::bounds())?;
-    Ok(Processed {
-        charge: (message.len() - HEADER) as u64 + scanned.decoded,
-        frame: message,
-    })
+/// A message of `len` bytes for a method whose requests are never long (health, reflection).
+fn too_long(intake: &Intake, input: MessageId, len: usize) -> NpudError {
+    NpudError::ResourceExhausted(format!(
+        "a {} is at most {INLINE_BYTES} bytes long, and this one is {len}",
+        intake.schema.message(input).name
+    ))
 }
 
 impl http_body::Body for IntakeBody {
@@ -432,9 +465,6 @@ impl http_body::Body for IntakeBody {
         let this = self.get_mut();
         if this.done {
             return Poll::Ready(None);
-        }
-        if let Some(p) = this.next_chunk(Some(cx)) {
-            return p;
         }
         if std::mem::take(&mut this.handed) {
             this.ledger.next_asked();
@@ -610,7 +640,7 @@ mod tests {
     }
 
     /// What an `IntakeBody` for `path` hands on from `wire` cut into `cut`-byte frames: each
-    /// data frame, or the error that ended it.
+    /// data frame, or the error that ended it, and the messages it decoded itself.
     async fn read(
         path: &str,
         caller: Identity,
@@ -618,7 +648,7 @@ mod tests {
         wire: Vec<u8>,
         cut: usize,
         budget: &MemoryBudget,
-    ) -> (Vec<Bytes>, Option<tonic::Status>) {
+    ) -> (Vec<Bytes>, Option<tonic::Status>, Decoded) {
         let intake = intake(budget);
         let method = intake.schema.method(path).unwrap();
         let frames: Vec<Result<Frame<Bytes>, tonic::Status>> = wire
@@ -632,15 +662,24 @@ mod tests {
             transport: caller,
             token: None,
         };
-        let mut body = IntakeBody::new(inner, intake, method.input, encoding, caller, ledger);
+        let decoded = Decoded::default();
+        let mut body = IntakeBody::new(
+            inner,
+            intake,
+            method,
+            decoded.clone(),
+            encoding,
+            caller,
+            ledger,
+        );
         let mut out = Vec::new();
         while let Some(f) = body.frame().await {
             match f {
                 Ok(f) => out.push(f.into_data().unwrap()),
-                Err(e) => return (out, Some(e)),
+                Err(e) => return (out, Some(e), decoded),
             }
         }
-        (out, None)
+        (out, None, decoded)
     }
 
     #[tokio::test]
@@ -656,7 +695,7 @@ mod tests {
                 .collect(),
         }
         .encode_to_vec();
-        // A large one goes through the bulk-work threads.
+        // A large one is decoded on the bulk-work threads.
         let big = pb::SubmitRequest {
             request_id: 1,
             work: Some(pb::submit_request::Work::Dispatch(pb::DispatchRequest {
@@ -669,14 +708,18 @@ mod tests {
         let mut big = big;
         big.extend_from_slice(&[0x82, 0x06, 0x80, 0x80, 0x08]);
         big.resize(big.len() + (128 << 10), 0);
-        // One past a chunk: handed on in several frames.
         let mut huge = pb::GetDeviceInfoRequest {}.encode_to_vec();
         huge.extend_from_slice(&[0x82, 0x06, 0x80, 0x80, 0x28]);
         huge.resize(huge.len() + (640 << 10), 1);
         let small = pb::SubmitRequest::default().encode_to_vec();
-        let wire = [framed_message(0, &big), framed_message(0, &small)].concat();
+        let wire = [
+            framed_message(0, &small),
+            framed_message(0, &big),
+            framed_message(0, &small),
+        ]
+        .concat();
         for cut in [1, 3, 5, 4096, wire.len()] {
-            let (out, err) = read(
+            let (out, err, decoded) = read(
                 "/npud.v1.Npud/Submit",
                 Identity::uid(1000, []),
                 None,
@@ -686,12 +729,18 @@ mod tests {
             )
             .await;
             assert!(err.is_none(), "{cut}: {err:?}");
-            assert_eq!(out.len(), 2, "{cut}");
-            assert_eq!(&out[0][..], &framed_message(0, &big)[..], "{cut}");
-            assert_eq!(&out[1][..], &framed_message(0, &small)[..], "{cut}");
+            assert_eq!(out.len(), 3, "{cut}");
+            assert_eq!(&out[0][..], &framed_message(0, &small)[..], "{cut}");
+            // The long one: an empty stand-in, and the message decoded, as message 1.
+            assert_eq!(&out[1][..], &STAND_IN[..], "{cut}");
+            assert_eq!(&out[2][..], &framed_message(0, &small)[..], "{cut}");
+            assert_eq!(decoded.take::<pb::SubmitRequest>(0).unwrap(), None);
+            let got = decoded.take::<pb::SubmitRequest>(1).unwrap().unwrap();
+            assert_eq!(got, pb::SubmitRequest::decode(&big[..]).unwrap(), "{cut}");
+            assert_eq!(decoded.take::<pb::SubmitRequest>(2).unwrap(), None);
         }
         let wire = framed_message(0, &huge);
-        let (out, err) = read(
+        let (out, err, decoded) = read(
             "/npud.v1.Npud/GetDeviceInfo",
             Identity::uid(1000, []),
             None,
@@ -701,9 +750,30 @@ mod tests {
         )
         .await;
         assert!(err.is_none(), "{err:?}");
-        assert_eq!(out.len(), 3);
-        assert_eq!(out.concat(), wire);
-        let (out, err) = read(
+        assert_eq!(out, vec![Bytes::from_static(&STAND_IN)]);
+        decoded
+            .take::<pb::GetDeviceInfoRequest>(0)
+            .unwrap()
+            .unwrap();
+        // A method of another service takes no long message: refused from its header.
+        let (out, err, _) = read(
+            "/grpc.health.v1.Health/Check",
+            Identity::uid(1000, []),
+            None,
+            wire.clone(),
+            16 << 10,
+            &budget,
+        )
+        .await;
+        assert!(out.is_empty());
+        let e = err.unwrap();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        assert!(
+            e.message()
+                .contains("grpc.health.v1.HealthCheckRequest is at most 65536 bytes"),
+            "{e:?}"
+        );
+        let (out, err, _) = read(
             "/npud.v1.Npud/Dispatch",
             Identity::uid(1000, []),
             None,
@@ -733,7 +803,7 @@ mod tests {
         }
         .encode_to_vec();
         let wire = framed_message(1, &gzip(&chunk));
-        let (out, err) = read(
+        let (out, err, decoded) = read(
             "/npud.v1.Npud/WriteTensor",
             Identity::uid(1000, []),
             Some(Encoding::Gzip),
@@ -743,9 +813,29 @@ mod tests {
         )
         .await;
         assert!(err.is_none(), "{err:?}");
-        assert_eq!(&out[0][..], &framed_message(0, &chunk)[..]);
+        // Inflated past what is decoded inline: decoded here.
+        assert_eq!(&out[0][..], &STAND_IN[..]);
+        let got = decoded.take::<pb::WriteTensorChunk>(0).unwrap().unwrap();
+        assert_eq!(got, pb::WriteTensorChunk::decode(&chunk[..]).unwrap());
+        let small = pb::WriteTensorChunk {
+            tensor_id: 1,
+            offset: 0,
+            data: vec![3; 2000],
+        }
+        .encode_to_vec();
+        let (out, err, _) = read(
+            "/npud.v1.Npud/WriteTensor",
+            Identity::uid(1000, []),
+            Some(Encoding::Gzip),
+            framed_message(1, &gzip(&small)),
+            1000,
+            &budget,
+        )
+        .await;
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(&out[0][..], &framed_message(0, &small)[..]);
         let bomb = framed_message(1, &gzip(&[0x0a, 0x00].repeat(1 << 24)));
-        let (out, err) = read(
+        let (out, err, _) = read(
             "/npud.v1.Npud/Chain",
             Identity::uid(1000, []),
             Some(Encoding::Gzip),
@@ -759,7 +849,7 @@ mod tests {
         assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
         assert!(e.message().contains("inflates past"), "{e:?}");
         // A caller the policy does not allow sends no message over 64 KiB.
-        let (_, err) = read(
+        let (_, err, _) = read(
             "/npud.v1.Npud/GetDeviceInfo",
             Identity::anonymous(None),
             None,
@@ -772,7 +862,7 @@ mod tests {
         assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
         assert!(e.message().contains("at most 65536 bytes"), "{e:?}");
         // A body that ends inside a message.
-        let (_, err) = read(
+        let (_, err, _) = read(
             "/npud.v1.Npud/GetDeviceInfo",
             Identity::uid(1000, []),
             None,

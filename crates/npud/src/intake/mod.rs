@@ -27,15 +27,18 @@
 //!   `limits.max_queued_request_bytes` before they are gathered, and given back when the
 //!   handler is done with it ([`ledger`]), for every call, streams included.
 //! - **Threads.** A message longer than [`INLINE_BYTES`] (uncompressed), or whose inflate goes
-//!   past that, is inflated and scanned as bulk work ([`crate::bulk`]: below the
+//!   past that, is inflated, scanned and decoded as bulk work ([`crate::bulk`]: below the
 //!   priority of the I/O threads and the executor), at most [`Intake::workers`] at a time,
-//!   never on the I/O threads that serve every caller.
+//!   never on the I/O threads that serve every caller; the handler receives it decoded
+//!   ([`decoded`]). Only the daemon's own methods take long messages: a longer one for health
+//!   or reflection is refused from its header (RESOURCE_EXHAUSTED).
 //!
 //! A refused message ends its call with the status (a stream's handler names the message's
 //! index: `Submit` ends the stream, `WriteTensor` fails). Cost for a caller the policy does
 //! not allow: its bytes up to [`UNKNOWN_CALLER_MAX_MESSAGE`] per message, and a scan of them.
 
 mod body;
+pub mod decoded;
 pub mod inflate;
 pub mod ledger;
 pub mod scan;
@@ -56,6 +59,7 @@ use crate::error::NpudError;
 use crate::peer::ConnInfo;
 
 use body::{Answered, IntakeBody};
+use decoded::Decoded;
 use inflate::Header;
 use ledger::{Hold, Ledger};
 use schema::{Flow, Schema};
@@ -82,7 +86,8 @@ pub const MAX_FIELDS: u64 = 1 << 20;
 /// GetDeviceInfo, health and reflection, whose requests are a few bytes.
 pub const UNKNOWN_CALLER_MAX_MESSAGE: usize = 64 << 10;
 /// Messages up to this long are scanned (and compressed ones inflated this far) on the I/O
-/// thread that read them: about 100 µs of work. Longer ones go to the bulk-work threads.
+/// thread that read them, and decoded there by tonic: about 100 µs of work. Longer ones are
+/// scanned and decoded on the bulk-work threads.
 pub const INLINE_BYTES: usize = 64 << 10;
 
 /// What the intake needs, shared by every call.
@@ -264,6 +269,11 @@ where
                 Some(e)
             }
         };
+        // Where the messages the intake decodes itself wait for the handler.
+        let decoded = Decoded::default();
+        if method.decoder.is_some() {
+            req.extensions_mut().insert(decoded.clone());
+        }
         let hold = Hold::of(method.flow);
         let ledger = Arc::new(Ledger::new(intake.budget.clone(), hold));
         let intake = intake.clone();
@@ -272,7 +282,8 @@ where
             tonic::body::Body::new(IntakeBody::new(
                 body,
                 intake,
-                method.input,
+                method,
+                decoded,
                 encoding,
                 caller,
                 body_ledger,

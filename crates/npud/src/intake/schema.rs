@@ -102,6 +102,9 @@ pub enum Flow {
 pub struct Method {
     pub input: MessageId,
     pub flow: Flow,
+    /// How the intake decodes a long request of this method itself, when it does
+    /// ([`super::decoded`]).
+    pub decoder: Option<super::decoded::DecodeFn>,
 }
 
 /// The served methods and their request messages (see the module docs).
@@ -266,7 +269,15 @@ impl Schema {
                             (true, false) => Flow::ClientStream,
                             (true, true) => Flow::Bidi,
                         };
-                        methods.insert(path, Method { input, flow });
+                        let decoder = super::decoded::decoder(&messages[input as usize].name);
+                        methods.insert(
+                            path,
+                            Method {
+                                input,
+                                flow,
+                                decoder,
+                            },
+                        );
                     }
                 }
             }

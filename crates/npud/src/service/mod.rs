@@ -34,6 +34,7 @@ use crate::deadline::parse_grpc_timeout;
 use crate::error::NpudError;
 use crate::executor::{Command, DeviceFacts, ExecutorHandle};
 use crate::health::Condition;
+use crate::intake::decoded::whole;
 use crate::metrics::Metrics;
 use crate::peer::ConnInfo;
 use crate::programs::Programs;
@@ -239,74 +240,74 @@ fn ok<T>(r: Result<T, NpudError>) -> Res<T> {
 #[tonic::async_trait]
 impl Npud for NpudService {
     async fn get_device_info(&self, req: Request<pb::GetDeviceInfoRequest>) -> Res<pb::DeviceInfo> {
-        ok(self.device_info(req).await)
+        ok(self.device_info(whole(req)?).await)
     }
 
     async fn open_session(
         &self,
         req: Request<pb::OpenSessionRequest>,
     ) -> Res<pb::OpenSessionResponse> {
-        ok(self.open_session(req))
+        ok(self.open_session(whole(req)?))
     }
 
     async fn resume_session(
         &self,
         req: Request<pb::ResumeSessionRequest>,
     ) -> Res<pb::ResumeSessionResponse> {
-        ok(self.resume_session(req).await)
+        ok(self.resume_session(whole(req)?).await)
     }
 
     async fn close_session(
         &self,
         req: Request<pb::CloseSessionRequest>,
     ) -> Res<pb::CloseSessionResponse> {
-        ok(self.close_session(req).await)
+        ok(self.close_session(whole(req)?).await)
     }
 
     async fn register_program(
         &self,
         req: Request<pb::RegisterProgramRequest>,
     ) -> Res<pb::RegisterProgramResponse> {
-        ok(self.register_program(req).await)
+        ok(self.register_program(whole(req)?).await)
     }
 
     async fn unregister_program(
         &self,
         req: Request<pb::UnregisterProgramRequest>,
     ) -> Res<pb::UnregisterProgramResponse> {
-        ok(self.unregister_program(req).await)
+        ok(self.unregister_program(whole(req)?).await)
     }
 
     async fn list_programs(
         &self,
         req: Request<pb::ListProgramsRequest>,
     ) -> Res<pb::ListProgramsResponse> {
-        ok(self.list_programs(req))
+        ok(self.list_programs(whole(req)?))
     }
 
     async fn allocate_tensor(
         &self,
         req: Request<pb::AllocateTensorRequest>,
     ) -> Res<pb::AllocateTensorResponse> {
-        ok(self.allocate_tensor(req).await)
+        ok(self.allocate_tensor(whole(req)?).await)
     }
 
     async fn import_tensor(
         &self,
         req: Request<pb::ImportTensorRequest>,
     ) -> Res<pb::ImportTensorResponse> {
-        ok(self.import_tensor(req).await)
+        ok(self.import_tensor(whole(req)?).await)
     }
 
     async fn free_tensor(
         &self,
         req: Request<pb::FreeTensorRequest>,
     ) -> Res<pb::FreeTensorResponse> {
-        ok(self.free_tensor(req).await)
+        ok(self.free_tensor(whole(req)?).await)
     }
 
     async fn get_tensor_info(&self, req: Request<pb::GetTensorInfoRequest>) -> Res<pb::TensorInfo> {
-        ok(self.tensor_info(req).await)
+        ok(self.tensor_info(whole(req)?).await)
     }
 
     async fn write_tensor(
@@ -322,15 +323,15 @@ impl Npud for NpudService {
         &self,
         req: Request<pb::ReadTensorRequest>,
     ) -> Res<Self::ReadTensorStream> {
-        ok(self.read_tensor(req).await)
+        ok(self.read_tensor(whole(req)?).await)
     }
 
     async fn dispatch(&self, req: Request<pb::DispatchRequest>) -> Res<pb::DispatchResponse> {
-        ok(self.dispatch(req).await)
+        ok(self.dispatch(whole(req)?).await)
     }
 
     async fn chain(&self, req: Request<pb::ChainRequest>) -> Res<pb::ChainResponse> {
-        ok(self.chain(req).await)
+        ok(self.chain(whole(req)?).await)
     }
 
     type SubmitStream = BoxStream<pb::SubmitResponse>;
@@ -343,17 +344,17 @@ impl Npud for NpudService {
         &self,
         req: Request<pb::AttachRingRequest>,
     ) -> Res<pb::AttachRingResponse> {
-        ok(self.attach_ring(req))
+        ok(self.attach_ring(whole(req)?))
     }
 
     async fn get_statistics(&self, req: Request<pb::GetStatisticsRequest>) -> Res<pb::Statistics> {
-        ok(self.statistics(req).await)
+        ok(self.statistics(whole(req)?).await)
     }
 
     async fn clear_quarantine(
         &self,
         req: Request<pb::ClearQuarantineRequest>,
     ) -> Res<pb::ClearQuarantineResponse> {
-        ok(self.clear_quarantine(req))
+        ok(self.clear_quarantine(whole(req)?))
     }
 }

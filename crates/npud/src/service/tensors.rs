@@ -4,6 +4,8 @@ use npu_proto::v1 as pb;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Status, Streaming};
 
+use crate::intake::decoded::Inbound;
+
 use super::{BoxStream, NpudService};
 use crate::error::NpudError;
 use crate::executor::Command;
@@ -158,7 +160,7 @@ impl NpudService {
         req: Request<Streaming<pb::WriteTensorChunk>>,
     ) -> Result<pb::WriteTensorResponse, NpudError> {
         let caller = self.caller(&req)?;
-        let mut stream = req.into_inner();
+        let mut stream = Inbound::of(req);
         let mut tensor = 0u64;
         let mut written = 0u64;
         let mut index = 0usize;

@@ -15,6 +15,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Streaming};
 
+use crate::intake::decoded::Inbound;
+
 use super::{BoxStream, NpudService, deadline};
 use crate::error::NpudError;
 use crate::executor::{Command, Link, LinkPrefix, WorkDone, WorkItem};
@@ -412,7 +414,7 @@ impl NpudService {
     ) -> Result<BoxStream<pb::SubmitResponse>, NpudError> {
         let caller = self.caller(&req)?;
         let session = caller.session;
-        let mut inbound = req.into_inner();
+        let mut inbound = Inbound::of(req);
         let window = self.submit_window(session);
         let places = Arc::new(Semaphore::new(window));
         let (order_tx, mut order_rx) = mpsc::channel::<Submitted>(window);

@@ -1,0 +1,201 @@
+//! Long request messages decoded on the bulk-work threads, and how a handler receives them.
+//!
+//! prost's decode of a long message (a chain of 1,024 links of 64 arguments is 65,536
+//! `TensorArg`s, a program's code object megabytes of `bytes`) takes milliseconds; tonic runs
+//! it on the I/O thread that serves every caller. So the intake decodes a message longer than
+//! [`super::INLINE_BYTES`] itself, on the bulk-work thread that scanned it, and hands tonic an
+//! empty message in its place: the decoded one waits in the call's [`Decoded`] (a request
+//! extension) under the message's index in the call, and the handler takes it from there
+//! ([`whole`] for a call of one request message, [`Inbound`] for a stream). Only the daemon's
+//! own requests (`npud.v1`) are decoded so; every other method's requests (health, reflection)
+//! are a few bytes, and a longer one is refused before it is gathered.
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use npu_proto::v1 as pb;
+use tonic::{Request, Status, Streaming};
+
+/// A decoded request message, of its method's request type.
+pub type Message = Box<dyn Any + Send>;
+/// Decodes one message type from its bytes.
+pub type DecodeFn = fn(Bytes) -> Result<Message, prost::DecodeError>;
+
+fn decode<M: prost::Message + Default + Send + 'static>(
+    bytes: Bytes,
+) -> Result<Message, prost::DecodeError> {
+    M::decode(bytes).map(|m| Box::new(m) as Message)
+}
+
+/// How the intake decodes the message type named `name` (`npud.v1.ChainRequest`), when it
+/// does: every request type of the `npud.v1` service.
+pub fn decoder(name: &str) -> Option<DecodeFn> {
+    Some(match name {
+        "npud.v1.GetDeviceInfoRequest" => decode::<pb::GetDeviceInfoRequest>,
+        "npud.v1.OpenSessionRequest" => decode::<pb::OpenSessionRequest>,
+        "npud.v1.ResumeSessionRequest" => decode::<pb::ResumeSessionRequest>,
+        "npud.v1.CloseSessionRequest" => decode::<pb::CloseSessionRequest>,
+        "npud.v1.RegisterProgramRequest" => decode::<pb::RegisterProgramRequest>,
+        "npud.v1.UnregisterProgramRequest" => decode::<pb::UnregisterProgramRequest>,
+        "npud.v1.ListProgramsRequest" => decode::<pb::ListProgramsRequest>,
+        "npud.v1.AllocateTensorRequest" => decode::<pb::AllocateTensorRequest>,
+        "npud.v1.ImportTensorRequest" => decode::<pb::ImportTensorRequest>,
+        "npud.v1.FreeTensorRequest" => decode::<pb::FreeTensorRequest>,
+        "npud.v1.GetTensorInfoRequest" => decode::<pb::GetTensorInfoRequest>,
+        "npud.v1.WriteTensorChunk" => decode::<pb::WriteTensorChunk>,
+        "npud.v1.ReadTensorRequest" => decode::<pb::ReadTensorRequest>,
+        "npud.v1.DispatchRequest" => decode::<pb::DispatchRequest>,
+        "npud.v1.ChainRequest" => decode::<pb::ChainRequest>,
+        "npud.v1.SubmitRequest" => decode::<pb::SubmitRequest>,
+        "npud.v1.AttachRingRequest" => decode::<pb::AttachRingRequest>,
+        "npud.v1.GetStatisticsRequest" => decode::<pb::GetStatisticsRequest>,
+        "npud.v1.ClearQuarantineRequest" => decode::<pb::ClearQuarantineRequest>,
+        _ => return None,
+    })
+}
+
+/// One call's messages the intake decoded, by their index in the call, oldest first: a
+/// request extension of every call whose messages it may decode.
+#[derive(Clone, Default)]
+pub struct Decoded(Arc<Mutex<VecDeque<(u64, Message)>>>);
+
+impl std::fmt::Debug for Decoded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.queue().len();
+        f.debug_struct("Decoded").field("waiting", &n).finish()
+    }
+}
+
+impl Decoded {
+    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, Message)>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Message `index` of the call, decoded: put before tonic is handed its empty stand-in.
+    pub(super) fn put(&self, index: u64, message: Message) {
+        self.queue().push_back((index, message));
+    }
+
+    /// Message `index` of the call, if the intake decoded it (tonic then decoded an empty
+    /// stand-in).
+    ///
+    /// # Errors
+    /// INTERNAL when the decoded message is not a `T`: the handler's request type and the
+    /// method's, as the descriptor set names it, disagree.
+    pub fn take<T: 'static>(&self, index: u64) -> Result<Option<T>, Status> {
+        let mut q = self.queue();
+        if q.front().is_none_or(|(i, _)| *i != index) {
+            return Ok(None);
+        }
+        let Some((_, m)) = q.pop_front() else {
+            return Ok(None);
+        };
+        m.downcast::<T>().map(|m| Some(*m)).map_err(|_| {
+            Status::internal(format!(
+                "the request's message {index} was decoded as another type than {}",
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+}
+
+/// `req` with its message as the intake decoded it, when it did (a method of one request
+/// message: its index is 0).
+///
+/// # Errors
+/// See [`Decoded::take`].
+pub fn whole<T: 'static>(mut req: Request<T>) -> Result<Request<T>, Status> {
+    let Some(d) = req.extensions_mut().remove::<Decoded>() else {
+        return Ok(req);
+    };
+    Ok(match d.take::<T>(0)? {
+        Some(m) => req.map(|_| m),
+        None => req,
+    })
+}
+
+/// A stream of request messages, each as the intake decoded it when it did.
+#[derive(Debug)]
+pub struct Inbound<T> {
+    stream: Streaming<T>,
+    decoded: Option<Decoded>,
+    next: u64,
+}
+
+impl<T: 'static> Inbound<T> {
+    /// The messages of `req`.
+    pub fn of(mut req: Request<Streaming<T>>) -> Self {
+        let decoded = req.extensions_mut().remove::<Decoded>();
+        Self {
+            stream: req.into_inner(),
+            decoded,
+            next: 0,
+        }
+    }
+
+    /// The next message, `None` at the stream's end.
+    ///
+    /// # Errors
+    /// The stream's own (what the intake refused, a reset), and [`Decoded::take`]'s.
+    pub async fn message(&mut self) -> Result<Option<T>, Status> {
+        let Some(m) = self.stream.message().await? else {
+            return Ok(None);
+        };
+        let index = self.next;
+        self.next += 1;
+        Ok(Some(match &self.decoded {
+            Some(d) => d.take::<T>(index)?.unwrap_or(m),
+            None => m,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_npud_request_type_has_a_decoder_that_decodes_it() {
+        let schema = super::super::schema::Schema::served(&crate::config::Limits::default())
+            .expect("the served schema");
+        let mut seen = 0;
+        for path in schema.method_paths() {
+            let Some(m) = schema.method(path) else {
+                continue;
+            };
+            let name = &schema.message(m.input).name;
+            if path.starts_with("/npud.v1.") {
+                let d = decoder(name).unwrap_or_else(|| panic!("{path}: no decoder for {name}"));
+                d(Bytes::new()).unwrap_or_else(|e| panic!("{name}: {e}"));
+                seen += 1;
+            } else {
+                assert!(decoder(name).is_none(), "{path}: {name}");
+            }
+        }
+        assert!(seen >= 19, "{seen} npud.v1 methods");
+        let d = decoder("npud.v1.ChainRequest").unwrap();
+        let c = pb::ChainRequest {
+            links: vec![pb::DispatchRequest {
+                program_id: 7,
+                args: Vec::new(),
+            }],
+        };
+        let m = d(Bytes::from(prost::Message::encode_to_vec(&c))).unwrap();
+        assert_eq!(*m.downcast::<pb::ChainRequest>().unwrap(), c);
+    }
+
+    #[test]
+    fn a_message_is_taken_by_its_index_once_and_as_its_type() {
+        let d = Decoded::default();
+        d.put(1, Box::new(5u32));
+        d.put(3, Box::new(7u32));
+        assert_eq!(d.take::<u32>(0).unwrap(), None);
+        assert_eq!(d.take::<u32>(1).unwrap(), Some(5));
+        assert_eq!(d.take::<u32>(1).unwrap(), None);
+        assert_eq!(d.take::<u32>(2).unwrap(), None);
+        let e = d.take::<u64>(3).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Internal);
+    }
+}
