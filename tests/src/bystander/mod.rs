@@ -22,9 +22,10 @@
 //!
 //! The bystander is a thread with its own tokio runtime and its own connection on the Unix
 //! socket: a session with a small program, calling `GetDeviceInfo` and `Dispatch` in turn.
-//! While an attack runs, every other thread of the test process runs at nice 19 ([`nice`]): the
-//! attack's client pays for its own CPU, as another tenant's process would under the host's
-//! scheduler, and the bystander measures only what the attack makes the daemon do.
+//! While an attack runs, every other thread of the test process runs at `SCHED_IDLE` and nice
+//! 19 ([`nice`]): the attack's client pays for its own CPU, as another tenant's process would
+//! under the host's scheduler, and the bystander measures only what the attack makes the daemon
+//! do.
 //!
 //! The daemon is `target/release/npud`, built by [`release_npud`] with `cargo build --release
 //! -p npud` (a no-op when it is fresh), and run through `prlimit --as=1073741824 --` so that the

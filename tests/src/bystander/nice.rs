@@ -5,18 +5,30 @@
 //! the program-store attack the test process used 1.3–1.5 cores beside the daemon's 0.4). A real
 //! attacker is another process that the host's scheduler (its cgroup's `cpu.weight`) keeps from
 //! the other tenants' CPU, which no daemon can do. So while an attack runs, every thread of this
-//! process but the bystander's runs at nice 19: it still gets every CPU cycle nobody else wants,
-//! so the attack presses on the daemon as hard as it can, but not at the bystander's or the
-//! daemon's expense. The daemon keeps the priority it started with.
+//! process but the bystander's runs at `SCHED_IDLE` (and nice 19): it still gets every CPU
+//! cycle nobody else wants, so the attack presses on the daemon as hard as it can, but not at
+//! the bystander's or the daemon's expense. The daemon keeps the priority it started with.
+//!
+//! Nice 19 alone is not enough on the EEVDF scheduler (Linux 6.6 and later): a running thread
+//! keeps its CPU until its slice is used up whatever its nice value, and a nice-0 thread that
+//! wakes meanwhile waits. Seen with `perf sched timehist` on a 2-core 6.18 kernel during the
+//! chain and code-object attacks: the attack's nice-19 threads ran 2-5 ms at a time while the
+//! bystander's thread, the daemon's I/O thread and its executor waited for the CPU, so the
+//! bystander's p99 measured the test's own client. A `SCHED_IDLE` thread is preempted as soon
+//! as a normal one wakes. `chrt` (util-linux, on every Debian system) sets the policy of each
+//! thread by its id, which no safe Rust interface here does.
 
 use rustix::process::{Pid, setpriority_process};
 
 /// The nice value of the attack's threads.
 pub const ATTACKER_NICE: i32 = 19;
 
-/// Every thread of this process but one at [`ATTACKER_NICE`] (threads started meanwhile
-/// inherit it from the thread that starts them), until dropped: then every thread but that
-/// one back at nice 0.
+/// `SCHED_IDLE`, as `/proc/<tid>/stat` shows a thread's policy.
+pub const SCHED_IDLE: u32 = 5;
+
+/// Every thread of this process but one at `SCHED_IDLE` and [`ATTACKER_NICE`] (threads started
+/// meanwhile inherit both from the thread that starts them), until dropped: then every thread
+/// but that one back at `SCHED_OTHER` and nice 0.
 #[derive(Debug)]
 pub struct Lowered {
     keep: Pid,
@@ -36,10 +48,12 @@ impl Drop for Lowered {
     }
 }
 
-/// Sets the nice value of every thread of this process but `keep`. A thread that ended
-/// meanwhile is skipped; root may raise a priority again (`CAP_SYS_NICE`), and a thread that
-/// took another uid (the lockout attacks' callers) is still this process's to renice.
+/// Sets the nice value of every thread of this process but `keep`, and its policy:
+/// `SCHED_IDLE` for a positive `nice`, else `SCHED_OTHER`. A thread that ended meanwhile is
+/// skipped; root may raise a priority again (`CAP_SYS_NICE`), and a thread that took another
+/// uid (the lockout attacks' callers) is still this process's to renice.
 fn set_all_but(keep: Pid, nice: i32) {
+    let policy = if nice > 0 { "--idle" } else { "--other" };
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return;
     };
@@ -53,6 +67,11 @@ fn set_all_but(keep: Pid, nice: i32) {
             && tid != keep
         {
             let _ = setpriority_process(Some(tid), nice);
+            let _ = std::process::Command::new("chrt")
+                .args([policy, "--pid", "0", &tid.as_raw_nonzero().to_string()])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
         }
     }
 }
@@ -63,6 +82,20 @@ mod tests {
 
     fn nice_of(tid: Pid) -> i32 {
         rustix::process::getpriority_process(Some(tid)).expect("a thread's priority")
+    }
+
+    /// The scheduling policy of thread `tid` (field 41 of its stat; the command name, field
+    /// 2, may hold spaces but ends at the last parenthesis).
+    fn policy_of(tid: Pid) -> u32 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/self/task/{}/stat", tid.as_raw_nonzero()))
+                .expect("a thread's stat");
+        let after = &stat[stat.rfind(')').expect("the command name") + 2..];
+        after
+            .split(' ')
+            .nth(41 - 3)
+            .and_then(|f| f.parse().ok())
+            .expect("the policy field")
     }
 
     #[test]
@@ -78,9 +111,12 @@ mod tests {
         {
             let _lowered = Lowered::all_but(me);
             assert_eq!(nice_of(other_tid), ATTACKER_NICE);
+            assert_eq!(policy_of(other_tid), SCHED_IDLE);
             assert_eq!(nice_of(me), 0, "the kept thread keeps its priority");
+            assert_eq!(policy_of(me), 0, "and its policy");
         }
         assert_eq!(nice_of(other_tid), 0);
+        assert_eq!(policy_of(other_tid), 0);
         stop_tx.send(()).unwrap();
         other.join().unwrap();
     }
