@@ -21,6 +21,7 @@ pub mod codes;
 pub mod config;
 pub mod conn;
 pub mod deadline;
+pub mod decoded;
 pub mod drain;
 pub mod error;
 pub mod executor;

@@ -7,7 +7,7 @@
 //! received when the message came in one (no copy), else the message gathered into one buffer
 //! (a long one frame by frame as its bytes arrive, into a buffer of its length, charged before
 //! it is allocated). A long message is decoded on a bulk-work thread and tonic is handed an
-//! empty stand-in ([`super::decoded`]), so tonic never copies or decodes more than
+//! empty stand-in ([`crate::decoded`]), so tonic never copies or decodes more than
 //! [`INLINE_BYTES`] of one message on the I/O thread.
 
 use std::collections::VecDeque;
@@ -19,7 +19,6 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http_body::Frame;
 
-use super::decoded::{self, DecodeFn, Decoded};
 use super::inflate::{Encoding, Inflate, InflateError};
 use super::ledger::Ledger;
 use super::scan::scan;
@@ -27,6 +26,7 @@ use super::schema::{MessageId, Method};
 use super::{
     Caller, INFLATE_RATIO, INFLATE_SLACK, INLINE_BYTES, Intake, UNKNOWN_CALLER_MAX_MESSAGE,
 };
+use crate::decoded::{self, DecodeFn, Decoded};
 use crate::error::NpudError;
 
 /// A gRPC message's header: the compressed flag and the length.

@@ -30,7 +30,7 @@
 //!   past that, is inflated, scanned and decoded as bulk work ([`crate::bulk`]: below the
 //!   priority of the I/O threads and the executor), at most [`Intake::workers`] at a time,
 //!   never on the I/O threads that serve every caller; the handler receives it decoded
-//!   ([`decoded`]). Only the daemon's own methods take long messages: a longer one for health
+//!   ([`crate::decoded`]). Only the daemon's own methods take long messages: a longer one for health
 //!   or reflection is refused from its header (RESOURCE_EXHAUSTED).
 //!
 //! A refused message ends its call with the status (a stream's handler names the message's
@@ -38,7 +38,6 @@
 //! not allow: its bytes up to [`UNKNOWN_CALLER_MAX_MESSAGE`] per message, and a scan of them.
 
 mod body;
-pub mod decoded;
 pub mod inflate;
 pub mod ledger;
 pub mod scan;
@@ -58,8 +57,8 @@ use crate::config::Limits;
 use crate::error::NpudError;
 use crate::peer::ConnInfo;
 
+use crate::decoded::Decoded;
 use body::{Answered, IntakeBody};
-use decoded::Decoded;
 use inflate::Header;
 use ledger::{Hold, Ledger};
 use schema::{Flow, Schema};

@@ -103,8 +103,8 @@ pub struct Method {
     pub input: MessageId,
     pub flow: Flow,
     /// How the intake decodes a long request of this method itself, when it does
-    /// ([`super::decoded`]).
-    pub decoder: Option<super::decoded::DecodeFn>,
+    /// ([`crate::decoded`]).
+    pub decoder: Option<crate::decoded::DecodeFn>,
 }
 
 /// The served methods and their request messages (see the module docs).
@@ -269,7 +269,7 @@ impl Schema {
                             (true, false) => Flow::ClientStream,
                             (true, true) => Flow::Bidi,
                         };
-                        let decoder = super::decoded::decoder(&messages[input as usize].name);
+                        let decoder = crate::decoded::decoder(&messages[input as usize].name);
                         methods.insert(
                             path,
                             Method {

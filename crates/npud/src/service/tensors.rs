@@ -4,7 +4,7 @@ use npu_proto::v1 as pb;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Status, Streaming};
 
-use crate::intake::decoded::Inbound;
+use crate::decoded::Inbound;
 
 use super::{BoxStream, NpudService};
 use crate::error::NpudError;

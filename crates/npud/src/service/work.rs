@@ -15,7 +15,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Streaming};
 
-use crate::intake::decoded::Inbound;
+use crate::decoded::Inbound;
 
 use super::{BoxStream, NpudService, deadline};
 use crate::error::NpudError;

@@ -3,7 +3,7 @@
 //! prost's decode of a long message (a chain of 1,024 links of 64 arguments is 65,536
 //! `TensorArg`s, a program's code object megabytes of `bytes`) takes milliseconds; tonic runs
 //! it on the I/O thread that serves every caller. So the intake decodes a message longer than
-//! [`super::INLINE_BYTES`] itself, on the bulk-work thread that scanned it, and hands tonic an
+//! [`crate::intake::INLINE_BYTES`] itself, on the bulk-work thread that scanned it, and hands tonic an
 //! empty message in its place: the decoded one waits in the call's [`Decoded`] (a request
 //! extension) under the message's index in the call, and the handler takes it from there
 //! ([`whole`] for a call of one request message, [`Inbound`] for a stream). Only the daemon's
@@ -74,7 +74,7 @@ impl Decoded {
     }
 
     /// Message `index` of the call, decoded: put before tonic is handed its empty stand-in.
-    pub(super) fn put(&self, index: u64, message: Message) {
+    pub(crate) fn put(&self, index: u64, message: Message) {
         self.queue().push_back((index, message));
     }
 
@@ -158,7 +158,7 @@ mod tests {
 
     #[test]
     fn every_npud_request_type_has_a_decoder_that_decodes_it() {
-        let schema = super::super::schema::Schema::served(&crate::config::Limits::default())
+        let schema = crate::intake::schema::Schema::served(&crate::config::Limits::default())
             .expect("the served schema");
         let mut seen = 0;
         for path in schema.method_paths() {
