@@ -448,7 +448,25 @@ async fn sessions_are_served_round_robin() {
             a_events.send(format!("a{}", r.request_id)).unwrap();
         }
     });
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    // b's dispatch goes in once a's first item has started: its program is loaded at the
+    // start of its turn (a fixed wait let b in first on a loaded machine).
+    let first = hangs[0];
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let st = a.statistics().await.unwrap();
+        if st
+            .programs
+            .iter()
+            .any(|q| q.program_id == first && q.loaded)
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "a's first item never started"
+        );
+        tokio::task::yield_now().await;
+    }
     b.dispatch(p, &[bx.id, by.id]).await.unwrap();
     events_tx.send("b".into()).unwrap();
     reader.await.unwrap();
