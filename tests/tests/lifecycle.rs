@@ -133,7 +133,13 @@ fn streaming<T>(s: &Session, stream: T) -> tonic::Request<T> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_only_idle_streams_exits_promptly_and_ends_them_with_unavailable() {
-    let mut d = Daemon::start(Options::default().env("NPUD_SHUTDOWN__DRAIN_TIMEOUT_MS", "60000"));
+    // The close grace is longer than the default 300 ms so that this test's reader, which reads
+    // only once it has seen the daemon end the calls, keeps its connection on a loaded machine.
+    let mut d = Daemon::start(
+        Options::default()
+            .env("NPUD_SHUTDOWN__DRAIN_TIMEOUT_MS", "60000")
+            .env("NPUD_SHUTDOWN__CLOSE_GRACE_MS", "2000"),
+    );
     let mut s = session(&d).await;
     // Remote-style tensors (the harness's Session is on the Unix socket, but WriteTensor and
     // ReadTensor work for any caller).

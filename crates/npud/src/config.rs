@@ -151,18 +151,26 @@ pub struct ShutdownConfig {
     /// registrations, tensor copies), in ms; calls that only wait for their caller end with
     /// UNAVAILABLE at once.
     pub drain_timeout_ms: u64,
+    /// Once those calls are ended, how long connections are kept open after nothing moved on
+    /// them (a caller still reading the rest of a stream keeps its connection, for at most the
+    /// drain timeout), in ms.
+    pub close_grace_ms: u64,
 }
 
 impl Default for ShutdownConfig {
     fn default() -> Self {
         Self {
             drain_timeout_ms: 10_000,
+            close_grace_ms: 300,
         }
     }
 }
 
 /// Longest `shutdown.drain_timeout_ms`: one hour.
 const MAX_DRAIN_TIMEOUT_MS: u64 = 3_600_000;
+
+/// Longest `shutdown.close_grace_ms`: one minute.
+const MAX_CLOSE_GRACE_MS: u64 = 60_000;
 
 /// `[metrics]`: the Prometheus listener.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -626,6 +634,12 @@ impl Config {
             return Err(invalid(
                 "shutdown.drain_timeout_ms",
                 "must be at most 3600000 (1 h)",
+            ));
+        }
+        if self.shutdown.close_grace_ms > MAX_CLOSE_GRACE_MS {
+            return Err(invalid(
+                "shutdown.close_grace_ms",
+                "must be at most 60000 (1 min)",
             ));
         }
         if !(MIN_SLICE_BYTES..=MAX_SLICE_BYTES).contains(&self.executor.slice_bytes) {

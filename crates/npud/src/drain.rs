@@ -8,8 +8,10 @@
 //! is zero and nothing is pending in the executor, then ends every life
 //! (`principals::Lifecycle::shutdown`): every call still open ends with UNAVAILABLE through
 //! `lives`, the one layer that ends calls (a response not yet sent becomes a trailers-only
-//! UNAVAILABLE; a response stream gets UNAVAILABLE trailers). Connections with no call at all
-//! (one that sent only its preface) are closed by the server after that.
+//! UNAVAILABLE; a response stream gets UNAVAILABLE trailers). The server then keeps the
+//! connections open while calls still move (a caller reading the rest of a `ReadTensor` before
+//! its UNAVAILABLE), and drops them once nothing moved for `shutdown.close_grace_ms`
+//! ([`Drain::quiet_for`]): a connection that sent only its preface, a caller that does not read.
 //!
 //! Cost: one mutex-guarded map insert and remove per call, a few atomic stores per frame.
 
@@ -44,11 +46,20 @@ struct Shared {
     calls: Mutex<HashMap<u64, Arc<Call>>>,
     next: AtomicU64,
     epoch: Instant,
+    /// When any call last moved or closed, in ms since `epoch`.
+    last_moved_ms: AtomicU64,
 }
 
 impl Shared {
     fn now_ms(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Records that `call` moved now.
+    fn moved(&self, call: &Call) {
+        let now = self.now_ms();
+        call.moved_ms.store(now, Ordering::Release);
+        self.last_moved_ms.fetch_max(now, Ordering::AcqRel);
     }
 }
 
@@ -72,6 +83,7 @@ impl Drain {
                 calls: Mutex::new(HashMap::new()),
                 next: AtomicU64::new(0),
                 epoch: Instant::now(),
+                last_moved_ms: AtomicU64::new(0),
             }),
         }
     }
@@ -96,6 +108,13 @@ impl Drain {
             .count()
     }
 
+    /// How long no call has moved (a request or response frame) or closed: while a caller
+    /// still takes what it was sent, this stays short.
+    pub fn quiet_for(&self) -> Duration {
+        let last = self.shared.last_moved_ms.load(Ordering::Acquire);
+        Duration::from_millis(self.shared.now_ms().saturating_sub(last))
+    }
+
     /// Calls in flight.
     pub fn open(&self) -> usize {
         self.shared
@@ -110,8 +129,9 @@ impl Drain {
         let call = Arc::new(Call {
             waiting_for_caller: AtomicBool::new(false),
             responded: AtomicBool::new(false),
-            moved_ms: AtomicU64::new(self.shared.now_ms()),
+            moved_ms: AtomicU64::new(0),
         });
+        self.shared.moved(&call);
         self.shared
             .calls
             .lock()
@@ -131,11 +151,16 @@ struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.shared
+        let call = self
+            .shared
             .calls
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.id);
+        if let Some(c) = call {
+            // Its last frames may still be on their way to the socket.
+            self.shared.moved(&c);
+        }
     }
 }
 
@@ -198,7 +223,7 @@ where
         Box::pin(async move {
             let resp = inner.call(req).await?;
             call.responded.store(true, Ordering::Release);
-            call.moved_ms.store(shared.now_ms(), Ordering::Release);
+            shared.moved(&call);
             Ok(resp.map(|body| {
                 tonic::body::Body::new(ResponseBody {
                     inner: body,
@@ -234,9 +259,7 @@ impl http_body::Body for RequestBody {
             .waiting_for_caller
             .store(waiting, Ordering::Release);
         if !waiting {
-            self.call
-                .moved_ms
-                .store(self.shared.now_ms(), Ordering::Release);
+            self.shared.moved(&self.call);
         }
         r
     }
@@ -275,9 +298,7 @@ where
         }
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(f))) => {
-                self.call
-                    .moved_ms
-                    .store(self.shared.now_ms(), Ordering::Release);
+                self.shared.moved(&self.call);
                 if f.is_trailers() {
                     self.done = true;
                 }
@@ -317,5 +338,36 @@ mod tests {
         assert_eq!(d.busy(), 0);
         drop(_r);
         assert_eq!(d.open(), 0);
+    }
+
+    #[test]
+    fn quiet_for_counts_from_the_last_frame_or_close_of_any_call() {
+        let d = Drain::new();
+        let (id, call) = d.register();
+        let r = Registration {
+            shared: d.shared.clone(),
+            id,
+        };
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(
+            d.quiet_for() >= Duration::from_millis(50),
+            "{:?}",
+            d.quiet_for()
+        );
+        // At most the time since the move (ms are whole, so up to 1 ms more).
+        let since = |t: Instant| t.elapsed() + Duration::from_millis(1);
+        let t = Instant::now();
+        d.shared.moved(&call);
+        assert!(d.quiet_for() <= since(t), "{:?}", d.quiet_for());
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(
+            d.quiet_for() >= Duration::from_millis(50),
+            "{:?}",
+            d.quiet_for()
+        );
+        // Closing is a move too: its last frames may still be on their way.
+        let t = Instant::now();
+        drop(r);
+        assert!(d.quiet_for() <= since(t), "{:?}", d.quiet_for());
     }
 }

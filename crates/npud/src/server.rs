@@ -61,11 +61,6 @@ type Layers = Stack<
     >,
 >;
 
-/// How long shutdown waits, once the calls still open are ended, for their connections to
-/// close before it drops them (a connection that sent only its preface, a caller that does
-/// not read the UNAVAILABLE it was sent).
-const CLOSE_GRACE: Duration = Duration::from_millis(300);
-
 /// Why the daemon could not serve.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -485,6 +480,7 @@ pub async fn run(
         &state.pending,
         &mut servers,
         Duration::from_millis(cfg.shutdown.drain_timeout_ms),
+        Duration::from_millis(cfg.shutdown.close_grace_ms),
     )
     .await;
     let _ = fd_task.await;
@@ -511,19 +507,25 @@ pub async fn run(
 /// Shutdown's wait for calls in flight: until the listeners' connections have all closed, or
 /// nothing is pending in the executor and every call left only waits for its caller (then
 /// those calls end with UNAVAILABLE), or `timeout` (then every call left is ended the same
-/// way). Connections still open [`CLOSE_GRACE`] after that are dropped.
+/// way). The connections are then kept while their calls still move (a caller taking the rest
+/// of a stream and its UNAVAILABLE), until `timeout` has passed, and dropped once nothing moved
+/// for `close_grace` (a connection that sent only its preface, a caller that does not read).
 async fn drain_calls(
     drain: &Drain,
     lifecycle: &crate::principals::Lifecycle,
     pending: &PendingWork,
     servers: &mut Vec<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
     timeout: Duration,
+    close_grace: Duration,
 ) {
     let deadline = Instant::now() + timeout;
     let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let finished = |servers: &Vec<tokio::task::JoinHandle<_>>| {
+        servers.iter().all(tokio::task::JoinHandle::is_finished)
+    };
     loop {
         tick.tick().await;
-        if servers.iter().all(tokio::task::JoinHandle::is_finished) {
+        if finished(servers) {
             break;
         }
         let idle = pending.get() == 0 && drain.busy() == 0;
@@ -545,17 +547,29 @@ async fn drain_calls(
             break;
         }
     }
-    let close_by = Instant::now() + CLOSE_GRACE;
-    for s in servers.drain(..) {
-        let abort = s.abort_handle();
-        match tokio::time::timeout_at(close_by.into(), s).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "a listener failed while draining"),
-            Ok(Err(_)) => {}
-            Err(_) => {
-                tracing::debug!("connections still open after the drain; closing them");
-                abort.abort();
+    let ended = Instant::now();
+    let last_chance = deadline.max(ended + close_grace);
+    while !finished(servers) {
+        let now = Instant::now();
+        let quiet = drain.quiet_for().min(now - ended);
+        if quiet >= close_grace || now >= last_chance {
+            tracing::debug!(
+                calls = drain.open(),
+                "connections still open {} ms after anything moved on them; closing them",
+                quiet.as_millis()
+            );
+            for s in servers.iter() {
+                s.abort();
             }
+            break;
+        }
+        tick.tick().await;
+    }
+    for s in servers.drain(..) {
+        match s.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "a listener failed while draining"),
+            Err(_) => {}
         }
     }
 }
