@@ -546,3 +546,105 @@ async fn the_memory_budget_refuses_naming_its_key_and_rss_returns_near_baseline(
         "RSS stayed at {after} KiB after the load (baseline {baseline} KiB, peak {peak} KiB)"
     );
 }
+
+/// A daemon that begins shutting down just as a client's first call arrives: the first
+/// connection at the returned socket reads the client's preface and frames as HTTP/2 and, when
+/// the call's HEADERS frame arrives, answers GOAWAY (last stream 0, `NO_ERROR`), the server's
+/// graceful refusal of a stream it will not process, and closes; or, with `!go_away`, is
+/// closed as soon as it is accepted (a daemon that exits with a connection it accepted and
+/// never served). Later connections are passed to `daemon`, as socket activation hands the
+/// next connection to the next daemon. Counts the refused calls.
+async fn refuse_first(
+    dir: &std::path::Path,
+    daemon: std::path::PathBuf,
+    go_away: bool,
+) -> (
+    std::path::PathBuf,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let path = dir.join("go-away.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let refused = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = refused.clone();
+    tokio::spawn(async move {
+        let (mut first, _) = listener.accept().await.unwrap();
+        if !go_away {
+            counted.fetch_add(1, Ordering::SeqCst);
+            drop(first);
+            return proxy(listener, daemon).await;
+        }
+        let mut preface = [0u8; 24];
+        first.read_exact(&mut preface).await.unwrap();
+        assert_eq!(&preface, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+        // An empty SETTINGS: the server's preface.
+        first.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+        loop {
+            let mut head = [0u8; 9];
+            first.read_exact(&mut head).await.unwrap();
+            let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+            let mut payload = vec![0u8; len];
+            first.read_exact(&mut payload).await.unwrap();
+            match (head[3], head[4]) {
+                // SETTINGS, not an ACK: acknowledge it.
+                (4, flags) if flags & 1 == 0 => {
+                    first.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await.unwrap();
+                }
+                // HEADERS: the call. GOAWAY, last stream 0, NO_ERROR.
+                (1, _) => {
+                    let mut go_away = vec![0, 0, 8, 7, 0, 0, 0, 0, 0];
+                    go_away.extend_from_slice(&[0; 8]);
+                    first.write_all(&go_away).await.unwrap();
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        drop(first);
+        proxy(listener, daemon).await;
+    });
+    (path, refused)
+}
+
+/// Passes every connection `listener` accepts to the socket at `daemon`.
+async fn proxy(listener: tokio::net::UnixListener, daemon: std::path::PathBuf) {
+    loop {
+        let (mut c, _) = listener.accept().await.unwrap();
+        let daemon = daemon.clone();
+        tokio::spawn(async move {
+            let mut d = tokio::net::UnixStream::connect(&daemon).await.unwrap();
+            let _ = tokio::io::copy_bidirectional(&mut c, &mut d).await;
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_call_a_stopping_daemon_refused_or_dropped_is_sent_again_on_a_new_connection() {
+    let d = Daemon::start(Options::default());
+    for go_away in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, refused) = refuse_first(dir.path(), d.socket.clone(), go_away).await;
+        let addr = format!("unix:{}", path.display());
+        let out = tokio::process::Command::new(npud_e2e::npuctl_binary())
+            .args(["--addr", &addr, "status", "--json"])
+            .env_remove("NPUD_ADDR")
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(refused.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let how = if go_away {
+            "a GOAWAY"
+        } else {
+            "a dropped connection"
+        };
+        assert!(
+            out.status.success(),
+            "npuctl status after {how}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(status.get("device").is_some(), "{how}: {status}");
+    }
+}

@@ -375,7 +375,18 @@ pub(crate) async fn open_channel(
         address: addr.to_string(),
         message,
     };
-    match tokio::time::timeout(opts.connect_timeout, ep.connect()).await {
+    // A connection the server accepted and closed at once (a daemon that stopped with it
+    // accepted and unserved, the next one of a socket unit waiting behind it) is made once more.
+    let connect = async {
+        match ep.connect().await {
+            Err(e) if closed_by_the_server(&e) => {
+                tracing::debug!(error = %error_chain(&e), "the server closed the new connection; connecting again");
+                ep.connect().await
+            }
+            r => r,
+        }
+    };
+    match tokio::time::timeout(opts.connect_timeout, connect).await {
         Ok(Ok(ch)) => Ok(ch),
         Ok(Err(e)) => Err(failed(crate::diagnose::connect_failure(addr, &e))),
         Err(_) => Err(failed(format!(
@@ -383,6 +394,23 @@ pub(crate) async fn open_channel(
             opts.connect_timeout
         ))),
     }
+}
+
+/// The connection was made and the server closed it (not: nobody listens).
+fn closed_by_the_server(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::UnexpectedEof
+            );
+        }
+        cur = c.source();
+    }
+    false
 }
 
 /// A status from the transport: its message and the sources below it, joined with ": "

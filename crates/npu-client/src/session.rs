@@ -22,7 +22,9 @@
 //!   as [`ClientError::Daemon`], not retried; except at connect, before any session exists:
 //!   there a daemon that drains (a `systemctl restart` whose socket unit hands the next
 //!   connection to the next daemon) is asked again on a new connection, within the connect
-//!   timeout.
+//!   timeout. A connection such a daemon closes as it is made, or whose first call it refuses
+//!   with its HTTP/2 GOAWAY or drops, is made once more (that call, `GetDeviceInfo`, changes
+//!   nothing).
 //! - A session a [`crate::Fleet`] opened is also lost when the fleet finds its host down (a
 //!   session call in flight then ends at once, not at its timeout), and when its own reconnect
 //!   fails for the reconnect timeout (it then tells the fleet): the daemon that held its
@@ -177,9 +179,12 @@ impl Inner {
         let identity = identity_header(&addr, &opts)?;
         // A daemon that is shutting down answers UNAVAILABLE on a connection it accepted just
         // before: under socket activation the next daemon takes the next connection from the
-        // same socket, so a new connection is tried until the connect timeout.
+        // same socket, so a new connection is tried until the connect timeout. It may also
+        // refuse the first call with its HTTP/2 GOAWAY, or close the connection under it: that
+        // call (GetDeviceInfo, which changes nothing) is sent once more on a new connection.
         let started = std::time::Instant::now();
         let mut pause = Duration::from_millis(20);
+        let mut resent = false;
         let (channel, mut plain, device) = loop {
             let channel = open_channel(&addr, &opts).await?;
             let mut plain = plain_client(channel.clone(), &opts, identity.clone());
@@ -190,6 +195,10 @@ impl Inner {
             .await
             {
                 Ok(Ok(r)) => break (channel, plain, r.into_inner()),
+                Ok(Err(st)) if is_transport(&st) && !resent => {
+                    tracing::debug!(error = %crate::connect::status_chain(&st), "the first call failed in the transport; sending it again on a new connection");
+                    resent = true;
+                }
                 Ok(Err(st))
                     if st.code() == Code::Unavailable
                         && !is_transport(&st)
