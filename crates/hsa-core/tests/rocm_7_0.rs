@@ -18,6 +18,7 @@ fn open_with(opts: DeviceOptions) -> Result<Device, HsaError> {
         agent: NpuGen::Npu1,
         // A watchdog far past ROCm 7.0's 50 ms command wait: the runtime gives up first.
         timeout: std::time::Duration::from_secs(3600),
+        ..SimConfig::default()
     });
     Device::open(
         hsa_sim::api("hsa-sim"),

@@ -9,6 +9,7 @@
 //! | `HSA_SIM_AGENT_NAME` | `aie2`, `aie2p` | `aie2p` | the AIE agent's `HSA_AGENT_INFO_NAME`, and the TXN device generation it accepts (`aie2` = npu1 = devGen 3, `aie2p` = npu2 = devGen 4) |
 //! | `HSA_SIM_PROFILE` | `rocm-7.0`, `rocr-late-2025`, `rocr-g2-2026-05`, `rocr-g2-2026-07`, `rocr-newest`, `kernel-object` | `rocr-newest` | the ROCR release: packet ABI, names, chain limits, how failures are reported, what vmem and dmabuf export allow, whether AIE hsacos load (see [`Profile`]) |
 //! | `HSA_SIM_TIMEOUT_MS` | milliseconds | `2000` | how long a hanging command blocks the doorbell before it fails as the driver's TDR would (ROCm 7.0 gives up after 50 ms if that is shorter) |
+//! | `HSA_SIM_TIMING` | `off`, `model` | `off` | whether a doorbell takes the device time the timing model gives what it ran ([`crate::timing`]) |
 //!
 //! A value the emulator does not understand is logged and replaced by the default.
 //! `HSA_SIM_PACKET_ABI` is not read (the profile decides the packet ABI); setting it logs a
@@ -54,6 +55,8 @@ pub struct SimConfig {
     pub profile: Profile,
     /// How long a hanging command blocks before it fails ("Device isn't making progress").
     pub timeout: Duration,
+    /// Whether doorbells take the modelled device time.
+    pub timing: crate::timing::Timing,
 }
 
 impl Default for SimConfig {
@@ -62,6 +65,7 @@ impl Default for SimConfig {
             agent: NpuGen::Npu2,
             profile: Profile::default(),
             timeout: Duration::from_millis(2000),
+            timing: crate::timing::Timing::Off,
         }
     }
 }
@@ -81,7 +85,7 @@ impl SimConfig {
         }
     }
 
-    /// Reads `HSA_SIM_AGENT_NAME`, `HSA_SIM_PROFILE` and `HSA_SIM_TIMEOUT_MS`.
+    /// Reads `HSA_SIM_AGENT_NAME`, `HSA_SIM_PROFILE`, `HSA_SIM_TIMEOUT_MS` and `HSA_SIM_TIMING`.
     pub fn from_env() -> Self {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -108,6 +112,12 @@ impl SimConfig {
                 "HSA_SIM_PACKET_ABI is no longer read: HSA_SIM_PROFILE ({}) decides the packet ABI",
                 cfg.profile
             );
+        }
+        if let Some(v) = get("HSA_SIM_TIMING") {
+            match v.parse() {
+                Ok(t) => cfg.timing = t,
+                Err(e) => tracing::warn!("HSA_SIM_TIMING: {e}; using off"),
+            }
         }
         if let Some(v) = get("HSA_SIM_TIMEOUT_MS") {
             match v.trim().parse::<u64>() {

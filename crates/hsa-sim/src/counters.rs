@@ -70,6 +70,9 @@ pub struct Counters {
     /// current context id, so that nothing was configured (a stale entry: key 0 of a later
     /// queue, or a context id that came back after 255).
     pub rocm70_cache_hits: u64,
+    /// Nanoseconds of device time the timing model charged to doorbells (`crate::timing`;
+    /// 0 with `HSA_SIM_TIMING` off).
+    pub modelled_device_ns: u64,
 }
 
 impl Counters {
@@ -176,6 +179,7 @@ impl Counters {
             self.hw_context_mode_switches,
             self.hw_context_columns,
             self.rocm70_cache_hits,
+            self.modelled_device_ns,
         ]
     }
 
@@ -212,11 +216,12 @@ impl Counters {
             hw_context_mode_switches: a[28],
             hw_context_columns: a[29],
             rocm70_cache_hits: a[30],
+            modelled_device_ns: a[31],
         }
     }
 }
 
-const N_FIELDS: usize = 31;
+const N_FIELDS: usize = 32;
 
 /// Indexes into the live counters; the order is [`Counters::as_array`]'s.
 #[derive(Clone, Copy, Debug)]
@@ -253,6 +258,7 @@ pub(crate) enum Counter {
     HwContextModeSwitches,
     HwContextColumns,
     Rocm70CacheHits,
+    ModelledDeviceNs,
 }
 
 static LIVE: [AtomicU64; N_FIELDS] = [const { AtomicU64::new(0) }; N_FIELDS];
@@ -305,8 +311,10 @@ mod tests {
         assert_eq!(c.as_array(), a);
         assert_eq!(c.chain_submissions, 21);
         assert_eq!(Counter::ChainSubmissions as usize, 20);
-        assert_eq!(c.rocm70_cache_hits, N_FIELDS as u64);
-        assert_eq!(Counter::Rocm70CacheHits as usize, N_FIELDS - 1);
+        assert_eq!(c.rocm70_cache_hits, N_FIELDS as u64 - 1);
+        assert_eq!(Counter::Rocm70CacheHits as usize, N_FIELDS - 2);
+        assert_eq!(c.modelled_device_ns, N_FIELDS as u64);
+        assert_eq!(Counter::ModelledDeviceNs as usize, N_FIELDS - 1);
         assert_eq!(std::mem::size_of::<Counters>(), N_FIELDS * 8);
     }
 

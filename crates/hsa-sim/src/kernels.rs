@@ -250,10 +250,12 @@ fn matmul(d: &EmuDesign, a: &[u8], b: &[u8]) -> Result<Vec<u8>, String> {
 pub(crate) fn run(design: &EmuDesign, inputs: &[Vec<u8>]) -> Result<Option<Vec<u8>>, String> {
     let n = design.n as usize;
     let input = |i: usize| inputs.get(i).map_or(&[][..], Vec::as_slice);
+    let bytes_in: u64 = inputs.iter().map(|v| v.len() as u64).sum();
     if matches!(
         design.kernel,
         EmuKernel::Noop | EmuKernel::Fault | EmuKernel::Hang
     ) {
+        crate::timing::kernel(bytes_in);
         return Ok(None);
     }
     if design.kernel != EmuKernel::Matmul && design.dtype_in != design.dtype_out {
@@ -297,6 +299,7 @@ pub(crate) fn run(design: &EmuDesign, inputs: &[Vec<u8>]) -> Result<Option<Vec<u
         EmuKernel::Matmul => matmul(design, input(0), input(1))?,
         EmuKernel::Noop | EmuKernel::Fault | EmuKernel::Hang => return Ok(None),
     };
+    crate::timing::kernel(bytes_in + out.len() as u64);
     Ok(Some(out))
 }
 

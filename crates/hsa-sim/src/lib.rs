@@ -256,6 +256,7 @@ mod rules;
 mod runtime;
 mod signal;
 mod status;
+pub mod timing;
 mod vmem;
 
 pub use agents::*;

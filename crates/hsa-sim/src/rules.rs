@@ -280,6 +280,7 @@ pub(crate) fn execute(
             )));
         }
         state.pdis.push(cmd.pdi);
+        crate::timing::configure();
     }
     if insts.owner != Owner::Pool(PoolKind::DeviceHeap) {
         let dev = DEVICE_HEAP_DEVICE_BASE | (cmd.insts & DEV_ADDR_OFFSET_MASK);

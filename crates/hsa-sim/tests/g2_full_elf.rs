@@ -434,6 +434,7 @@ fn full_elf_needs_an_aie2p_agent() {
             profile,
             agent: NpuGen::Npu1,
             timeout: std::time::Duration::from_millis(100),
+            ..SimConfig::default()
         });
         let q = sim.queue();
         let (e, pdi, a, b, ctrl) = setup(&sim, Some(-7));

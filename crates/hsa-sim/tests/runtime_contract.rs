@@ -72,6 +72,7 @@ fn open(tamper: u32) -> Result<Device, HsaError> {
         agent: NpuGen::Npu2,
         profile: Profile::RocrNewest,
         timeout: std::time::Duration::from_millis(300),
+        ..SimConfig::default()
     });
     TAMPER.store(tamper, Ordering::SeqCst);
     let fns = HsaFns {

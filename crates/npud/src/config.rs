@@ -92,6 +92,9 @@ pub struct EmulatorConfig {
     pub profile: String,
     /// How long a hanging kernel blocks before it fails as the driver's watchdog would, in ms.
     pub timeout_ms: u64,
+    /// `off` (the emulator's own speed) or `model`: each doorbell takes the device time
+    /// hsa-sim's timing model gives what it ran (modelled, not measured).
+    pub timing: String,
 }
 
 impl Default for EmulatorConfig {
@@ -100,6 +103,7 @@ impl Default for EmulatorConfig {
             agent_name: "aie2p".into(),
             profile: hsa_sim::Profile::default().as_str().into(),
             timeout_ms: 2000,
+            timing: "off".into(),
         }
     }
 }
@@ -577,6 +581,14 @@ impl Config {
         if !matches!(self.emulator.agent_name.as_str(), "aie2" | "aie2p") {
             return Err(invalid("emulator.agent_name", "expected aie2 or aie2p"));
         }
+        if self
+            .emulator
+            .timing
+            .parse::<hsa_sim::timing::Timing>()
+            .is_err()
+        {
+            return Err(invalid("emulator.timing", "expected off or model"));
+        }
         if let Some(t) = &self.tcp
             && t.parse::<SocketAddr>().is_err()
         {
@@ -751,6 +763,12 @@ impl Config {
         }
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         (cores.saturating_sub(1) / 2).clamp(1, 4)
+    }
+
+    /// Whether the emulator's doorbells take modelled device time (checked by
+    /// [`Config::load`]; off if unparsable).
+    pub fn emulator_timing(&self) -> hsa_sim::timing::Timing {
+        self.emulator.timing.parse().unwrap_or_default()
     }
 
     /// The emulator profile (checked by [`Config::load`]; the default if unparsable).

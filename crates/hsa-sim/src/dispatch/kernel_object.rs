@@ -314,6 +314,9 @@ pub(super) fn run_batch(
     };
     let chains = plan_chains(&checked);
     bump_by(Counter::ChainSubmissions, chains.len() as u64);
+    for _ in &chains {
+        crate::timing::chain();
+    }
     let mut buffers = Vec::new();
     let result = run_all(rt, q, state, rd, &checked, &mut buffers);
     let mut mem = rt.memory();
@@ -335,6 +338,7 @@ fn size_context(ko: &mut KoQueueState, kind: KernelKind, checked: &[Checked], ad
     };
     if mode_changed || ko.columns == 0 || added_pdi || required > ko.columns {
         bump(Counter::HwContextBuilds);
+        crate::timing::context();
         if mode_changed && ko.mode.is_some() {
             bump(Counter::HwContextModeSwitches);
         }
@@ -380,6 +384,7 @@ fn run_all(
             complete(sig);
         }
         bump(Counter::PacketsCompleted);
+        crate::timing::command();
     }
     Ok(())
 }

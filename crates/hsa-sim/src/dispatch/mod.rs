@@ -66,6 +66,8 @@ struct BatchFailure {
 pub(crate) fn ring(q: &Arc<QueueObj>) {
     let Ok(rt) = runtime() else { return };
     let profile = q.config.profile;
+    // Slept (with the timing model on) when the doorbell returns, after the queue's lock.
+    let _device = crate::timing::Doorbell::ring(q.config.timing, q.config.agent);
     let failure = {
         let mut state = q.state();
         if q.suspended.load(Ordering::Acquire) {
@@ -169,6 +171,7 @@ fn run_batch(rt: &Runtime, q: &QueueObj, state: &mut QueueState) -> Result<(), B
     for index in rd..wr {
         if index == next_chain {
             bump(Counter::ChainSubmissions);
+            crate::timing::chain();
             next_chain += chains.next().unwrap_or(wr - index);
         }
         let cmd = match checked.next() {
@@ -181,6 +184,7 @@ fn run_batch(rt: &Runtime, q: &QueueObj, state: &mut QueueState) -> Result<(), B
             complete(sig);
         }
         bump(Counter::PacketsCompleted);
+        crate::timing::command();
     }
     Ok(())
 }

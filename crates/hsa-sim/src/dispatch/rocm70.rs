@@ -97,6 +97,7 @@ impl AgentContexts {
                 e.insert(Vec::new());
                 self.next_id = id % MAX_HWCTX_ID + 1;
                 bump(Counter::HwContextBuilds);
+                crate::timing::context();
                 return Some(id);
             }
         }
@@ -248,6 +249,7 @@ fn submit(
         ));
     }
     bump(Counter::ChainSubmissions);
+    crate::timing::chain();
     let delay = command_delay();
     let started = Instant::now();
     let configured = rt.rocm70().contexts.get(&ctx).cloned().unwrap_or_default();
@@ -303,6 +305,7 @@ fn submit(
             )
         })?;
         bump(Counter::PacketsCompleted);
+        crate::timing::command();
     }
     let took = started.elapsed();
     if took > ROCM_7_0_WAIT {
@@ -356,6 +359,9 @@ fn configure(rt: &Runtime, state: &mut QueueState, key: u32, list: Vec<u32>) -> 
                 ));
             }
         }
+    }
+    for _ in &cus {
+        crate::timing::configure();
     }
     ctxs.contexts.insert(id, cus);
     state.rocm70_context = id;

@@ -42,6 +42,7 @@ pub fn open_static(profile: Profile, opts: DeviceOptions) -> Device {
         agent: agent_for(profile),
         profile,
         timeout: Duration::from_millis(300),
+        ..SimConfig::default()
     });
     let abi: PacketAbi = profile.packet_abi();
     let api = hsa_sim::api("hsa-sim");

@@ -485,6 +485,7 @@ fn open_device(cfg: &Config) -> Result<Device, StartError> {
                 agent,
                 profile: cfg.emulator_profile(),
                 timeout: Duration::from_millis(cfg.emulator.timeout_ms),
+                timing: cfg.emulator_timing(),
             });
             Ok(hsa_sim::api("hsa-sim (emulator)"))
         }

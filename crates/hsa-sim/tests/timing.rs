@@ -1,0 +1,104 @@
+//! The timing model (`HSA_SIM_TIMING=model`): a doorbell returns no sooner than the device time
+//! the model gives what it ran, one doorbell of many packets is charged one submission, and
+//! with the model off nothing is charged.
+
+#![allow(clippy::cast_possible_truncation)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use hsa_sim::timing::{Model, Timing};
+use hsa_sim::*;
+
+/// `packets` add-one dispatches of one program sharing a completion signal, on `profile`
+/// with `timing`; returns what the counters saw and how long the doorbells took, rung
+/// `per_doorbell` packets at a time.
+fn run(
+    profile: Profile,
+    timing: Timing,
+    packets: usize,
+    per_doorbell: usize,
+) -> (Counters, Duration) {
+    let sim = Sim::with(SimConfig {
+        profile,
+        timing,
+        timeout: Duration::from_secs(2),
+        ..SimConfig::default()
+    });
+    let d = valid(&sim, sim.signal(packets as i64));
+    let all: Vec<[u8; 64]> = (0..packets).map(|_| sim.packet(&d)).collect();
+    let q = sim.queue();
+    let before = counters();
+    let t = Instant::now();
+    for batch in all.chunks(per_doorbell) {
+        q.submit(batch);
+    }
+    let took = t.elapsed();
+    assert_eq!(
+        q.read_index(),
+        packets as u64,
+        "{profile}: every packet ran"
+    );
+    assert_eq!(
+        bytes_i32(&read(d.args[1].0, 1024)),
+        vec![6; 256],
+        "{profile}"
+    );
+    (counters().since(&before), took)
+}
+
+fn ns(d: Duration) -> u64 {
+    d.as_nanos() as u64
+}
+
+#[test]
+fn a_doorbell_takes_at_least_its_modelled_time_and_batching_is_charged_one_submission() {
+    let m = Model::of(npu_artifacts::NpuGen::Npu2);
+    // add-one over 256 i32: 1 KiB in, 1 KiB out.
+    let kernel = m.kernel(2048);
+    for profile in [Profile::RocrNewest, Profile::RocrLate2025] {
+        // One doorbell of 16: one chain, 16 commands, the PDI configured once.
+        let (one, took) = run(profile, Timing::Model, 16, 16);
+        let want = m.submit + m.configure + 16 * (m.per_command + kernel);
+        assert_eq!(one.chain_submissions, 1, "{profile}");
+        assert_eq!(one.modelled_device_ns, ns(want), "{profile}");
+        assert!(took >= want, "{profile}: {took:?} < {want:?}");
+        // Sixteen doorbells of one: sixteen submissions.
+        let (sixteen, took) = run(profile, Timing::Model, 16, 1);
+        let want = 16 * (m.submit + m.per_command + kernel) + m.configure;
+        assert_eq!(sixteen.modelled_device_ns, ns(want), "{profile}");
+        assert!(took >= want, "{profile}: {took:?} < {want:?}");
+        assert!(sixteen.modelled_device_ns > one.modelled_device_ns);
+        // Off: nothing charged.
+        let (off, _) = run(profile, Timing::Off, 16, 1);
+        assert_eq!(off.modelled_device_ns, 0, "{profile}");
+    }
+}
+
+#[test]
+fn rocm_7_0_builds_and_configures_a_context_at_every_doorbell_that_misses_its_cache() {
+    let m = Model::of(npu_artifacts::NpuGen::Npu2);
+    let kernel = m.kernel(2048);
+    let (seen, took) = run(Profile::Rocm70, Timing::Model, 2, 1);
+    let per_build = m.context + m.configure;
+    let want = seen.hw_context_builds as u32 * per_build
+        + seen.chain_submissions as u32 * m.submit
+        + 2 * (m.per_command + kernel);
+    assert!(seen.hw_context_builds >= 1, "{seen:?}");
+    assert_eq!(seen.modelled_device_ns, ns(want), "{seen:?}");
+    assert!(took >= want, "{took:?} < {want:?}");
+}
+
+#[test]
+fn hsa_sim_timing_is_read_from_the_environment() {
+    // SAFETY: this test's process (nextest runs one test per process) has no other thread
+    // reading the environment here.
+    unsafe { std::env::set_var("HSA_SIM_TIMING", "model") };
+    assert_eq!(SimConfig::from_env().timing, Timing::Model);
+    unsafe { std::env::set_var("HSA_SIM_TIMING", "fast") };
+    assert_eq!(SimConfig::from_env().timing, Timing::Off);
+    unsafe { std::env::remove_var("HSA_SIM_TIMING") };
+    assert_eq!(SimConfig::from_env().timing, Timing::Off);
+}
