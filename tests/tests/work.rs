@@ -634,3 +634,28 @@ async fn work_whose_program_was_unregistered_while_queued_is_refused() {
     );
     assert!(c.map.i32s().unwrap().iter().all(|v| *v == 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_timing_model_a_dispatch_takes_at_least_the_modelled_device_time() {
+    let d = Daemon::start(Options::default().env("NPUD_EMULATOR__TIMING", "model"));
+    let (s, p, mut a, b) = setup(&d).await;
+    a.map.fill_i32(1).unwrap();
+    let m = hsa_sim::timing::Model::of(npu_artifacts::NpuGen::Npu2);
+    // One command chain of one command, its kernel moving the two 4 KiB tensors.
+    let least = m.submit + m.per_command + m.kernel(2 * BYTES, 0);
+    for _ in 0..3 {
+        let r = s
+            .client
+            .clone()
+            .dispatch(s.req(dispatch_request(p, &[a.id, b.id])))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            u128::from(r.device_ns) >= least.as_nanos(),
+            "device {} ns, the model's least {least:?}",
+            r.device_ns
+        );
+    }
+    assert_eq!(b.map.i32s().unwrap(), &vec![2; N as usize][..]);
+}

@@ -255,7 +255,7 @@ pub(crate) fn run(design: &EmuDesign, inputs: &[Vec<u8>]) -> Result<Option<Vec<u
         design.kernel,
         EmuKernel::Noop | EmuKernel::Fault | EmuKernel::Hang
     ) {
-        crate::timing::kernel(bytes_in);
+        crate::timing::kernel(bytes_in, 0);
         return Ok(None);
     }
     if design.kernel != EmuKernel::Matmul && design.dtype_in != design.dtype_out {
@@ -299,7 +299,11 @@ pub(crate) fn run(design: &EmuDesign, inputs: &[Vec<u8>]) -> Result<Option<Vec<u
         EmuKernel::Matmul => matmul(design, input(0), input(1))?,
         EmuKernel::Noop | EmuKernel::Fault | EmuKernel::Hang => return Ok(None),
     };
-    crate::timing::kernel(bytes_in + out.len() as u64);
+    let ops = match design.kernel {
+        EmuKernel::Matmul => 2 * u64::from(design.m) * u64::from(design.k) * u64::from(design.n),
+        _ => 0,
+    };
+    crate::timing::kernel(bytes_in + out.len() as u64, ops);
     Ok(Some(out))
 }
 

@@ -280,7 +280,9 @@ pub(crate) fn execute(
             )));
         }
         state.pdis.push(cmd.pdi);
-        crate::timing::configure();
+        // The driver configures a context's compute units once: ROCR rebuilds the queue's
+        // context with the new PDI set (`ConfigHwCtx`).
+        crate::timing::context();
     }
     if insts.owner != Owner::Pool(PoolKind::DeviceHeap) {
         let dev = DEVICE_HEAP_DEVICE_BASE | (cmd.insts & DEV_ADDR_OFFSET_MASK);

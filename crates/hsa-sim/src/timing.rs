@@ -6,18 +6,23 @@
 //! as ROCR's blocks in the driver's `WAIT_CMD`, so the device's time costs no CPU. Off by
 //! default: tests that measure the software keep the emulator's own speed.
 //!
-//! The model charges, per doorbell ([`Model`]):
-//! - each command chain submitted (`EXEC_CMD` + the firmware + `WAIT_CMD`): [`Model::submit`];
+//! The model charges, per doorbell ([`Model`], per NPU generation):
+//! - each command chain submitted (`EXEC_CMD`, the firmware, `WAIT_CMD`): [`Model::submit`];
 //! - each command in it: [`Model::per_command`];
-//! - each hardware context built (ROCm 7.0 builds one at every doorbell that misses its PDI
-//!   cache; the kernel-object runtime when a batch needs a wider or new one): [`Model::context`];
-//! - each PDI a context is configured with (`CONFIG_CU`): [`Model::configure`];
-//! - each kernel: its bytes in and out at [`Model::bytes_per_us`], at least
-//!   [`Model::kernel_min`].
+//! - each hardware context built ([`Model::context`]): the driver refuses to configure the
+//!   compute units of a context twice, so a PDI new to a queue rebuilds its context (ROCR's
+//!   `ConfigHwCtx`: destroy, create, `CONFIG_CU`); ROCm 7.0 keys its PDI cache by the handle
+//!   of the context it just destroyed, so every doorbell builds one;
+//! - each kernel: the larger of its bytes in and out at [`Model::bytes_per_us`] and (matmul)
+//!   its operations at [`Model::ops_per_us`], at least [`Model::kernel_min`], plus ROCR's cache
+//!   flush of its buffers before and after the submission ([`Model::flush_ns_per_mib`]).
 //!
-//! Every figure is modelled, not measured on an NPU; where each comes from is on its field.
-//! The time charged is also counted ([`crate::Counters::modelled_device_ns`]), so a caller can
-//! tell modelled device time from the emulator's own.
+//! Every figure is modelled from published measurements, not measured on an NPU here; where each
+//! comes from is on its constant. The time charged is also counted
+//! ([`crate::Counters::modelled_device_ns`]), so a caller can tell it from the emulator's own.
+//! Not modelled: clock ramp-up after idle, power modes, the per-command buffer objects ROCR
+//! creates and maps, and ROCm 7.0's 50 ms `WAIT_CMD` limit on a modelled chain (the emulator's
+//! own time is still held to it).
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -71,54 +76,74 @@ pub struct Model {
     pub submit: Duration,
     /// Each command of a chain.
     pub per_command: Duration,
-    /// One hardware context built.
+    /// One hardware context built (created and its compute units configured).
     pub context: Duration,
-    /// One PDI configured into a context.
-    pub configure: Duration,
     /// A kernel's bytes in and out per µs.
     pub bytes_per_us: u64,
+    /// A matmul's operations (2·m·k·n) per µs.
+    pub ops_per_us: u64,
     /// The least a kernel takes.
     pub kernel_min: Duration,
+    /// ROCR's CPU cache flush of a kernel's buffers, per MiB, once before and once after.
+    pub flush_ns_per_mib: u64,
 }
 
 impl Model {
     /// The model of `agent`'s NPU.
     pub fn of(agent: NpuGen) -> Model {
         let us = Duration::from_micros;
-        match agent {
-            NpuGen::Npu1 | NpuGen::Npu2 => Model {
-                submit: us(SUBMIT_US),
-                per_command: us(PER_COMMAND_US),
-                context: us(CONTEXT_US),
-                configure: us(CONFIGURE_US),
-                bytes_per_us: BYTES_PER_US,
-                kernel_min: us(KERNEL_MIN_US),
-            },
+        let (single, per_command) = match agent {
+            NpuGen::Npu1 => (NPU1_SINGLE_US, NPU1_PER_COMMAND_US),
+            NpuGen::Npu2 => (NPU2_SINGLE_US, NPU2_PER_COMMAND_US),
+        };
+        Model {
+            submit: us(single - per_command),
+            per_command: us(per_command),
+            context: us(CONTEXT_US),
+            bytes_per_us: BYTES_PER_US,
+            ops_per_us: OPS_PER_US,
+            kernel_min: Duration::from_nanos(KERNEL_MIN_NS),
+            flush_ns_per_mib: FLUSH_NS_PER_MIB,
         }
     }
 
-    /// A kernel's modelled time for `bytes` in and out.
-    pub fn kernel(&self, bytes: u64) -> Duration {
-        let us = bytes / self.bytes_per_us.max(1);
-        Duration::from_micros(us).max(self.kernel_min)
+    /// A kernel's modelled time for `bytes` in and out and `ops` operations.
+    pub fn kernel(&self, bytes: u64, ops: u64) -> Duration {
+        let ns = |n: u64, per_us: u64| n.saturating_mul(1000) / per_us.max(1);
+        let work = ns(bytes, self.bytes_per_us).max(ns(ops, self.ops_per_us));
+        let flush = 2 * bytes.saturating_mul(self.flush_ns_per_mib) / (1 << 20);
+        Duration::from_nanos(work).max(self.kernel_min) + Duration::from_nanos(flush)
     }
 }
 
-// Figures. See the module docs: modelled, not measured here.
+// Figures (see the module docs: modelled from published measurements, not measured here).
 
-/// A command chain submitted alone and waited for: XRT's run + wait of an empty kernel,
-/// ≈45 µs (Xilinx/XRT#9018, Xilinx/mlir-aie#2381), less the command itself.
-const SUBMIT_US: u64 = 35;
-/// Each command of a chain: XRT's run + wait of an empty kernel (≈45 µs) less a submission.
-const PER_COMMAND_US: u64 = 10;
-/// A hardware context built: XRT's `hw_context` ≈35 ms (amd/Triton-XDNA#113).
+/// npu1 (Phoenix): one no-op command submitted and waited for, `xrt-smi validate -r latency`
+/// (10,000 × run + wait): 110.0 µs (amd/RyzenAI-SW#142, Ryzen 5 7640U).
+const NPU1_SINGLE_US: u64 = 110;
+/// npu1: each command of a chain, `xrt-smi validate -r cmd-chain-latency` (1,000 no-op commands
+/// in runlists of 24 per chain, amortised): 27.7 µs, same machine and run as the above. Taking
+/// the amortised figure as each command's own cost is an inference.
+const NPU1_PER_COMMAND_US: u64 = 28;
+/// npu2 (Strix): `xrt-smi validate -r latency` on Linux: 50.0 µs (amd/IRON#43). On Windows
+/// 109.5–127.2 µs (Xilinx/XRT#8075, #8319).
+const NPU2_SINGLE_US: u64 = 50;
+/// npu2: `cmd-chain-latency` 8.8 µs a command (Xilinx/XRT#8238, Strix, Windows); as for npu1,
+/// an inference that this is each command's own cost.
+const NPU2_PER_COMMAND_US: u64 = 9;
+/// A hardware context built: `xrt::hw_context` 35 ms on Strix (amd/Triton-XDNA#113, with XRT's
+/// own work, so an upper bound); npu1 takes the same figure (an inference: none published).
 const CONTEXT_US: u64 = 35_000;
-/// A PDI configured (`CONFIG_CU`).
-const CONFIGURE_US: u64 = 1_000;
-/// A kernel's bytes in and out per µs.
-const BYTES_PER_US: u64 = 4_096;
-/// The least a kernel takes: ≈2.5 µs (Xilinx/mlir-aie#3793).
-const KERNEL_MIN_US: u64 = 3;
+/// A full-array copy DDR→AIE→DDR: 66.6 GB/s counting bytes in and out (Xilinx/mlir-aie#2559,
+/// `memcpy` of 64 MiB); a design using fewer columns is slower (not modelled).
+const BYTES_PER_US: u64 = 66_000;
+/// A 512³ IRON matmul on npu2, one core: 83.3 GFLOPS (Xilinx/mlir-aie#2704); ~80 here.
+const OPS_PER_US: u64 = 80_000;
+/// A small kernel's compute: ≈2.5 µs (Xilinx/mlir-aie#3793, npu2).
+const KERNEL_MIN_NS: u64 = 2_500;
+/// ROCR flushes the CPU cache over every argument range before and after a submission: ≈18 µs
+/// per MB (amd/Triton-XDNA#112).
+const FLUSH_NS_PER_MIB: u64 = 18_000;
 
 thread_local! {
     /// The model and the time charged so far of the doorbell this thread is ringing, if the
@@ -188,14 +213,9 @@ pub(crate) fn context() {
     charge(|m| m.context);
 }
 
-/// A PDI configured into a context.
-pub(crate) fn configure() {
-    charge(|m| m.configure);
-}
-
-/// A kernel that moved `bytes` in and out.
-pub(crate) fn kernel(bytes: u64) {
-    charge(|m| m.kernel(bytes));
+/// A kernel that moved `bytes` in and out and did `ops` operations.
+pub(crate) fn kernel(bytes: u64, ops: u64) {
+    charge(|m| m.kernel(bytes, ops));
 }
 
 #[cfg(test)]
@@ -228,12 +248,32 @@ mod tests {
     }
 
     #[test]
-    fn a_kernel_takes_its_bytes_at_the_rate_and_at_least_the_minimum() {
+    fn a_kernel_takes_the_longer_of_its_bytes_and_its_operations_plus_the_flushes() {
         let m = Model::of(NpuGen::Npu1);
-        assert_eq!(m.kernel(0), m.kernel_min);
+        assert_eq!(m.kernel(0, 0), m.kernel_min);
+        // 66,000 bytes a µs: 100 µs, and 2 flushes of 6.6 MB at 18 µs a MiB.
+        let bytes = m.bytes_per_us * 100;
+        let flush = Duration::from_nanos(2 * bytes * m.flush_ns_per_mib / (1 << 20));
+        assert_eq!(m.kernel(bytes, 0), Duration::from_micros(100) + flush);
+        // Operations dominate a matmul: 64³·2 at 80,000 a µs.
+        let ops = 2 * 64 * 64 * 64;
         assert_eq!(
-            m.kernel(m.bytes_per_us * 100),
-            Duration::from_micros(100).max(m.kernel_min)
+            m.kernel(3 * 64 * 64 * 4, ops),
+            Duration::from_nanos(ops * 1000 / m.ops_per_us)
+                + Duration::from_nanos(2 * 3 * 64 * 64 * 4 * m.flush_ns_per_mib / (1 << 20))
+        );
+    }
+
+    #[test]
+    fn batching_a_generation_saves_a_submission_a_command() {
+        for g in [NpuGen::Npu1, NpuGen::Npu2] {
+            let m = Model::of(g);
+            assert!(m.submit > Duration::ZERO, "{g:?}");
+            assert!(m.per_command < m.submit + m.per_command, "{g:?}");
+        }
+        assert_eq!(
+            Model::of(NpuGen::Npu2).submit + Model::of(NpuGen::Npu2).per_command,
+            Duration::from_micros(50)
         );
     }
 

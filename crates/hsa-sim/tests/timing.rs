@@ -57,17 +57,17 @@ fn ns(d: Duration) -> u64 {
 fn a_doorbell_takes_at_least_its_modelled_time_and_batching_is_charged_one_submission() {
     let m = Model::of(npu_artifacts::NpuGen::Npu2);
     // add-one over 256 i32: 1 KiB in, 1 KiB out.
-    let kernel = m.kernel(2048);
+    let kernel = m.kernel(2048, 0);
     for profile in [Profile::RocrNewest, Profile::RocrLate2025] {
-        // One doorbell of 16: one chain, 16 commands, the PDI configured once.
+        // One doorbell of 16: one chain, 16 commands, the queue's context built for the PDI.
         let (one, took) = run(profile, Timing::Model, 16, 16);
-        let want = m.submit + m.configure + 16 * (m.per_command + kernel);
+        let want = m.context + m.submit + 16 * (m.per_command + kernel);
         assert_eq!(one.chain_submissions, 1, "{profile}");
         assert_eq!(one.modelled_device_ns, ns(want), "{profile}");
         assert!(took >= want, "{profile}: {took:?} < {want:?}");
         // Sixteen doorbells of one: sixteen submissions.
         let (sixteen, took) = run(profile, Timing::Model, 16, 1);
-        let want = 16 * (m.submit + m.per_command + kernel) + m.configure;
+        let want = 16 * (m.submit + m.per_command + kernel) + m.context;
         assert_eq!(sixteen.modelled_device_ns, ns(want), "{profile}");
         assert!(took >= want, "{profile}: {took:?} < {want:?}");
         assert!(sixteen.modelled_device_ns > one.modelled_device_ns);
@@ -78,12 +78,11 @@ fn a_doorbell_takes_at_least_its_modelled_time_and_batching_is_charged_one_submi
 }
 
 #[test]
-fn rocm_7_0_builds_and_configures_a_context_at_every_doorbell_that_misses_its_cache() {
+fn rocm_7_0_builds_a_context_at_every_doorbell_that_misses_its_cache() {
     let m = Model::of(npu_artifacts::NpuGen::Npu2);
-    let kernel = m.kernel(2048);
+    let kernel = m.kernel(2048, 0);
     let (seen, took) = run(Profile::Rocm70, Timing::Model, 2, 1);
-    let per_build = m.context + m.configure;
-    let want = seen.hw_context_builds as u32 * per_build
+    let want = seen.hw_context_builds as u32 * m.context
         + seen.chain_submissions as u32 * m.submit
         + 2 * (m.per_command + kernel);
     assert!(seen.hw_context_builds >= 1, "{seen:?}");

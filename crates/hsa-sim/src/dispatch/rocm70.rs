@@ -360,9 +360,6 @@ fn configure(rt: &Runtime, state: &mut QueueState, key: u32, list: Vec<u32>) -> 
             }
         }
     }
-    for _ in &cus {
-        crate::timing::configure();
-    }
     ctxs.contexts.insert(id, cus);
     state.rocm70_context = id;
     ctxs.cache.insert(key, list);

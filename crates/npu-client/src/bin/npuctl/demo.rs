@@ -4,7 +4,8 @@
 //! vector_scalar_add, vector_vector_add and a matmul over the Unix socket (tensors shared by fd),
 //! a chain, the same over TCP (tensors staged through the API) with identical results, several
 //! client processes at once (npuctl itself, re-executed), shows the daemon's statistics, stops
-//! the daemon with SIGTERM and prints `PASS!`. Any failure prints `FAIL!` and exits non-zero.
+//! the daemon with SIGTERM and prints `PASS!`. The daemon runs with `emulator.timing = "model"`:
+//! the device times it reports are hsa-sim's timing model's, not measured on an NPU. Any failure prints `FAIL!` and exits non-zero.
 //!
 //! The `npud` binary is taken from `--npud`, beside this executable (where cargo puts both),
 //! `$NPUD_BIN`, or `PATH`; when none has it and a cargo workspace is above the current
@@ -42,7 +43,12 @@ pub async fn run(a: &Args) -> crate::CmdResult {
     let spinner = ProgressBar::new_spinner();
     spinner.set_message(format!("starting {}", npud.display()));
     spinner.enable_steady_tick(Duration::from_millis(100));
-    let started = LocalDaemon::start(LocalOptions::new(&npud));
+    // The device's time as hsa-sim's timing model gives it, so the device times shown are an
+    // NPU's (modelled), not the emulator's microseconds of CPU.
+    let mut opts = LocalOptions::new(&npud);
+    opts.env
+        .push(("NPUD_EMULATOR__TIMING".into(), "model".into()));
+    let started = LocalDaemon::start(opts);
     spinner.finish_and_clear();
     let mut daemon = started.map_err(|e| e.to_string())?;
     let dir = daemon.dir().to_path_buf();
@@ -84,7 +90,8 @@ async fn steps(a: &Args, daemon: &mut LocalDaemon, npud: &Path, dir: &Path) -> R
     step(
         1,
         &format!(
-            "started npud {} ({}): {} device ({}) on unix:{}, also on {tcp}, in {:?}",
+            "started npud {} ({}): {} device ({}, device time modelled: emulator.timing = \
+             model) on unix:{}, also on {tcp}, in {:?}",
             info.daemon_version,
             npud_display(npud),
             info.generation,
@@ -137,7 +144,7 @@ async fn steps(a: &Args, daemon: &mut LocalDaemon, npud: &Path, dir: &Path) -> R
         4,
         &format!(
             "chain of {} links (IRON's runlist: out0 = in + 1, out1 = out0 + 1) on {} doorbell \
-             ring(s), device {:?}: outputs right",
+             ring(s), modelled device time {:?}: outputs right",
             r.completed, r.doorbells, r.device
         ),
     );
@@ -261,7 +268,7 @@ async fn examples(client: &Client, designs: &[PathBuf]) -> Result<Examples, Stri
         "vector_scalar_add",
     )?;
     lines.push(format!(
-        "vector_scalar_add: out[i] = in[i] + 1 for 1024 elements: right (queue {:?}, device {:?})",
+        "vector_scalar_add: out[i] = in[i] + 1 for 1024 elements: right (queue {:?}, modelled device time {:?})",
         r.queue, r.device
     ));
     outputs.push(bytes(b.as_slice()));
@@ -285,7 +292,7 @@ async fn examples(client: &Client, designs: &[PathBuf]) -> Result<Examples, Stri
         "vector_vector_add",
     )?;
     lines.push(format!(
-        "vector_vector_add: c = a + b for 1024 elements: right (device {:?})",
+        "vector_vector_add: c = a + b for 1024 elements: right (modelled device time {:?})",
         r.device
     ));
     outputs.push(bytes(tz.as_slice()));
@@ -316,7 +323,7 @@ async fn examples(client: &Client, designs: &[PathBuf]) -> Result<Examples, Stri
     }
     check(tc.as_slice() == want.as_slice(), "matmul")?;
     lines.push(format!(
-        "matmul: C = A @ B, 64x64x64, i16 -> i32: right (device {:?})",
+        "matmul: C = A @ B, 64x64x64, i16 -> i32: right (modelled device time {:?})",
         r.device
     ));
     outputs.push(bytes(tc.as_slice()));
