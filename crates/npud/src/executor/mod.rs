@@ -393,6 +393,7 @@ impl Executor {
                     published: (u64::MAX, usize::MAX),
                     slice_bytes: usize::try_from(cfg.executor.slice_bytes).unwrap_or(usize::MAX),
                     suspended: None,
+                    merged_charges: Vec::new(),
                     inflight,
                     idle: Idle::new(Duration::from_micros(cfg.executor.spin_us)),
                     loader: None,

@@ -185,28 +185,39 @@ impl<T> FairTurns<T> {
         self.charged.retain(|s, v| *v > now || keys.contains_key(s));
     }
 
-    /// Whether no session but `session` has anything queued.
-    pub fn alone(&self, session: u64) -> bool {
-        self.order.iter().all(|(_, _, s)| *s == session)
+    /// Whether any waiting session's next item is one `accept` takes.
+    pub fn any_next(&self, accept: impl Fn(&T) -> bool) -> bool {
+        self.order.iter().any(|(_, _, s)| {
+            self.queues
+                .get(s)
+                .and_then(VecDeque::front)
+                .is_some_and(&accept)
+        })
     }
 
-    /// `session`'s next item.
-    pub fn peek(&self, session: u64) -> Option<&T> {
-        self.queues.get(&session)?.front()
-    }
-
-    /// Takes `session`'s next item when `accept` does, out of turn (the session keeps its
-    /// place among the waiting while it has more).
-    pub fn take_next_if(&mut self, session: u64, accept: impl FnOnce(&T) -> bool) -> Option<T> {
+    /// Takes, out of turn, the next item of the first waiting session in fair order (charged
+    /// least first) that `skip` does not name and whose next item `accept` takes. The session
+    /// keeps its place among the waiting while it has more; charge what it gets with
+    /// [`FairTurns::charge`].
+    pub fn take_fair_if(
+        &mut self,
+        skip: impl Fn(u64) -> bool,
+        accept: impl Fn(&T) -> bool,
+    ) -> Option<(u64, T)> {
+        let session = self.order.iter().map(|&(_, _, s)| s).find(|&s| {
+            !skip(s)
+                && self
+                    .queues
+                    .get(&s)
+                    .and_then(VecDeque::front)
+                    .is_some_and(&accept)
+        })?;
         let q = self.queues.get_mut(&session)?;
-        if !q.front().is_some_and(accept) {
-            return None;
-        }
-        let item = q.pop_front();
+        let item = q.pop_front()?;
         if q.is_empty() {
             self.retire(session);
         }
-        item
+        Some((session, item))
     }
 
     /// Removes and returns everything `session` has queued, and forgets its charge.
@@ -314,24 +325,22 @@ mod tests {
         rr.push(1, 11).unwrap();
         rr.push(1, 12).unwrap();
         assert_eq!(rr.pop(), Some((1, 10)));
-        assert!(rr.alone(1));
-        assert_eq!(rr.peek(1), Some(&11));
+        assert!(rr.any_next(|x| *x == 11));
         assert_eq!(
-            rr.take_next_if(1, |x| *x == 99),
+            rr.take_fair_if(|_| false, |x| *x == 99),
             None,
             "refused: left in place"
         );
-        assert_eq!(rr.take_next_if(1, |x| *x == 11), Some(11));
+        assert_eq!(rr.take_fair_if(|_| false, |x| *x == 11), Some((1, 11)));
         rr.push(2, 20).unwrap();
-        assert!(!rr.alone(1), "another session waits");
-        assert_eq!(rr.take_next_if(1, |_| true), Some(12));
-        assert_eq!(rr.peek(1), None);
+        assert_eq!(rr.take_fair_if(|s| s == 2, |_| true), Some((1, 12)));
+        assert!(!rr.any_next(|x| *x == 12));
         // Session 1's queue emptied out of turn: it left the rotation, and comes back last.
         rr.resume(1, 13);
         assert_eq!(rr.pop(), Some((2, 20)));
         assert_eq!(rr.pop(), Some((1, 13)));
         assert_eq!(rr.pop(), None);
-        assert!(rr.alone(1) && rr.alone(2), "nothing queued");
+        assert!(!rr.any_next(|_| true), "nothing queued");
     }
 
     const MS: Duration = Duration::from_millis(1);
@@ -422,6 +431,25 @@ mod tests {
             "{} charges kept",
             q.charged.len()
         );
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn items_taken_in_fair_order_come_from_the_session_charged_least_that_has_one() {
+        let mut q = FairTurns::new(8);
+        for (s, v) in [(1, 10), (1, 11), (2, 20), (3, 30)] {
+            q.push(s, v).unwrap();
+        }
+        // Session 1 has used the device; 3's next item is not wanted.
+        q.charge(1, Duration::from_millis(5));
+        assert!(q.any_next(|v| *v == 30));
+        assert!(!q.any_next(|v| *v == 11));
+        assert_eq!(q.take_fair_if(|_| false, |v| *v != 30), Some((2, 20)));
+        assert_eq!(q.take_fair_if(|s| s == 1, |v| *v != 30), None);
+        assert_eq!(q.take_fair_if(|_| false, |v| *v != 30), Some((1, 10)));
+        // Session 1 keeps its place with its second item; 2 left the rotation.
+        assert_eq!(q.pop(), Some((3, 30)));
+        assert_eq!(q.pop(), Some((1, 11)));
         assert!(q.is_empty());
     }
 

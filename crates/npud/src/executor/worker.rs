@@ -45,6 +45,9 @@ pub(super) struct Worker {
     /// The job that had the last turn and has work left, until the commands that arrived
     /// during that turn have been queued.
     pub(super) suspended: Option<(u64, Job)>,
+    /// The session of each dispatch the turn's merged batch ran: each is charged a share of
+    /// the turn (empty: the turn's session pays it all).
+    pub(super) merged_charges: Vec<u64>,
     /// Which programs are on the device, for the next start if this process dies meanwhile.
     pub(super) inflight: Option<InFlight>,
     pub(super) idle: Idle,
@@ -126,16 +129,24 @@ impl Worker {
                 self.turn = TurnLoads::default();
                 self.idle.serving(session, now);
                 let left = match job {
-                    Job::Work(r) if self.merges(session, &r) => {
-                        self.merged_turn(session, r).map(Job::Work)
-                    }
+                    Job::Work(r) if self.merges(&r) => self.merged_turn(session, r).map(Job::Work),
                     Job::Work(r) => self.work_turn(r).map(Job::Work),
                     Job::Copy(c) => self.copy_turn(c).map(Job::Copy),
                     Job::Release(r) => self.release_turn(session, r).map(Job::Release),
                 };
-                // The session pays for the turn's time: the next turn goes to whoever has
-                // been charged least ([`FairTurns`]).
-                self.rr.charge(session, now.elapsed());
+                // The session pays for the turn's time, or the sessions of a merged batch each
+                // their share: the next turn goes to whoever has been charged least
+                // ([`FairTurns`]).
+                let took = now.elapsed();
+                let shared = std::mem::take(&mut self.merged_charges);
+                if shared.is_empty() {
+                    self.rr.charge(session, took);
+                } else {
+                    let share = took / u32::try_from(shared.len()).unwrap_or(u32::MAX);
+                    for s in shared {
+                        self.rr.charge(s, share);
+                    }
+                }
                 self.suspended = left.map(|job| (session, job));
                 continue;
             }
