@@ -119,6 +119,9 @@ pub struct ExecutorConfig {
     /// Bytes of copying (tensor writes and reads, staging copies) the executor does for one
     /// request before it serves another session: a big request becomes many bounded turns.
     pub slice_bytes: u64,
+    /// Whether queued single dispatches of several sessions ring as one doorbell batch (false:
+    /// only one session's, while no other session waits).
+    pub batch_across_sessions: bool,
 }
 
 impl Default for ExecutorConfig {
@@ -126,6 +129,7 @@ impl Default for ExecutorConfig {
         Self {
             spin_us: npu_fd::latency::EXECUTOR_SPIN_US,
             slice_bytes: 1 << 20,
+            batch_across_sessions: true,
         }
     }
 }

@@ -58,13 +58,17 @@ enum Prep {
 }
 
 impl Worker {
-    /// Whether the item `r`, popped for a turn, rings together with others: it is a
-    /// mergeable single dispatch and some session's next item is one too.
-    pub(super) fn merges(&self, r: &Running) -> bool {
+    /// Whether the item `r` of `session`, popped for a turn, rings together with others: it is
+    /// a mergeable single dispatch and some session's next item is one too; without
+    /// `executor.batch_across_sessions`, its own session's, and no other session waits.
+    pub(super) fn merges(&self, session: u64, r: &Running) -> bool {
+        let next = |j: &Job| matches!(j, Job::Work(w) if mergeable(w));
         mergeable(r)
-            && self
-                .rr
-                .any_next(|j| matches!(j, Job::Work(w) if mergeable(w)))
+            && if self.batch_across_sessions {
+                self.rr.any_next(next)
+            } else {
+                self.rr.alone(session) && self.rr.any_next(next)
+            }
     }
 
     /// The turn of `first` (of `session`) and the mergeable dispatches queued behind it, in
@@ -90,7 +94,10 @@ impl Worker {
             // One dispatch of each session with one ready, in fair order.
             let mut this_round: Vec<u64> = Vec::new();
             loop {
-                let skip = |s: u64| stopped.contains(&s) || this_round.contains(&s);
+                let across = self.batch_across_sessions;
+                let skip = |s: u64| {
+                    stopped.contains(&s) || this_round.contains(&s) || !(across || s == session)
+                };
                 let Some((s, Job::Work(next))) = self
                     .rr
                     .take_fair_if(skip, |j| matches!(j, Job::Work(w) if mergeable(w)))

@@ -11,8 +11,8 @@
 //! chunks, staging copies of client memfds) or of freeing an ended session's tensors (at least
 //! one tensor) before the next session's turn: a 1,024-link chain is 4 turns of checks then 32
 //! of doorbell batches, a 16 MiB chunk 16 turns, a chain of eight programs not yet loaded eight
-//! turns before its first doorbell. A session alone with work rings its queued single
-//! dispatches together, one doorbell batch a turn (`merge.rs`). The remaining control
+//! turns before its first doorbell. Queued single dispatches of several sessions ring together,
+//! one doorbell batch a turn, taken in fair order (`merge.rs`). The remaining control
 //! commands (allocate, import, export, free of one tensor, info, unloads) are small and run in
 //! arrival order between turns; allocation does not touch the memory (hsa-core's tensors are
 //! fresh pages the kernel zeroed). A work item whose
@@ -392,6 +392,7 @@ impl Executor {
                     usage_changed: true,
                     published: (u64::MAX, usize::MAX),
                     slice_bytes: usize::try_from(cfg.executor.slice_bytes).unwrap_or(usize::MAX),
+                    batch_across_sessions: cfg.executor.batch_across_sessions,
                     suspended: None,
                     merged_charges: Vec::new(),
                     inflight,

@@ -185,6 +185,11 @@ impl<T> FairTurns<T> {
         self.charged.retain(|s, v| *v > now || keys.contains_key(s));
     }
 
+    /// Whether no session but `session` has anything queued.
+    pub fn alone(&self, session: u64) -> bool {
+        self.order.iter().all(|(_, _, s)| *s == session)
+    }
+
     /// Whether any waiting session's next item is one `accept` takes.
     pub fn any_next(&self, accept: impl Fn(&T) -> bool) -> bool {
         self.order.iter().any(|(_, _, s)| {

@@ -29,6 +29,7 @@ fn fixture(slice_bytes: u64) -> Fixture {
         executor: crate::config::ExecutorConfig {
             spin_us: 0,
             slice_bytes,
+            ..crate::config::ExecutorConfig::default()
         },
         ..Config::default()
     })
@@ -405,6 +406,7 @@ fn an_item_whose_staging_took_several_turns_checks_the_fault_budget_before_its_f
         executor: crate::config::ExecutorConfig {
             spin_us: 0,
             slice_bytes: 4096,
+            ..crate::config::ExecutorConfig::default()
         },
         limits: crate::config::Limits {
             fault_budget: 1,
@@ -542,6 +544,7 @@ fn loads_evict_in_the_loading_sessions_turns_and_never_the_loading_items_program
         executor: crate::config::ExecutorConfig {
             spin_us: 0,
             slice_bytes: 1 << 20,
+            ..crate::config::ExecutorConfig::default()
         },
         limits: crate::config::Limits {
             max_cached_programs: 8,
@@ -590,6 +593,7 @@ fn a_session_release_frees_its_tensors_in_turns_and_others_run_between() {
         executor: crate::config::ExecutorConfig {
             spin_us: 0,
             slice_bytes: 4096,
+            ..crate::config::ExecutorConfig::default()
         },
         limits: crate::config::Limits {
             max_tensors_per_session: 1000,
@@ -723,6 +727,44 @@ fn dispatches_of_several_sessions_ring_as_one_batch() {
     let b = b.blocking_recv().unwrap().unwrap();
     assert_eq!((b.doorbells, b.completed), (0, 1));
     assert!(b.device_ns > 0, "{b:?}");
+    shutdown(exec);
+}
+
+#[test]
+fn without_batching_across_sessions_nothing_merges_while_another_session_waits() {
+    let mut f = fixture_with(Config {
+        executor: crate::config::ExecutorConfig {
+            spin_us: 0,
+            batch_across_sessions: false,
+            ..crate::config::ExecutorConfig::default()
+        },
+        ..Config::default()
+    });
+    let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let other = f.register(B, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let allocations = [
+        f.allocate(A, 4096),
+        f.allocate(A, 4096),
+        f.allocate(B, 4096),
+        f.allocate(B, 4096),
+    ];
+    let a: Vec<Answer> = (0..3)
+        .map(|_| f.work(A, vec![(add.clone(), [1, 2])]))
+        .collect();
+    let b = f.work(B, vec![(other, [3, 4])]);
+    let exec = f.serve();
+    for r in allocations {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    let mut b = b;
+    let done = answers(a);
+    // B waited: A's first rang alone; B then had its turn, and A's last two rang together.
+    assert_eq!(shapes(&done), [(1, 1, None), (1, 1, None), (0, 1, None)]);
+    let done = b
+        .try_recv()
+        .expect("B was answered before A's second")
+        .unwrap();
+    assert_eq!((done.doorbells, done.completed), (1, 1));
     shutdown(exec);
 }
 

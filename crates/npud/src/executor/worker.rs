@@ -48,6 +48,8 @@ pub(super) struct Worker {
     /// The session of each dispatch the turn's merged batch ran: each is charged a share of
     /// the turn (empty: the turn's session pays it all).
     pub(super) merged_charges: Vec<u64>,
+    /// `executor.batch_across_sessions`.
+    pub(super) batch_across_sessions: bool,
     /// Which programs are on the device, for the next start if this process dies meanwhile.
     pub(super) inflight: Option<InFlight>,
     pub(super) idle: Idle,
@@ -129,7 +131,9 @@ impl Worker {
                 self.turn = TurnLoads::default();
                 self.idle.serving(session, now);
                 let left = match job {
-                    Job::Work(r) if self.merges(&r) => self.merged_turn(session, r).map(Job::Work),
+                    Job::Work(r) if self.merges(session, &r) => {
+                        self.merged_turn(session, r).map(Job::Work)
+                    }
                     Job::Work(r) => self.work_turn(r).map(Job::Work),
                     Job::Copy(c) => self.copy_turn(c).map(Job::Copy),
                     Job::Release(r) => self.release_turn(session, r).map(Job::Release),
