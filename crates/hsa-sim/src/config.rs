@@ -199,8 +199,10 @@ mod tests {
             "HSA_SIM_AGENT_NAME" => Some("AIE2".into()),
             "HSA_SIM_PROFILE" => Some("ROCm-7.0".into()),
             "HSA_SIM_TIMEOUT_MS" => Some("500".into()),
+            "HSA_SIM_TIMING" => Some("Model".into()),
             _ => None,
         });
+        assert_eq!(cfg.timing, crate::timing::Timing::Model);
         assert_eq!(cfg.agent, NpuGen::Npu1);
         assert_eq!(cfg.profile, Profile::Rocm70);
         assert_eq!(cfg.packet_abi(), PacketAbi::G1a);
@@ -212,6 +214,7 @@ mod tests {
             "HSA_SIM_PROFILE" => Some("rocm-7.1".into()),
             "HSA_SIM_PACKET_ABI" => Some("g1a".into()),
             "HSA_SIM_TIMEOUT_MS" => Some("soon".into()),
+            "HSA_SIM_TIMING" => Some("fast".into()),
             _ => None,
         });
         assert_eq!(bad, SimConfig::default());

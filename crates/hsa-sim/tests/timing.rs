@@ -89,15 +89,3 @@ fn rocm_7_0_builds_a_context_at_every_doorbell_that_misses_its_cache() {
     assert_eq!(seen.modelled_device_ns, ns(want), "{seen:?}");
     assert!(took >= want, "{took:?} < {want:?}");
 }
-
-#[test]
-fn hsa_sim_timing_is_read_from_the_environment() {
-    // SAFETY: this test's process (nextest runs one test per process) has no other thread
-    // reading the environment here.
-    unsafe { std::env::set_var("HSA_SIM_TIMING", "model") };
-    assert_eq!(SimConfig::from_env().timing, Timing::Model);
-    unsafe { std::env::set_var("HSA_SIM_TIMING", "fast") };
-    assert_eq!(SimConfig::from_env().timing, Timing::Off);
-    unsafe { std::env::remove_var("HSA_SIM_TIMING") };
-    assert_eq!(SimConfig::from_env().timing, Timing::Off);
-}

@@ -43,6 +43,14 @@ impl Daemon {
     /// # Errors
     /// As [`Daemon::start`].
     pub fn start_with(profile: Option<&str>, args: &[&str]) -> Result<Daemon> {
+        Daemon::start_env(profile, args, &[])
+    }
+
+    /// [`Daemon::start_with`] with more environment (`NPUD_EMULATOR__TIMING=model`).
+    ///
+    /// # Errors
+    /// As [`Daemon::start`].
+    pub fn start_env(profile: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Result<Daemon> {
         let binary = find_binary(&NPUD, None).map_err(|e| BenchError(e.to_string()))?;
         let mut opts = LocalOptions::new(&binary);
         opts.args = vec!["--log-level".into(), "warn".into()];
@@ -62,6 +70,8 @@ impl Daemon {
             ),
             ("NPUD_LIMITS__MAX_PENDING_PER_SESSION".into(), "1024".into()),
         ];
+        opts.env
+            .extend(env.iter().map(|(k, v)| ((*k).into(), (*v).into())));
         let inner = LocalDaemon::start(opts).map_err(|e| BenchError(e.to_string()))?;
         let tcp = inner
             .tcp()

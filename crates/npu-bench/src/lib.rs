@@ -21,6 +21,7 @@
 
 pub mod client;
 pub mod daemon;
+pub mod device;
 pub mod fastpath;
 pub mod floors;
 pub mod inproc;

@@ -69,6 +69,9 @@ pub struct Row {
     /// The daemon's CPU time (all its threads) per operation, setup and warm-up included, µs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub daemon_cpu_us: Option<f64>,
+    /// Rows 16: Jain's fairness index of the clients' dispatch counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fairness: Option<f64>,
 }
 
 impl Row {
@@ -88,6 +91,7 @@ impl Row {
             tail_queue_us: None,
             daemon_device_us: None,
             daemon_cpu_us: None,
+            fairness: None,
         }
     }
 }
@@ -327,6 +331,39 @@ impl Report {
             "<=",
             1.25,
         );
+        {
+            use crate::device::keys;
+            push(
+                "16 clients' throughput on the modelled device, batching across sessions over not",
+                "throughput(device_16_batched) / throughput(device_16_unbatched)",
+                div(thr(keys::MANY_BATCHED), thr(keys::MANY_UNBATCHED)),
+                ">=",
+                1.8,
+            );
+            // The mean: a lone fast-path round trip's p50 on a small VM is bimodal (its two
+            // threads on one vCPU or on two), and two daemons side by side can sit in
+            // different modes for a round.
+            let mean = |k: &str| self.row(k).map(|s| s.mean_us);
+            push(
+                "a lone client's latency on the modelled device, batching across sessions over not",
+                "mean(device_lone_batched) / mean(device_lone_unbatched)",
+                div(mean(keys::LONE_BATCHED), mean(keys::LONE_UNBATCHED)),
+                "<=",
+                1.05,
+            );
+            let fair = self
+                .rows
+                .iter()
+                .find(|r| r.key == keys::MANY_BATCHED)
+                .and_then(|r| r.fairness);
+            push(
+                "Jain's index over 16 equal sessions on the modelled device",
+                "fairness(device_16_batched)",
+                fair,
+                ">=",
+                0.95,
+            );
+        }
         let idle = self
             .memory
             .iter()
@@ -375,6 +412,9 @@ impl Report {
             }
             if let Some(c) = r.daemon_cpu_us {
                 notes.push(format!("CPU {c:.1} µs per operation"));
+            }
+            if let Some(j) = r.fairness {
+                notes.push(format!("Jain's index over the clients {j:.3}"));
             }
             if !notes.is_empty() {
                 t.add_row([

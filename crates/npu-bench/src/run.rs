@@ -156,7 +156,7 @@ pub fn run(opts: &Options) -> Result<Report> {
 }
 
 /// Sections of the run, for `--only`. `rss` runs only when named.
-pub const SECTIONS: [&str; 14] = [
+pub const SECTIONS: [&str; 15] = [
     "floors",
     "fastpath",
     "inproc",
@@ -170,6 +170,7 @@ pub const SECTIONS: [&str; 14] = [
     "cpu",
     "profiles",
     "tls",
+    "device",
     "rss",
 ];
 
@@ -188,6 +189,8 @@ const CLIENT_ROUNDS: usize = 10;
 fn rounds(it: Iters, most: usize) -> usize {
     (it.measured / 250).clamp(1, most)
 }
+/// Rounds rows 16 alternate their two daemons over.
+const DEVICE_ROUNDS: usize = 8;
 /// Row 7 measures this many times the single-dispatch rows' iterations: its p99s are compared,
 /// and with many clients a p99 rests on few events (one stall of the machine delays every
 /// client's dispatch in flight at once), so it needs more samples to be steady.
@@ -349,6 +352,23 @@ async fn all_rows(
             r.daemon_cpu_us = cpu.per_op_us();
             report.rows.push(r);
         }
+    }
+    if want("device") {
+        // Rows 16: windows of a fraction of a second a round (quick: a tenth), so that the
+        // many-client rows count thousands of dispatches either way.
+        let window = if it.measured >= 20_000 {
+            Duration::from_millis(250)
+        } else {
+            Duration::from_millis(60)
+        };
+        crate::device::rows(
+            report,
+            it,
+            rounds(it, DEVICE_ROUNDS),
+            rounds(it, ROUNDS),
+            window,
+        )
+        .await?;
     }
     if want("cpu") {
         cpu_rows(report, &unix, &target.socket, target.pid, dir.path(), it).await?;

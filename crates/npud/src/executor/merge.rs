@@ -193,10 +193,6 @@ impl Worker {
     /// Puts `items`, which did nothing but their checks, back in order at the front of their
     /// sessions' queues, as they were before: each starts again at its turn, checking its
     /// deadline, the fault budget, its program and its arguments then.
-    #[expect(
-        clippy::vec_box,
-        reason = "items come out of, and go back into, the queue's boxes"
-    )]
     fn give_back(&mut self, items: Vec<(u64, Box<Running>)>) {
         for (session, mut r) in items.into_iter().rev() {
             r.progress = None;
@@ -205,10 +201,6 @@ impl Worker {
     }
 
     /// Rings `dispatches`, one per member, as one doorbell batch and answers each member.
-    #[expect(
-        clippy::vec_box,
-        reason = "members came out of the queue's boxes and may go back"
-    )]
     fn ring_merged(&mut self, mut members: Vec<(u64, Box<Running>)>, dispatches: &[Dispatch]) {
         let session = members[0].0;
         let start = Instant::now();
