@@ -56,6 +56,10 @@ fn quick_json_has_every_row_with_sane_fields() {
         "fastpath_unary",
         "fastpath_pipelined_per_dispatch",
         "fastpath_pipelined_latency",
+        "device_16_batched",
+        "device_16_unbatched",
+        "device_lone_batched",
+        "device_lone_unbatched",
     ];
     let sized: Vec<String> = ["fd", "inline"]
         .iter()
@@ -89,7 +93,7 @@ fn quick_json_has_every_row_with_sane_fields() {
         .map(|r| field(r, "row").as_str().expect("row is text"))
         .collect();
     for n in [
-        "1", "1b", "2", "3", "4", "5", "6", "7", "9", "11", "12", "13", "15",
+        "1", "1b", "2", "3", "4", "5", "6", "7", "9", "11", "12", "13", "15", "16",
     ] {
         assert!(rows_of_issue.contains(&n), "no row numbered {n}");
     }
@@ -175,8 +179,21 @@ fn quick_json_has_every_row_with_sane_fields() {
     let ratios = field(&report, "ratios")
         .as_array()
         .expect("ratios is a list");
-    // Fifteen goals, and each kernel-object row's dispatch and chain link over G2's.
-    assert_eq!(ratios.len(), 19, "ratios: {ratios:?}");
+    // Eighteen goals, and each kernel-object row's dispatch and chain link over G2's.
+    assert_eq!(ratios.len(), 22, "ratios: {ratios:?}");
+    assert!(
+        ratios.iter().any(|r| field(r, "formula").as_str()
+            == Some("throughput(device_16_batched) / throughput(device_16_unbatched)")),
+        "{ratios:?}"
+    );
+    // Rows 16's Jain's index, of both daemons' clients.
+    for r in rows {
+        let key = field(r, "key").as_str().expect("key is text");
+        if key.starts_with("device_16_") {
+            let j = number(r, "fairness");
+            assert!(j > 0.0 && j <= 1.0 + 1e-9, "Jain's index in {r}");
+        }
+    }
     assert!(
         ratios
             .iter()
