@@ -699,11 +699,10 @@ fn one_sessions_queued_single_dispatches_ring_together_a_doorbell_batch_at_a_tim
     shutdown(exec);
 }
 
-#[test]
-fn dispatches_of_several_sessions_ring_as_one_batch() {
-    let mut f = fixture(1 << 20);
+/// Three dispatches of A and one of B, all queued before the executor serves, of one program
+/// (the same bytes registered by both): A's answers, B's, and the running executor.
+fn three_of_a_and_one_of_b(mut f: Fixture) -> (Vec<Answer>, Answer, Executor) {
     let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
-    // The same bytes: the same program, loaded once.
     let other = f.register(B, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
     assert_eq!(add.id, other.id);
     let allocations = [
@@ -720,6 +719,12 @@ fn dispatches_of_several_sessions_ring_as_one_batch() {
     for r in allocations {
         r.blocking_recv().unwrap().unwrap();
     }
+    (a, b, exec)
+}
+
+#[test]
+fn dispatches_of_several_sessions_ring_as_one_batch() {
+    let (a, b, exec) = three_of_a_and_one_of_b(fixture(1 << 20));
     // One doorbell for all four, counted on the batch's first dispatch (A's first); each is
     // answered as if alone, with its share of the device's time.
     let done = answers(a);
@@ -732,7 +737,7 @@ fn dispatches_of_several_sessions_ring_as_one_batch() {
 
 #[test]
 fn without_batching_across_sessions_nothing_merges_while_another_session_waits() {
-    let mut f = fixture_with(Config {
+    let f = fixture_with(Config {
         executor: crate::config::ExecutorConfig {
             spin_us: 0,
             batch_across_sessions: false,
@@ -740,23 +745,7 @@ fn without_batching_across_sessions_nothing_merges_while_another_session_waits()
         },
         ..Config::default()
     });
-    let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
-    let other = f.register(B, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
-    let allocations = [
-        f.allocate(A, 4096),
-        f.allocate(A, 4096),
-        f.allocate(B, 4096),
-        f.allocate(B, 4096),
-    ];
-    let a: Vec<Answer> = (0..3)
-        .map(|_| f.work(A, vec![(add.clone(), [1, 2])]))
-        .collect();
-    let b = f.work(B, vec![(other, [3, 4])]);
-    let exec = f.serve();
-    for r in allocations {
-        r.blocking_recv().unwrap().unwrap();
-    }
-    let mut b = b;
+    let (a, mut b, exec) = three_of_a_and_one_of_b(f);
     let done = answers(a);
     // B waited: A's first rang alone; B then had its turn, and A's last two rang together.
     assert_eq!(shapes(&done), [(1, 1, None), (1, 1, None), (0, 1, None)]);
