@@ -49,6 +49,14 @@ async fn a_chain_of_64_links_adds_64() {
     let st = s.statistics().await.unwrap();
     let mine = st.sessions.iter().find(|x| x.session_id == s.id).unwrap();
     assert_eq!(mine.dispatches.as_ref().unwrap().success.unwrap().count, 64);
+    // By default the emulator runs at its own speed: no device time is modelled.
+    let info = s
+        .client
+        .get_device_info(pb::GetDeviceInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!info.device_time_modelled);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -639,6 +647,29 @@ async fn work_whose_program_was_unregistered_while_queued_is_refused() {
 async fn with_the_timing_model_a_dispatch_takes_at_least_the_modelled_device_time() {
     let d = Daemon::start(Options::default().env("NPUD_EMULATOR__TIMING", "model"));
     let (s, p, mut a, b) = setup(&d).await;
+    let info = s
+        .client
+        .clone()
+        .get_device_info(pb::GetDeviceInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        info.device_time_modelled,
+        "DeviceInfo says the device time is modelled"
+    );
+    // `npuctl status` says so too.
+    let out = std::process::Command::new(npud_e2e::npuctl_binary())
+        .args(["--addr", &format!("unix:{}", d.socket.display()), "status"])
+        .env_remove("NPUD_ADDR")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("modelled (emulator.timing = model)"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     a.map.fill_i32(1).unwrap();
     let m = hsa_sim::timing::Model::of(npu_artifacts::NpuGen::Npu2);
     // One command chain of one command, its kernel moving the two 4 KiB tensors.

@@ -60,6 +60,8 @@ pub fn device_json(d: &pb::DeviceInfo) -> Value {
         "caller_identity": d.caller_identity,
         "caller_admin": d.caller_admin,
         "metrics_address": d.metrics_address,
+        "runtime_notes": d.runtime_notes,
+        "device_time_modelled": d.device_time_modelled,
     })
 }
 

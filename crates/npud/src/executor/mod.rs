@@ -221,6 +221,8 @@ pub struct DeviceFacts {
     pub backend: Backend,
     /// The emulator's profile, when the runtime is hsa-sim (linked in or loaded).
     pub emulator_profile: Option<String>,
+    /// The linked-in emulator takes the timing model's device time (`emulator.timing`).
+    pub device_time_modelled: bool,
 }
 
 /// The profile hsa-sim names in its build version (`hsa-sim 0.1.0 (software AIE agent,
@@ -360,6 +362,8 @@ impl Executor {
                             emulator_profile: emulator_profile(
                                 dev.info().runtime_version.as_deref(),
                             ),
+                            device_time_modelled: backend == Backend::Emulator
+                                && cfg.emulator_timing() == hsa_sim::timing::Timing::Model,
                         };
                         if opened_tx.send(Ok(facts)).is_err() {
                             return;

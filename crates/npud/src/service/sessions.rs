@@ -57,6 +57,7 @@ impl NpudService {
             emulator_profile: s.facts.emulator_profile.clone().unwrap_or_default(),
             packet_abi_source: info.packet_abi_source.clone(),
             runtime_notes: crate::executor::runtime_notes(info),
+            device_time_modelled: s.facts.device_time_modelled,
             metrics_address: s.metrics_address.clone(),
             tcp_address: s.tcp_address.clone(),
             tcp_security: s.tcp_security.to_owned(),

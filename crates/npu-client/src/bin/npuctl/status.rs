@@ -184,6 +184,15 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
         // Beside the packet ABI rows, where a reader looks for what the runtime is.
         rows.insert(4, ("runtime notes", info.runtime_notes.clone()));
     }
+    if info.device_time_modelled {
+        rows.insert(
+            4,
+            (
+                "device time",
+                "modelled (emulator.timing = model): hsa-sim's timing model, not measured".into(),
+            ),
+        );
+    }
     if let Some(why) = refused {
         // Without statistics: the rows they fill go, the device's own counts stay.
         const FROM_STATISTICS: [&str; 5] = [
