@@ -793,16 +793,24 @@ impl Session {
     /// # Errors
     /// The daemon's status.
     pub async fn generation(&mut self) -> Result<NpuGen, Status> {
-        let info = self
-            .client
-            .get_device_info(pb::GetDeviceInfoRequest {})
-            .await?
-            .into_inner();
+        let info = self.device_info().await?;
         Ok(if info.generation == "npu1" {
             NpuGen::Npu1
         } else {
             NpuGen::Npu2
         })
+    }
+
+    /// `GetDeviceInfo`.
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn device_info(&mut self) -> Result<pb::DeviceInfo, Status> {
+        Ok(self
+            .client
+            .get_device_info(pb::GetDeviceInfoRequest {})
+            .await?
+            .into_inner())
     }
 
     /// Registers an emulated design for the device's generation.

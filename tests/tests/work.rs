@@ -50,13 +50,7 @@ async fn a_chain_of_64_links_adds_64() {
     let mine = st.sessions.iter().find(|x| x.session_id == s.id).unwrap();
     assert_eq!(mine.dispatches.as_ref().unwrap().success.unwrap().count, 64);
     // By default the emulator runs at its own speed: no device time is modelled.
-    let info = s
-        .client
-        .get_device_info(pb::GetDeviceInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(!info.device_time_modelled);
+    assert!(!s.device_info().await.unwrap().device_time_modelled);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -646,16 +640,9 @@ async fn work_whose_program_was_unregistered_while_queued_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_timing_model_a_dispatch_takes_at_least_the_modelled_device_time() {
     let d = Daemon::start(Options::default().env("NPUD_EMULATOR__TIMING", "model"));
-    let (s, p, mut a, b) = setup(&d).await;
-    let info = s
-        .client
-        .clone()
-        .get_device_info(pb::GetDeviceInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let (mut s, p, mut a, b) = setup(&d).await;
     assert!(
-        info.device_time_modelled,
+        s.device_info().await.unwrap().device_time_modelled,
         "DeviceInfo says the device time is modelled"
     );
     // `npuctl status` says so too.
@@ -675,13 +662,7 @@ async fn with_the_timing_model_a_dispatch_takes_at_least_the_modelled_device_tim
     // One command chain of one command, its kernel moving the two 4 KiB tensors.
     let least = m.submit + m.per_command + m.kernel(2 * BYTES, 0);
     for _ in 0..3 {
-        let r = s
-            .client
-            .clone()
-            .dispatch(s.req(dispatch_request(p, &[a.id, b.id])))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = s.dispatch(p, &[a.id, b.id]).await.unwrap();
         assert!(
             u128::from(r.device_ns) >= least.as_nanos(),
             "device {} ns, the model's least {least:?}",
