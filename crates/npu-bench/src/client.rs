@@ -227,6 +227,7 @@ impl Session {
         let r = client
             .open_session(pb::OpenSessionRequest {
                 client_name: name.to_owned(),
+                ..Default::default()
             })
             .await?
             .into_inner();
