@@ -122,6 +122,12 @@ pub struct ExecutorConfig {
     /// Whether queued single dispatches of several sessions ring as one doorbell batch (false:
     /// only one session's, while no other session waits).
     pub batch_across_sessions: bool,
+    /// How many batch sessions an interactive session weighs in the device's shares (1 to
+    /// 64): its turns are charged this much less.
+    pub interactive_weight: u32,
+    /// How long an interactive session stays active after its last queued work, in ms (1 to
+    /// 60000): while one is, other doorbells are kept short for it.
+    pub interactive_idle_ms: u64,
 }
 
 impl Default for ExecutorConfig {
@@ -130,6 +136,8 @@ impl Default for ExecutorConfig {
             spin_us: npu_fd::latency::EXECUTOR_SPIN_US,
             slice_bytes: 1 << 20,
             batch_across_sessions: true,
+            interactive_weight: 8,
+            interactive_idle_ms: 1000,
         }
     }
 }
@@ -633,6 +641,18 @@ impl Config {
         self.auth.check()?;
         if self.io_threads > MAX_IO_THREADS {
             return Err(invalid("io_threads", "must be at most 64 (0 chooses)"));
+        }
+        if !(1..=64).contains(&self.executor.interactive_weight) {
+            return Err(invalid(
+                "executor.interactive_weight",
+                "must be within 1 to 64 (1: an interactive session's share is a batch session's)",
+            ));
+        }
+        if !(1..=60_000).contains(&self.executor.interactive_idle_ms) {
+            return Err(invalid(
+                "executor.interactive_idle_ms",
+                "must be within 1 to 60000 (1 min)",
+            ));
         }
         if self.executor.spin_us > MAX_SPIN_US {
             return Err(invalid(

@@ -35,6 +35,7 @@ pub mod logging;
 pub mod metrics;
 pub mod peer;
 pub mod principals;
+pub mod priority;
 pub mod programs;
 pub mod request_ids;
 pub mod server;

@@ -17,6 +17,7 @@ use tonic::metadata::MetadataMap;
 use crate::auth::{Grant, Identity};
 use crate::error::NpudError;
 use crate::peer::ConnInfo;
+use crate::priority::{Class, Priority};
 use crate::request_ids::{Claim, Replay, SessionIds};
 use crate::stats::{DispatchStats, Tally};
 
@@ -33,6 +34,8 @@ struct Session {
     /// against (see `auth`).
     charged: crate::faults::Charged,
     grant: Arc<Grant>,
+    /// Its class and deadline, as its rule allowed them.
+    priority: Priority,
     /// Dispatches and chains of this session waiting or running (for a rule's
     /// `max_pending_per_session`).
     pending: Arc<AtomicU32>,
@@ -55,6 +58,26 @@ struct Inner {
     /// Bytes of remembered request ids, by the principal owning their sessions
     /// ([`Identity::key`]).
     id_bytes: HashMap<Arc<str>, u64>,
+    /// What each class's sessions did, in [`Class::ALL`] order (ended sessions' work too).
+    classes: [ClassTotals; 2],
+}
+
+/// A class's work since start.
+#[derive(Debug, Default)]
+struct ClassTotals {
+    stats: DispatchStats,
+    deadline_missed: u64,
+}
+
+/// What statistics report of one class.
+#[derive(Debug, Clone)]
+pub struct ClassSnapshot {
+    pub class: Class,
+    /// Its sessions open now.
+    pub open: usize,
+    pub stats: DispatchStats,
+    /// Its completed dispatches that took longer than their session's deadline.
+    pub deadline_missed: u64,
 }
 
 /// Ended sessions remembered for their callers' error messages (about 64 bytes each).
@@ -115,6 +138,18 @@ pub struct SessionSnapshot {
     pub stats: DispatchStats,
     /// Work items admitted and not answered yet.
     pub pending: u32,
+    pub priority: Priority,
+}
+
+/// What admitting a session's work needs of it.
+#[derive(Debug)]
+pub struct ForAdmission {
+    pub grant: Arc<Grant>,
+    /// Its pending count.
+    pub pending: Arc<AtomicU32>,
+    /// The identities its faults charge.
+    pub charged: crate::faults::Charged,
+    pub priority: Priority,
 }
 
 /// Every open session.
@@ -162,7 +197,9 @@ impl Sessions {
         owner: &Identity,
         grant: &Arc<Grant>,
         also: &[(Identity, Arc<Grant>)],
+        priority: Priority,
     ) -> Result<(u64, String), NpudError> {
+        grant.allows(priority.class)?;
         if client_name.len() > MAX_NAME_BYTES {
             return Err(NpudError::InvalidArgument(format!(
                 "client_name: {} bytes; at most {MAX_NAME_BYTES}",
@@ -218,6 +255,7 @@ impl Sessions {
                 owner: owner.clone(),
                 charged,
                 grant: grant.clone(),
+                priority,
                 pending: Arc::new(AtomicU32::new(0)),
                 conns,
                 disconnected_at,
@@ -374,11 +412,40 @@ impl Sessions {
         expired
     }
 
-    /// Counts a finished work item against its session.
+    /// Counts a finished work item against its session and its session's class.
     pub fn record(&self, id: u64, t: Tally) {
-        if let Some(s) = self.lock().sessions.get_mut(&id) {
+        let g = &mut *self.lock();
+        if let Some(s) = g.sessions.get_mut(&id) {
             s.stats.record(t);
+            let class = &mut g.classes[s.priority.class.index()];
+            class.stats.record(t);
+            if let Some(d) = s.priority.deadline
+                && t.outcome == crate::stats::Outcome::Success
+                && t.queue_ns.saturating_add(t.device_ns)
+                    > u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+            {
+                class.deadline_missed += t.links;
+            }
         }
+    }
+
+    /// What each class's sessions did since start, in [`Class::ALL`] order, with the sessions
+    /// of each open now.
+    pub fn classes(&self) -> Vec<ClassSnapshot> {
+        let g = self.lock();
+        Class::ALL
+            .iter()
+            .map(|&class| ClassSnapshot {
+                class,
+                open: g
+                    .sessions
+                    .values()
+                    .filter(|s| s.priority.class == class)
+                    .count(),
+                stats: g.classes[class.index()].stats.clone(),
+                deadline_missed: g.classes[class.index()].deadline_missed,
+            })
+            .collect()
     }
 
     /// The identities a session is charged to, as the fault budget's keys ("" for a session
@@ -393,14 +460,13 @@ impl Sessions {
     /// What admitting work for session `id` needs, in one lookup: its grant, its count of
     /// pending work, and the identities it is charged to (the fault budget's keys); `None`
     /// for a session that has ended.
-    pub fn for_admission(
-        &self,
-        id: u64,
-    ) -> Option<(Arc<Grant>, Arc<AtomicU32>, crate::faults::Charged)> {
-        self.lock()
-            .sessions
-            .get(&id)
-            .map(|s| (s.grant.clone(), s.pending.clone(), s.charged.clone()))
+    pub fn for_admission(&self, id: u64) -> Option<ForAdmission> {
+        self.lock().sessions.get(&id).map(|s| ForAdmission {
+            grant: s.grant.clone(),
+            pending: s.pending.clone(),
+            charged: s.charged.clone(),
+            priority: s.priority,
+        })
     }
 
     /// Whether connection `conn` is attached to a session.
@@ -491,6 +557,7 @@ impl Sessions {
                 connected: !s.conns.is_empty(),
                 stats: s.stats.clone(),
                 pending: s.pending.load(std::sync::atomic::Ordering::Acquire),
+                priority: s.priority,
             })
             .collect();
         v.sort_by_key(|s| s.id);
@@ -543,6 +610,7 @@ mod tests {
         Arc::new(Grant {
             rule: "local".into(),
             quotas,
+            classes: vec![Class::Batch],
         })
     }
 
@@ -554,7 +622,7 @@ mod tests {
         max: u32,
     ) -> Result<(u64, String), NpudError> {
         let who = c.map_or_else(|| Identity::anonymous(None), |c| c.identity.clone());
-        s.open(name, c, &who, &grant(max), &[])
+        s.open(name, c, &who, &grant(max), &[], Priority::BATCH)
     }
 
     fn auth(s: &Sessions, m: &MetadataMap, c: Option<&ConnInfo>) -> Result<u64, NpudError> {

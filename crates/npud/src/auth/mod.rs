@@ -134,6 +134,28 @@ impl Quotas {
 pub struct Grant {
     pub rule: String,
     pub quotas: Quotas,
+    /// The session classes the rule's callers may open.
+    pub classes: Vec<crate::priority::Class>,
+}
+
+impl Grant {
+    /// Refuses a session class the rule does not allow.
+    ///
+    /// # Errors
+    /// PERMISSION_DENIED naming the rule and the classes it allows.
+    pub fn allows(&self, class: crate::priority::Class) -> Result<(), NpudError> {
+        if self.classes.contains(&class) {
+            return Ok(());
+        }
+        let allowed: Vec<&str> = self.classes.iter().map(|c| c.as_str()).collect();
+        Err(NpudError::PermissionDenied(format!(
+            "session_class: rule {:?} allows {} sessions only, not {class} \
+             (auth.rules[{:?}].classes)",
+            self.rule,
+            allowed.join(" and "),
+            self.rule
+        )))
+    }
 }
 
 /// `[auth]`, resolved: rules with their quotas, admins, the token directory.
@@ -181,6 +203,7 @@ impl Policy {
                     let g = Arc::new(Grant {
                         rule: r.name.clone(),
                         quotas: Quotas::of_rule(r, limits),
+                        classes: r.classes.clone(),
                     });
                     (r.clone(), g)
                 })

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
+use crate::priority::Class;
 use crate::token_dir;
 
 /// One rule of `auth.rules`.
@@ -30,6 +31,8 @@ pub struct Rule {
     /// Program bytes one of its sessions may reference (default
     /// `limits.max_program_bytes_per_session`).
     pub max_program_bytes_per_session: Option<u64>,
+    /// The session classes a matching caller may open (default: batch only).
+    pub classes: Vec<Class>,
 }
 
 impl Default for Rule {
@@ -42,6 +45,7 @@ impl Default for Rule {
             max_tensor_bytes_per_session: None,
             max_pending_per_session: None,
             max_program_bytes_per_session: None,
+            classes: vec![Class::Batch],
         }
     }
 }
@@ -79,7 +83,12 @@ impl Default for AuthConfig {
             token_dir: None,
             admins: vec!["uid:0".into(), "user:npud".into(), "self".into()],
             rules: vec![
-                allow("local", "uid:*"),
+                // Local users are the desktop's applications: a video call's effects, a
+                // dictation app.
+                Rule {
+                    classes: vec![Class::Batch, Class::Interactive],
+                    ..allow("local", "uid:*")
+                },
                 allow("certificates", "cert:*"),
                 allow("tokens", "token:*"),
             ],
@@ -137,6 +146,13 @@ impl AuthConfig {
                         r.name
                     )));
                 }
+            }
+            if r.allow && r.classes.is_empty() {
+                return Err(invalid(format!(
+                    "rule {:?}: classes is empty, so its callers could open no session: name \
+                     \"batch\" and/or \"interactive\" (allow = false refuses)",
+                    r.name
+                )));
             }
         }
         for a in &self.admins {

@@ -17,6 +17,11 @@
 //! dispatches that ran, and each session is charged its share of the turn
 //! ([`Worker::merged_charges`]).
 //!
+//! Interactive sessions' dispatches ring apart from batch work (`classes`): a turn of an
+//! interactive session's dispatch takes only interactive sessions' dispatches into its batch;
+//! a turn of a batch session's takes any, and while an interactive session is active, only as
+//! many as fit the doorbell budget its deadline sets.
+//!
 //! When the batch fails at a dispatch, those before it completed and are answered so; the one
 //! that failed gets the answer it would have had alone (a device fault quarantines its program
 //! and charges its identity, no other); those after it did not run and go back to the front of
@@ -79,6 +84,14 @@ impl Worker {
         session: u64,
         first: Box<Running>,
     ) -> Option<Box<Running>> {
+        // An interactive session's doorbell carries interactive work only; another, while an
+        // interactive session is active, as much as its budget allows.
+        let interactive = first.item.priority.is_interactive();
+        let max = if interactive {
+            MERGE_MAX
+        } else {
+            self.interactive.cap(self.turn_started, MERGE_MAX)
+        };
         let mut members = match self.prepare(first, true) {
             Prep::Ready(r) => vec![(session, r)],
             Prep::Refused(r, e) => {
@@ -90,7 +103,7 @@ impl Worker {
         // Sessions that gave back an item that could not join: nothing more of theirs joins.
         let mut stopped: Vec<u64> = Vec::new();
         let mut back: Vec<(u64, Box<Running>)> = Vec::new();
-        'rounds: while members.len() < MERGE_MAX {
+        'rounds: while members.len() < max {
             // One dispatch of each session with one ready, in fair order.
             let mut this_round: Vec<u64> = Vec::new();
             loop {
@@ -98,10 +111,11 @@ impl Worker {
                 let skip = |s: u64| {
                     stopped.contains(&s) || this_round.contains(&s) || !(across || s == session)
                 };
-                let Some((s, Job::Work(next))) = self
-                    .rr
-                    .take_fair_if(skip, |j| matches!(j, Job::Work(w) if mergeable(w)))
-                else {
+                let joins = |j: &Job| {
+                    matches!(j, Job::Work(w) if mergeable(w)
+                        && (!interactive || w.item.priority.is_interactive()))
+                };
+                let Some((s, Job::Work(next))) = self.rr.take_fair_if(skip, joins) else {
                     break;
                 };
                 this_round.push(s);
@@ -113,7 +127,7 @@ impl Worker {
                         stopped.push(s);
                     }
                 }
-                if members.len() == MERGE_MAX {
+                if members.len() == max {
                     break 'rounds;
                 }
             }
@@ -224,6 +238,11 @@ impl Worker {
         }
         let (report, failure) = match result {
             Ok(report) => {
+                if report.doorbells == 1 {
+                    self.interactive
+                        .pace
+                        .observe(dispatches.len(), report.device_time);
+                }
                 if let Some(r) = self.inflight.as_mut() {
                     r.completed();
                 }

@@ -25,6 +25,7 @@
 //! and drops the device (which releases the queue and the runtime).
 
 mod cache;
+mod classes;
 mod copy;
 mod idle;
 mod loads;
@@ -110,6 +111,8 @@ pub struct WorkItem {
     pub session: u64,
     /// The identity that opened the session, charged for device faults.
     pub who: crate::faults::Charged,
+    /// Its session's class and deadline (see `classes`).
+    pub priority: crate::priority::Priority,
     pub links: Vec<Link>,
     /// Chains name links in messages (`links[3].args[0]`); a single dispatch does not.
     pub chain: bool,
@@ -397,6 +400,10 @@ impl Executor {
                     published: (u64::MAX, usize::MAX),
                     slice_bytes: usize::try_from(cfg.executor.slice_bytes).unwrap_or(usize::MAX),
                     batch_across_sessions: cfg.executor.batch_across_sessions,
+                    interactive_weight: cfg.executor.interactive_weight,
+                    interactive: classes::Interactive::new(Duration::from_millis(
+                        cfg.executor.interactive_idle_ms,
+                    )),
                     suspended: None,
                     merged_charges: Vec::new(),
                     inflight,

@@ -17,6 +17,13 @@
 //! of theirs; now for the one under way). With every turn free of charge the order is plain
 //! round robin. A session with a thousand pending items, or one very large item, still delays
 //! another session's next item by at most the turns it has been charged less than it.
+//!
+//! A session may weigh more ([`FairTurns::set_class`]: an interactive session weighs
+//! `executor.interactive_weight` batch sessions): its turns are charged that much less, so it
+//! gets that many times the device of a batch session when both keep it busy, and any batch
+//! session still gets its share. A session marked first goes before the others waiting at the
+//! same virtual time (an interactive session that has used less than its share is charged at
+//! most the current virtual time, so it has the next turn).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -25,11 +32,14 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub struct FairTurns<T> {
     queues: crate::IdMap<u64, VecDeque<T>>,
-    /// Sessions with pending items as (virtual time, arrival, session): the first has the
-    /// next turn. Each appears once.
-    order: BTreeSet<(u64, u64, u64)>,
+    /// Sessions with pending items as (virtual time, rank, arrival, session): the first has
+    /// the next turn. Each appears once.
+    order: BTreeSet<(u64, u8, u64, u64)>,
     /// Each waiting session's key in `order`.
-    keys: crate::IdMap<u64, (u64, u64)>,
+    keys: crate::IdMap<u64, (u64, u8, u64)>,
+    /// Sessions that weigh more than one, or go first at equal virtual times: (weight, rank,
+    /// 0 first).
+    classes: crate::IdMap<u64, (u32, u8)>,
     /// What each session has been charged (ns of turns), kept while it idles with a debt.
     charged: crate::IdMap<u64, u64>,
     /// The virtual time of the turn last started.
@@ -56,6 +66,7 @@ impl<T> FairTurns<T> {
             queues: crate::IdMap::default(),
             order: BTreeSet::new(),
             keys: crate::IdMap::default(),
+            classes: crate::IdMap::default(),
             charged: crate::IdMap::default(),
             now: 0,
             arrivals: 0,
@@ -97,14 +108,32 @@ impl<T> FairTurns<T> {
             .max(self.now);
         self.charged.insert(session, v);
         self.arrivals += 1;
-        self.keys.insert(session, (v, self.arrivals));
-        self.order.insert((v, self.arrivals, session));
+        let rank = self.class(session).1;
+        self.keys.insert(session, (v, rank, self.arrivals));
+        self.order.insert((v, rank, self.arrivals, session));
     }
 
     /// `session` no longer waits.
     fn leave(&mut self, session: u64) {
-        if let Some((v, a)) = self.keys.remove(&session) {
-            self.order.remove(&(v, a, session));
+        if let Some((v, r, a)) = self.keys.remove(&session) {
+            self.order.remove(&(v, r, a, session));
+        }
+    }
+
+    /// `session`'s (weight, rank).
+    fn class(&self, session: u64) -> (u32, u8) {
+        self.classes.get(&session).copied().unwrap_or((1, 1))
+    }
+
+    /// From now on, `session`'s turns are charged `1 / weight` of their time, and it goes
+    /// before sessions that are not `first` among those waiting at the same virtual time.
+    /// Forgotten with [`FairTurns::take_session`].
+    pub fn set_class(&mut self, session: u64, weight: u32, first: bool) {
+        let c = (weight.max(1), u8::from(!first));
+        if c == (1, 1) {
+            self.classes.remove(&session);
+        } else {
+            self.classes.insert(session, c);
         }
     }
 
@@ -135,7 +164,7 @@ impl<T> FairTurns<T> {
     /// The next item: the first of the waiting session charged least. Charge the turn it gets
     /// with [`FairTurns::charge`].
     pub fn pop(&mut self) -> Option<(u64, T)> {
-        while let Some((v, _, session)) = self.order.pop_first() {
+        while let Some((v, _, _, session)) = self.order.pop_first() {
             self.keys.remove(&session);
             self.now = self.now.max(v);
             let Some(q) = self.queues.get_mut(&session) else {
@@ -160,10 +189,11 @@ impl<T> FairTurns<T> {
         None
     }
 
-    /// Charges `session` for a turn that took `took`: its place among the waiting sessions
-    /// moves back by as much.
+    /// Charges `session` for a turn that took `took` (divided by its weight): its place among
+    /// the waiting sessions moves back by as much.
     pub fn charge(&mut self, session: u64, took: Duration) {
-        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let ns =
+            u64::try_from(took.as_nanos()).unwrap_or(u64::MAX) / u64::from(self.class(session).0);
         let v = self
             .charged
             .get(&session)
@@ -171,10 +201,10 @@ impl<T> FairTurns<T> {
             .unwrap_or(self.now)
             .saturating_add(ns);
         self.charged.insert(session, v);
-        if let Some((old, a)) = self.keys.get(&session).copied() {
-            self.order.remove(&(old, a, session));
-            self.order.insert((v, a, session));
-            self.keys.insert(session, (v, a));
+        if let Some((old, r, a)) = self.keys.get(&session).copied() {
+            self.order.remove(&(old, r, a, session));
+            self.order.insert((v, r, a, session));
+            self.keys.insert(session, (v, r, a));
         }
     }
 
@@ -187,12 +217,12 @@ impl<T> FairTurns<T> {
 
     /// Whether no session but `session` has anything queued.
     pub fn alone(&self, session: u64) -> bool {
-        self.order.iter().all(|(_, _, s)| *s == session)
+        self.order.iter().all(|(_, _, _, s)| *s == session)
     }
 
     /// Whether any waiting session's next item is one `accept` takes.
     pub fn any_next(&self, accept: impl Fn(&T) -> bool) -> bool {
-        self.order.iter().any(|(_, _, s)| {
+        self.order.iter().any(|(_, _, _, s)| {
             self.queues
                 .get(s)
                 .and_then(VecDeque::front)
@@ -209,7 +239,7 @@ impl<T> FairTurns<T> {
         skip: impl Fn(u64) -> bool,
         accept: impl Fn(&T) -> bool,
     ) -> Option<(u64, T)> {
-        let session = self.order.iter().map(|&(_, _, s)| s).find(|&s| {
+        let session = self.order.iter().map(|&(_, _, _, s)| s).find(|&s| {
             !skip(s)
                 && self
                     .queues
@@ -229,6 +259,7 @@ impl<T> FairTurns<T> {
     pub fn take_session(&mut self, session: u64) -> Vec<T> {
         self.leave(session);
         self.charged.remove(&session);
+        self.classes.remove(&session);
         self.queues
             .remove(&session)
             .map(Vec::from)
@@ -456,6 +487,45 @@ mod tests {
         assert_eq!(q.pop(), Some((3, 30)));
         assert_eq!(q.pop(), Some((1, 11)));
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_weighty_session_gets_its_weight_in_device_time_and_the_others_still_theirs() {
+        let mut q = FairTurns::new(1000);
+        q.set_class(1, 8, true);
+        for i in 0..900 {
+            for s in 1..=3 {
+                q.push(s, i).unwrap();
+            }
+        }
+        let mut time = [Duration::ZERO; 3];
+        while time.iter().sum::<Duration>() < 500 * MS {
+            let (s, _) = turn(&mut q, MS).unwrap();
+            time[usize::try_from(s - 1).unwrap()] += MS;
+        }
+        // 8 : 1 : 1 of the device.
+        let share = |s: usize| time[s].as_secs_f64() / time.iter().sum::<Duration>().as_secs_f64();
+        assert!((share(0) - 0.8).abs() < 0.02, "{time:?}");
+        assert!(
+            (share(1) - 0.1).abs() < 0.02 && (share(2) - 0.1).abs() < 0.02,
+            "{time:?}"
+        );
+    }
+
+    #[test]
+    fn a_first_session_goes_before_those_waiting_at_its_virtual_time() {
+        let mut q = FairTurns::new(100);
+        q.push(1, "batch").unwrap();
+        q.push(2, "batch").unwrap();
+        q.set_class(3, 8, true);
+        q.push(3, "interactive").unwrap();
+        assert_eq!(q.pop(), Some((3, "interactive")));
+        // Forgotten with the session: it queues again as any other.
+        assert!(q.take_session(3).is_empty());
+        q.push(3, "plain").unwrap();
+        assert_eq!(q.pop(), Some((1, "batch")));
+        assert_eq!(q.pop(), Some((2, "batch")));
+        assert_eq!(q.pop(), Some((3, "plain")));
     }
 
     #[test]

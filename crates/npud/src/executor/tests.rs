@@ -10,6 +10,7 @@ use npu_proto::v1 as pb;
 use tokio::sync::oneshot::{self, error::TryRecvError};
 
 use super::*;
+use crate::priority::Priority;
 use crate::programs::Runs;
 
 const A: u64 = 1;
@@ -120,6 +121,16 @@ impl Fixture {
         uid: u32,
         links: Vec<(Arc<Program>, [u64; 2])>,
     ) -> oneshot::Receiver<Result<WorkDone, NpudError>> {
+        self.work_with(session, uid, Priority::BATCH, links)
+    }
+
+    fn work_with(
+        &self,
+        session: u64,
+        uid: u32,
+        priority: Priority,
+        links: Vec<(Arc<Program>, [u64; 2])>,
+    ) -> oneshot::Receiver<Result<WorkDone, NpudError>> {
         let (reply, rx) = oneshot::channel();
         let chain = links.len() > 1;
         let links = links
@@ -140,6 +151,7 @@ impl Fixture {
         self.queue(Command::Work(WorkItem {
             session,
             who: format!("uid:{uid}").into(),
+            priority,
             links,
             chain,
             admitted: Instant::now(),
@@ -162,6 +174,7 @@ impl Fixture {
         self.queue(Command::Work(WorkItem {
             session,
             who: String::from("uid:1000").into(),
+            priority: Priority::BATCH,
             links: vec![Link {
                 program,
                 args: t
@@ -697,6 +710,66 @@ fn one_sessions_queued_single_dispatches_ring_together_a_doorbell_batch_at_a_tim
         assert!(d.device_ns > 0, "{d:?}");
     }
     shutdown(exec);
+}
+
+/// 40 single dispatches of batch session A queued, then one of interactive session I with
+/// `deadline`: (A's answers, I's answer) once all are done.
+fn forty_batch_then_one_interactive(
+    deadline: Option<std::time::Duration>,
+) -> (Vec<Result<WorkDone, NpudError>>, WorkDone) {
+    const I: u64 = 9;
+    let mut f = fixture(1 << 20);
+    let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let mine = f.register(I, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    let allocations = [
+        f.allocate(A, 4096),
+        f.allocate(A, 4096),
+        f.allocate(I, 4096),
+        f.allocate(I, 4096),
+    ];
+    let a: Vec<Answer> = (0..40)
+        .map(|_| f.work(A, vec![(add.clone(), [1, 2])]))
+        .collect();
+    let i = f.work_with(
+        I,
+        1001,
+        Priority::interactive(deadline),
+        vec![(mine, [3, 4])],
+    );
+    let exec = f.serve();
+    for r in allocations {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    let mut i = i;
+    let a = answers(a);
+    let i = i.try_recv().expect("answered before A's last").unwrap();
+    shutdown(exec);
+    (a, i)
+}
+
+#[test]
+fn an_interactive_dispatch_rings_first_and_then_batch_doorbells_hold_one_dispatch() {
+    let (a, i) = forty_batch_then_one_interactive(None);
+    // Queued last, it rang first, alone: no batch work joins an interactive doorbell.
+    assert_eq!((i.doorbells, i.completed), (1, 1));
+    let first_of_a = a[0].as_ref().unwrap();
+    assert!(i.queue_ns < first_of_a.queue_ns, "{i:?} {first_of_a:?}");
+    // Meanwhile the interactive session is active and has no deadline: every doorbell of A
+    // is as short as a lone dispatch's.
+    assert_eq!(shapes(&a), vec![(1, 1, None); 40]);
+}
+
+#[test]
+fn an_interactive_deadline_lets_batch_doorbells_hold_what_fits_half_of_it() {
+    // Ten seconds: half of it holds every batch.
+    let (a, i) = forty_batch_then_one_interactive(Some(std::time::Duration::from_secs(10)));
+    assert_eq!((i.doorbells, i.completed), (1, 1));
+    let rang: Vec<usize> = (0..40).filter(|k| shapes(&a)[*k].0 == 1).collect();
+    assert_eq!(
+        rang,
+        [0, 32],
+        "A rings 32 and 8, as with no interactive session"
+    );
 }
 
 /// Three dispatches of A and one of B, all queued before the executor serves, of one program

@@ -399,6 +399,18 @@ impl Worker {
                 Ok(Step::Ready) => p.yielded = false,
             }
         }
+        // While an interactive session is active, another's doorbell holds what fits the
+        // budget its deadline sets (`classes`); the rest is the next batch.
+        let end = if item.priority.is_interactive() || end - first <= 1 {
+            end
+        } else {
+            let fit = self.interactive.cap(self.turn_started, end - first);
+            if fit < end - first {
+                p.batches[p.batch] = fit;
+                p.batches.insert(p.batch + 1, end - first - fit);
+            }
+            first + fit
+        };
         let programs: Programs<'_> = item.links[first..end]
             .iter()
             .map(|l| l.program.as_ref())
@@ -441,6 +453,11 @@ impl Worker {
         }
         match result {
             Ok(report) => {
+                if report.doorbells == 1 {
+                    self.interactive
+                        .pace
+                        .observe(end - first, report.device_time);
+                }
                 // A suspect among the batch's programs ran to completion: no longer suspected.
                 if let Some(r) = self.inflight.as_mut() {
                     r.completed();

@@ -9,6 +9,7 @@ use hsa_core::Device;
 use tokio::sync::{mpsc, oneshot};
 
 use super::cache::ProgramCache;
+use super::classes::Interactive;
 use super::copy::CopyJob;
 use super::idle::{Idle, Woke};
 use super::loads::TurnLoads;
@@ -50,6 +51,10 @@ pub(super) struct Worker {
     pub(super) merged_charges: Vec<u64>,
     /// `executor.batch_across_sessions`.
     pub(super) batch_across_sessions: bool,
+    /// `executor.interactive_weight`.
+    pub(super) interactive_weight: u32,
+    /// The active interactive sessions, and how long other doorbells may be meanwhile.
+    pub(super) interactive: Interactive,
     /// Which programs are on the device, for the next start if this process dies meanwhile.
     pub(super) inflight: Option<InFlight>,
     pub(super) idle: Idle,
@@ -219,6 +224,11 @@ impl Worker {
                     return;
                 }
                 let session = item.session;
+                if item.priority.is_interactive() {
+                    self.interactive
+                        .queued(session, item.priority, Instant::now());
+                    self.rr.set_class(session, self.interactive_weight, true);
+                }
                 if item.flow_controlled {
                     // Bounded by the stream's window (and the daemon's queued-bytes budget);
                     // queued in order behind whatever the session has queued.
@@ -338,6 +348,7 @@ impl Worker {
                 if self.loader == Some(session) {
                     self.loader = None;
                 }
+                self.interactive.ended(session);
                 self.budget.forget_session(session);
                 // Its tensors are freed in turns of their own, and the reply waits for the last.
                 self.rr

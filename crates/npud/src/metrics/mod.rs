@@ -28,6 +28,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::priority::Class;
 use crate::programs::Programs;
 
 /// The label value of programs past `metrics.max_program_labels`, and of RPC paths that are no
@@ -76,6 +77,11 @@ struct KindLabel {
 struct KindCode {
     kind: &'static str,
     code: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ClassLabel {
+    class: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -146,6 +152,10 @@ pub struct Metrics {
     counters: Mutex<crate::IdMap<(Kind, u64, &'static str), Counter>>,
     /// (queue, device) time histograms of each kind, in [`Kind`] order.
     times: [(Histogram, Histogram); 2],
+    class_queue_time: Family<ClassLabel, Histogram, fn() -> Histogram>,
+    class_device_time: Family<ClassLabel, Histogram, fn() -> Histogram>,
+    /// (queue, device) time histograms of each session class, in [`Class::ALL`] order.
+    class_times: [(Histogram, Histogram); 2],
     methods: HashSet<Arc<str>>,
 }
 
@@ -170,6 +180,19 @@ impl Metrics {
                 device_time.get_or_create(&l).clone(),
             )
         });
+        let class_queue_time: Family<ClassLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(time_histogram);
+        let class_device_time: Family<ClassLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(time_histogram);
+        let class_times = Class::ALL.map(|class| {
+            let l = ClassLabel {
+                class: class.as_str(),
+            };
+            (
+                class_queue_time.get_or_create(&l).clone(),
+                class_device_time.get_or_create(&l).clone(),
+            )
+        });
         Self {
             dispatches: Family::default(),
             chain_links: Family::default(),
@@ -183,6 +206,9 @@ impl Metrics {
             program_ids: Mutex::new(crate::IdMap::default()),
             counters: Mutex::new(crate::IdMap::default()),
             times,
+            class_queue_time,
+            class_device_time,
+            class_times,
             methods: rpc::api_methods(),
         }
     }
@@ -219,6 +245,20 @@ impl Metrics {
             "Time the device took for a dispatch or a whole chain",
             Unit::Seconds,
             self.device_time.clone(),
+        );
+        registry.register_with_unit(
+            "class_queue_time",
+            "Time from admission to the device starting a dispatch or chain, by the session's \
+             class (batch, interactive)",
+            Unit::Seconds,
+            self.class_queue_time.clone(),
+        );
+        registry.register_with_unit(
+            "class_device_time",
+            "Time the device took for a dispatch or a whole chain, by the session's class: each \
+             class's _sum over all classes' is its device share",
+            Unit::Seconds,
+            self.class_device_time.clone(),
         );
         registry.register("rpcs", "gRPC calls answered, by method", self.rpcs.clone());
         registry.register(
@@ -282,14 +322,17 @@ impl Metrics {
         counters.insert(key, c);
     }
 
-    /// Times of one work item that the device queue answered.
-    pub fn timed(&self, kind: Kind, queue_ns: u64, device_ns: u64) {
+    /// Times of one work item of a session of `class` that the device queue answered.
+    pub fn timed(&self, kind: Kind, class: Class, queue_ns: u64, device_ns: u64) {
         #[expect(
             clippy::cast_precision_loss,
             reason = "seconds as f64, as Prometheus has them"
         )]
         let secs = |ns: u64| ns as f64 / 1e9;
         let (queue, device) = &self.times[kind as usize];
+        queue.observe(secs(queue_ns));
+        device.observe(secs(device_ns));
+        let (queue, device) = &self.class_times[class.index()];
         queue.observe(secs(queue_ns));
         device.observe(secs(device_ns));
     }

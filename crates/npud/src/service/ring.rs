@@ -363,6 +363,7 @@ impl Bell {
 struct Due {
     programs: Vec<u64>,
     chain: bool,
+    class: crate::priority::Class,
     result: Result<WorkDone, NpudError>,
 }
 
@@ -594,6 +595,7 @@ impl Port {
             self.metrics_due.push(Due {
                 programs: std::mem::take(&mut admitted.programs),
                 chain: admitted.chain,
+                class: admitted.class,
                 result: r,
             });
             *e = Entry::Answered(c);
@@ -606,7 +608,8 @@ impl Port {
     /// are updated after the post, off the client's wait.
     fn count_due(&mut self) {
         for d in self.metrics_due.drain(..) {
-            self.svc.record_metrics(&d.programs, d.chain, &d.result);
+            self.svc
+                .record_metrics(&d.programs, d.chain, d.class, &d.result);
         }
     }
 

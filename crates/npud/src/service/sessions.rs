@@ -6,6 +6,7 @@ use tonic::Request;
 use super::NpudService;
 use crate::error::NpudError;
 use crate::peer::ConnInfo;
+use crate::priority::{Class, Priority};
 
 impl NpudService {
     pub(super) async fn device_info(
@@ -79,11 +80,23 @@ impl NpudService {
                 .collect();
             self.state.policy.charged(&who, &proven)
         });
-        let name = &req.get_ref().client_name;
+        let r = req.get_ref();
+        let name = &r.client_name;
+        let class = match pb::SessionClass::try_from(r.session_class) {
+            Ok(pb::SessionClass::Unspecified | pb::SessionClass::Batch) => Class::Batch,
+            Ok(pb::SessionClass::Interactive) => Class::Interactive,
+            Err(_) => {
+                return Err(NpudError::InvalidArgument(format!(
+                    "session_class: {} is no SessionClass (BATCH or INTERACTIVE)",
+                    r.session_class
+                )));
+            }
+        };
+        let priority = Priority::asked(class, r.deadline_us).map_err(NpudError::InvalidArgument)?;
         let (session_id, token) =
             self.state
                 .sessions
-                .open(name, conn.as_ref(), &who, &grant, &also)?;
+                .open(name, conn.as_ref(), &who, &grant, &also, priority)?;
         self.state
             .lifecycle
             .open_session(session_id, self.state.sessions.charged(session_id).names());
@@ -94,6 +107,8 @@ impl NpudService {
             identity = %who,
             also = ?also.iter().map(|(w, _)| w.to_string()).collect::<Vec<_>>(),
             rule = %grant.rule,
+            class = %priority.class,
+            deadline_us = priority.deadline_us(),
             uid = ?conn.as_ref().and_then(|c| c.uid),
             pid = ?conn.as_ref().and_then(|c| c.pid),
             peer = ?conn.as_ref().and_then(|c| c.addr),
@@ -103,6 +118,8 @@ impl NpudService {
             session_id,
             token,
             grace_ms: u64::try_from(self.state.sessions.grace().as_millis()).unwrap_or(u64::MAX),
+            session_class: class_to_pb(priority.class).into(),
+            deadline_us: priority.deadline_us(),
         })
     }
 
@@ -139,5 +156,13 @@ impl NpudService {
             Self::end_session(&self.state, caller.session, why).await;
         }
         Ok(pb::CloseSessionResponse {})
+    }
+}
+
+/// A class as the API names it.
+pub(super) fn class_to_pb(c: Class) -> pb::SessionClass {
+    match c {
+        Class::Batch => pb::SessionClass::Batch,
+        Class::Interactive => pb::SessionClass::Interactive,
     }
 }

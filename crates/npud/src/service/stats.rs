@@ -37,6 +37,8 @@ impl NpudService {
                     dispatches: Some(x.stats.to_proto()),
                     device_faults: s.exec.fault_budget().session_faults(x.id),
                     identity: x.owner.to_string(),
+                    session_class: super::sessions::class_to_pb(x.priority.class).into(),
+                    deadline_us: x.priority.deadline_us(),
                 }
             })
             .collect();
@@ -51,6 +53,17 @@ impl NpudService {
             uptime_ms: u64::try_from(s.started.elapsed().as_millis()).unwrap_or(u64::MAX),
             pending_dispatches: s.pending.get(),
             open_sessions,
+            classes: s
+                .sessions
+                .classes()
+                .into_iter()
+                .map(|c| pb::ClassStatistics {
+                    session_class: super::sessions::class_to_pb(c.class).into(),
+                    open_sessions: u32::try_from(c.open).unwrap_or(u32::MAX),
+                    dispatches: Some(c.stats.to_proto()),
+                    deadline_missed: c.deadline_missed,
+                })
+                .collect(),
         })
     }
 }

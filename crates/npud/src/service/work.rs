@@ -21,6 +21,7 @@ use super::{BoxStream, NpudService, deadline};
 use crate::error::NpudError;
 use crate::executor::{Command, Link, LinkPrefix, WorkDone, WorkItem};
 use crate::metrics::Kind;
+use crate::priority::{Class, Priority};
 use crate::stats::{Outcome, PendingGuard, Tally};
 
 /// Most buffer arguments one dispatch may pass (the intake counts them before decoding).
@@ -38,6 +39,8 @@ pub(super) struct Admitted {
     /// The program of each link.
     pub(super) programs: Vec<u64>,
     pub(super) chain: bool,
+    /// Its session's class, for the metrics.
+    pub(super) class: Class,
     /// Counts the item in `Statistics.pending_dispatches` until its reply has been counted.
     _pending: PendingGuard,
 }
@@ -167,13 +170,14 @@ impl NpudService {
         flow_controlled: bool,
     ) -> Result<(WorkItem, Admitted), NpudError> {
         self.check_serving()?;
-        let (slot, who) = match self.state.sessions.for_admission(session) {
-            Some((grant, count, who)) => (
-                Some(self.pending_slot(&grant, count, flow_controlled)?),
-                who,
+        let (slot, who, priority) = match self.state.sessions.for_admission(session) {
+            Some(s) => (
+                Some(self.pending_slot(&s.grant, s.pending, flow_controlled)?),
+                s.charged,
+                s.priority,
             ),
             // The session ended meanwhile: there is no count to hold a place in.
-            None => (None, String::new().into()),
+            None => (None, String::new().into(), Priority::BATCH),
         };
         let now = Instant::now();
         self.state
@@ -186,6 +190,7 @@ impl NpudService {
         let item = WorkItem {
             session,
             who,
+            priority,
             links,
             chain,
             admitted: now,
@@ -200,6 +205,7 @@ impl NpudService {
                 _slot: slot,
                 programs,
                 chain,
+                class: priority.class,
                 _pending: pending,
             },
         ))
@@ -263,9 +269,10 @@ impl NpudService {
         session: u64,
         programs: &[u64],
         chain: bool,
+        class: Class,
         r: &Result<WorkDone, NpudError>,
     ) {
-        self.record_metrics(programs, chain, r);
+        self.record_metrics(programs, chain, class, r);
         self.record_stats(session, programs, r);
     }
 
@@ -331,6 +338,7 @@ impl NpudService {
         &self,
         programs: &[u64],
         chain: bool,
+        class: Class,
         r: &Result<WorkDone, NpudError>,
     ) {
         let kind = if chain { Kind::Chain } else { Kind::Dispatch };
@@ -338,7 +346,7 @@ impl NpudService {
         let m = &st.metrics;
         match r {
             Ok(done) => {
-                m.timed(kind, done.queue_ns, done.device_ns);
+                m.timed(kind, class, done.queue_ns, done.device_ns);
                 let ok = done.completed.min(programs.len());
                 if let [p] = &programs[..ok] {
                     m.links(&st.programs, kind, *p, 1, "OK");
@@ -617,7 +625,8 @@ impl Pending {
         };
         drop(waiting);
         if let Some(a) = self.admitted.take() {
-            self.svc.record(self.session, &a.programs, a.chain, &r);
+            self.svc
+                .record(self.session, &a.programs, a.chain, a.class, &r);
         }
         r
     }
@@ -629,6 +638,7 @@ impl Drop for Pending {
             rx,
             programs,
             chain,
+            class,
             _pending: pending,
             _slot: slot,
         }) = self.admitted.take()
@@ -640,7 +650,7 @@ impl Drop for Pending {
             Ok(rt) => {
                 rt.spawn(async move {
                     let r = rx.await.unwrap_or_else(|_| Err(NpudError::executor_gone()));
-                    svc.record(session, &programs, chain, &r);
+                    svc.record(session, &programs, chain, class, &r);
                     // The item counts as pending (and holds its place under the session's
                     // rule) until the executor has answered, even after its caller left.
                     drop((pending, slot));
