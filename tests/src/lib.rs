@@ -731,17 +731,29 @@ impl Session {
     /// # Errors
     /// The daemon's status.
     pub async fn open_as(
-        mut client: NpudClient<Channel>,
+        client: NpudClient<Channel>,
         name: &str,
         secret: Option<&str>,
     ) -> Result<Session, Status> {
+        let req = pb::OpenSessionRequest {
+            client_name: name.to_owned(),
+            ..Default::default()
+        };
+        Self::open_with(client, req, secret).await
+    }
+
+    /// Opens a session as `req` asks (its class and deadline), as the token identity whose
+    /// secret is `secret` (when given).
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn open_with(
+        mut client: NpudClient<Channel>,
+        req: pb::OpenSessionRequest,
+        secret: Option<&str>,
+    ) -> Result<Session, Status> {
         let r = client
-            .open_session(with_identity_token(
-                pb::OpenSessionRequest {
-                    client_name: name.to_owned(),
-                },
-                secret,
-            ))
+            .open_session(with_identity_token(req, secret))
             .await?
             .into_inner();
         let mut s = Session {

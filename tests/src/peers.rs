@@ -292,6 +292,7 @@ pub fn open_session_bytes(client_name: &str) -> Vec<u8> {
     frame(&mut out, 1, 4, 1, &headers);
     let msg = pb::OpenSessionRequest {
         client_name: client_name.to_owned(),
+        ..Default::default()
     }
     .encode_to_vec();
     let mut data = vec![0_u8];

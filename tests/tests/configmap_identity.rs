@@ -338,6 +338,7 @@ async fn without_its_token_a_caller_gets_device_info_and_health_only_and_no_uid_
         let refusals = [
             c.open_session(tonic::Request::new(pb::OpenSessionRequest {
                 client_name: "root-pod".into(),
+                ..Default::default()
             }))
             .await
             .map(drop),
@@ -447,6 +448,7 @@ async fn the_next_pod_given_a_share_is_a_new_identity_and_revocation_ends_open_c
             .open_session(with_token(
                 tonic::Request::new(pb::OpenSessionRequest {
                     client_name: "a-raw".into(),
+                    ..Default::default()
                 }),
                 &first,
             ))

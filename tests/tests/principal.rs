@@ -122,6 +122,7 @@ async fn open_every_way(
                 .open_session(with_identity_token(
                     pb::OpenSessionRequest {
                         client_name: format!("{what} {i}"),
+                        ..Default::default()
                     },
                     token.as_deref(),
                 ))
@@ -201,6 +202,7 @@ async fn with_a_token_or_refused(
             let e = NpudClient::new(ch.clone())
                 .open_session(pb::OpenSessionRequest {
                     client_name: what.into(),
+                    ..Default::default()
                 })
                 .await
                 .unwrap_err();

@@ -731,6 +731,7 @@ async fn token_files_are_identities_until_removed_with_their_rules_quotas() {
             .open_session(with_token(
                 tonic::Request::new(pb::OpenSessionRequest {
                     client_name: "raw".into(),
+                    ..Default::default()
                 }),
                 secret,
             ))

@@ -1,6 +1,8 @@
 //! `npuctl top` against a real daemon: under a pseudo-terminal it shows a session that
 //! dispatches in a loop, with a nonzero dispatch count, and ends with status 0 on `q`; with
-//! `--once` (or without a terminal) it prints one frame.
+//! `--once` (or without a terminal) it prints one frame. An interactive session that
+//! npu-client opened with a deadline is granted both, and shows its class in `npuctl sessions`
+//! and in top's class lines.
 
 #![forbid(unsafe_code)]
 
@@ -10,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use npu_artifacts::emu::{DType, EmuDesign};
+use npu_client::{Client, ConnectOptions, Program, SessionClass};
 use npu_proto::v1 as pb;
 use npud_e2e::{Daemon, Options, Session, npuctl_binary};
 use rexpect::process::WaitStatus;
@@ -153,4 +156,124 @@ async fn top_once_prints_one_frame_for_scripts() {
         "{}",
         String::from_utf8_lossy(&bad.stderr)
     );
+}
+
+/// `npuctl ARGS` against `d`; its standard output, after checking that it succeeded.
+fn npuctl(d: &Daemon, args: &[&str]) -> String {
+    let out = Command::new(npuctl_binary())
+        .args(args)
+        .env("NPUD_ADDR", format!("unix:{}", d.socket.display()))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "npuctl {args:?}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interactive_session_shows_its_class_in_sessions_and_top() {
+    let d = Daemon::start(Options::default());
+    let addr = format!("unix:{}", d.socket.display());
+    let opts = ConnectOptions {
+        session_class: SessionClass::Interactive,
+        deadline: Some(Duration::from_millis(5)),
+        ..ConnectOptions::default()
+    };
+    let client = Client::connect_with(Some(&addr), opts).await.unwrap();
+    assert_eq!(client.session_class(), SessionClass::Interactive);
+    assert_eq!(client.deadline(), Some(Duration::from_millis(5)));
+    let batch = Client::connect(Some(&addr)).await.unwrap();
+    assert_eq!(
+        (batch.session_class(), batch.deadline()),
+        (SessionClass::Batch, None)
+    );
+
+    let sessions: serde_json::Value =
+        serde_json::from_str(&npuctl(&d, &["sessions", "--json"])).unwrap();
+    let class_of = |id: u64| {
+        let s = sessions
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["session_id"] == id)
+            .unwrap_or_else(|| panic!("no session {id} in {sessions}"));
+        (s["session_class"].clone(), s["deadline_us"].clone())
+    };
+    assert_eq!(
+        class_of(client.session_id()),
+        (serde_json::json!("interactive"), serde_json::json!(5000))
+    );
+    assert_eq!(
+        class_of(batch.session_id()),
+        (serde_json::json!("batch"), serde_json::json!(0))
+    );
+    let table = npuctl(&d, &["sessions"]);
+    assert!(table.contains("interactive (5ms)"), "{table}");
+
+    // The interactive session dispatches while top samples; the batch one does not, so the
+    // interactive class has the device's whole time over the interval.
+    let program = Program::emulated(
+        &EmuDesign::vector_scalar_add(1024, DType::I32, 1),
+        client.generation(),
+    )
+    .unwrap();
+    let input = client.alloc::<i32>(1024).await.unwrap();
+    let mut output = client.alloc::<i32>(1024).await.unwrap();
+    client
+        .dispatch(&program, &[&input], &mut [&mut output])
+        .await
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let looping = {
+        let (client, stop) = (client.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                client
+                    .dispatch(&program, &[&input], &mut [&mut output])
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    let top = {
+        let d = &d;
+        tokio::task::block_in_place(|| npuctl(d, &["top", "--once", "--interval", "0.5"]))
+    };
+    stop.store(true, Ordering::Relaxed);
+    looping.await.unwrap();
+    let line = |name: &str| -> Vec<String> {
+        top.lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} line:\n{top}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    // CLASS SESSIONS DISP/s QUEUE SHARE MISSED
+    let interactive = line("interactive");
+    assert_eq!(interactive[1], "1", "{top}");
+    assert!(interactive[2].parse::<f64>().unwrap() > 0.0, "{top}");
+    assert_eq!(interactive[4], "100%", "{top}");
+    let b = line("batch");
+    assert_eq!((b[1].as_str(), b[2].as_str()), ("1", "0.0"), "{top}");
+
+    let status: serde_json::Value =
+        serde_json::from_str(&npuctl(&d, &["status", "--json"])).unwrap();
+    let classes = status["statistics"]["classes"].as_array().unwrap();
+    let names: Vec<_> = classes.iter().map(|c| &c["session_class"]).collect();
+    assert_eq!(names, ["batch", "interactive"], "{status}");
+    assert!(
+        classes[1]["dispatches"]["success"]["count"]
+            .as_u64()
+            .unwrap()
+            > 1,
+        "{status}"
+    );
+    client.close().await.unwrap();
+    batch.close().await.unwrap();
 }

@@ -319,6 +319,7 @@ async fn groups_at_connect(sock: PathBuf, gid: u32) -> Result<serde_json::Value,
     let r = npu_proto::v1::npud_client::NpudClient::new(ch)
         .open_session(pb::OpenSessionRequest {
             client_name: "groups".into(),
+            ..Default::default()
         })
         .await;
     let (code, message) = match r {
@@ -348,6 +349,7 @@ async fn tcp_sessions(addr: &str, n: u32) -> Result<serde_json::Value, String> {
         match client
             .open_session(pb::OpenSessionRequest {
                 client_name: format!("tcp-{i}"),
+                ..Default::default()
             })
             .await
         {

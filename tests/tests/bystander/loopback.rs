@@ -61,6 +61,7 @@ async fn a_peer_that_writes_and_closes_at_once_is_never_uid_0() {
                     .map(|i| {
                         let open = prost::Message::encode_to_vec(&pb::OpenSessionRequest {
                             client_name: format!("closed-peer-{i}"),
+                            ..Default::default()
                         });
                         raw_h2_request("/npud.v1.Npud/OpenSession", &[], &open)
                     })
