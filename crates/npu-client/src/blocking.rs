@@ -24,6 +24,7 @@ use npu_artifacts::NpuGen;
 use npu_proto::v1 as pb;
 
 use crate::ClientError;
+use crate::class::SessionClass;
 use crate::connect::{Address, ConnectOptions};
 use crate::dispatch::{ChainArg, ChainResult, DispatchResult};
 use crate::program::{Program, ProgramInfo};
@@ -84,6 +85,18 @@ impl Client {
     #[must_use]
     pub fn address(&self) -> &Address {
         self.inner.address()
+    }
+
+    /// See [`crate::Client::session_class`].
+    #[must_use]
+    pub fn session_class(&self) -> SessionClass {
+        self.inner.session_class()
+    }
+
+    /// See [`crate::Client::deadline`].
+    #[must_use]
+    pub fn deadline(&self) -> Option<std::time::Duration> {
+        self.inner.deadline()
     }
 
     /// Whether tensors are shared by fd.

@@ -6,6 +6,7 @@ use npu_artifacts::NpuGen;
 use npu_proto::v1 as pb;
 
 use crate::ClientError;
+use crate::class::SessionClass;
 use crate::connect::{Address, ConnectOptions};
 use crate::program::{Program, ProgramInfo};
 use crate::session::Inner;
@@ -29,7 +30,8 @@ impl Client {
     ///
     /// [`ClientError::Address`] for an address that cannot be used, [`ClientError::Connect`]
     /// when the daemon cannot be reached within the connect timeout, [`ClientError::Daemon`]
-    /// when it refuses the session (too many sessions).
+    /// when it refuses the session (too many sessions; `PERMISSION_DENIED` for a class the
+    /// policy does not give the caller, `INVALID_ARGUMENT` for a deadline it does not take).
     pub async fn connect(address: Option<&str>) -> Result<Client, ClientError> {
         Self::connect_with(address, ConnectOptions::default()).await
     }
@@ -59,6 +61,20 @@ impl Client {
     #[must_use]
     pub fn address(&self) -> &Address {
         &self.inner.addr
+    }
+
+    /// The class the daemon granted the session: the one asked for
+    /// ([`ConnectOptions::session_class`]), or batch from a daemon older than classes.
+    #[must_use]
+    pub fn session_class(&self) -> SessionClass {
+        self.inner.session_class()
+    }
+
+    /// The deadline the daemon granted an interactive session ([`ConnectOptions::deadline`]);
+    /// `None` without one.
+    #[must_use]
+    pub fn deadline(&self) -> Option<std::time::Duration> {
+        self.inner.deadline()
     }
 
     /// Whether tensors are shared by fd (a Unix socket and a daemon that exports memory).

@@ -32,6 +32,7 @@ use std::time::Duration;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::ClientError;
+use crate::class::SessionClass;
 
 /// The environment variable naming the daemon's address.
 pub const ADDR_ENV: &str = "NPUD_ADDR";
@@ -207,6 +208,14 @@ pub struct ConnectOptions {
     /// (see [`crate::fastpath`]); results, errors and statistics are the same as through gRPC.
     /// On by default unless `NPUD_FAST_PATH` is `0`, `off`, `false` or `no`.
     pub fast_path: bool,
+    /// The class of the session a [`crate::Client`] opens (default batch). The daemon's policy
+    /// may refuse it (`PERMISSION_DENIED`); see [`crate::class`].
+    pub session_class: SessionClass,
+    /// An interactive session's deadline: the time each of its dispatches may take from
+    /// admission to its answer (at most 10 s; sent in whole microseconds, rounded up). `None`
+    /// (or zero): no deadline, the shortest wait the device allows. The daemon refuses one for
+    /// a batch session (`INVALID_ARGUMENT`).
+    pub deadline: Option<Duration>,
 }
 
 impl Default for ConnectOptions {
@@ -225,6 +234,8 @@ impl Default for ConnectOptions {
             token: None,
             token_file: None,
             fast_path: crate::fastpath::enabled_by_env(),
+            session_class: SessionClass::Batch,
+            deadline: None,
         }
     }
 }

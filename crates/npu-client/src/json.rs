@@ -1,9 +1,11 @@
 //! The daemon's messages as JSON, with the proto's field names: what `npuctl --json` prints and
 //! what the Python package hands back as dicts, so both show every field the same way. A
-//! [`crate::Fleet`]'s view of its hosts too.
+//! session class is its name (`batch`, `interactive`), as `npuctl --class` and Python's
+//! `session_class=` take it. A [`crate::Fleet`]'s view of its hosts too.
 
 use serde_json::{Value, json};
 
+use crate::class::SessionClass;
 use crate::fleet::{Fleet, HostHealth};
 use crate::proto as pb;
 
@@ -93,6 +95,18 @@ pub fn session_json(s: &pb::SessionStatistics) -> Value {
         "programs": s.programs,
         "device_faults": s.device_faults,
         "dispatches": dispatches_json(s.dispatches.as_ref()),
+        "session_class": SessionClass::proto_name(s.session_class),
+        "deadline_us": s.deadline_us,
+    })
+}
+
+/// `ClassStatistics`, every field; the class by name (`batch`, `interactive`).
+pub fn class_stats_json(c: &pb::ClassStatistics) -> Value {
+    json!({
+        "session_class": SessionClass::proto_name(c.session_class),
+        "open_sessions": c.open_sessions,
+        "dispatches": dispatches_json(c.dispatches.as_ref()),
+        "deadline_missed": c.deadline_missed,
     })
 }
 
@@ -142,6 +156,7 @@ pub fn statistics_json(s: &pb::Statistics) -> Value {
         "uptime_ms": s.uptime_ms,
         "pending_dispatches": s.pending_dispatches,
         "open_sessions": s.open_sessions,
+        "classes": s.classes.iter().map(class_stats_json).collect::<Vec<_>>(),
     })
 }
 

@@ -19,7 +19,8 @@
 //! ```
 //!
 //! - [`Client`]: a connection with a session ([`connect`] for addresses and options; the
-//!   session resumes by itself after a dropped connection, see [Sessions](crate#sessions)).
+//!   session resumes by itself after a dropped connection, see [Sessions](crate#sessions)),
+//!   batch or interactive ([`SessionClass`], see [`class`]).
 //! - [`Program`]: `main.pdi` + `insts.bin`, registered once per session and reused.
 //! - [`Tensor<T>`]: typed memory shared with the device by fd on a local connection, staged
 //!   through the API on a remote one, with the same results (see [`tensor`]). Its views borrow
@@ -48,6 +49,7 @@
 
 pub mod binaries;
 pub mod blocking;
+pub mod class;
 mod client;
 pub mod connect;
 mod diagnose;
@@ -65,6 +67,7 @@ mod session;
 pub mod tensor;
 mod view;
 
+pub use class::{SessionClass, UnknownSessionClass};
 pub use client::{Client, Operator};
 pub use connect::{Address, ConnectOptions};
 pub use dispatch::{ChainArg, ChainBuilder, ChainResult, DispatchResult, LinkFailure};

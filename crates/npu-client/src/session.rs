@@ -14,6 +14,9 @@
 //!   reached the daemon before the connection dropped gets the first one's answer (an in-place
 //!   chain does not run twice, an allocation is not made twice). Ids start at a random value
 //!   per connection and count up, so two clients resuming one session do not share them.
+//! - The session is opened once, with the class and deadline of the options
+//!   ([`ConnectOptions::session_class`]); a resume keeps them (the daemon holds them with the
+//!   session), and a lost session is never opened again behind the caller's back.
 //! - When the daemon no longer knows the session (it restarted, or the grace period passed:
 //!   `UNAUTHENTICATED` from any session call or from the resume), the call returns
 //!   [`ClientError::SessionLost`] and so does every later call. The client never re-registers
@@ -47,6 +50,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
 use crate::ClientError;
+use crate::class::SessionClass;
 use crate::connect::{Address, ConnectOptions, open_channel};
 use crate::program::ProgramInfo;
 
@@ -133,11 +137,13 @@ pub(crate) trait HostWatch: Send + Sync + std::fmt::Debug {
     fn unreachable(&self, why: &str);
 }
 
-/// A session: its id and token.
+/// A session: its id and token, and the class and deadline the daemon granted it.
 #[derive(Debug, Clone)]
 pub(crate) struct SessionKey {
     pub id: u64,
     pub token: String,
+    pub class: SessionClass,
+    pub deadline: Option<Duration>,
 }
 
 /// What a connection shares with its tensors and programs.
@@ -223,6 +229,8 @@ impl Inner {
                 plain
                     .open_session(pb::OpenSessionRequest {
                         client_name: opts.client_name.clone(),
+                        session_class: pb::SessionClass::from(opts.session_class).into(),
+                        deadline_us: crate::class::deadline_us(opts.deadline),
                     })
                     .await
             })
@@ -231,6 +239,10 @@ impl Inner {
             Some(SessionKey {
                 id: r.session_id,
                 token: r.token,
+                // A daemon older than classes sends none (batch, as it treats every session);
+                // the proto rules out any other class than the two asked for.
+                class: SessionClass::from_proto(r.session_class).unwrap_or_default(),
+                deadline: crate::class::deadline_from_us(r.deadline_us),
             })
         } else {
             None
@@ -317,6 +329,18 @@ impl Inner {
 
     pub(crate) fn session_id(&self) -> u64 {
         self.session.as_ref().map_or(0, |s| s.id)
+    }
+
+    /// The class the daemon granted the session (batch without one).
+    pub(crate) fn session_class(&self) -> SessionClass {
+        self.session
+            .as_ref()
+            .map_or(SessionClass::Batch, |s| s.class)
+    }
+
+    /// The deadline the daemon granted the session.
+    pub(crate) fn deadline(&self) -> Option<Duration> {
+        self.session.as_ref().and_then(|s| s.deadline)
     }
 
     /// How many times the client reconnected and resumed its session.

@@ -23,10 +23,11 @@ mod worker;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use npu_client::{Client, ConnectOptions, Fleet, FleetOptions, FleetSpec, Operator};
+use npu_client::{Client, ConnectOptions, Fleet, FleetOptions, FleetSpec, Operator, SessionClass};
 
 /// Operate and use npud, the daemon that owns the NPU.
 #[derive(Debug, Parser)]
@@ -242,9 +243,14 @@ async fn operator(addr: Option<&str>) -> Result<Operator, String> {
 
 /// The fleet `--fleet` names, its hosts probed once.
 async fn fleet(spec: &str) -> Result<Fleet, String> {
+    fleet_with(spec, connect_options()).await
+}
+
+/// The fleet `--fleet` names, its sessions opened with `connect`.
+async fn fleet_with(spec: &str, connect: ConnectOptions) -> Result<Fleet, String> {
     let spec = FleetSpec::parse(spec).map_err(|e| format!("--fleet: {e}"))?;
     let options = FleetOptions {
-        connect: connect_options(),
+        connect,
         ..FleetOptions::default()
     };
     Fleet::connect_with(spec, options)
@@ -252,15 +258,44 @@ async fn fleet(spec: &str) -> Result<Fleet, String> {
         .map_err(|e| format!("--fleet: {e}"))
 }
 
-/// A session: on the least loaded healthy host of `--fleet` when given, else on `--addr`.
-async fn session(addr: Option<&str>, fleet: Option<&str>) -> Result<Client, String> {
+/// What a subcommand that opens a session to dispatch asks of it.
+#[derive(Debug, Clone, clap::Args)]
+struct SessionArgs {
+    /// The session's class: batch, or interactive (its dispatches go first; the daemon's
+    /// policy says who may ask for it).
+    #[arg(long = "class", value_name = "batch|interactive", default_value_t = SessionClass::Batch)]
+    session_class: SessionClass,
+    /// An interactive session's deadline per dispatch, admission to answer, in microseconds
+    /// (at most 10000000).
+    #[arg(long, value_name = "N")]
+    deadline_us: Option<u64>,
+}
+
+impl SessionArgs {
+    /// The global connect options with this session's class and deadline.
+    fn options(&self) -> ConnectOptions {
+        ConnectOptions {
+            session_class: self.session_class,
+            deadline: self.deadline_us.map(Duration::from_micros),
+            ..connect_options()
+        }
+    }
+}
+
+/// A session of class `s`: on the least loaded healthy host of `--fleet` when given, else on
+/// `--addr`.
+async fn session(
+    addr: Option<&str>,
+    fleet: Option<&str>,
+    s: &SessionArgs,
+) -> Result<Client, String> {
     match fleet {
-        Some(spec) => self::fleet(spec)
+        Some(spec) => fleet_with(spec, s.options())
             .await?
             .open()
             .await
             .map_err(|e| e.to_string()),
-        None => Client::connect_with(addr, connect_options())
+        None => Client::connect_with(addr, s.options())
             .await
             .map_err(|e| e.to_string()),
     }

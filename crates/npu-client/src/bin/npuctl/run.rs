@@ -1,5 +1,6 @@
-//! `npuctl run DESIGN_DIR|FILE.hsaco [--kernel NAME] --input FILE... --output FILE...`: run a
-//! design over files. An `.hsaco` file runs the kernel `--kernel` names (or its only kernel).
+//! `npuctl run DESIGN_DIR|FILE.hsaco [--kernel NAME] --input FILE... --output FILE...
+//! [--class batch|interactive] [--deadline-us N]`: run a design over files, in a session of
+//! that class. An `.hsaco` file runs the kernel `--kernel` names (or its only kernel).
 //!
 //! Buffers are passed in the design's argument order: the inputs (each as big as its file), then
 //! the outputs (each as big as the design's instruction stream needs that argument to be, or
@@ -10,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use npu_client::{Program, Tensor};
+use npu_client::{Program, SessionClass, Tensor};
 use serde_json::json;
 
 use crate::output;
@@ -34,6 +35,8 @@ pub struct Args {
     /// Run this many times (the outputs of the last run are written).
     #[arg(long, default_value_t = 1)]
     iterations: u32,
+    #[command(flatten)]
+    session: crate::SessionArgs,
 }
 
 pub async fn run(
@@ -56,7 +59,7 @@ pub async fn run(
     .map_err(|e| e.to_string())?;
     let need = program.min_arg_sizes();
     files_fit(need.len(), a.inputs.len(), a.outputs.len(), program.name())?;
-    let client = crate::session(addr, fleet).await?;
+    let client = crate::session(addr, fleet, &a.session).await?;
     let mut tensors: Vec<Tensor<u8>> = Vec::new();
     for path in &a.inputs {
         let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -123,6 +126,8 @@ pub async fn run(
             "address": client.address().to_string(),
             "iterations": a.iterations,
             "shared": client.is_local(),
+            "session_class": client.session_class().as_str(),
+            "deadline_us": client.deadline().map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
             "queue_ns_mean": u64::try_from((queue / n).as_nanos()).unwrap_or(u64::MAX),
             "device_ns_mean": u64::try_from((device / n).as_nanos()).unwrap_or(u64::MAX),
             "outputs": a.outputs.iter().zip(&tensors[first_out..]).map(|(p, t)| json!({
@@ -132,7 +137,7 @@ pub async fn run(
         }));
     } else {
         println!(
-            "ran {} {}x on {} ({}): mean queue {:?}, mean device {:?}",
+            "ran {} {}x on {} ({}, {}): mean queue {:?}, mean device {:?}",
             program.name(),
             a.iterations,
             client.address(),
@@ -141,6 +146,7 @@ pub async fn run(
             } else {
                 "staged tensors"
             },
+            session_words(client.session_class(), client.deadline()),
             queue / n,
             device / n
         );
@@ -153,6 +159,14 @@ pub async fn run(
     }
     drop(tensors);
     client.close().await.map_err(|e| e.to_string())
+}
+
+/// The session as a run's line names it: `batch session`, `interactive session, deadline 2ms`.
+fn session_words(class: SessionClass, deadline: Option<Duration>) -> String {
+    match deadline {
+        Some(d) => format!("{class} session, deadline {d:?}"),
+        None => format!("{class} session"),
+    }
 }
 
 /// Whether the files given fit the design's buffer arguments (as many as its instruction
@@ -184,6 +198,47 @@ fn files_fit(args: usize, inputs: usize, outputs: usize, design: &str) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_class_and_deadline_are_options_of_run() {
+        use clap::Parser;
+        let run = |args: &[&str]| match crate::Cli::try_parse_from(args) {
+            Ok(crate::Cli {
+                command: crate::Command::Run(a),
+                ..
+            }) => Ok(a.session.options()),
+            Ok(other) => panic!("not run: {other:?}"),
+            Err(e) => Err(e.to_string()),
+        };
+        let o = run(&["npuctl", "run", "d", "--input", "i"]).unwrap();
+        assert_eq!((o.session_class, o.deadline), (SessionClass::Batch, None));
+        let o = run(&[
+            "npuctl",
+            "run",
+            "d",
+            "--class",
+            "interactive",
+            "--deadline-us",
+            "2500",
+        ])
+        .unwrap();
+        assert_eq!(o.session_class, SessionClass::Interactive);
+        assert_eq!(o.deadline, Some(Duration::from_micros(2500)));
+        let e = run(&["npuctl", "run", "d", "--class", "urgent"]).unwrap_err();
+        assert!(
+            e.contains("unknown session class \"urgent\": expected \"batch\" or \"interactive\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_run_names_its_session_class_and_deadline() {
+        assert_eq!(session_words(SessionClass::Batch, None), "batch session");
+        assert_eq!(
+            session_words(SessionClass::Interactive, Some(Duration::from_millis(2))),
+            "interactive session, deadline 2ms"
+        );
+    }
 
     #[test]
     fn more_files_than_arguments_and_outputs_alone_are_refused() {

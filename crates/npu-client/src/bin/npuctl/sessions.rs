@@ -1,5 +1,9 @@
-//! `npuctl sessions`: open sessions and their counters.
+//! `npuctl sessions`: open sessions, their class and their counters.
 
+use std::time::Duration;
+
+use npu_client::SessionClass;
+use npu_client::proto as pb;
 use serde_json::Value;
 
 use crate::output::{self, bytes, count, mean, session_json, table};
@@ -21,6 +25,7 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
         "id",
         "client",
         "identity",
+        "class",
         "connected",
         "tensors",
         "bytes",
@@ -37,6 +42,7 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
             s.session_id.to_string(),
             s.client_name.clone(),
             s.identity.clone(),
+            class_cell(s),
             if s.connected { "yes" } else { "no" }.into(),
             s.tensors.to_string(),
             bytes(s.tensor_bytes),
@@ -50,4 +56,37 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
     }
     println!("{t}");
     Ok(())
+}
+
+/// A session's class, with its deadline when it has one: `batch`, `interactive (2ms)`.
+fn class_cell(s: &pb::SessionStatistics) -> String {
+    let class = SessionClass::proto_name(s.session_class);
+    match s.deadline_us {
+        0 => class,
+        us => format!("{class} ({:?})", Duration::from_micros(us)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_class_column_shows_the_deadline_when_there_is_one() {
+        let s = |session_class: pb::SessionClass, deadline_us| pb::SessionStatistics {
+            session_class: session_class.into(),
+            deadline_us,
+            ..Default::default()
+        };
+        assert_eq!(class_cell(&s(pb::SessionClass::Unspecified, 0)), "batch");
+        assert_eq!(class_cell(&s(pb::SessionClass::Batch, 0)), "batch");
+        assert_eq!(
+            class_cell(&s(pb::SessionClass::Interactive, 0)),
+            "interactive"
+        );
+        assert_eq!(
+            class_cell(&s(pb::SessionClass::Interactive, 2_500)),
+            "interactive (2.5ms)"
+        );
+    }
 }

@@ -1,8 +1,10 @@
 //! `npuctl status`: device, backend, sessions, programs, heap use and counters.
 
+use npu_client::SessionClass;
+use npu_client::proto as pb;
 use serde_json::json;
 
-use crate::output::{self, bytes, device_json, kv_table, ns, statistics_json};
+use crate::output::{self, bytes, count, device_json, kv_table, ns, statistics_json};
 
 /// Device information answers every caller that can connect; statistics only callers the
 /// policy serves. A caller refused them (no token where `auth.require_token` asks for one, an
@@ -180,6 +182,13 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
             ),
         ),
     ];
+    if let Some(classes) = classes(&stats) {
+        let at = rows
+            .iter()
+            .position(|(k, _)| *k == "pending")
+            .map_or(0, |i| i + 1);
+        rows.insert(at, ("classes", classes));
+    }
     if !info.runtime_notes.is_empty() {
         // Beside the packet ABI rows, where a reader looks for what the runtime is.
         rows.insert(4, ("runtime notes", info.runtime_notes.clone()));
@@ -215,6 +224,41 @@ pub async fn run(addr: Option<&str>, json: bool) -> crate::CmdResult {
     Ok(())
 }
 
+/// Each session class since the daemon started: open sessions, dispatches, its share of the
+/// device's time, and deadlines missed; `None` from a daemon older than classes.
+fn classes(s: &pb::Statistics) -> Option<String> {
+    if s.classes.is_empty() {
+        return None;
+    }
+    let device = |c: &pb::ClassStatistics| {
+        c.dispatches
+            .as_ref()
+            .and_then(|d| d.execute.as_ref())
+            .map_or(0, |e| e.ns)
+    };
+    let all: u64 = s.classes.iter().map(device).sum();
+    let each = s.classes.iter().map(|c| {
+        let d = c.dispatches.clone().unwrap_or_default();
+        let mut t = format!(
+            "{} {} open, {} dispatches",
+            SessionClass::proto_name(c.session_class),
+            c.open_sessions,
+            count(d.success.as_ref()) + count(d.fail.as_ref()),
+        );
+        if all > 0 {
+            t.push_str(&format!(
+                ", {:.0}% of device time",
+                100.0 * device(c) as f64 / all as f64
+            ));
+        }
+        if c.deadline_missed > 0 {
+            t.push_str(&format!(", {} past their deadline", c.deadline_missed));
+        }
+        t
+    });
+    Some(each.collect::<Vec<_>>().join("; "))
+}
+
 /// How many device recoveries there were, and how long ago the last one started.
 fn recoveries(count: u64, last_unix_ms: u64) -> String {
     if count == 0 {
@@ -225,4 +269,39 @@ fn recoveries(count: u64, last_unix_ms: u64) -> String {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let ago = now.saturating_sub(last_unix_ms) / 1000;
     format!("{count} (the last started {ago} s ago, at {last_unix_ms} ms since the Unix epoch)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_classes_row_sums_up_each_class_and_is_absent_without_them() {
+        assert_eq!(classes(&pb::Statistics::default()), None);
+        let class = |c: pb::SessionClass, open, n, device_ns, missed| pb::ClassStatistics {
+            session_class: c.into(),
+            open_sessions: open,
+            dispatches: Some(pb::DispatchStatistics {
+                success: Some(pb::Duration { count: n, ns: 0 }),
+                execute: Some(pb::Duration {
+                    count: n,
+                    ns: device_ns,
+                }),
+                ..Default::default()
+            }),
+            deadline_missed: missed,
+        };
+        let s = pb::Statistics {
+            classes: vec![
+                class(pb::SessionClass::Batch, 2, 30, 600, 0),
+                class(pb::SessionClass::Interactive, 1, 10, 200, 4),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            classes(&s).unwrap(),
+            "batch 2 open, 30 dispatches, 75% of device time; interactive 1 open, 10 \
+             dispatches, 25% of device time, 4 past their deadline"
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! `npuctl top`: a live view of the daemon, refreshed every `--interval`: the device, its
-//! sessions and programs, throughput (dispatches per second, from the difference between two
-//! refreshes) and the mean queue and device time over the last interval.
+//! session classes, sessions and programs, throughput (dispatches per second, from the
+//! difference between two refreshes) and the mean queue and device time over the last
+//! interval; per class, its share of the device's time over the interval too.
 //!
 //! On a terminal it draws on the alternate screen and ends on `q`, `Esc`, Ctrl-C, SIGTERM or
 //! SIGHUP, restoring the terminal (also when it fails). With `--once`, or when standard output is not a
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 use crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use crossterm::{cursor, execute, queue, style, terminal};
 use npu_client::proto as pb;
-use npu_client::{ClientError, Operator};
+use npu_client::{ClientError, Operator, SessionClass};
 
 use crate::output::{bytes, ns};
 
@@ -112,6 +113,54 @@ fn rates(
     (rate, per(now.3, b.3), per(now.4, b.4))
 }
 
+/// One line per session class (a daemon older than classes sends none, and gets no lines):
+/// its open sessions, and over the interval its dispatches per second, mean queue time and
+/// share of the device (its device time over every class's); deadline misses since start.
+fn classes(now: &pb::Statistics, before: Option<&pb::Statistics>, secs: f64) -> Vec<String> {
+    if now.classes.is_empty() {
+        return Vec::new();
+    }
+    let old = |c: &pb::ClassStatistics| {
+        before
+            .and_then(|b| {
+                b.classes
+                    .iter()
+                    .find(|o| o.session_class == c.session_class)
+            })
+            .map(|o| dispatches(o.dispatches.as_ref()))
+    };
+    // Device time over the interval, per class and in all.
+    let device = |c: &pb::ClassStatistics| {
+        before.map(|_| {
+            dispatches(c.dispatches.as_ref())
+                .4
+                .saturating_sub(old(c).map_or(0, |o| o.4))
+        })
+    };
+    let all: u64 = now.classes.iter().filter_map(device).sum();
+    let mut out = vec![format!(
+        "{:<12} {:>8} {:>9} {:>10} {:>6} {:>7}",
+        "CLASS", "SESSIONS", "DISP/s", "QUEUE", "SHARE", "MISSED"
+    )];
+    for c in &now.classes {
+        let (rate, queue, _) = rates(dispatches(c.dispatches.as_ref()), old(c), secs);
+        let share = match device(c) {
+            Some(d) if all > 0 => format!("{:.0}%", 100.0 * d as f64 / all as f64),
+            _ => "-".into(),
+        };
+        out.push(format!(
+            "{:<12} {:>8} {:>9} {:>10} {:>6} {:>7}",
+            SessionClass::proto_name(c.session_class),
+            c.open_sessions,
+            rate,
+            queue,
+            share,
+            c.deadline_missed,
+        ));
+    }
+    out
+}
+
 fn cut(s: &str, width: usize) -> String {
     if s.chars().count() <= width {
         s.to_owned()
@@ -184,6 +233,11 @@ fn frame(addr: &str, interval: f64, now: &Sample, before: Option<&Sample>) -> Ve
                 uptime(s.uptime_ms),
             ));
             out.push(String::new());
+            let by_class = classes(s, old_stats, secs);
+            if !by_class.is_empty() {
+                out.extend(by_class);
+                out.push(String::new());
+            }
             out.push(format!(
                 "{:>7} {:<20} {:>6} {:>4} {:>11} {:>9} {:>10} {:>10} {:>7} {:>10}",
                 "SESSION",
@@ -482,6 +536,102 @@ mod tests {
         assert!(row.contains(" 300 ") && row.contains(" 100.0 "), "{row}");
         let prog = text.lines().find(|l| l.contains(" add ")).unwrap();
         assert!(prog.contains(" 300 ") && prog.contains(" 100.0 "), "{prog}");
+    }
+
+    fn class(
+        class: pb::SessionClass,
+        open: u32,
+        dispatched: u64,
+        queue_ns: u64,
+        device_ns: u64,
+        missed: u64,
+    ) -> pb::ClassStatistics {
+        pb::ClassStatistics {
+            session_class: class.into(),
+            open_sessions: open,
+            dispatches: Some(pb::DispatchStatistics {
+                success: Some(pb::Duration {
+                    count: dispatched,
+                    ns: 0,
+                }),
+                queue: Some(pb::Duration {
+                    count: dispatched,
+                    ns: queue_ns,
+                }),
+                execute: Some(pb::Duration {
+                    count: dispatched,
+                    ns: device_ns,
+                }),
+                ..Default::default()
+            }),
+            deadline_missed: missed,
+        }
+    }
+
+    #[test]
+    fn class_lines_come_from_the_difference_between_two_refreshes() {
+        use pb::SessionClass::{Batch, Interactive};
+        let t0 = Instant::now();
+        let mut before = stats(100, 1_000);
+        before.classes = vec![
+            class(Batch, 3, 1_000, 5_000_000, 9_000_000, 0),
+            class(Interactive, 1, 50, 10_000, 1_000_000, 2),
+        ];
+        let mut now = stats(300, 201_000);
+        // Over 2 s: batch 400 dispatches, 4 ms queued, 3 ms on the device; interactive 100
+        // dispatches, 200 µs queued, 1 ms on the device: a quarter of the device's time.
+        now.classes = vec![
+            class(Batch, 3, 1_400, 9_000_000, 12_000_000, 0),
+            class(Interactive, 1, 150, 210_000, 2_000_000, 5),
+        ];
+        let text = frame(
+            "unix:/x",
+            2.0,
+            &at(Ok(now), t0 + Duration::from_secs(2)),
+            Some(&at(Ok(before), t0)),
+        )
+        .join("\n");
+        let line = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} line:\n{text}"))
+                .split_whitespace()
+                .collect::<Vec<_>>()
+        };
+        assert!(text.contains("CLASS"), "{text}");
+        assert_eq!(
+            line("batch "),
+            ["batch", "3", "200.0", "10µs", "75%", "0"],
+            "{text}"
+        );
+        assert_eq!(
+            line("interactive "),
+            ["interactive", "1", "50.0", "2µs", "25%", "5"],
+            "{text}"
+        );
+        // The first frame has no interval: counts only.
+        let mut first = stats(1, 1);
+        first.classes = vec![class(Interactive, 1, 1, 1, 1, 0)];
+        let text = frame("unix:/x", 1.0, &at(Ok(first), t0), None).join("\n");
+        let row = text.lines().find(|l| l.starts_with("interactive")).unwrap();
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["interactive", "1", "-", "-", "-", "0"]
+        );
+    }
+
+    #[test]
+    fn a_daemon_without_classes_gets_no_class_lines() {
+        let t0 = Instant::now();
+        let text = frame(
+            "unix:/x",
+            1.0,
+            &at(Ok(stats(2, 2)), t0 + Duration::from_secs(1)),
+            Some(&at(Ok(stats(1, 1)), t0)),
+        )
+        .join("\n");
+        assert!(!text.contains("CLASS"), "{text}");
+        assert!(text.contains("SESSION"), "{text}");
     }
 
     #[test]
