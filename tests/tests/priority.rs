@@ -57,6 +57,13 @@ async fn the_policy_grants_a_class_and_refuses_what_a_rule_does_not_allow() {
         pb::SessionClass::Batch,
         "unspecified is batch"
     );
+    assert_eq!(r.deadline_us, 0, "a batch session has no deadline");
+    let r = c
+        .open_session(open_req("ui", pb::SessionClass::Interactive, 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.deadline_us, 1000, "executor.interactive_deadline_us");
     let e = c
         .open_session(open_req("job", pb::SessionClass::Batch, 2000))
         .await

@@ -128,6 +128,9 @@ pub struct ExecutorConfig {
     /// How long an interactive session stays active after its last queued work, in ms (1 to
     /// 60000): while one is, other doorbells are kept short for it.
     pub interactive_idle_ms: u64,
+    /// An interactive session's deadline when it asks for none, in µs (1 to 10,000,000):
+    /// while it is active, other doorbells are kept to half of it.
+    pub interactive_deadline_us: u64,
 }
 
 impl Default for ExecutorConfig {
@@ -138,6 +141,7 @@ impl Default for ExecutorConfig {
             batch_across_sessions: true,
             interactive_weight: 8,
             interactive_idle_ms: 1000,
+            interactive_deadline_us: 1000,
         }
     }
 }
@@ -646,6 +650,12 @@ impl Config {
             return Err(invalid(
                 "executor.interactive_weight",
                 "must be within 1 to 64 (1: an interactive session's share is a batch session's)",
+            ));
+        }
+        if !(1..=10_000_000).contains(&self.executor.interactive_deadline_us) {
+            return Err(invalid(
+                "executor.interactive_deadline_us",
+                "must be within 1 to 10000000 (10 s)",
             ));
         }
         if !(1..=60_000).contains(&self.executor.interactive_idle_ms) {

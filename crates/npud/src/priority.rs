@@ -12,9 +12,10 @@
 //!   starving them (with `k` interactive sessions saturating the device, `n` batch sessions
 //!   still share at least `n / (n + k·weight)` of it). While it is active (it had work queued
 //!   within `executor.interactive_idle_ms`), every other doorbell is kept short enough that
-//!   its next dispatch waits for at most one of them: half its deadline, or, without one, as
-//!   short as a lone dispatch's doorbell (batch sessions then ring one dispatch a doorbell and
-//!   lose batching's throughput while it lasts; a deadline gives it back).
+//!   its next dispatch waits for at most one of them: half its deadline (by default
+//!   `executor.interactive_deadline_us`, 1 ms), never less than a lone dispatch's doorbell (a
+//!   tight deadline has batch sessions ring one dispatch a doorbell, at their throughput's
+//!   cost).
 
 use std::fmt;
 use std::str::FromStr;
@@ -92,13 +93,18 @@ impl Priority {
         }
     }
 
-    /// A priority as a session asks for it.
+    /// A priority as a session asks for it: an interactive session that asks for no deadline
+    /// (0) has `default` (`executor.interactive_deadline_us`).
     ///
     /// # Errors
     /// The reason, for INVALID_ARGUMENT: a deadline on a batch session, or one past
     /// [`MAX_DEADLINE`].
-    pub fn asked(class: Class, deadline_us: u64) -> Result<Self, String> {
-        let deadline = (deadline_us > 0).then(|| Duration::from_micros(deadline_us));
+    pub fn asked(class: Class, deadline_us: u64, default: Duration) -> Result<Self, String> {
+        let deadline = match (class, deadline_us) {
+            (Class::Interactive, 0) => Some(default),
+            (_, 0) => None,
+            (_, us) => Some(Duration::from_micros(us)),
+        };
         if class == Class::Batch && deadline.is_some() {
             return Err(
                 "deadline_us: only interactive sessions have a deadline (session_class is batch)"
@@ -140,23 +146,22 @@ mod tests {
 
     #[test]
     fn only_interactive_sessions_have_a_bounded_deadline() {
-        assert_eq!(Priority::asked(Class::Batch, 0), Ok(Priority::BATCH));
-        assert!(
-            Priority::asked(Class::Batch, 1000)
-                .unwrap_err()
-                .contains("batch")
-        );
-        let p = Priority::asked(Class::Interactive, 2000).unwrap();
+        let default = Duration::from_millis(1);
+        let asked = |class, us| Priority::asked(class, us, default);
+        assert_eq!(asked(Class::Batch, 0), Ok(Priority::BATCH));
+        assert!(asked(Class::Batch, 1000).unwrap_err().contains("batch"));
+        let p = asked(Class::Interactive, 2000).unwrap();
         assert_eq!(
             (p.deadline, p.deadline_us()),
             (Some(Duration::from_millis(2)), 2000)
         );
         assert_eq!(
-            Priority::asked(Class::Interactive, 0).unwrap().deadline,
-            None
+            asked(Class::Interactive, 0).unwrap().deadline,
+            Some(default),
+            "none asked: the default"
         );
         assert!(
-            Priority::asked(Class::Interactive, 10_000_001)
+            asked(Class::Interactive, 10_000_001)
                 .unwrap_err()
                 .contains("at most 10000000")
         );

@@ -253,6 +253,7 @@ pub async fn run(
         tickets: tickets.clone(),
         facts,
         limits: cfg.limits.clone(),
+        interactive_deadline: Duration::from_micros(cfg.executor.interactive_deadline_us),
         // Clients are told this path; they may run in another directory.
         fd_socket: std::path::absolute(&cfg.fd_socket).unwrap_or_else(|_| cfg.fd_socket.clone()),
         device: device.clone(),

@@ -3,9 +3,9 @@
 //! A doorbell cannot be interrupted: a dispatch that arrives while one rings waits for all of
 //! it, then rings in the next. So while an interactive session is active (it had work queued
 //! within `executor.interactive_idle_ms`), every doorbell that is not its own is kept to a
-//! budget: half the tightest deadline of the active interactive sessions, or, for one without
-//! a deadline, a lone dispatch's doorbell. Its dispatch then waits for at most one budget and
-//! rings in a doorbell of interactive work only.
+//! budget: half the tightest deadline of the active interactive sessions, never less than a
+//! lone dispatch's doorbell. Its dispatch then waits for at most one budget and rings in a
+//! doorbell of interactive work only.
 //!
 //! How many dispatches fit a budget comes from the doorbells the executor has rung: a doorbell
 //! of `n` dispatches takes about `lone + (n - 1)·each` (a chain's submission and its first

@@ -749,13 +749,14 @@ fn forty_batch_then_one_interactive(
 
 #[test]
 fn an_interactive_dispatch_rings_first_and_then_batch_doorbells_hold_one_dispatch() {
-    let (a, i) = forty_batch_then_one_interactive(None);
+    // A deadline of 1 µs: the shortest wait the device allows.
+    let (a, i) = forty_batch_then_one_interactive(Some(std::time::Duration::from_micros(1)));
     // Queued last, it rang first, alone: no batch work joins an interactive doorbell.
     assert_eq!((i.doorbells, i.completed), (1, 1));
     let first_of_a = a[0].as_ref().unwrap();
     assert!(i.queue_ns < first_of_a.queue_ns, "{i:?} {first_of_a:?}");
-    // Meanwhile the interactive session is active and has no deadline: every doorbell of A
-    // is as short as a lone dispatch's.
+    // Meanwhile the interactive session is active and its deadline is below two lone
+    // doorbells: every doorbell of A is as short as a lone dispatch's.
     assert_eq!(shapes(&a), vec![(1, 1, None); 40]);
 }
 

@@ -54,6 +54,9 @@ pub struct State {
     pub tickets: Arc<Tickets>,
     pub facts: DeviceFacts,
     pub limits: Limits,
+    /// `executor.interactive_deadline_us`: an interactive session's deadline when it asks for
+    /// none.
+    pub interactive_deadline: std::time::Duration,
     pub fd_socket: PathBuf,
     /// The device's condition as the executor reports it (serving, recoveries).
     pub device: watch::Receiver<Condition>,

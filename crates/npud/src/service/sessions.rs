@@ -92,7 +92,8 @@ impl NpudService {
                 )));
             }
         };
-        let priority = Priority::asked(class, r.deadline_us).map_err(NpudError::InvalidArgument)?;
+        let priority = Priority::asked(class, r.deadline_us, self.state.interactive_deadline)
+            .map_err(NpudError::InvalidArgument)?;
         let (session_id, token) =
             self.state
                 .sessions
