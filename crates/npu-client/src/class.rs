@@ -97,7 +97,7 @@ impl FromStr for SessionClass {
 }
 
 /// A deadline as `deadline_us` carries it: whole microseconds, rounded up (so a deadline under
-/// a microsecond is not sent as "none"); 0 for none. Past `u64::MAX` µs it saturates, and the
+/// a microsecond is not sent as 0, which asks for the daemon's default); 0 for none. Past `u64::MAX` µs it saturates, and the
 /// daemon refuses it as over its 10 s bound.
 pub(crate) fn deadline_us(deadline: Option<Duration>) -> u64 {
     deadline.map_or(0, |d| {

@@ -213,8 +213,9 @@ pub struct ConnectOptions {
     pub session_class: SessionClass,
     /// An interactive session's deadline: the time each of its dispatches may take from
     /// admission to its answer (at most 10 s; sent in whole microseconds, rounded up). `None`
-    /// (or zero): no deadline, the shortest wait the device allows. The daemon refuses one for
-    /// a batch session (`INVALID_ARGUMENT`).
+    /// (or zero): the daemon's default for an interactive session (npud's
+    /// `executor.interactive_deadline_us`); [`crate::Client::deadline`] says what it granted.
+    /// The daemon refuses one for a batch session (`INVALID_ARGUMENT`).
     pub deadline: Option<Duration>,
 }
 
