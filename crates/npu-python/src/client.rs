@@ -2,9 +2,10 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use npu_client::ClientError;
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use tokio::sync::{mpsc, oneshot};
@@ -84,6 +85,33 @@ impl Client {
     }
 }
 
+/// The session's class and deadline from the keyword arguments: `session_class` by name
+/// (`ValueError` naming the two for another), `deadline_us` in microseconds (`None` or 0: the daemon's default;
+/// `ValueError` below 0). Whether the caller may have them is the daemon's to say.
+fn with_class(
+    opts: npu_client::ConnectOptions,
+    session_class: &str,
+    deadline_us: Option<i64>,
+) -> PyResult<npu_client::ConnectOptions> {
+    let session_class = session_class
+        .parse::<npu_client::SessionClass>()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let deadline = deadline_us
+        .map(|us| {
+            u64::try_from(us).map(Duration::from_micros).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "deadline_us={us}: expected microseconds, 0 or more (None or 0: the daemon's default)"
+                ))
+            })
+        })
+        .transpose()?;
+    Ok(npu_client::ConnectOptions {
+        session_class,
+        deadline,
+        ..opts
+    })
+}
+
 /// Connect options from the keyword arguments: TLS files, the server name, an identity token.
 pub(crate) fn connect_options(
     ca: Option<PathBuf>,
@@ -106,9 +134,10 @@ pub(crate) fn connect_options(
 
 #[pymethods]
 impl Client {
-    /// Connects to npud and opens a session (the GIL is released while it connects).
+    /// Connects to npud and opens a session of class `session_class` (the GIL is released
+    /// while it connects).
     #[new]
-    #[pyo3(signature = (addr=None, *, ca=None, cert=None, key=None, tls_server_name=None, token_file=None, token=None))]
+    #[pyo3(signature = (addr=None, *, ca=None, cert=None, key=None, tls_server_name=None, token_file=None, token=None, session_class="batch", deadline_us=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -119,8 +148,14 @@ impl Client {
         tls_server_name: Option<String>,
         token_file: Option<PathBuf>,
         token: Option<String>,
+        session_class: &str,
+        deadline_us: Option<i64>,
     ) -> PyResult<Self> {
-        let opts = connect_options(ca, cert, key, tls_server_name, token_file, token);
+        let opts = with_class(
+            connect_options(ca, cert, key, tls_server_name, token_file, token),
+            session_class,
+            deadline_us,
+        )?;
         let client = wait(py, async move {
             npu_client::Client::connect_with(addr.as_deref(), opts).await
         })?;
@@ -128,7 +163,7 @@ impl Client {
     }
 
     #[staticmethod]
-    #[pyo3(signature = (addr, callback, *, ca=None, cert=None, key=None, tls_server_name=None, token_file=None, token=None))]
+    #[pyo3(signature = (addr, callback, *, ca=None, cert=None, key=None, tls_server_name=None, token_file=None, token=None, session_class="batch", deadline_us=None))]
     #[allow(clippy::too_many_arguments)]
     fn connect_start(
         addr: Option<String>,
@@ -139,8 +174,14 @@ impl Client {
         tls_server_name: Option<String>,
         token_file: Option<PathBuf>,
         token: Option<String>,
+        session_class: &str,
+        deadline_us: Option<i64>,
     ) -> PyResult<()> {
-        let opts = connect_options(ca, cert, key, tls_server_name, token_file, token);
+        let opts = with_class(
+            connect_options(ca, cert, key, tls_server_name, token_file, token),
+            session_class,
+            deadline_us,
+        )?;
         start(
             async move {
                 let client = npu_client::Client::connect_with(addr.as_deref(), opts).await?;
@@ -158,6 +199,20 @@ impl Client {
     #[getter]
     fn address(&self) -> String {
         self.client.address().to_string()
+    }
+
+    /// The class the daemon granted: `"batch"` or `"interactive"`.
+    #[getter]
+    fn session_class(&self) -> &'static str {
+        self.client.session_class().as_str()
+    }
+
+    /// The deadline the daemon granted, in microseconds; `None` without one.
+    #[getter]
+    fn deadline_us(&self) -> Option<u64> {
+        self.client
+            .deadline()
+            .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
     }
 
     #[getter]

@@ -35,7 +35,7 @@ import json
 import os
 import pathlib
 import weakref
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Literal, NamedTuple, Sequence
 
 import numpy as np
 
@@ -59,10 +59,15 @@ __all__ = [
     "tensor_of",
     "is_tensor",
     "RawTensor",
+    "SessionClass",
 ] + list(_errors.__all__)  # type: ignore[name-defined]  # noqa: F405
 
 RawTensor = _npud.RawTensor
 LocalDaemon = _npud.LocalDaemon
+
+SessionClass = Literal["batch", "interactive"]
+"""A session's class: ``"batch"`` (throughput work, the default) or ``"interactive"`` (work a
+person waits for; its dispatches go first)."""
 
 
 class Timing(NamedTuple):
@@ -406,10 +411,21 @@ class Client:
     address's host. ``token_file`` (default: ``NPUD_TOKEN_FILE``) or ``token`` is an identity
     token's secret from npud's ``auth.token_dir``, sent as ``x-npud-token`` with every call.
 
+    ``session_class``: ``"batch"`` (the default) or ``"interactive"`` (latency work a person
+    waits for: its dispatches go first). ``deadline_us``: an interactive session's deadline per
+    dispatch, admission to answer, in microseconds (at most 10,000,000; ``None``: the
+    daemon's default for interactive sessions).
+    :attr:`session_class` and :attr:`deadline_us` are what the daemon granted.
+
     Raises:
+        ValueError: ``session_class`` is neither ``"batch"`` nor ``"interactive"``, or
+            ``deadline_us`` is negative.
         ConnectError: the daemon cannot be reached.
         AddressError: the address is malformed or not allowed.
         ResourceExhausted: the daemon refuses the session (too many sessions).
+        PermissionDenied: the daemon's policy (``auth.rules[].classes``) does not give the
+            caller this class.
+        InvalidArgument: a deadline for a batch session, or one over 10 s.
     """
 
     __slots__ = ("_c", "__weakref__")
@@ -418,10 +434,12 @@ class Client:
                  cert: str | os.PathLike[str] | None = None,
                  key: str | os.PathLike[str] | None = None, tls_server_name: str | None = None,
                  token_file: str | os.PathLike[str] | None = None, token: str | None = None,
+                 session_class: SessionClass = "batch", deadline_us: int | None = None,
                  _native: Any = None) -> None:
         self._c = _native if _native is not None else _npud.Client(
             addr, ca=ca, cert=cert, key=key, tls_server_name=tls_server_name,
-            token_file=token_file, token=token)
+            token_file=token_file, token=token, session_class=session_class,
+            deadline_us=deadline_us)
         _OPEN.add(self)
 
     @classmethod
@@ -430,11 +448,13 @@ class Client:
                       key: str | os.PathLike[str] | None = None,
                       tls_server_name: str | None = None,
                       token_file: str | os.PathLike[str] | None = None,
-                      token: str | None = None) -> Client:
+                      token: str | None = None, session_class: SessionClass = "batch",
+                      deadline_us: int | None = None) -> Client:
         """Connects without blocking the event loop (the keywords as for ``Client``)."""
         start = functools.partial(
             _npud.Client.connect_start, ca=ca, cert=cert, key=key,
-            tls_server_name=tls_server_name, token_file=token_file, token=token)
+            tls_server_name=tls_server_name, token_file=token_file, token=token,
+            session_class=session_class, deadline_us=deadline_us)
         native = await _future(start, addr)
         return cls(_native=native)
 
@@ -454,6 +474,17 @@ class Client:
     @property
     def address(self) -> str:
         return self._c.address
+
+    @property
+    def session_class(self) -> SessionClass:
+        """The class the daemon granted, ``"batch"`` or ``"interactive"`` (``"batch"`` from a
+        daemon older than session classes)."""
+        return self._c.session_class
+
+    @property
+    def deadline_us(self) -> int | None:
+        """The deadline the daemon granted, in microseconds; ``None`` without one."""
+        return self._c.deadline_us
 
     @property
     def is_local(self) -> bool:
@@ -479,7 +510,10 @@ class Client:
         return json.loads(await _future(self._c.device_info_start))
 
     def statistics(self) -> dict[str, Any]:
-        """The daemon's ``Statistics``: per session and per program counters."""
+        """The daemon's ``Statistics``: per session and per program counters, and per session
+        class (``classes``: each with ``session_class``, ``open_sessions``, ``dispatches``,
+        ``deadline_missed``; empty from a daemon older than classes). A session's and a class's
+        ``session_class`` is its name, ``"batch"`` or ``"interactive"``."""
         return json.loads(self._c.statistics_json())
 
     async def statistics_async(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ thread when it completes.
 
 from collections.abc import Callable
 from os import PathLike
-from typing import Any
+from typing import Any, Literal
 
 __version__: str
 
@@ -16,6 +16,7 @@ _Callback = Callable[[Any, BaseException | None], None]
 _Timing = tuple[int, int]
 _ChainTiming = tuple[int, int, int, int]
 _Done = tuple[int, _Timing | None, BaseException | None]
+_SessionClass = Literal["batch", "interactive"]
 
 class RawTensor:
     """A tensor's memory; supports the buffer protocol (its bytes, writable, no copy)."""
@@ -74,7 +75,11 @@ class Client:
                  key: str | PathLike[str] | None = None,
                  tls_server_name: str | None = None,
                  token_file: str | PathLike[str] | None = None,
-                 token: str | None = None) -> None: ...
+                 token: str | None = None,
+                 session_class: _SessionClass = "batch",
+                 deadline_us: int | None = None) -> None:
+        """Raises ``ValueError`` for a ``session_class`` other than ``"batch"`` or
+        ``"interactive"``, or a negative ``deadline_us``."""
     @staticmethod
     def connect_start(addr: str | None, callback: _Callback, *,
                       ca: str | PathLike[str] | None = None,
@@ -82,11 +87,19 @@ class Client:
                       key: str | PathLike[str] | None = None,
                       tls_server_name: str | None = None,
                       token_file: str | PathLike[str] | None = None,
-                      token: str | None = None) -> None: ...
+                      token: str | None = None,
+                      session_class: _SessionClass = "batch",
+                      deadline_us: int | None = None) -> None: ...
     @property
     def session_id(self) -> int: ...
     @property
     def address(self) -> str: ...
+    @property
+    def session_class(self) -> _SessionClass:
+        """The class the daemon granted."""
+    @property
+    def deadline_us(self) -> int | None:
+        """The deadline the daemon granted, in microseconds; ``None`` without one."""
     @property
     def is_local(self) -> bool: ...
     @property
