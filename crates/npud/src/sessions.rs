@@ -644,6 +644,73 @@ mod tests {
     }
 
     #[test]
+    fn work_counts_in_its_sessions_class_and_misses_against_its_deadline() {
+        let s = Sessions::new(Duration::from_secs(1), 8);
+        let c = conn(1, 1000);
+        let who = c.identity.clone();
+        let g = Arc::new(Grant {
+            classes: vec![Class::Batch, Class::Interactive],
+            ..(*grant(8)).clone()
+        });
+        let ui = Priority::interactive(Some(Duration::from_millis(1)));
+        let (i, _) = s.open("ui", Some(&c), &who, &g, &[], ui).unwrap();
+        let (b, _) = s
+            .open("job", Some(&c), &who, &g, &[], Priority::BATCH)
+            .unwrap();
+        let done = |ms: u64| Tally {
+            links: 1,
+            outcome: crate::stats::Outcome::Success,
+            queue_ns: ms * 500_000,
+            device_ns: ms * 500_000,
+            at_ms: 1,
+        };
+        // 0.5 ms and 2 ms against a 1 ms deadline; batch work has none to miss.
+        s.record(i, done(1));
+        s.record(i, done(4));
+        s.record(b, done(4));
+        s.record(b, Tally::refused(2, "NOT_FOUND"));
+        let classes = s.classes();
+        let [batch, interactive] = &classes[..] else {
+            panic!("{classes:?}")
+        };
+        assert_eq!((batch.class, batch.open), (Class::Batch, 1));
+        assert_eq!(
+            (interactive.class, interactive.open),
+            (Class::Interactive, 1)
+        );
+        assert_eq!(interactive.stats.to_proto().success.unwrap().count, 2);
+        assert_eq!(interactive.deadline_missed, 1);
+        assert_eq!(batch.deadline_missed, 0);
+        let b_stats = batch.stats.to_proto();
+        assert_eq!(
+            (b_stats.success.unwrap().count, b_stats.fail.unwrap().count),
+            (1, 2)
+        );
+        // A class's figures outlive its sessions.
+        s.close(i);
+        assert_eq!(s.classes()[1].open, 0);
+        assert_eq!(s.classes()[1].deadline_missed, 1);
+    }
+
+    #[test]
+    fn a_session_class_its_rule_does_not_allow_is_refused_before_anything_is_held() {
+        let s = Sessions::new(Duration::from_secs(1), 8);
+        let c = conn(1, 1000);
+        let e = s
+            .open(
+                "ui",
+                Some(&c),
+                &c.identity,
+                &grant(8),
+                &[],
+                Priority::interactive(None),
+            )
+            .unwrap_err();
+        assert_eq!(e.code_name(), "PERMISSION_DENIED", "{e}");
+        assert_eq!(s.count(), 0);
+    }
+
+    #[test]
     fn a_gone_session_says_whether_it_was_closed_or_expired() {
         let s = Sessions::new(Duration::from_millis(1500), 4);
         let c = conn(1, 1000);
