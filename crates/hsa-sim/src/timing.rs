@@ -17,6 +17,14 @@
 //!   its operations at [`Model::ops_per_us`], at least [`Model::kernel_min`], plus ROCR's cache
 //!   flush of its buffers before and after the submission ([`Model::flush_ns_per_mib`]).
 //!
+//! A device fault is charged through the same context: the newest ROCR suspends a queue whose
+//! batch failed, npud re-creates it (`hsa_queue_destroy` destroys the hardware context), and
+//! the new queue's first doorbell builds one again for each PDI it runs ([`Model::context`]).
+//! No published figure times a fault's recovery; that it costs one context build is the
+//! model's assumption. The failing command itself, and the driver's own handling of an AIE
+//! error (`aie2_error.c` stops and restarts the contexts on the failing columns; a command that
+//! ends in ERROR restarts none), are not charged.
+//!
 //! Every figure is modelled from published measurements, not measured on an NPU here; where each
 //! comes from is on its constant. The time charged is also counted
 //! ([`crate::Counters::modelled_device_ns`]), so a caller can tell it from the emulator's own.

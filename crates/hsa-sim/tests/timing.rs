@@ -91,3 +91,59 @@ fn rocm_7_0_builds_a_context_at_every_doorbell_that_misses_its_cache() {
     assert_eq!(seen.modelled_device_ns, ns(want), "{seen:?}");
     assert!(took >= want, "{took:?} < {want:?}");
 }
+
+/// A fault is not free on the model, though nothing is charged for the failing command itself:
+/// its runtime suspends the queue, npud re-creates it (ROCR destroys the hardware context with
+/// the queue), and the new queue's first doorbell builds a context again for the PDI it runs
+/// (35 ms). A fault design new to the queue also costs the context built to run it.
+#[test]
+fn a_fault_costs_a_context_built_again_at_the_recreated_queues_first_doorbell() {
+    let m = Model::of(npu_artifacts::NpuGen::Npu2);
+    let kernel = m.kernel(2048, 0);
+    let sim = Sim::with(SimConfig {
+        profile: Profile::RocrNewest,
+        timing: Timing::Model,
+        timeout: Duration::from_secs(2),
+        ..SimConfig::default()
+    });
+    let good = valid(&sim, sim.signal(3));
+    let (a, b) = io_i32(&sim, &[0; 256]);
+    let fault = common::Dispatch::new(
+        sim.load(&npu_artifacts::emu::EmuDesign::fault(1024)),
+        &[(a, 1024), (b, 1024)],
+        sim.signal(1),
+    );
+    let q = sim.queue();
+    let before = counters();
+    // One doorbell: a good dispatch, the fault, and a good dispatch after it, which never runs.
+    q.submit(&[sim.packet(&good), sim.packet(&fault), sim.packet(&good)]);
+    assert!(q.suspended());
+    assert_eq!(q.read_index(), 1);
+    let failed = counters().since(&before);
+    // The good PDI's context and the fault design's; one chain, one command done.
+    assert_eq!(
+        failed.modelled_device_ns,
+        ns(2 * m.context + m.submit + m.per_command + kernel),
+        "{failed:?}"
+    );
+    drop(q);
+    // The recovery: a new queue, whose first doorbell builds the context again.
+    let q = sim.queue();
+    let before = counters();
+    let t = Instant::now();
+    q.submit(&[sim.packet(&good), sim.packet(&good)]);
+    let took = t.elapsed();
+    assert_eq!(q.read_index(), 2);
+    let after = counters().since(&before);
+    let want = m.context + m.submit + 2 * (m.per_command + kernel);
+    assert_eq!(after.modelled_device_ns, ns(want), "{after:?}");
+    assert!(took >= want, "{took:?} < {want:?}");
+    // The same queue's next doorbell builds none.
+    let before = counters();
+    q.submit(&[sim.packet(&good)]);
+    let again = counters().since(&before);
+    assert_eq!(
+        again.modelled_device_ns,
+        ns(m.submit + m.per_command + kernel)
+    );
+}
