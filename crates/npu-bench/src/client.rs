@@ -198,6 +198,9 @@ pub struct Session {
     pub id: u64,
     id_value: AsciiMetadataValue,
     token: AsciiMetadataValue,
+    /// The identity token (`x-npud-token`, a secret from `auth.token_dir`) every call carries,
+    /// if any.
+    identity: Option<AsciiMetadataValue>,
     pub generation: NpuGen,
     /// The daemon's threads: I/O threads and the executor's poll (µs), from its device info.
     pub threads: (u32, u64),
@@ -217,26 +220,41 @@ impl Session {
     /// # Errors
     /// The daemon's status.
     pub async fn open(channel: Channel, name: &str) -> Result<Session> {
-        let mut client = NpudClient::new(channel)
-            .max_decoding_message_size(256 << 20)
-            .max_encoding_message_size(256 << 20);
+        Session::open_as(channel, name, None).await
+    }
+
+    /// Opens a session on `channel` as the identity whose token (a secret from the daemon's
+    /// `auth.token_dir`) is `identity`, which every call of the session then carries; as
+    /// [`Session::open`] when `None`.
+    ///
+    /// # Errors
+    /// The daemon's status, or a token that is no metadata value.
+    pub async fn open_as(channel: Channel, name: &str, identity: Option<&str>) -> Result<Session> {
+        let bad = BenchError::ctx("session metadata");
+        let identity: Option<AsciiMetadataValue> = identity
+            .map(|t| t.parse().map_err(|e| bad(&e)))
+            .transpose()?;
+        let mut client = Self::client(channel);
         let info = client
-            .get_device_info(pb::GetDeviceInfoRequest {})
+            .get_device_info(with_identity(pb::GetDeviceInfoRequest {}, &identity))
             .await?
             .into_inner();
         let r = client
-            .open_session(pb::OpenSessionRequest {
-                client_name: name.to_owned(),
-                ..Default::default()
-            })
+            .open_session(with_identity(
+                pb::OpenSessionRequest {
+                    client_name: name.to_owned(),
+                    ..Default::default()
+                },
+                &identity,
+            ))
             .await?
             .into_inner();
-        let bad = BenchError::ctx("session metadata");
         Ok(Session {
             client,
             id: r.session_id,
             id_value: r.session_id.to_string().parse().map_err(|e| bad(&e))?,
             token: r.token.parse().map_err(|e| bad(&e))?,
+            identity,
             generation: if info.generation == "npu1" {
                 NpuGen::Npu1
             } else {
@@ -246,6 +264,22 @@ impl Session {
         })
     }
 
+    /// The generated client on `channel`, with the bench's message size limits.
+    fn client(channel: Channel) -> NpudClient<Channel> {
+        NpudClient::new(channel)
+            .max_decoding_message_size(256 << 20)
+            .max_encoding_message_size(256 << 20)
+    }
+
+    /// The same session on another connection (for a thread that drives its own runtime).
+    #[must_use]
+    pub fn on(&self, channel: Channel) -> Session {
+        Session {
+            client: Self::client(channel),
+            ..self.clone()
+        }
+    }
+
     /// A request carrying this session's metadata, and a fresh request id when
     /// [`set_request_ids`] asked for them.
     pub fn req<T>(&self, msg: T) -> Request<T> {
@@ -253,6 +287,9 @@ impl Session {
         let md = r.metadata_mut();
         md.insert(npu_proto::SESSION_HEADER, self.id_value.clone());
         md.insert(npu_proto::TOKEN_HEADER, self.token.clone());
+        if let Some(t) = &self.identity {
+            md.insert(npu_proto::IDENTITY_TOKEN_HEADER, t.clone());
+        }
         if REQUEST_IDS.load(Ordering::Relaxed) {
             let id = NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed);
             md.insert(npu_proto::REQUEST_ID_HEADER, AsciiMetadataValue::from(id));
@@ -360,6 +397,16 @@ impl Session {
         let req = self.req(d.clone());
         Ok(self.client.dispatch(req).await?.into_inner())
     }
+}
+
+/// `msg` carrying the identity token `identity`, if any.
+fn with_identity<T>(msg: T, identity: &Option<AsciiMetadataValue>) -> Request<T> {
+    let mut r = Request::new(msg);
+    if let Some(t) = identity {
+        r.metadata_mut()
+            .insert(npu_proto::IDENTITY_TOKEN_HEADER, t.clone());
+    }
+    r
 }
 
 /// A dispatch over whole tensors.

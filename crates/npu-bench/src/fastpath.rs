@@ -66,8 +66,27 @@ impl BenchRing {
         self.tail = self.mem.submit(self.tail, &s);
     }
 
-    /// Waits for the next completion: spins, then sleeps on the bell.
+    /// Waits for the next completion: one the daemon refused or that failed is an error.
     fn complete(&mut self) -> Result<Completion> {
+        let c = self.next_completion()?;
+        if c.code != 0 {
+            return Err(BenchError(format!("fast-path dispatch: {}", c.message)));
+        }
+        Ok(c)
+    }
+
+    /// One dispatch, and its completion whatever its code: a caller that expects some
+    /// dispatches to fail reads why.
+    ///
+    /// # Errors
+    /// The ring closed.
+    pub fn dispatch_once(&mut self, d: &pb::DispatchRequest) -> Result<Completion> {
+        self.submit(d);
+        self.next_completion()
+    }
+
+    /// Waits for the next completion: spins, then sleeps on the bell.
+    fn next_completion(&mut self) -> Result<Completion> {
         let m = &self.mem;
         let start = Instant::now();
         let mut looks = 0u32;
@@ -76,9 +95,6 @@ impl BenchRing {
                 let c = Completion::decode(&m.read_completion(self.head));
                 self.head = self.head.wrapping_add(1);
                 m.store(Word::CqHead, self.head);
-                if c.code != 0 {
-                    return Err(BenchError(format!("fast-path dispatch: {}", c.message)));
-                }
                 return Ok(c);
             }
             if m.load(Word::State) != 0 {

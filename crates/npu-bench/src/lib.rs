@@ -13,6 +13,7 @@
 //! | 12 | [`stall`] | another client's dispatches while one allocates 1 GiB, or runs 1,024-link chains |
 //! | 14 | [`rss`] | the daemon's memory before, during and after a quota-sized queue of chains (`--only rss`) |
 //! | 13 | [`tls`] | unary dispatch over TLS beside plaintext TCP |
+//! | 16 (faults) | [`faulting`] | 15 healthy sessions' throughput while a 16th faults every tenth dispatch |
 //!
 //! [`daemon`] starts npud on the emulator (or takes a running one); [`run::run`] runs every row
 //! and returns a [`report::Report`].
@@ -23,6 +24,7 @@ pub mod client;
 pub mod daemon;
 pub mod device;
 pub mod fastpath;
+pub mod faulting;
 pub mod floors;
 pub mod inproc;
 pub mod load;

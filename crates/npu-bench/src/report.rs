@@ -72,6 +72,10 @@ pub struct Row {
     /// Rows 16: Jain's fairness index of the clients' dispatch counts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fairness: Option<f64>,
+    /// Row 16 (faults): the device faults the faulting client caused in these windows, as the
+    /// daemon counted them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_faults: Option<u64>,
 }
 
 impl Row {
@@ -92,6 +96,7 @@ impl Row {
             daemon_device_us: None,
             daemon_cpu_us: None,
             fairness: None,
+            device_faults: None,
         }
     }
 }
@@ -364,6 +369,16 @@ impl Report {
                 0.95,
             );
         }
+        {
+            use crate::faulting::keys;
+            push(
+                "15 healthy sessions' throughput on the modelled device, one faulting every tenth dispatch over none",
+                "throughput(faults_15_healthy_one_faulting) / throughput(faults_15_healthy_fault_free)",
+                div(thr(keys::ONE_FAULTING), thr(keys::FAULT_FREE)),
+                ">=",
+                0.90,
+            );
+        }
         let idle = self
             .memory
             .iter()
@@ -415,6 +430,9 @@ impl Report {
             }
             if let Some(j) = r.fairness {
                 notes.push(format!("Jain's index over the clients {j:.3}"));
+            }
+            if let Some(f) = r.device_faults {
+                notes.push(format!("{f} device faults of the faulting client"));
             }
             if !notes.is_empty() {
                 t.add_row([

@@ -156,7 +156,7 @@ pub fn run(opts: &Options) -> Result<Report> {
 }
 
 /// Sections of the run, for `--only`. `rss` runs only when named.
-pub const SECTIONS: [&str; 15] = [
+pub const SECTIONS: [&str; 16] = [
     "floors",
     "fastpath",
     "inproc",
@@ -171,6 +171,7 @@ pub const SECTIONS: [&str; 15] = [
     "profiles",
     "tls",
     "device",
+    "faults",
     "rss",
 ];
 
@@ -369,6 +370,9 @@ async fn all_rows(
             window,
         )
         .await?;
+    }
+    if want("faults") {
+        crate::faulting::rows(report, it, rounds(it, DEVICE_ROUNDS)).await?;
     }
     if want("cpu") {
         cpu_rows(report, &unix, &target.socket, target.pid, dir.path(), it).await?;

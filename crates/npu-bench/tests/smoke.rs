@@ -60,6 +60,9 @@ fn quick_json_has_every_row_with_sane_fields() {
         "device_16_unbatched",
         "device_lone_batched",
         "device_lone_unbatched",
+        "faults_15_healthy_fault_free",
+        "faults_15_healthy_one_faulting",
+        "faults_device_faults",
     ];
     let sized: Vec<String> = ["fd", "inline"]
         .iter()
@@ -179,8 +182,8 @@ fn quick_json_has_every_row_with_sane_fields() {
     let ratios = field(&report, "ratios")
         .as_array()
         .expect("ratios is a list");
-    // Eighteen goals, and each kernel-object row's dispatch and chain link over G2's.
-    assert_eq!(ratios.len(), 22, "ratios: {ratios:?}");
+    // Nineteen goals, and each kernel-object row's dispatch and chain link over G2's.
+    assert_eq!(ratios.len(), 23, "ratios: {ratios:?}");
     assert!(
         ratios.iter().any(|r| field(r, "formula").as_str()
             == Some("throughput(device_16_batched) / throughput(device_16_unbatched)")),
@@ -194,6 +197,18 @@ fn quick_json_has_every_row_with_sane_fields() {
             assert!(j > 0.0 && j <= 1.0 + 1e-9, "Jain's index in {r}");
         }
     }
+    // Row 16 (faults): the faulting client's faults reached the device (the bench checked
+    // them against the daemon's count, and every healthy output).
+    assert!(
+        ratios.iter().any(|r| field(r, "formula").as_str()
+            == Some("throughput(faults_15_healthy_one_faulting) / throughput(faults_15_healthy_fault_free)")),
+        "{ratios:?}"
+    );
+    let faulting = rows
+        .iter()
+        .find(|r| field(r, "key").as_str() == Some("faults_15_healthy_one_faulting"))
+        .expect("the faulting row");
+    assert!(number(faulting, "device_faults") >= 1.0, "{faulting}");
     assert!(
         ratios
             .iter()
