@@ -230,6 +230,38 @@ impl Session {
     /// # Errors
     /// The daemon's status, or a token that is no metadata value.
     pub async fn open_as(channel: Channel, name: &str, identity: Option<&str>) -> Result<Session> {
+        let req = pb::OpenSessionRequest {
+            client_name: name.to_owned(),
+            ..Default::default()
+        };
+        Session::open_with(channel, req, identity).await
+    }
+
+    /// Opens a session of `class` (with a deadline of `deadline_us`, 0 for none) on
+    /// `channel`.
+    ///
+    /// # Errors
+    /// The daemon's status.
+    pub async fn open_class(
+        channel: Channel,
+        name: &str,
+        class: pb::SessionClass,
+        deadline_us: u64,
+    ) -> Result<Session> {
+        let req = pb::OpenSessionRequest {
+            client_name: name.to_owned(),
+            session_class: class.into(),
+            deadline_us,
+        };
+        Session::open_with(channel, req, None).await
+    }
+
+    /// Opens the session `req` asks for on `channel`, as [`Session::open_as`] does.
+    async fn open_with(
+        channel: Channel,
+        req: pb::OpenSessionRequest,
+        identity: Option<&str>,
+    ) -> Result<Session> {
         let bad = BenchError::ctx("session metadata");
         let identity: Option<AsciiMetadataValue> = identity
             .map(|t| t.parse().map_err(|e| bad(&e)))
@@ -240,13 +272,7 @@ impl Session {
             .await?
             .into_inner();
         let r = client
-            .open_session(with_identity(
-                pb::OpenSessionRequest {
-                    client_name: name.to_owned(),
-                    ..Default::default()
-                },
-                &identity,
-            ))
+            .open_session(with_identity(req, &identity))
             .await?
             .into_inner();
         Ok(Session {

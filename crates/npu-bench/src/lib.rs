@@ -27,6 +27,7 @@ pub mod fastpath;
 pub mod faulting;
 pub mod floors;
 pub mod inproc;
+pub mod interactive;
 pub mod load;
 pub mod place;
 pub mod profiles;

@@ -156,7 +156,7 @@ pub fn run(opts: &Options) -> Result<Report> {
 }
 
 /// Sections of the run, for `--only`. `rss` runs only when named.
-pub const SECTIONS: [&str; 16] = [
+pub const SECTIONS: [&str; 17] = [
     "floors",
     "fastpath",
     "inproc",
@@ -172,6 +172,7 @@ pub const SECTIONS: [&str; 16] = [
     "tls",
     "device",
     "faults",
+    "priorities",
     "rss",
 ];
 
@@ -370,6 +371,15 @@ async fn all_rows(
             window,
         )
         .await?;
+    }
+    if want("priorities") {
+        // Rows 16 (priorities): windows as the device rows'.
+        let window = if it.measured >= 20_000 {
+            Duration::from_millis(250)
+        } else {
+            Duration::from_millis(60)
+        };
+        crate::interactive::rows(report, rounds(it, DEVICE_ROUNDS), window).await?;
     }
     if want("faults") {
         crate::faulting::rows(report, it, rounds(it, DEVICE_ROUNDS)).await?;

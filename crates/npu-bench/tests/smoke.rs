@@ -63,6 +63,12 @@ fn quick_json_has_every_row_with_sane_fields() {
         "faults_15_healthy_fault_free",
         "faults_15_healthy_one_faulting",
         "faults_device_faults",
+        "device_batch15_alone",
+        "device_batch15_beside_interactive",
+        "device_batch15_beside_shortest",
+        "device_interactive_alone",
+        "device_interactive_loaded",
+        "device_interactive_shortest",
     ];
     let sized: Vec<String> = ["fd", "inline"]
         .iter()
@@ -182,8 +188,9 @@ fn quick_json_has_every_row_with_sane_fields() {
     let ratios = field(&report, "ratios")
         .as_array()
         .expect("ratios is a list");
-    // Nineteen goals, and each kernel-object row's dispatch and chain link over G2's.
-    assert_eq!(ratios.len(), 23, "ratios: {ratios:?}");
+    // Twenty-one goals, three figures said beside them, and each kernel-object row's dispatch
+    // and chain link over G2's.
+    assert_eq!(ratios.len(), 28, "ratios: {ratios:?}");
     assert!(
         ratios.iter().any(|r| field(r, "formula").as_str()
             == Some("throughput(device_16_batched) / throughput(device_16_unbatched)")),
@@ -197,6 +204,24 @@ fn quick_json_has_every_row_with_sane_fields() {
             assert!(j > 0.0 && j <= 1.0 + 1e-9, "Jain's index in {r}");
         }
     }
+    // Rows 16 (priorities): the batch sessions' device share, from the daemon's per-class
+    // statistics, beside each interactive client.
+    for key in [
+        "device_batch15_beside_interactive",
+        "device_batch15_beside_shortest",
+    ] {
+        let r = rows
+            .iter()
+            .find(|r| field(r, "key").as_str() == Some(key))
+            .expect("the batch rows");
+        let share = number(r, "batch_share");
+        assert!(share > 0.0 && share < 1.0, "{r}");
+    }
+    assert!(
+        ratios.iter().any(|r| field(r, "formula").as_str()
+            == Some("p99(device_interactive_loaded) / p99(device_interactive_alone)")),
+        "{ratios:?}"
+    );
     // Row 16 (faults): the faulting client's faults reached the device (the bench checked
     // them against the daemon's count, and every healthy output).
     assert!(
