@@ -66,6 +66,19 @@ impl Pace {
         self.lone.map(Duration::from_nanos)
     }
 
+    /// Each dispatch past the first in a doorbell, once a larger doorbell was seen.
+    pub(super) fn each(&self) -> Option<Duration> {
+        self.each.map(Duration::from_nanos)
+    }
+
+    /// What a doorbell of `n` dispatches should take by the running averages (zero before
+    /// any was seen).
+    pub(super) fn estimate(&self, n: usize) -> Duration {
+        let lone = self.lone.unwrap_or(0);
+        let each = self.each.unwrap_or(lone);
+        Duration::from_nanos(lone.saturating_add(each.saturating_mul(n.saturating_sub(1) as u64)))
+    }
+
     /// The most dispatches a doorbell may carry to take at most `budget` (at least 1, at most
     /// `max`). One until a lone doorbell was seen; each further dispatch is taken to cost a
     /// lone doorbell until a larger doorbell was seen.

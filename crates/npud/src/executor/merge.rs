@@ -6,7 +6,8 @@
 //! dispatches are queued, of its own session or of others, the executor rings them together,
 //! up to one doorbell batch ([`MERGE_MAX`], fewer when the packet ABI's plan ends the batch
 //! sooner). They are taken in fair order: the turn's session first, then one dispatch of each
-//! session with one ready, the session charged least first, and round again. Nothing waits for
+//! session with one ready, the session charged least first, and round again; a session charged
+//! more than [`JOIN_WITHIN`] past the turn's virtual time does not join. Nothing waits for
 //! company: the batch is what is queued when the turn starts, so a lone dispatch on an idle
 //! device rings alone at once. Chains are never merged: they stay contiguous.
 //!
@@ -41,6 +42,13 @@ use crate::error::NpudError;
 /// Dispatches merged into one doorbell batch at most: the emulator's noop design, 2
 /// arguments, plans 32 commands to a doorbell (fewer for wider ones).
 pub(super) const MERGE_MAX: usize = 32;
+
+/// How far ahead of the turn's virtual time a session may be charged and still join its batch.
+/// Sessions that keep the device busy alike are within a batch's share of each other (a full
+/// batch of the model's npu1 takes about 1 ms); one charged far more (a fault's batch and the
+/// queue's rebuild, 35 ms each on the model) waits for its own turn instead of taking a place in
+/// every batch, so it gets its share of the device's time, not of its doorbells.
+const JOIN_WITHIN: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Whether `r` may share a doorbell batch with its neighbours: a single dispatch that has not
 /// started, or one that a merged batch gave back unrun.
@@ -115,7 +123,8 @@ impl Worker {
                     matches!(j, Job::Work(w) if mergeable(w)
                         && (!interactive || w.item.priority.is_interactive()))
                 };
-                let Some((s, Job::Work(next))) = self.rr.take_fair_if(skip, joins) else {
+                let Some((s, Job::Work(next))) = self.rr.take_fair_if(JOIN_WITHIN, skip, joins)
+                else {
                     break;
                 };
                 this_round.push(s);
@@ -232,6 +241,7 @@ impl Worker {
                 .iter()
                 .map(|(_, r)| r.item.links[0].program.as_ref()),
         );
+        self.ringing(dispatches.len());
         let result = self.dev.run_chain(dispatches);
         if !result.as_ref().is_err_and(faulted) {
             self.clear_in_flight();
@@ -309,6 +319,23 @@ impl Worker {
             return;
         }
         let failed = failure.as_ref().map_or(usize::MAX, |(index, _)| *index);
+        // A device fault's turn is the faulting session's: the batch's time (its program's
+        // context build included) is charged to it alone, and so is the queue's rebuild at the
+        // next doorbell ([`Worker::recovering`]).
+        let faulter = members.get(failed).filter(|_| ran_failed).map(|(s, _)| *s);
+        if let Some(f) = faulter {
+            self.merged_charges = vec![f];
+        }
+        // The completed dispatches' device time by the running averages, and the failed one's
+        // the rest of the batch's.
+        let (share, failed_share) = match (faulter, self.interactive.pace.each()) {
+            (Some(_), Some(each)) if ran > 0 => {
+                let each = each.min(share);
+                let ran_time = each * u32::try_from(ran).unwrap_or(u32::MAX);
+                (each, report.device_time.saturating_sub(ran_time))
+            }
+            _ => (share, share),
+        };
         let mut failure = failure.map(|(_, e)| e);
         let mut unrun = Vec::new();
         for (k, (s, mut r)) in members.into_iter().enumerate() {
@@ -321,7 +348,7 @@ impl Worker {
                 continue;
             }
             if k < ran || ran_failed {
-                p.device = share;
+                p.device = if k == failed { failed_share } else { share };
                 // The batch's one doorbell, counted on its first dispatch.
                 p.doorbells = u32::from(k == 0) * report.doorbells;
             }
@@ -347,7 +374,9 @@ impl Worker {
                 "dispatches a merged batch did not run go back to the queue"
             );
             // Not charged for the batch they did not run in.
-            self.merged_charges.truncate(ran + usize::from(ran_failed));
+            if faulter.is_none() {
+                self.merged_charges.truncate(ran + usize::from(ran_failed));
+            }
             self.give_back(unrun);
         }
     }

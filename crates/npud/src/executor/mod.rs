@@ -404,6 +404,8 @@ impl Executor {
                     interactive: classes::Interactive::new(Duration::from_millis(
                         cfg.executor.interactive_idle_ms,
                     )),
+                    recovering: None,
+                    turn_debtor: None,
                     suspended: None,
                     merged_charges: Vec::new(),
                     inflight,

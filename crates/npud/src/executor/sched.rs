@@ -231,22 +231,32 @@ impl<T> FairTurns<T> {
     }
 
     /// Takes, out of turn, the next item of the first waiting session in fair order (charged
-    /// least first) that `skip` does not name and whose next item `accept` takes. The session
-    /// keeps its place among the waiting while it has more; charge what it gets with
-    /// [`FairTurns::charge`].
+    /// least first) that `skip` does not name, whose next item `accept` takes, and that has
+    /// been charged at most `within` more than the turn last started: a session far ahead of
+    /// its share waits for its own turn. The session keeps its place among the waiting while
+    /// it has more; charge what it gets with [`FairTurns::charge`].
     pub fn take_fair_if(
         &mut self,
+        within: Duration,
         skip: impl Fn(u64) -> bool,
         accept: impl Fn(&T) -> bool,
     ) -> Option<(u64, T)> {
-        let session = self.order.iter().map(|&(_, _, _, s)| s).find(|&s| {
-            !skip(s)
-                && self
-                    .queues
-                    .get(&s)
-                    .and_then(VecDeque::front)
-                    .is_some_and(&accept)
-        })?;
+        let limit = self
+            .now
+            .saturating_add(u64::try_from(within.as_nanos()).unwrap_or(u64::MAX));
+        let session = self
+            .order
+            .iter()
+            .take_while(|&&(v, _, _, _)| v <= limit)
+            .map(|&(_, _, _, s)| s)
+            .find(|&s| {
+                !skip(s)
+                    && self
+                        .queues
+                        .get(&s)
+                        .and_then(VecDeque::front)
+                        .is_some_and(&accept)
+            })?;
         let q = self.queues.get_mut(&session)?;
         let item = q.pop_front()?;
         if q.is_empty() {
@@ -363,13 +373,19 @@ mod tests {
         assert_eq!(rr.pop(), Some((1, 10)));
         assert!(rr.any_next(|x| *x == 11));
         assert_eq!(
-            rr.take_fair_if(|_| false, |x| *x == 99),
+            rr.take_fair_if(Duration::MAX, |_| false, |x| *x == 99),
             None,
             "refused: left in place"
         );
-        assert_eq!(rr.take_fair_if(|_| false, |x| *x == 11), Some((1, 11)));
+        assert_eq!(
+            rr.take_fair_if(Duration::MAX, |_| false, |x| *x == 11),
+            Some((1, 11))
+        );
         rr.push(2, 20).unwrap();
-        assert_eq!(rr.take_fair_if(|s| s == 2, |_| true), Some((1, 12)));
+        assert_eq!(
+            rr.take_fair_if(Duration::MAX, |s| s == 2, |_| true),
+            Some((1, 12))
+        );
         assert!(!rr.any_next(|x| *x == 12));
         // Session 1's queue emptied out of turn: it left the rotation, and comes back last.
         rr.resume(1, 13);
@@ -480,9 +496,18 @@ mod tests {
         q.charge(1, Duration::from_millis(5));
         assert!(q.any_next(|v| *v == 30));
         assert!(!q.any_next(|v| *v == 11));
-        assert_eq!(q.take_fair_if(|_| false, |v| *v != 30), Some((2, 20)));
-        assert_eq!(q.take_fair_if(|s| s == 1, |v| *v != 30), None);
-        assert_eq!(q.take_fair_if(|_| false, |v| *v != 30), Some((1, 10)));
+        assert_eq!(
+            q.take_fair_if(Duration::MAX, |_| false, |v| *v != 30),
+            Some((2, 20))
+        );
+        assert_eq!(
+            q.take_fair_if(Duration::MAX, |s| s == 1, |v| *v != 30),
+            None
+        );
+        assert_eq!(
+            q.take_fair_if(Duration::MAX, |_| false, |v| *v != 30),
+            Some((1, 10))
+        );
         // Session 1 keeps its place with its second item; 2 left the rotation.
         assert_eq!(q.pop(), Some((3, 30)));
         assert_eq!(q.pop(), Some((1, 11)));
@@ -526,6 +551,25 @@ mod tests {
         assert_eq!(q.pop(), Some((1, "batch")));
         assert_eq!(q.pop(), Some((2, "batch")));
         assert_eq!(q.pop(), Some((3, "plain")));
+    }
+
+    #[test]
+    fn a_session_far_ahead_of_its_share_is_not_taken_out_of_turn() {
+        let mut q = FairTurns::new(8);
+        for s in 1..=3 {
+            q.push(s, s).unwrap();
+            q.push(s, s * 10).unwrap();
+        }
+        // Session 3 took 50 ms (a fault's context build); 1 and 2 a millisecond each.
+        assert_eq!(turn(&mut q, MS), Some((1, 1)));
+        assert_eq!(turn(&mut q, MS), Some((2, 2)));
+        assert_eq!(turn(&mut q, 50 * MS), Some((3, 3)));
+        assert_eq!(q.pop(), Some((1, 10)));
+        // A batch of the turn's session's peers within 2 ms of it: 2, not 3.
+        assert_eq!(q.take_fair_if(2 * MS, |s| s == 1, |_| true), Some((2, 20)));
+        assert_eq!(q.take_fair_if(2 * MS, |s| s == 1, |_| true), None);
+        // Its own turn comes all the same.
+        assert_eq!(q.pop(), Some((3, 30)));
     }
 
     #[test]

@@ -446,6 +446,7 @@ impl Worker {
         // Statistics read what the executor published: the programs just loaded count.
         self.publish();
         self.record_in_flight(item, first..end);
+        self.ringing(end - first);
         let result = self.dev.run_chain(&p.dispatches[first..end]);
         if !result.as_ref().is_err_and(faulted) {
             // A device fault keeps the record until its program's quarantine is on disk.
@@ -753,6 +754,7 @@ impl Worker {
         }
         self.clear_in_flight();
         self.serving.recovering();
+        self.recovering = Some(item.session);
         let msg = match program {
             Some(p) => {
                 tracing::error!(program = p.id, error = %error, "a program faulted the device; quarantined it");

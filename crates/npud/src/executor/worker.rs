@@ -55,6 +55,13 @@ pub(super) struct Worker {
     pub(super) interactive_weight: u32,
     /// The active interactive sessions, and how long other doorbells may be meanwhile.
     pub(super) interactive: Interactive,
+    /// The session whose device fault re-created the queue, until the next doorbell: that
+    /// doorbell rebuilds the hardware context (35 ms on the model), and what it takes beyond
+    /// the running averages' estimate is charged to this session, not to the batch's.
+    pub(super) recovering: Option<u64>,
+    /// The session charged for this turn's doorbell beyond its estimate, and the dispatches
+    /// the doorbell carried.
+    pub(super) turn_debtor: Option<(u64, usize)>,
     /// Which programs are on the device, for the next start if this process dies meanwhile.
     pub(super) inflight: Option<InFlight>,
     pub(super) idle: Idle,
@@ -104,6 +111,14 @@ impl Job {
 }
 
 impl Worker {
+    /// The doorbell about to ring `n` dispatches is the first since a device fault re-created
+    /// the queue: the faulting session pays what it takes beyond its estimate.
+    pub(super) fn ringing(&mut self, n: usize) {
+        if let Some(s) = self.recovering.take() {
+            self.turn_debtor = Some((s, n));
+        }
+    }
+
     pub(super) fn run(mut self, mut rx: mpsc::Receiver<Command>) {
         let mut shutdown: Option<oneshot::Sender<()>> = None;
         let mut closed = false;
@@ -146,7 +161,12 @@ impl Worker {
                 // The session pays for the turn's time, or the sessions of a merged batch each
                 // their share: the next turn goes to whoever has been charged least
                 // ([`FairTurns`]).
-                let took = now.elapsed();
+                let mut took = now.elapsed();
+                if let Some((debtor, n)) = self.turn_debtor.take() {
+                    let excess = took.saturating_sub(self.interactive.pace.estimate(n));
+                    self.rr.charge(debtor, excess);
+                    took -= excess;
+                }
                 let shared = std::mem::take(&mut self.merged_charges);
                 if shared.is_empty() {
                     self.rr.charge(session, took);
