@@ -9,6 +9,14 @@
 //! time of the turn last started, so idling banks no credit, and a session keeps what it was
 //! charged while it idles, so emptying its queue between calls forgives no debt.
 //!
+//! A session that starts waiting within [`RETURN_GRACE`] of its last turn's end has not idled:
+//! a client that dispatches one at a time is never waiting when its answer goes out. It keeps
+//! its charge instead of being lifted to the virtual time. Otherwise a session far ahead (one
+//! charged a device fault's context rebuilds) that happens to be the only one waiting at the
+//! instant the others are answered would move the virtual time up to its own, and every
+//! session returning a moment later would be lifted to it: the debt forgiven at every fault,
+//! and the faulting session served as often as the others whatever its turns cost.
+//!
 //! So sessions that keep the device busy share it equally by time, not by turn count (one
 //! whose turns are 32-link doorbell batches no longer gets 32 times the device of one sending
 //! single dispatches), and a session that uses little of the device is served after the turn
@@ -42,6 +50,9 @@ pub struct FairTurns<T> {
     classes: crate::IdMap<u64, (u32, u8)>,
     /// What each session has been charged (ns of turns), kept while it idles with a debt.
     charged: crate::IdMap<u64, u64>,
+    /// When each session that was charged with nothing left queued was last charged: the end
+    /// of the turn that answered it.
+    answered: crate::IdMap<u64, Instant>,
     /// The virtual time of the turn last started.
     now: u64,
     /// Arrivals so far, the tie-break.
@@ -59,6 +70,11 @@ const SPARE_CAPACITY: usize = 64;
 /// Past this many charges kept, those that no longer matter (at most the current virtual
 /// time) are dropped.
 const PRUNE_AT: usize = 1024;
+/// How soon after its last turn a session that starts waiting again keeps its charge: well
+/// above a client's round trip between an answer and its next request, even on a loaded host
+/// that leaves the client's thread waiting for a CPU for a few timeslices. A session away
+/// longer has idled.
+const RETURN_GRACE: Duration = Duration::from_millis(50);
 
 impl<T> FairTurns<T> {
     pub fn new(max_per_session: usize) -> Self {
@@ -68,6 +84,7 @@ impl<T> FairTurns<T> {
             keys: crate::IdMap::default(),
             classes: crate::IdMap::default(),
             charged: crate::IdMap::default(),
+            answered: crate::IdMap::default(),
             now: 0,
             arrivals: 0,
             max_per_session,
@@ -95,17 +112,21 @@ impl<T> FairTurns<T> {
     }
 
     /// `session` waits for a turn (a no-op when it already does), charged at least the
-    /// virtual time of the turn last started.
+    /// virtual time of the turn last started unless its last turn ended within
+    /// [`RETURN_GRACE`].
     fn wait(&mut self, session: u64) {
         if self.keys.contains_key(&session) {
             return;
         }
-        let v = self
-            .charged
-            .get(&session)
-            .copied()
-            .unwrap_or(0)
-            .max(self.now);
+        let returning = self
+            .answered
+            .remove(&session)
+            .is_some_and(|at| at.elapsed() <= RETURN_GRACE);
+        let charged = self.charged.get(&session).copied();
+        let v = match charged {
+            Some(v) if returning => v,
+            _ => charged.unwrap_or(0).max(self.now),
+        };
         self.charged.insert(session, v);
         self.arrivals += 1;
         let rank = self.class(session).1;
@@ -205,14 +226,18 @@ impl<T> FairTurns<T> {
             self.order.remove(&(old, r, a, session));
             self.order.insert((v, r, a, session));
             self.keys.insert(session, (v, r, a));
+        } else {
+            self.answered.insert(session, Instant::now());
         }
     }
 
     /// Drops the charges of idle sessions that no longer matter: a session starts waiting
     /// charged at least the current virtual time anyway.
     fn prune(&mut self) {
-        let (now, keys) = (self.now, &self.keys);
-        self.charged.retain(|s, v| *v > now || keys.contains_key(s));
+        self.answered.retain(|_, at| at.elapsed() <= RETURN_GRACE);
+        let (now, keys, answered) = (self.now, &self.keys, &self.answered);
+        self.charged
+            .retain(|s, v| *v > now || keys.contains_key(s) || answered.contains_key(s));
     }
 
     /// Whether no session but `session` has anything queued.
@@ -269,6 +294,7 @@ impl<T> FairTurns<T> {
     pub fn take_session(&mut self, session: u64) -> Vec<T> {
         self.leave(session);
         self.charged.remove(&session);
+        self.answered.remove(&session);
         self.classes.remove(&session);
         self.queues
             .remove(&session)
@@ -279,6 +305,14 @@ impl<T> FairTurns<T> {
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.order.is_empty()
+    }
+
+    /// Moves every session's last answer `by` into the past, as if that much time had passed.
+    #[cfg(test)]
+    pub fn age(&mut self, by: Duration) {
+        for at in self.answered.values_mut() {
+            *at = at.checked_sub(by).unwrap_or(*at);
+        }
     }
 }
 
@@ -474,9 +508,11 @@ mod tests {
         for s in 0..(PRUNE_AT as u64 * 3) {
             q.push(s, s).unwrap();
             turn(&mut q, MS).unwrap();
-            // Another session's turn moves the virtual time past what `s` was charged.
+            // Another session's turn moves the virtual time past what `s` was charged, and
+            // `s` stays away past the grace.
             q.push(u64::MAX, 0).unwrap();
             turn(&mut q, 2 * MS).unwrap();
+            q.age(2 * RETURN_GRACE);
         }
         assert!(
             q.charged.len() <= PRUNE_AT + 2,
@@ -570,6 +606,53 @@ mod tests {
         assert_eq!(q.take_fair_if(2 * MS, |s| s == 1, |_| true), None);
         // Its own turn comes all the same.
         assert_eq!(q.pop(), Some((3, 30)));
+    }
+
+    #[test]
+    fn a_debt_run_alone_between_the_others_answers_is_not_forgiven() {
+        let mut q = FairTurns::new(8);
+        // Sessions 1-3 dispatch one at a time; 9 faulted the device: its turn and the next
+        // doorbell's context rebuild, 70 ms, are charged to it.
+        for s in [1, 2, 3, 9] {
+            q.push(s, s).unwrap();
+        }
+        for _ in 0..3 {
+            turn(&mut q, MS).unwrap();
+        }
+        assert_eq!(turn(&mut q, 70 * MS), Some((9, 9)));
+        // 9 asks again while the others wait for their answers: it is alone, so it runs.
+        q.push(9, 90).unwrap();
+        assert_eq!(turn(&mut q, MS), Some((9, 90)));
+        // The others come back a moment later: they keep their charges, so they have the
+        // device until each has used as much as 9, and 9 waits with its next dispatch.
+        q.push(9, 91).unwrap();
+        let mut order = Vec::new();
+        for round in 0..68 {
+            for s in 1..=3 {
+                q.push(s, round).unwrap();
+            }
+            for _ in 0..3 {
+                order.push(turn(&mut q, MS).unwrap().0);
+            }
+        }
+        assert!(!order.contains(&9), "{order:?}");
+        assert_eq!(q.pop(), Some((9, 91)));
+
+        // Away past the grace, a session has idled: it is lifted to the virtual time, so 9's
+        // new debt is forgiven to it (and to it alone).
+        let mut q = FairTurns::new(8);
+        for s in [1, 9] {
+            q.push(s, s).unwrap();
+        }
+        turn(&mut q, MS).unwrap();
+        turn(&mut q, 70 * MS).unwrap();
+        q.push(9, 90).unwrap();
+        turn(&mut q, MS).unwrap();
+        q.age(2 * RETURN_GRACE);
+        q.push(1, 10).unwrap();
+        q.push(9, 91).unwrap();
+        assert_eq!(q.pop(), Some((1, 10)));
+        assert_eq!(q.pop(), Some((9, 91)));
     }
 
     #[test]
