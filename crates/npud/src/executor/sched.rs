@@ -123,13 +123,19 @@ impl<T> FairTurns<T> {
             .remove(&session)
             .is_some_and(|at| at.elapsed() <= RETURN_GRACE);
         let charged = self.charged.get(&session).copied();
-        let v = match charged {
+        let mut v = match charged {
             Some(v) if returning => v,
             _ => charged.unwrap_or(0).max(self.now),
         };
+        let rank = self.class(session).1;
+        if rank == 0 && v <= self.now {
+            // A first session that has used less than its share has the next turn, also ahead
+            // of sessions that came back with a charge below the virtual time.
+            let least = self.order.first().map_or(v, |&(w, _, _, _)| w);
+            v = v.min(least).max(charged.unwrap_or(0));
+        }
         self.charged.insert(session, v);
         self.arrivals += 1;
-        let rank = self.class(session).1;
         self.keys.insert(session, (v, rank, self.arrivals));
         self.order.insert((v, rank, self.arrivals, session));
     }
@@ -653,6 +659,27 @@ mod tests {
         q.push(9, 91).unwrap();
         assert_eq!(q.pop(), Some((1, 10)));
         assert_eq!(q.pop(), Some((9, 91)));
+    }
+
+    #[test]
+    fn a_first_session_under_its_share_goes_before_sessions_that_kept_a_charge() {
+        let mut q = FairTurns::new(8);
+        q.set_class(5, 8, true);
+        for s in [1, 2, 9] {
+            q.push(s, s).unwrap();
+        }
+        turn(&mut q, MS).unwrap();
+        turn(&mut q, MS).unwrap();
+        // 9 runs alone past the others (a fault's rebuilds): they come back below the
+        // virtual time, and the interactive session 5 still has the next turn.
+        assert_eq!(turn(&mut q, 70 * MS), Some((9, 9)));
+        q.push(9, 90).unwrap();
+        turn(&mut q, MS).unwrap();
+        q.push(1, 10).unwrap();
+        q.push(2, 20).unwrap();
+        q.push(5, 50).unwrap();
+        assert_eq!(q.pop(), Some((5, 50)));
+        assert_eq!(q.pop(), Some((1, 10)));
     }
 
     #[test]
