@@ -34,9 +34,15 @@ const NEW_SAMPLE_SHIFT: u32 = 3;
 /// dispatch for a while.
 const OUTLIER_FACTOR: u64 = 4;
 
+/// A sample this many times below the average replaces it: the average was an outlier's. The
+/// queue's first doorbell builds its hardware context (35 ms on the model), and as the first
+/// sample it would otherwise stay the average for dozens of doorbells.
+const RESET_FACTOR: u64 = 4;
+
 fn average(old: Option<u64>, sample: u64) -> u64 {
     match old {
-        None => sample,
+        None | Some(0) => sample,
+        Some(old) if sample.saturating_mul(RESET_FACTOR) < old => sample,
         Some(old) => {
             let sample = sample.min(old.saturating_mul(OUTLIER_FACTOR));
             let delta = i128::from(sample) - i128::from(old);
@@ -54,6 +60,10 @@ impl Pace {
             0 => {}
             1 => self.lone = Some(average(self.lone, ns)),
             n => {
+                // A doorbell of several dispatches took at least what a lone one takes.
+                if self.lone.is_some_and(|lone| lone > ns) {
+                    self.lone = Some(ns);
+                }
                 let Some(lone) = self.lone else { return };
                 let extra = ns.saturating_sub(lone) / (n as u64 - 1);
                 self.each = Some(average(self.each, extra));
@@ -208,6 +218,31 @@ mod tests {
         p.observe(1, Duration::from_millis(35));
         let lone = p.lone().unwrap();
         assert!(lone < npu1(1) * 2, "{lone:?}");
+    }
+
+    #[test]
+    fn a_first_doorbell_that_built_a_context_does_not_stay_the_pace() {
+        // The queue's first doorbell, lone, builds the context; batches follow.
+        let mut p = Pace::default();
+        p.observe(1, Duration::from_millis(35));
+        p.observe(32, npu1(32));
+        // Bounded by the batch: what a batch takes is estimated right, and budgets below it
+        // hold one dispatch until a lone doorbell is seen (never more than fit).
+        assert_eq!(p.lone(), Some(npu1(32)), "{p:?}");
+        assert_eq!(p.estimate(32), npu1(32));
+        assert_eq!(p.fit(npu1(5), 32), 1);
+        p.observe(1, npu1(1));
+        assert_eq!(
+            p.lone(),
+            Some(npu1(1)),
+            "a lone doorbell far below resets it"
+        );
+        for _ in 0..32 {
+            p.observe(32, npu1(32));
+        }
+        let est = p.estimate(32);
+        assert!(est.abs_diff(npu1(32)) < npu1(32) / 10, "{est:?}");
+        assert_eq!(p.fit(npu1(5), 32), 5, "{p:?}");
     }
 
     #[test]
