@@ -43,6 +43,7 @@ use npu_proto::v1 as pb;
 use crate::client::{Iters, Mapped, Session, connect_unix, dispatch_request};
 use crate::daemon::Daemon;
 use crate::fastpath::BenchRing;
+use crate::interactive::device_time;
 use crate::report::{Report, Row};
 use crate::stats::{nanos, summarize};
 use crate::{BenchError, Result};
@@ -321,6 +322,8 @@ struct Side {
     ns: Vec<u64>,
     wall: Duration,
     counts: Vec<u64>,
+    /// The modelled device's time over the windows, every session's.
+    device: Duration,
 }
 
 impl Side {
@@ -394,6 +397,7 @@ pub async fn rows(report: &mut Report, it: Iters, rounds: usize) -> Result<()> {
         refused: Vec::new(),
     };
     let (mut free, mut faulty) = (Side::default(), Side::default());
+    let mut stats = healthy[0].session.clone();
     for round in 0..rounds.max(1) {
         let order = if round % 2 == 0 {
             [false, true]
@@ -403,11 +407,23 @@ pub async fn rows(report: &mut Report, it: Iters, rounds: usize) -> Result<()> {
         for faulting in order {
             // Fault-free: the rings awake, and the last fault's recovery paid.
             let _ = window(&mut healthy, &mut sixteenth, false, WARM)?;
+            let before = device_time(&mut stats).await?;
             let w = window(&mut healthy, &mut sixteenth, faulting, each)?;
-            if faulting { &mut faulty } else { &mut free }.add(w);
+            let after = device_time(&mut stats).await?;
+            let side = if faulting { &mut faulty } else { &mut free };
+            side.add(w);
+            side.device += (after[0] + after[1]).saturating_sub(before[0] + before[1]);
         }
     }
     let faulting_wall = faulty.wall;
+    let busy = |s: &Side| 100.0 * s.device.as_secs_f64() / s.wall.as_secs_f64().max(1e-9);
+    report.notes.push(format!(
+        "row 16 (faults): the answered dispatches' modelled device time was {:.0} % of the \
+         fault-free windows' wall time and {:.0} % of the faulting ones' (a fault's is not \
+         counted)",
+        busy(&free),
+        busy(&faulty)
+    ));
     let ids: Vec<u64> = healthy.iter().map(|c| c.session.id).collect();
     let mut healthy_faults = faults_of(&healthy[0].session, &ids).await?;
     let stand_in = &sixteenth.stand_in.session;

@@ -153,7 +153,7 @@ fn lower_this_thread() {
 }
 
 /// Device time of each class so far (batch, interactive), from the daemon's statistics.
-async fn device_time(s: &mut Session) -> Result<[Duration; 2]> {
+pub(crate) async fn device_time(s: &mut Session) -> Result<[Duration; 2]> {
     let stats = s
         .client
         .get_statistics(s.req(pb::GetStatisticsRequest {}))
@@ -280,6 +280,23 @@ pub async fn rows(report: &mut Report, rounds: usize, window_each: Duration) -> 
             summarize(t.interactive, n, t.wall),
         )
     };
+    // How busy the modelled device was: the sessions' device time over the windows' wall time
+    // (a merged batch's members each count their share of its doorbell).
+    let busy = |t: &Totals| {
+        let all = t.device[0] + t.device[1];
+        format!(
+            "{:.0} %",
+            100.0 * all.as_secs_f64() / t.wall.as_secs_f64().max(1e-9)
+        )
+    };
+    report.notes.push(format!(
+        "rows 16 (priorities): the dispatches' modelled device time was {} of the wall time \
+         of the batch clients' windows alone, {} beside the interactive client, {} beside the \
+         shortest-wait one",
+        busy(&batch_alone),
+        busy(&beside),
+        busy(&beside_shortest)
+    ));
     report
         .rows
         .push(batch_row(keys::BATCH_ALONE, "alone", &batch_alone));
