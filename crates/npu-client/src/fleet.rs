@@ -208,6 +208,33 @@ impl Fleet {
     ///
     /// [`ClientError::NoHealthyHost`] with each host and why when no host takes the session.
     pub async fn open(&self) -> Result<Client, ClientError> {
+        self.open_with(self.shared.opts.connect.clone()).await
+    }
+
+    /// Like [`Fleet::open`], a session of `class` with `deadline` (see
+    /// [`ConnectOptions::session_class`] and [`ConnectOptions::deadline`]) instead of the
+    /// fleet's connect options' class: an application a person waits for asks to be served
+    /// first on whichever host it lands.
+    ///
+    /// # Errors
+    ///
+    /// As [`Fleet::open`]; a host whose policy refuses the class is passed over, and its
+    /// refusal is among the reasons [`ClientError::NoHealthyHost`] lists when no host takes the
+    /// session.
+    pub async fn open_as(
+        &self,
+        class: crate::SessionClass,
+        deadline: Option<Duration>,
+    ) -> Result<Client, ClientError> {
+        self.open_with(ConnectOptions {
+            session_class: class,
+            deadline,
+            ..self.shared.opts.connect.clone()
+        })
+        .await
+    }
+
+    async fn open_with(&self, opts: ConnectOptions) -> Result<Client, ClientError> {
         let s = &self.shared;
         if let FleetSpec::Dns { .. } = s.spec {
             let stale = s
@@ -228,7 +255,7 @@ impl Fleet {
             let Some((host, epoch)) = s.pick(&tried) else {
                 return Err(s.no_host(tried));
             };
-            match Inner::connect(host.addr.clone(), s.opts.connect.clone(), true).await {
+            match Inner::connect(host.addr.clone(), opts.clone(), true).await {
                 Ok(inner) => {
                     let link = Arc::new(HostLink { host, epoch });
                     // A fresh Inner's cell is empty.

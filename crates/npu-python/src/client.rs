@@ -86,13 +86,13 @@ impl Client {
 }
 
 /// The session's class and deadline from the keyword arguments: `session_class` by name
-/// (`ValueError` naming the two for another), `deadline_us` in microseconds (`None` or 0: the daemon's default;
-/// `ValueError` below 0). Whether the caller may have them is the daemon's to say.
-fn with_class(
-    opts: npu_client::ConnectOptions,
+/// (`ValueError` naming the two for another), `deadline_us` in microseconds (`None` or 0: the
+/// daemon's default; `ValueError` below 0). Whether the caller may have them is the daemon's to
+/// say.
+pub(crate) fn class_and_deadline(
     session_class: &str,
     deadline_us: Option<i64>,
-) -> PyResult<npu_client::ConnectOptions> {
+) -> PyResult<(npu_client::SessionClass, Option<Duration>)> {
     let session_class = session_class
         .parse::<npu_client::SessionClass>()
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -105,6 +105,16 @@ fn with_class(
             })
         })
         .transpose()?;
+    Ok((session_class, deadline))
+}
+
+/// `opts` with the class and deadline of the keyword arguments ([`class_and_deadline`]).
+fn with_class(
+    opts: npu_client::ConnectOptions,
+    session_class: &str,
+    deadline_us: Option<i64>,
+) -> PyResult<npu_client::ConnectOptions> {
+    let (session_class, deadline) = class_and_deadline(session_class, deadline_us)?;
     Ok(npu_client::ConnectOptions {
         session_class,
         deadline,

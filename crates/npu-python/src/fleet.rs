@@ -3,7 +3,7 @@
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
-use crate::client::Client;
+use crate::client::{Client, class_and_deadline};
 use crate::runtime::{pid, start, wait};
 
 /// Sessions spread over several npud hosts (npu-client's `Fleet`).
@@ -41,18 +41,33 @@ impl Fleet {
         self.fleet.spec().to_string()
     }
 
-    /// Opens a session on the least loaded healthy host.
-    fn open(&self, py: Python<'_>) -> PyResult<Client> {
+    /// Opens a session of class `session_class` (and `deadline_us`) on the least loaded
+    /// healthy host.
+    #[pyo3(signature = (*, session_class="batch", deadline_us=None))]
+    fn open(
+        &self,
+        py: Python<'_>,
+        session_class: &str,
+        deadline_us: Option<i64>,
+    ) -> PyResult<Client> {
         let f = self.get()?;
-        let client = wait(py, async move { f.open().await })?;
+        let (class, deadline) = class_and_deadline(session_class, deadline_us)?;
+        let client = wait(py, async move { f.open_as(class, deadline).await })?;
         Ok(Client { client, pid: pid() })
     }
 
-    fn open_start(&self, callback: Py<PyAny>) -> PyResult<()> {
+    #[pyo3(signature = (callback, *, session_class="batch", deadline_us=None))]
+    fn open_start(
+        &self,
+        callback: Py<PyAny>,
+        session_class: &str,
+        deadline_us: Option<i64>,
+    ) -> PyResult<()> {
         let f = self.get()?;
+        let (class, deadline) = class_and_deadline(session_class, deadline_us)?;
         start(
             async move {
-                let client = f.open().await?;
+                let client = f.open_as(class, deadline).await?;
                 Ok(Client { client, pid: pid() })
             },
             callback,

@@ -46,3 +46,28 @@ def test_no_healthy_host_names_each(tmp_path):
     text = str(e.value)
     assert "a.sock: down (" in text and "b.sock: down (" in text, text
     assert isinstance(e.value, npud.ConnectError)
+
+
+def test_a_fleet_opens_interactive_sessions_and_refuses_a_bad_class_before_sending(two):
+    import asyncio
+
+    fleet = npud.Fleet(",".join(d.address for d in two))
+    with fleet.open(session_class="interactive", deadline_us=3000) as c:
+        assert (c.session_class, c.deadline_us) == ("interactive", 3000)
+        mine = [s for s in c.statistics()["sessions"] if s["session_id"] == c.session_id]
+        assert [(s["session_class"], s["deadline_us"]) for s in mine] == [("interactive", 3000)]
+
+    async def main():
+        c = await fleet.open_async(session_class="interactive")
+        try:
+            return c.session_class
+        finally:
+            c.close()
+
+    assert asyncio.run(main()) == "interactive"
+    with fleet.open() as c:
+        assert c.session_class == "batch"
+    with pytest.raises(ValueError, match="urgent"):
+        fleet.open(session_class="urgent")
+    with pytest.raises(ValueError, match="deadline_us=-1"):
+        fleet.open(session_class="interactive", deadline_us=-1)

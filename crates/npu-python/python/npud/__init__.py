@@ -734,17 +734,23 @@ class Fleet:
     def spec(self) -> str:
         return self._f.spec
 
-    def open(self) -> Client:
-        """A session on the least loaded healthy host.
+    def open(self, *, session_class: str = "batch", deadline_us: int | None = None) -> Client:
+        """A session on the least loaded healthy host, of class ``session_class`` (``"batch"``
+        or ``"interactive"``, with ``deadline_us`` as :class:`Client` takes them).
 
         Raises:
-            NoHealthyHost: no host takes sessions; the message lists each host and why.
+            ValueError: an unknown class or a negative deadline, before anything is sent.
+            NoHealthyHost: no host takes the session; the message lists each host and why (a
+                host whose policy refuses the class among them).
         """
-        return Client(_native=self._f.open())
+        return Client(_native=self._f.open(session_class=session_class, deadline_us=deadline_us))
 
-    async def open_async(self) -> Client:
+    async def open_async(self, *, session_class: str = "batch",
+                         deadline_us: int | None = None) -> Client:
         """:meth:`open` without blocking the event loop."""
-        return Client(_native=await _future(self._f.open_start))
+        return Client(_native=await _future(
+            lambda cb: self._f.open_start(cb, session_class=session_class,
+                                          deadline_us=deadline_us)))
 
     def refresh(self) -> None:
         """Probes every host now (down ones too) and resolves a DNS name again."""
