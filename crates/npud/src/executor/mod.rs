@@ -211,6 +211,13 @@ pub enum Command {
     AttachIntake(Box<dyn Intake>),
     /// A ring's client rang while the executor may be blocked: poll the rings.
     Nudge,
+    /// What each of `sessions` has been charged in the fair turns, ns (tests read the charges
+    /// the device's time was booked to).
+    #[cfg(test)]
+    Charges {
+        sessions: Vec<u64>,
+        reply: oneshot::Sender<Vec<u64>>,
+    },
     /// Finish queued work, release the device, then reply.
     Shutdown {
         reply: oneshot::Sender<()>,

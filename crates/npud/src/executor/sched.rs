@@ -237,6 +237,12 @@ impl<T> FairTurns<T> {
         }
     }
 
+    /// What `session` has been charged (its virtual time), ns; 0 when nothing.
+    #[cfg(test)]
+    pub fn charged(&self, session: u64) -> u64 {
+        self.charged.get(&session).copied().unwrap_or(0)
+    }
+
     /// Drops the charges of idle sessions that no longer matter: a session starts waiting
     /// charged at least the current virtual time anyway.
     fn prune(&mut self) {

@@ -967,6 +967,99 @@ fn a_fault_after_a_completed_dispatch_in_a_merged_batch_stops_the_batch_there() 
     shutdown(exec);
 }
 
+/// On the timing model, a device fault's time is the faulting session's: its own doorbell
+/// (its fresh program's context build, 35 ms, and the fault) and what the re-created queue's
+/// first doorbell, rung in others' turn, takes beyond its estimate (the context rebuilt, 35 ms
+/// more). The two sessions whose batch rang after the fault are charged only their own first
+/// doorbell's share.
+#[test]
+fn a_fault_and_the_queues_rebuild_after_it_are_charged_to_the_faulting_session() {
+    const MS: u64 = 1_000_000;
+    let mut f = fixture_with(Config {
+        emulator: crate::config::EmulatorConfig {
+            timing: "model".into(),
+            ..crate::config::EmulatorConfig::default()
+        },
+        limits: crate::config::Limits {
+            fault_budget: 10,
+            ..crate::config::Limits::default()
+        },
+        ..Config::default()
+    });
+    let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
+    assert_eq!(
+        f.register(B, &EmuDesign::vector_scalar_add(1024, DType::I32, 1))
+            .id,
+        add.id
+    );
+    // A program of A and B that is not loaded at their first turn, so that their second
+    // dispatches do not join the first batch.
+    let later = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 2));
+    assert_eq!(
+        f.register(B, &EmuDesign::vector_scalar_add(1024, DType::I32, 2))
+            .id,
+        later.id
+    );
+    let fault = f.register(C, &EmuDesign::fault(4096));
+    let allocations = [
+        f.allocate(A, 4096),
+        f.allocate(A, 4096),
+        f.allocate(B, 4096),
+        f.allocate(B, 4096),
+        f.allocate(C, 4096),
+        f.allocate(C, 4096),
+    ];
+    // A's first turn rings A and B together, building the queue's context; C's turn rings its
+    // fault alone (A and B, charged half a context build each, are too far ahead to join it);
+    // A's next turn rings A and B again, on the re-created queue, which builds the context
+    // again.
+    let rxs = vec![
+        f.work(A, vec![(add.clone(), [1, 2])]),
+        f.work(B, vec![(add, [3, 4])]),
+        f.work_as(C, 1001, vec![(fault, [5, 6])]),
+        f.work(A, vec![(later.clone(), [1, 2])]),
+        f.work(B, vec![(later, [3, 4])]),
+    ];
+    let exec = f.serve();
+    for r in allocations {
+        r.blocking_recv().unwrap().unwrap();
+    }
+    let done = answers(rxs);
+    let shapes = shapes(&done);
+    // A and B ring together twice, in one doorbell each time.
+    for pair in [&shapes[..2], &shapes[3..]] {
+        assert!(
+            pair.iter().all(|(_, c, e)| (*c, *e) == (1, None)),
+            "{shapes:?}"
+        );
+        assert_eq!(pair[0].0 + pair[1].0, 1, "{shapes:?}");
+    }
+    assert_eq!(
+        (shapes[2].1, shapes[2].2),
+        (0, Some("INTERNAL")),
+        "{shapes:?}"
+    );
+    let (reply, rx) = oneshot::channel();
+    f.queue(Command::Charges {
+        sessions: vec![A, B, C],
+        reply,
+    });
+    let charged = rx.blocking_recv().unwrap();
+    let [a, b, c] = charged[..] else {
+        panic!("{charged:?}")
+    };
+    // Two context builds: the fault's own and the rebuild after it.
+    assert!(c >= 65 * MS, "the faulting session was charged {c} ns");
+    // Half of the first context build each, and nothing of the rebuild.
+    for (who, x) in [("A", a), ("B", b)] {
+        assert!(
+            (15 * MS..30 * MS).contains(&x),
+            "{who} was charged {x} ns (C {c} ns)"
+        );
+    }
+    shutdown(exec);
+}
+
 /// A dispatch refused by its own checks (here its deadline passed in the queue) ends the
 /// batch and is answered at its turn, after the ones before it and before the ones after it.
 #[test]

@@ -382,6 +382,10 @@ impl Worker {
                 }
             }
             Command::Nudge => self.nudged.store(false, Ordering::Release),
+            #[cfg(test)]
+            Command::Charges { sessions, reply } => {
+                let _ = reply.send(sessions.iter().map(|s| self.rr.charged(*s)).collect());
+            }
             Command::Shutdown { reply } => {
                 // Handled by the loop; answering here keeps the match total.
                 let _ = reply.send(());
