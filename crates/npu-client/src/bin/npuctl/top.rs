@@ -475,22 +475,24 @@ pub async fn run(a: &Args, addr: Option<&str>) -> crate::CmdResult {
 mod tests {
     use super::*;
 
-    fn stats(dispatched: u64, queue_ns: u64) -> pb::Statistics {
-        let d = pb::DispatchStatistics {
-            success: Some(pb::Duration {
+    /// `dispatched` successful dispatches that waited `queue_ns` and ran `device_ns` in all.
+    fn dispatches(dispatched: u64, queue_ns: u64, device_ns: u64) -> pb::DispatchStatistics {
+        let d = |ns| {
+            Some(pb::Duration {
                 count: dispatched,
-                ns: 0,
-            }),
-            queue: Some(pb::Duration {
-                count: dispatched,
-                ns: queue_ns,
-            }),
-            execute: Some(pb::Duration {
-                count: dispatched,
-                ns: queue_ns / 2,
-            }),
-            ..Default::default()
+                ns,
+            })
         };
+        pb::DispatchStatistics {
+            success: d(0),
+            queue: d(queue_ns),
+            execute: d(device_ns),
+            ..Default::default()
+        }
+    }
+
+    fn stats(dispatched: u64, queue_ns: u64) -> pb::Statistics {
+        let d = dispatches(dispatched, queue_ns, queue_ns / 2);
         pb::Statistics {
             sessions: vec![pb::SessionStatistics {
                 session_id: 7,
@@ -549,21 +551,7 @@ mod tests {
         pb::ClassStatistics {
             session_class: class.into(),
             open_sessions: open,
-            dispatches: Some(pb::DispatchStatistics {
-                success: Some(pb::Duration {
-                    count: dispatched,
-                    ns: 0,
-                }),
-                queue: Some(pb::Duration {
-                    count: dispatched,
-                    ns: queue_ns,
-                }),
-                execute: Some(pb::Duration {
-                    count: dispatched,
-                    ns: device_ns,
-                }),
-                ..Default::default()
-            }),
+            dispatches: Some(dispatches(dispatched, queue_ns, device_ns)),
             deadline_missed: missed,
         }
     }
