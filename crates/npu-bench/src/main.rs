@@ -33,9 +33,9 @@ struct Cli {
     iterations: Option<usize>,
     /// Only these sections (comma-separated): floors, inproc, tcp, chains, pipelined, sizes,
     /// clients, stalls, memory, cpu, profiles, tls (row 13), fastpath (rows 15), device (rows 16),
-    /// faults (row 16: healthy sessions beside a faulting one), rss (row 14: memory around a
-    /// quota-sized queue of chains; only when named). Row 3 always runs. Ratios need the rows
-    /// they name.
+    /// faults (row 16: healthy sessions beside a faulting one), priorities (rows 16: an
+    /// interactive session beside batch ones), rss (row 14: memory around a quota-sized queue of
+    /// chains; only when named). Row 3 always runs. Ratios need the rows they name.
     #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(npu_bench::run::SECTIONS))]
     only: Vec<String>,
     /// Emulator profiles to compare side by side in rows 11 (comma-separated; default
