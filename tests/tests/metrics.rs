@@ -285,10 +285,7 @@ async fn counters_and_histograms_move_by_exactly_the_work_done() {
     }
     assert!(delta("npud_device_time_seconds_sum", &[]) > 0.0);
     // The same observations by class: every one batch.
-    for h in [
-        "npud_class_queue_time_seconds",
-        "npud_class_device_time_seconds",
-    ] {
+    for h in ["npud_queue_time_seconds", "npud_device_time_seconds"] {
         assert_eq!(
             delta(&format!("{h}_count"), &[("class", "batch")]),
             DISPATCHES as f64 + 2.0,

@@ -200,17 +200,16 @@ async fn every_transport_counts_an_interactive_sessions_work_as_interactive() {
     let text = tokio::task::spawn_blocking(move || scrape(&addr))
         .await
         .unwrap();
+    // Both kinds' series of the class (dispatch and chain), summed.
     let count = |class: &str| {
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix(&format!(
-                    "npud_class_device_time_seconds_count{{class=\"{class}\"}} "
-                ))
-            })
-            .unwrap_or_else(|| panic!("no {class} device time in\n{text}"))
-            .trim()
-            .parse::<u64>()
-            .unwrap()
+        let label = format!("class=\"{class}\"");
+        let series: Vec<u64> = text
+            .lines()
+            .filter(|l| l.starts_with("npud_device_time_seconds_count{") && l.contains(&label))
+            .map(|l| l.rsplit(' ').next().unwrap().trim().parse::<u64>().unwrap())
+            .collect();
+        assert_eq!(series.len(), 2, "{class}'s two kinds in\n{text}");
+        series.iter().sum::<u64>()
     };
     // A chain is one observation.
     assert_eq!((count("interactive"), count("batch")), (1 + 1 + 2 + 4, 0));

@@ -69,18 +69,14 @@ struct ProgramOutcome {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct KindLabel {
-    kind: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct KindCode {
     kind: &'static str,
     code: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ClassLabel {
+struct KindClass {
+    kind: &'static str,
     class: &'static str,
 }
 
@@ -140,8 +136,8 @@ pub struct Metrics {
     dispatches: Family<ProgramOutcome, Counter>,
     chain_links: Family<ProgramOutcome, Counter>,
     refused: Family<KindCode, Counter>,
-    queue_time: Family<KindLabel, Histogram, fn() -> Histogram>,
-    device_time: Family<KindLabel, Histogram, fn() -> Histogram>,
+    queue_time: Family<KindClass, Histogram, fn() -> Histogram>,
+    device_time: Family<KindClass, Histogram, fn() -> Histogram>,
     rpcs: Family<MethodLabel, Counter>,
     rpc_errors: Family<MethodCode, Counter>,
     fd_exchanges: Family<OpStatus, Counter>,
@@ -150,12 +146,10 @@ pub struct Metrics {
     /// The counter of each (kind, program id, outcome) counted lately: a finished dispatch
     /// costs one lookup, not a label's and a family's (a `Counter` shares its value).
     counters: Mutex<crate::IdMap<(Kind, u64, &'static str), Counter>>,
-    /// (queue, device) time histograms of each kind, in [`Kind`] order.
-    times: [(Histogram, Histogram); 2],
-    class_queue_time: Family<ClassLabel, Histogram, fn() -> Histogram>,
-    class_device_time: Family<ClassLabel, Histogram, fn() -> Histogram>,
-    /// (queue, device) time histograms of each session class, in [`Class::ALL`] order.
-    class_times: [(Histogram, Histogram); 2],
+    /// (queue, device) time histograms of each kind, in [`Kind`] order, and of each session
+    /// class, in [`Class::ALL`] order: one pair of observations a finished item, its class a
+    /// label of the same histograms.
+    times: [[(Histogram, Histogram); 2]; 2],
     methods: HashSet<Arc<str>>,
 }
 
@@ -166,32 +160,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Metrics {
     /// Counters with at most `max_program_labels` distinct program label values.
     pub fn new(max_program_labels: u32) -> Self {
-        let queue_time: Family<KindLabel, Histogram, fn() -> Histogram> =
+        let queue_time: Family<KindClass, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(time_histogram);
-        let device_time: Family<KindLabel, Histogram, fn() -> Histogram> =
+        let device_time: Family<KindClass, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(time_histogram);
-        // Both kinds from the start, so that quantile panels have series before any work.
+        // Every kind and class from the start, so that quantile panels have series before any
+        // work.
         let times = [Kind::Dispatch, Kind::Chain].map(|kind| {
-            let l = KindLabel {
-                kind: kind.as_str(),
-            };
-            (
-                queue_time.get_or_create(&l).clone(),
-                device_time.get_or_create(&l).clone(),
-            )
-        });
-        let class_queue_time: Family<ClassLabel, Histogram, fn() -> Histogram> =
-            Family::new_with_constructor(time_histogram);
-        let class_device_time: Family<ClassLabel, Histogram, fn() -> Histogram> =
-            Family::new_with_constructor(time_histogram);
-        let class_times = Class::ALL.map(|class| {
-            let l = ClassLabel {
-                class: class.as_str(),
-            };
-            (
-                class_queue_time.get_or_create(&l).clone(),
-                class_device_time.get_or_create(&l).clone(),
-            )
+            Class::ALL.map(|class| {
+                let l = KindClass {
+                    kind: kind.as_str(),
+                    class: class.as_str(),
+                };
+                (
+                    queue_time.get_or_create(&l).clone(),
+                    device_time.get_or_create(&l).clone(),
+                )
+            })
         });
         Self {
             dispatches: Family::default(),
@@ -206,9 +191,6 @@ impl Metrics {
             program_ids: Mutex::new(crate::IdMap::default()),
             counters: Mutex::new(crate::IdMap::default()),
             times,
-            class_queue_time,
-            class_device_time,
-            class_times,
             methods: rpc::api_methods(),
         }
     }
@@ -236,29 +218,17 @@ impl Metrics {
         );
         registry.register_with_unit(
             "queue_time",
-            "Time from admission to the device starting a dispatch or chain",
+            "Time from admission to the device starting a dispatch or chain, by kind and the \
+             session's class (batch, interactive)",
             Unit::Seconds,
             self.queue_time.clone(),
         );
         registry.register_with_unit(
             "device_time",
-            "Time the device took for a dispatch or a whole chain",
+            "Time the device took for a dispatch or a whole chain, by kind and the session's \
+             class: a class's _sum over all classes' is its device share",
             Unit::Seconds,
             self.device_time.clone(),
-        );
-        registry.register_with_unit(
-            "class_queue_time",
-            "Time from admission to the device starting a dispatch or chain, by the session's \
-             class (batch, interactive)",
-            Unit::Seconds,
-            self.class_queue_time.clone(),
-        );
-        registry.register_with_unit(
-            "class_device_time",
-            "Time the device took for a dispatch or a whole chain, by the session's class: each \
-             class's _sum over all classes' is its device share",
-            Unit::Seconds,
-            self.class_device_time.clone(),
         );
         registry.register("rpcs", "gRPC calls answered, by method", self.rpcs.clone());
         registry.register(
@@ -329,10 +299,7 @@ impl Metrics {
             reason = "seconds as f64, as Prometheus has them"
         )]
         let secs = |ns: u64| ns as f64 / 1e9;
-        let (queue, device) = &self.times[kind as usize];
-        queue.observe(secs(queue_ns));
-        device.observe(secs(device_ns));
-        let (queue, device) = &self.class_times[class.index()];
+        let (queue, device) = &self.times[kind as usize][class.index()];
         queue.observe(secs(queue_ns));
         device.observe(secs(device_ns));
     }
