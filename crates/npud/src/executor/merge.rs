@@ -127,7 +127,10 @@ impl Worker {
                 else {
                     break;
                 };
-                this_round.push(s);
+                // A session alone in the queue fills the batch without a round a dispatch.
+                if !self.rr.alone(s) {
+                    this_round.push(s);
+                }
                 match self.prepare(next, false) {
                     Prep::Ready(r) => members.push((s, r)),
                     // Answered at its own turn, after the dispatches before it.
@@ -228,7 +231,8 @@ impl Worker {
         let session = members[0].0;
         let start = Instant::now();
         // Each member's session pays its share of the turn.
-        self.merged_charges = members.iter().map(|(s, _)| *s).collect();
+        self.merged_charges.clear();
+        self.merged_charges.extend(members.iter().map(|(s, _)| *s));
         for (_, r) in &mut members {
             if let Some(p) = r.progress.as_mut() {
                 p.queue_ns = Some(nanos(start.duration_since(r.item.admitted)));

@@ -167,15 +167,21 @@ impl Worker {
                     self.rr.charge(debtor, excess);
                     took -= excess;
                 }
-                let shared = std::mem::take(&mut self.merged_charges);
+                let mut shared = std::mem::take(&mut self.merged_charges);
                 if shared.is_empty() {
                     self.rr.charge(session, took);
                 } else {
+                    // One charge per session, however many of its dispatches the batch held.
                     let share = took / u32::try_from(shared.len()).unwrap_or(u32::MAX);
-                    for s in shared {
-                        self.rr.charge(s, share);
+                    shared.sort_unstable();
+                    for run in shared.chunk_by(|a, b| a == b) {
+                        self.rr
+                            .charge(run[0], share * u32::try_from(run.len()).unwrap_or(u32::MAX));
                     }
+                    shared.clear();
                 }
+                // Kept, with its room, for the next merged batch.
+                self.merged_charges = shared;
                 self.suspended = left.map(|job| (session, job));
                 continue;
             }
