@@ -66,13 +66,18 @@ fn fixture_with(cfg: Config) -> Fixture {
 
 /// A fixture whose identities may fault the device `budget` times.
 fn with_fault_budget(budget: u32) -> Fixture {
-    fixture_with(Config {
+    fixture_with(fault_budget(budget))
+}
+
+/// The configuration of [`with_fault_budget`].
+fn fault_budget(budget: u32) -> Config {
+    Config {
         limits: crate::config::Limits {
             fault_budget: budget,
             ..crate::config::Limits::default()
         },
         ..Config::default()
-    })
+    }
 }
 
 impl Fixture {
@@ -92,6 +97,16 @@ impl Fixture {
             reply,
         });
         rx
+    }
+
+    /// Two tensors of 4 KiB for each of `sessions`, in order (ids 1 and 2 for the first, 3
+    /// and 4 for the second, ...).
+    fn two_tensors_each(&self, sessions: &[u64]) -> Vec<oneshot::Receiver<Result<u64, NpudError>>> {
+        sessions
+            .iter()
+            .flat_map(|&s| [s, s])
+            .map(|s| self.allocate(s, 4096))
+            .collect()
     }
 
     fn register(&self, session: u64, d: &EmuDesign) -> Arc<Program> {
@@ -471,14 +486,7 @@ fn a_chain_of_programs_not_yet_loaded_loads_one_a_turn_and_others_run_between() 
         .collect();
     let add = f.register(B, &EmuDesign::vector_scalar_add(1024, DType::I32, 100));
     let hang = f.register(C, &EmuDesign::hang(4096));
-    let allocations = [
-        f.allocate(A, 4096),
-        f.allocate(A, 4096),
-        f.allocate(B, 4096),
-        f.allocate(B, 4096),
-        f.allocate(C, 4096),
-        f.allocate(C, 4096),
-    ];
+    let allocations = f.two_tensors_each(&[A, B, C]);
     let mut chain = f.work(A, programs.iter().map(|p| (p.clone(), [1, 2])).collect());
     let dispatch = f.work(B, vec![(add, [3, 4])]);
     // C's turn after B's holds the device for the emulator's timeout (2 s), so that the check
@@ -510,14 +518,7 @@ fn a_long_chain_is_checked_a_slice_a_turn_and_a_bad_last_link_refuses_it_whole()
     let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
     let other = f.register(B, &EmuDesign::vector_scalar_add(1024, DType::I32, 2));
     let hang = f.register(C, &EmuDesign::hang(4096));
-    let allocations = [
-        f.allocate(A, 4096),
-        f.allocate(A, 4096),
-        f.allocate(B, 4096),
-        f.allocate(B, 4096),
-        f.allocate(C, 4096),
-        f.allocate(C, 4096),
-    ];
+    let allocations = f.two_tensors_each(&[A, B, C]);
     // The last link names B's tensor, which A cannot use.
     let mut links = vec![(add.clone(), [1, 2]); 1024];
     links[1023] = (add, [1, 3]);
@@ -571,12 +572,7 @@ fn loads_evict_in_the_loading_sessions_turns_and_never_the_loading_items_program
     let mine: Vec<Arc<Program>> = (1..=8)
         .map(|k| f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, k)))
         .collect();
-    let allocations = [
-        f.allocate(A, 4096),
-        f.allocate(A, 4096),
-        f.allocate(B, 4096),
-        f.allocate(B, 4096),
-    ];
+    let allocations = f.two_tensors_each(&[A, B]);
     let first = f.work(B, others.iter().map(|p| (p.clone(), [3, 4])).collect());
     let chain = f.work(A, mine.iter().map(|p| (p.clone(), [1, 2])).collect());
     let exec = f.serve();
@@ -779,12 +775,7 @@ fn three_of_a_and_one_of_b(mut f: Fixture) -> (Vec<Answer>, Answer, Executor) {
     let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
     let other = f.register(B, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
     assert_eq!(add.id, other.id);
-    let allocations = [
-        f.allocate(A, 4096),
-        f.allocate(A, 4096),
-        f.allocate(B, 4096),
-        f.allocate(B, 4096),
-    ];
+    let allocations = f.two_tensors_each(&[A, B]);
     let a: Vec<Answer> = (0..3)
         .map(|_| f.work(A, vec![(add.clone(), [1, 2])]))
         .collect();
@@ -980,11 +971,7 @@ fn a_fault_and_the_queues_rebuild_after_it_are_charged_to_the_faulting_session()
             timing: "model".into(),
             ..crate::config::EmulatorConfig::default()
         },
-        limits: crate::config::Limits {
-            fault_budget: 10,
-            ..crate::config::Limits::default()
-        },
-        ..Config::default()
+        ..fault_budget(10)
     });
     let add = f.register(A, &EmuDesign::vector_scalar_add(1024, DType::I32, 1));
     assert_eq!(
@@ -1001,14 +988,7 @@ fn a_fault_and_the_queues_rebuild_after_it_are_charged_to_the_faulting_session()
         later.id
     );
     let fault = f.register(C, &EmuDesign::fault(4096));
-    let allocations = [
-        f.allocate(A, 4096),
-        f.allocate(A, 4096),
-        f.allocate(B, 4096),
-        f.allocate(B, 4096),
-        f.allocate(C, 4096),
-        f.allocate(C, 4096),
-    ];
+    let allocations = f.two_tensors_each(&[A, B, C]);
     // A's first turn rings A and B together, building the queue's context; C's turn rings its
     // fault alone (A and B, charged half a context build each, are too far ahead to join it);
     // A's next turn rings A and B again, on the re-created queue, which builds the context
