@@ -978,7 +978,7 @@ impl Session {
         Ok(self
             .client
             .get_statistics(with_identity_token(
-                pb::GetStatisticsRequest {},
+                pb::GetStatisticsRequest::default(),
                 self.identity_token.as_deref(),
             ))
             .await?

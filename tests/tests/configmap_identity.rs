@@ -342,7 +342,7 @@ async fn without_its_token_a_caller_gets_device_info_and_health_only_and_no_uid_
             }))
             .await
             .map(drop),
-            c.get_statistics(tonic::Request::new(pb::GetStatisticsRequest {}))
+            c.get_statistics(tonic::Request::new(pb::GetStatisticsRequest::default()))
                 .await
                 .map(drop),
             c.list_programs(tonic::Request::new(pb::ListProgramsRequest::default()))

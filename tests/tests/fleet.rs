@@ -50,11 +50,14 @@ async fn fleet(daemons: &[&Daemon]) -> Fleet {
 /// The daemon's own statistics.
 async fn stats(d: &Daemon) -> pb::Statistics {
     let mut c = d.connect().await;
-    tokio::time::timeout(PATIENCE, c.get_statistics(pb::GetStatisticsRequest {}))
-        .await
-        .expect("statistics within the bound")
-        .unwrap()
-        .into_inner()
+    tokio::time::timeout(
+        PATIENCE,
+        c.get_statistics(pb::GetStatisticsRequest::default()),
+    )
+    .await
+    .expect("statistics within the bound")
+    .unwrap()
+    .into_inner()
 }
 
 /// Sessions open on the daemon, by its own count (and its list agrees).

@@ -208,11 +208,14 @@ fn count(addrs: &[String], addr: &str) -> usize {
 /// session is listed).
 async fn daemon_counts(d: &Daemon) -> Vec<(u64, u64)> {
     let mut c = d.connect().await;
-    let s = tokio::time::timeout(PATIENCE, c.get_statistics(pb::GetStatisticsRequest {}))
-        .await
-        .expect("statistics within the bound")
-        .expect("statistics")
-        .into_inner();
+    let s = tokio::time::timeout(
+        PATIENCE,
+        c.get_statistics(pb::GetStatisticsRequest::default()),
+    )
+    .await
+    .expect("statistics within the bound")
+    .expect("statistics")
+    .into_inner();
     s.sessions
         .iter()
         .map(|x| {

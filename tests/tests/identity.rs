@@ -61,7 +61,7 @@ async fn non_admins_see_only_their_own_sessions_programs() {
             .collect::<Vec<_>>()
     };
     let list = stranger
-        .list_programs(as_stranger(pb::ListProgramsRequest {}))
+        .list_programs(as_stranger(pb::ListProgramsRequest::default()))
         .await
         .unwrap()
         .into_inner();
@@ -74,7 +74,7 @@ async fn non_admins_see_only_their_own_sessions_programs() {
         .await
         .unwrap();
     let list = stranger
-        .list_programs(as_stranger(pb::ListProgramsRequest {}))
+        .list_programs(as_stranger(pb::ListProgramsRequest::default()))
         .await
         .unwrap()
         .into_inner();

@@ -653,7 +653,7 @@ async fn a_client_waiting_for_a_free_slot_sleeps() {
     let mut stats = d.connect().await;
     let mut pending = async || {
         stats
-            .get_statistics(pb::GetStatisticsRequest {})
+            .get_statistics(pb::GetStatisticsRequest::default())
             .await
             .unwrap()
             .into_inner()

@@ -81,7 +81,7 @@ async fn another_sessions_handles_are_not_found_probe() {
     a.dispatch(pa, &[ta.id, ta2.id]).await.unwrap();
     let listed = b
         .client
-        .list_programs(b.req(pb::ListProgramsRequest {}))
+        .list_programs(b.req(pb::ListProgramsRequest::default()))
         .await
         .unwrap()
         .into_inner();
@@ -288,7 +288,7 @@ async fn a_session_resumes_on_a_new_connection_within_the_grace_period() {
         .into_inner();
     assert_eq!(info.size_bytes, BYTES);
     let st = client
-        .get_statistics(pb::GetStatisticsRequest {})
+        .get_statistics(pb::GetStatisticsRequest::default())
         .await
         .unwrap()
         .into_inner();

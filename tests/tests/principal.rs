@@ -278,7 +278,7 @@ async fn one_process_with_every_credential_has_one_principals_fault_budget() {
         );
         // The daemon counted no more than that.
         let stats = NpudClient::new(d.channel().await)
-            .get_statistics(pb::GetStatisticsRequest {})
+            .get_statistics(pb::GetStatisticsRequest::default())
             .await
             .unwrap()
             .into_inner();

@@ -291,7 +291,7 @@ async fn a_connection_without_a_session_or_a_call_is_closed_even_while_it_pings(
     let stats = d
         .connect()
         .await
-        .get_statistics(pb::GetStatisticsRequest {})
+        .get_statistics(pb::GetStatisticsRequest::default())
         .await
         .unwrap()
         .into_inner();

@@ -268,7 +268,7 @@ async fn mtls_identities_rules_quotas_admins_and_sessions_bound_to_their_identit
             "cert:cn:client-b is refused by rule \"no-b\" (auth.rules)"
         );
         let e = NpudClient::new(cb)
-            .get_statistics(pb::GetStatisticsRequest {})
+            .get_statistics(pb::GetStatisticsRequest::default())
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
@@ -788,7 +788,7 @@ async fn token_files_are_identities_until_removed_with_their_rules_quotas() {
         );
         let token_stats = raw
             .get_statistics(with_token(
-                tonic::Request::new(pb::GetStatisticsRequest {}),
+                tonic::Request::new(pb::GetStatisticsRequest::default()),
                 secret,
             ))
             .await

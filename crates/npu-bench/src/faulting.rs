@@ -343,7 +343,7 @@ async fn faults_of(s: &Session, sessions: &[u64]) -> Result<Vec<u64>> {
     let mut s = s.clone();
     let st = s
         .client
-        .get_statistics(s.req(pb::GetStatisticsRequest {}))
+        .get_statistics(s.req(pb::GetStatisticsRequest::default()))
         .await?
         .into_inner();
     sessions

@@ -156,7 +156,7 @@ fn lower_this_thread() {
 pub(crate) async fn device_time(s: &mut Session) -> Result<[Duration; 2]> {
     let stats = s
         .client
-        .get_statistics(s.req(pb::GetStatisticsRequest {}))
+        .get_statistics(s.req(pb::GetStatisticsRequest::default()))
         .await?
         .into_inner();
     let mut t = [Duration::ZERO; 2];

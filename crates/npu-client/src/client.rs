@@ -9,7 +9,7 @@ use crate::ClientError;
 use crate::class::SessionClass;
 use crate::connect::{Address, ConnectOptions};
 use crate::program::{Program, ProgramInfo};
-use crate::session::Inner;
+use crate::session::{Inner, Rpc};
 use crate::tensor::{Element, Tensor};
 
 /// A connection to npud with an open session. Cheap to clone (clones share the session).
@@ -129,13 +129,7 @@ impl Client {
     ///
     /// [`ClientError::SessionLost`], a transport error or timeout.
     pub async fn programs(&self) -> Result<Vec<pb::ProgramListing>, ClientError> {
-        self.inner
-            .call("ListPrograms", |mut c| async move {
-                c.list_programs(pb::ListProgramsRequest {})
-                    .await
-                    .map(|r| r.into_inner().programs)
-            })
-            .await
+        Ok(listing(&self.inner, false).await?.programs)
     }
 
     /// Registers a program in this session (once: later calls return the first answer).
@@ -333,13 +327,7 @@ impl Operator {
     ///
     /// A transport error or timeout.
     pub async fn program_listing(&self) -> Result<pb::ListProgramsResponse, ClientError> {
-        self.inner
-            .call_anonymous("ListPrograms", |mut c| async move {
-                c.list_programs(pb::ListProgramsRequest {})
-                    .await
-                    .map(tonic::Response::into_inner)
-            })
-            .await
+        listing(&self.inner, true).await
     }
 
     /// Removes the quarantine record of the program whose content hash is `content_hash`, so
@@ -378,12 +366,60 @@ async fn device_info(inner: &Inner) -> Result<pb::DeviceInfo, ClientError> {
         .await
 }
 
+/// Every page of a program listing (the daemon answers a page of programs a call), as one
+/// answer: the session's programs, or the session-less view (`anonymous`).
+async fn listing(inner: &Inner, anonymous: bool) -> Result<pb::ListProgramsResponse, ClientError> {
+    let mut whole = pb::ListProgramsResponse::default();
+    let mut after = 0;
+    loop {
+        let call = |mut c: Rpc| async move {
+            c.list_programs(pb::ListProgramsRequest {
+                after_program_id: after,
+                max_programs: 0,
+            })
+            .await
+            .map(tonic::Response::into_inner)
+        };
+        let page = if anonymous {
+            inner.call_anonymous("ListPrograms", call).await?
+        } else {
+            inner.call("ListPrograms", call).await?
+        };
+        whole.programs.extend(page.programs);
+        whole.quarantine.extend(page.quarantine);
+        match next_page(after, page.next_after_program_id) {
+            Some(next) => after = next,
+            None => return Ok(whole),
+        }
+    }
+}
+
+/// The statistics with every page of their programs.
 async fn statistics(inner: &Inner) -> Result<pb::Statistics, ClientError> {
-    inner
-        .call_anonymous("GetStatistics", |mut c| async move {
-            c.get_statistics(pb::GetStatisticsRequest {})
-                .await
-                .map(tonic::Response::into_inner)
+    let page = |after: u64| {
+        inner.call_anonymous("GetStatistics", move |mut c| async move {
+            c.get_statistics(pb::GetStatisticsRequest {
+                programs_after: after,
+                max_programs: 0,
+            })
+            .await
+            .map(tonic::Response::into_inner)
         })
-        .await
+    };
+    let mut whole = page(0).await?;
+    let mut after = 0;
+    while let Some(next) = next_page(after, whole.next_programs_after) {
+        let more = page(next).await?;
+        whole.programs.extend(more.programs);
+        whole.next_programs_after = more.next_programs_after;
+        after = next;
+    }
+    whole.next_programs_after = 0;
+    Ok(whole)
+}
+
+/// Where the page after the one that started after `after` starts, if one follows. A cursor
+/// that does not move forward ends the walk rather than asking for the same page forever.
+fn next_page(after: u64, next: u64) -> Option<u64> {
+    (next > after).then_some(next)
 }

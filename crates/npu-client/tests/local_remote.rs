@@ -328,3 +328,43 @@ async fn a_dispatch_abandoned_in_flight_leaves_its_shared_outputs_lent_and_its_i
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_longer_than_a_page_come_whole_from_the_client() {
+    // The daemon answers at most 256 programs a call; the client walks the pages.
+    const PROGRAMS: usize = 2 * 256 + 9;
+    let d = Daemon::start();
+    let client = Client::connect(Some(&d.unix())).await.expect("connect");
+    let g = client.generation();
+    let mut ids = Vec::new();
+    for k in 0..PROGRAMS {
+        let p = Program::emulated(&EmuDesign::vector_scalar_add(64, DType::I32, k as i64), g)
+            .expect("program");
+        ids.push(client.register(&p).await.expect("register").id);
+    }
+    ids.sort_unstable();
+    let listed: Vec<u64> = client
+        .programs()
+        .await
+        .expect("programs")
+        .iter()
+        .map(|p| p.program_id)
+        .collect();
+    assert_eq!(listed, ids, "every program once, in id order");
+    let counted: Vec<u64> = client
+        .statistics()
+        .await
+        .expect("statistics")
+        .programs
+        .iter()
+        .map(|p| p.program_id)
+        .collect();
+    assert_eq!(counted, ids);
+    let op = npu_client::Operator::connect(Some(&d.unix()))
+        .await
+        .expect("operator");
+    let all = op.program_listing().await.expect("listing");
+    assert_eq!(all.programs.len(), PROGRAMS);
+    assert_eq!(all.next_after_program_id, 0);
+    client.close().await.expect("close");
+}

@@ -76,18 +76,14 @@ async fn sessions_holding_all_the_programs_they_may_list_them_without_pause() {
                     let mut round = 0;
                     while started.elapsed() < FLOOD {
                         round += 1;
-                        let listed = s
-                            .client
-                            .list_programs(s.req(pb::ListProgramsRequest {}))
-                            .await
-                            .map(|r| r.into_inner().programs.len());
-                        let counted = s.statistics().await.map(|r| r.programs.len());
+                        let listed = every_listed(&mut s).await;
+                        let counted = every_counted(&mut s).await;
                         // One more, and bytes it holds already (costing nothing).
                         let more = s.register(&design(i * 10_000 + MOST + round)).await;
                         let again = s.register(&design(i * 10_000 + round % MOST)).await;
                         answers.push((
-                            listed.map_err(|e| (e.code(), e.message().to_owned())),
-                            counted.map_err(|e| (e.code(), e.message().to_owned())),
+                            listed,
+                            counted,
                             more.map(|_| ())
                                 .map_err(|e| (e.code(), e.message().to_owned())),
                             again
@@ -107,13 +103,14 @@ async fn sessions_holding_all_the_programs_they_may_list_them_without_pause() {
     };
     stand
         .attack(
-            "4 sessions at 1,024 programs each listing, counting and registering without pause",
+            "4 sessions at 1,024 programs each listing (every page, asking for all at once), \
+             counting and registering without pause",
             attack,
         )
         .await
         .expect(
-            "answers (listings of 1,024; one more RESOURCE_EXHAUSTED naming the limit; held \
-             bytes OK)",
+            "answers (listings of 1,024 in pages of at most 256; one more RESOURCE_EXHAUSTED \
+             naming the limit; held bytes OK)",
             |answers| {
                 for (listed, counted, more, again) in answers {
                     // The statistics hold every program the caller's identity may see (for an
@@ -134,4 +131,56 @@ async fn sessions_holding_all_the_programs_they_may_list_them_without_pause() {
             },
         )
         .finish();
+}
+
+/// The most programs one page of a listing holds (`Page::MAX` in npud).
+const PAGE: usize = 256;
+
+/// Every page of the session's listing, each asked for whole (`max_programs` at its largest):
+/// how many programs they held, or the first page that held more than [`PAGE`].
+async fn every_listed(s: &mut Session) -> Result<usize, (Code, String)> {
+    let (mut n, mut after) = (0, 0);
+    loop {
+        let page = s
+            .client
+            .list_programs(s.req(pb::ListProgramsRequest {
+                after_program_id: after,
+                max_programs: u32::MAX,
+            }))
+            .await
+            .map_err(|e| (e.code(), e.message().to_owned()))?
+            .into_inner();
+        if page.programs.len() > PAGE {
+            return Err((Code::Ok, format!("a page of {}", page.programs.len())));
+        }
+        n += page.programs.len();
+        if page.next_after_program_id == 0 {
+            return Ok(n);
+        }
+        after = page.next_after_program_id;
+    }
+}
+
+/// Every page of the statistics' programs, as [`every_listed`] walks a listing.
+async fn every_counted(s: &mut Session) -> Result<usize, (Code, String)> {
+    let (mut n, mut after) = (0, 0);
+    loop {
+        let page = s
+            .client
+            .get_statistics(s.req(pb::GetStatisticsRequest {
+                programs_after: after,
+                max_programs: u32::MAX,
+            }))
+            .await
+            .map_err(|e| (e.code(), e.message().to_owned()))?
+            .into_inner();
+        if page.programs.len() > PAGE {
+            return Err((Code::Ok, format!("a page of {}", page.programs.len())));
+        }
+        n += page.programs.len();
+        if page.next_programs_after == 0 {
+            return Ok(n);
+        }
+        after = page.next_programs_after;
+    }
 }

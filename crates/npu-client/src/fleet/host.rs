@@ -293,7 +293,12 @@ impl Host {
             opts,
             identity_header(&self.addr, opts).ok().flatten(),
         );
-        match tokio::time::timeout(limit, rpc.get_statistics(pb::GetStatisticsRequest {})).await {
+        // The probe reads the device-wide counters: the smallest page of programs will do.
+        let probe = pb::GetStatisticsRequest {
+            programs_after: 0,
+            max_programs: 1,
+        };
+        match tokio::time::timeout(limit, rpc.get_statistics(probe)).await {
             Ok(Ok(r)) => self.sampled(&r.into_inner(), opened_before),
             Ok(Err(st)) if is_transport(&st) => {
                 *slot = None;

@@ -103,19 +103,75 @@ impl Store {
         true
     }
 
-    /// The entries any of `sessions` references, in id order (every entry with `None`).
-    fn visible<'a>(&'a self, sessions: Option<&[u64]>) -> Vec<&'a Entry> {
-        match sessions {
-            None => self.entries.values().collect(),
+    /// One page of the entries any of `sessions` references (every entry with `None`), in id
+    /// order, and the id the next page starts after (0 when none follows). Its cost grows with
+    /// the page and the number of sessions, never with what the store holds.
+    fn visible<'a>(&'a self, sessions: Option<&[u64]>, page: Page) -> (Vec<&'a Entry>, u64) {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let above = (Excluded(page.after), Unbounded);
+        // One more than the page, to tell whether another page follows.
+        let want = page.max + 1;
+        let mut entries: Vec<&Entry> = match sessions {
+            None => self
+                .entries
+                .range(above)
+                .take(want)
+                .map(|(_, e)| e)
+                .collect(),
             Some(ss) => {
+                // The first `want` ids above `after` of each session hold the first `want` of
+                // their union.
                 let ids: std::collections::BTreeSet<u64> = ss
                     .iter()
                     .filter_map(|s| self.held.get(s))
-                    .flat_map(|h| h.ids.iter().copied())
+                    .flat_map(|h| h.ids.range(above).take(want).copied())
                     .collect();
-                ids.iter().filter_map(|id| self.entries.get(id)).collect()
+                ids.iter()
+                    .take(want)
+                    .filter_map(|id| self.entries.get(id))
+                    .collect()
             }
+        };
+        if entries.len() > page.max {
+            entries.truncate(page.max);
+            let next = entries.last().map_or(0, |e| e.program.id);
+            (entries, next)
+        } else {
+            (entries, 0)
         }
+    }
+}
+
+/// One page of a program listing: the programs with ids above `after`, at most `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Page {
+    pub after: u64,
+    pub max: usize,
+}
+
+impl Page {
+    /// The most programs one page holds. A page is built and encoded in one piece on the
+    /// thread that serves every gRPC call, so its size bounds how long one listing holds up
+    /// the others: 256 entries are some 50 KB of answer, where an admin's whole view (up to
+    /// `limits.max_sessions` x `limits.max_programs_per_session` programs) was megabytes.
+    pub const MAX: usize = 256;
+
+    /// The page a request asks for: `max` 0, or over [`Page::MAX`], is [`Page::MAX`].
+    pub fn asked(after: u64, max: u32) -> Page {
+        let max = usize::try_from(max).unwrap_or(Page::MAX);
+        Page {
+            after,
+            max: if max == 0 {
+                Page::MAX
+            } else {
+                max.min(Page::MAX)
+            },
+        }
+    }
+
+    /// Whether this is the first page.
+    pub fn first(&self) -> bool {
+        self.after == 0
     }
 }
 
@@ -676,10 +732,11 @@ impl Programs {
         }
     }
 
-    /// The stored programs that any of `sessions` references (`None`: every one, an admin's
-    /// view).
-    pub fn list(&self, sessions: Option<&[u64]>) -> Vec<pb::ProgramListing> {
-        self.seen(sessions, false)
+    /// A page of the stored programs that any of `sessions` references (`None`: every one, an
+    /// admin's view), and where the next page starts (0: none follows).
+    pub fn list(&self, sessions: Option<&[u64]>, page: Page) -> (Vec<pb::ProgramListing>, u64) {
+        let (seen, next) = self.seen(sessions, page, false);
+        let listed = seen
             .into_iter()
             .map(|v| pb::ProgramListing {
                 program_id: v.program.id,
@@ -690,12 +747,19 @@ impl Programs {
                 quarantined: v.quarantined,
                 summary: Some(v.program.summary.clone()),
             })
-            .collect()
+            .collect();
+        (listed, next)
     }
 
-    /// Statistics of the programs any of `sessions` references (`None`: every one).
-    pub fn statistics(&self, sessions: Option<&[u64]>) -> Vec<pb::ProgramStatistics> {
-        self.seen(sessions, true)
+    /// A page of the statistics of the programs any of `sessions` references (`None`: every
+    /// one), and where the next page starts (0: none follows).
+    pub fn statistics(
+        &self,
+        sessions: Option<&[u64]>,
+        page: Page,
+    ) -> (Vec<pb::ProgramStatistics>, u64) {
+        let (seen, next) = self.seen(sessions, page, true);
+        let listed = seen
             .into_iter()
             .map(|v| pb::ProgramStatistics {
                 program_id: v.program.id,
@@ -710,16 +774,18 @@ impl Programs {
                 kernel_name: v.program.summary.kernel_name.clone(),
                 kernel_kind: v.program.summary.kernel_kind.clone(),
             })
-            .collect()
+            .collect();
+        (listed, next)
     }
 
-    /// What a listing shows of the programs any of `sessions` references, copied out under
-    /// the lock (a reference and a few numbers each); the answer's strings are made after it
-    /// is let go, so a listing holds the lock the executor takes for every dispatch no
+    /// What a listing's page shows of the programs any of `sessions` references, copied out
+    /// under the lock (a reference and a few numbers each); the answer's strings are made after
+    /// it is let go, so a listing holds the lock the executor takes for every dispatch no
     /// longer than it takes to copy that.
-    fn seen(&self, sessions: Option<&[u64]>, with_stats: bool) -> Vec<Seen> {
+    fn seen(&self, sessions: Option<&[u64]>, page: Page, with_stats: bool) -> (Vec<Seen>, u64) {
         let g = self.lock();
-        g.visible(sessions)
+        let (entries, next) = g.visible(sessions, page);
+        let seen = entries
             .into_iter()
             .map(|e| Seen {
                 program: e.program.clone(),
@@ -729,7 +795,8 @@ impl Programs {
                 loads: e.loads,
                 stats: with_stats.then(|| e.stats.clone()),
             })
-            .collect()
+            .collect();
+        (seen, next)
     }
 
     /// Bytes of the distinct programs `session` references.
@@ -777,6 +844,12 @@ fn not_found(field: impl std::fmt::Display, id: u64) -> NpudError {
 
 #[cfg(test)]
 mod tests {
+    /// The first page, as a request that names none gets it.
+    const FIRST: Page = Page {
+        after: 0,
+        max: Page::MAX,
+    };
+
     use super::*;
     use npu_artifacts::emu::{DType, EmuDesign};
 
@@ -860,9 +933,9 @@ mod tests {
             .unwrap();
         assert_eq!((p.count_for(1), p.bytes_for(1)), (3, 3 * one));
         assert_eq!((p.count_for(2), p.bytes_for(2)), (2, 2 * one));
-        assert_eq!(p.list(Some(&[2])).len(), 2);
-        assert_eq!(p.list(Some(&[1, 2])).len(), 4);
-        assert_eq!(p.statistics(Some(&[1])).len(), 3);
+        assert_eq!(p.list(Some(&[2]), FIRST).0.len(), 2);
+        assert_eq!(p.list(Some(&[1, 2]), FIRST).0.len(), 4);
+        assert_eq!(p.statistics(Some(&[1]), FIRST).0.len(), 3);
         // Unregistering makes room.
         assert_eq!(p.unregister(1, ids[1]).unwrap(), Some(ids[1]));
         p.register(1, pdi4, insts4, String::new()).unwrap();
@@ -871,12 +944,70 @@ mod tests {
         let dropped = p.release_session(1);
         assert_eq!(dropped, vec![ids[2]]);
         assert_eq!((p.count_for(1), p.bytes_for(1)), (0, 0));
-        assert!(p.list(Some(&[1])).is_empty());
-        assert_eq!(p.list(None).len(), 2);
+        assert!(p.list(Some(&[1]), FIRST).0.is_empty());
+        assert_eq!(p.list(None, FIRST).0.len(), 2);
         assert_eq!(p.release_session(2).len(), 2);
-        assert!(p.list(None).is_empty());
+        assert!(p.list(None, FIRST).0.is_empty());
         assert_eq!(p.lock().total_bytes, 0);
         assert!(p.lock().held.is_empty());
+    }
+
+    #[test]
+    fn listings_come_in_pages_in_id_order_and_the_last_page_says_none_follows() {
+        let p = store();
+        // Session 1 holds programs 1..=5, session 2 holds 4..=7 (4 and 5 shared), session 3 none.
+        let ids: Vec<u64> = (1..=7)
+            .map(|k| {
+                let (pdi, insts) = vsa(k);
+                let s = if k <= 3 { 1 } else { 2 };
+                let id = p
+                    .register(s, pdi.clone(), insts.clone(), String::new())
+                    .unwrap();
+                if k == 4 || k == 5 {
+                    p.register(1, pdi, insts, String::new()).unwrap();
+                }
+                id.program.id
+            })
+            .collect();
+        let page = |after, max| Page::asked(after, max);
+        let walk = |sessions: Option<&[u64]>, max| {
+            let (mut seen, mut after, mut pages) = (Vec::new(), 0, 0);
+            loop {
+                let (got, next) = p.list(sessions, page(after, max));
+                assert!(
+                    got.len() <= max as usize,
+                    "{} over a page of {max}",
+                    got.len()
+                );
+                let stats = p.statistics(sessions, page(after, max));
+                assert_eq!(
+                    stats.0.iter().map(|s| s.program_id).collect::<Vec<_>>(),
+                    got.iter().map(|l| l.program_id).collect::<Vec<_>>()
+                );
+                assert_eq!(stats.1, next);
+                seen.extend(got.iter().map(|l| l.program_id));
+                pages += 1;
+                if next == 0 {
+                    return (seen, pages);
+                }
+                assert_eq!(Some(&next), seen.last(), "the cursor is the page's last id");
+                after = next;
+            }
+        };
+        assert_eq!(walk(None, 3), (ids.clone(), 3));
+        // A page that holds exactly the rest says that none follow.
+        assert_eq!(walk(None, 7), (ids.clone(), 1));
+        assert_eq!(walk(Some(&[1]), 2), (ids[..5].to_vec(), 3));
+        assert_eq!(walk(Some(&[2]), 2), (ids[3..].to_vec(), 2));
+        assert_eq!(walk(Some(&[1, 2, 3]), 2), (ids.clone(), 4));
+        assert_eq!(walk(Some(&[3]), 2), (vec![], 1));
+        // Past the last id, and from the largest cursor there is: empty, and no next page.
+        assert_eq!(p.list(None, page(ids[6], 2)).0.len(), 0);
+        assert_eq!(p.list(None, page(u64::MAX, 2)), (vec![], 0));
+        // 0 asks for a whole page; more than a page is a page.
+        assert_eq!(page(0, 0).max, Page::MAX);
+        assert_eq!(page(0, u32::MAX).max, Page::MAX);
+        assert_eq!(page(5, 10), Page { after: 5, max: 10 });
     }
 
     #[test]
@@ -890,12 +1021,12 @@ mod tests {
         assert!(a.newly_stored);
         assert!(!b.newly_stored);
         assert_eq!(a.program.id, b.program.id);
-        assert_eq!(p.list(None)[0].references, 2);
+        assert_eq!(p.list(None, FIRST).0[0].references, 2);
         assert_eq!(a.program.summary.min_arg_bytes, vec![4096, 4096]);
         assert_eq!(p.unregister(1, a.program.id).unwrap(), None);
         assert!(p.for_dispatch(1, a.program.id, "program_id").is_err());
         assert_eq!(p.release_session(2), vec![a.program.id]);
-        assert!(p.list(None).is_empty());
+        assert!(p.list(None, FIRST).0.is_empty());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::NpudService;
 use crate::error::NpudError;
 use crate::executor::Command;
 use crate::peer::ConnInfo;
-use crate::programs::record_proto;
+use crate::programs::{Page, record_proto};
 
 static PARSING: Semaphore = Semaphore::const_new(crate::bulk::PARSERS);
 
@@ -147,9 +147,17 @@ impl NpudService {
             Some(c) => Some(vec![c.session]),
             None => self.visible_sessions(&self.allowed(&req)?.0),
         };
+        let r = req.get_ref();
+        let page = Page::asked(r.after_program_id, r.max_programs);
+        let (programs, next_after_program_id) = self.state.programs.list(scope.as_deref(), page);
         Ok(pb::ListProgramsResponse {
-            programs: self.state.programs.list(scope.as_deref()),
-            quarantine: self.state.programs.quarantine_records(scope.as_deref()),
+            programs,
+            quarantine: if page.first() {
+                self.state.programs.quarantine_records(scope.as_deref())
+            } else {
+                Vec::new()
+            },
+            next_after_program_id,
         })
     }
 

@@ -6,10 +6,12 @@ use tonic::Request;
 
 use super::NpudService;
 use crate::error::NpudError;
+use crate::programs::Page;
 
 impl NpudService {
     /// Device-wide counters for any caller the policy allows; per-session and per-program
-    /// details of the caller's own sessions, or of all of them for an admin.
+    /// details of the caller's own sessions, or of all of them for an admin. Programs come a
+    /// page at a time ([`Page`]); a page after the first carries only programs.
     pub(super) async fn statistics(
         &self,
         req: Request<pb::GetStatisticsRequest>,
@@ -18,6 +20,16 @@ impl NpudService {
         let admin = self.state.policy.is_admin(&who);
         let scope = self.visible_sessions(&who);
         let s = &self.state;
+        let r = req.get_ref();
+        let page = Page::asked(r.programs_after, r.max_programs);
+        let (programs, next_programs_after) = s.programs.statistics(scope.as_deref(), page);
+        if !page.first() {
+            return Ok(pb::Statistics {
+                programs,
+                next_programs_after,
+                ..Default::default()
+            });
+        }
         let snap = s.exec.snapshot().await;
         let sessions = s
             .sessions
@@ -46,7 +58,8 @@ impl NpudService {
         let open_sessions = u32::try_from(s.sessions.count()).unwrap_or(u32::MAX);
         Ok(pb::Statistics {
             sessions,
-            programs: s.programs.statistics(scope.as_deref()),
+            programs,
+            next_programs_after,
             sessions_opened,
             sessions_ended,
             device_faults: s.exec.faults(),
