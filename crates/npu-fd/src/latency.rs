@@ -104,6 +104,16 @@ pub const EXECUTOR_CHANNEL_EVERY: u32 = 4;
 /// clients 30.1k, 31.4k dispatches/s polling against 33.1k, 35.4k not, on 2 cores).
 pub const EXECUTOR_SHARED: Duration = Duration::from_millis(2);
 
+/// The longest the executor runs turns back to back before it offers its CPU (`sched_yield`)
+/// to a thread waiting for that CPU. The executor's wake-ups land the gRPC I/O thread (which
+/// every caller shares) on the executor's CPU, and the kernel let that thread wait behind the
+/// executor for a whole scheduler slice: under four sessions' 1,024-link chains, 43 of its 54
+/// waits over 1 ms in 3 s (up to 5.7 ms, 375 ms in all against 340 ms of running) were behind
+/// the executor while the other CPU idled half the time (`perf sched timehist`, 2-vCPU VM,
+/// 6.18 kernel). A yield with nothing waiting returns at once; every 250 µs it is a system
+/// call per several turns.
+pub const EXECUTOR_YIELD_AFTER: Duration = Duration::from_micros(250);
+
 /// How long a gRPC handler whose item is the only one in the daemon polls (yielding) for its
 /// reply before it sleeps. The executor answers such an item in about 15 µs; a worker thread
 /// that slept must be woken by the executor thread (an eventfd or futex write, then a context

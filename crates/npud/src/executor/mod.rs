@@ -420,6 +420,7 @@ impl Executor {
                     loader: None,
                     turn: loads::TurnLoads::default(),
                     turn_started: Instant::now(),
+                    busy_since: None,
                     ports: ports::Ports::default(),
                     nudged: thread_nudged,
                 };

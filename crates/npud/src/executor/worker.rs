@@ -25,6 +25,9 @@ use crate::health::DeviceHealth;
 use crate::programs::Programs;
 use crate::state_dir::InFlight;
 
+// Tuned: `npu_fd::latency` says why it has its value and what measured it.
+const YIELD_AFTER: std::time::Duration = npu_fd::latency::EXECUTOR_YIELD_AFTER;
+
 /// The executor thread's state.
 #[derive(Debug)]
 pub(super) struct Worker {
@@ -71,6 +74,9 @@ pub(super) struct Worker {
     pub(super) turn: TurnLoads,
     /// When the current turn started.
     pub(super) turn_started: Instant,
+    /// When the executor last began running turns back to back (since it last waited for work
+    /// or offered its CPU): see [`Worker::offer_cpu`].
+    pub(super) busy_since: Option<Instant>,
     /// The dispatch rings this thread polls.
     pub(super) ports: Ports,
     /// Cleared when a [`Command::Nudge`] is taken.
@@ -119,6 +125,17 @@ impl Worker {
         }
     }
 
+    /// After turns back to back since `busy_since` up to `now`: once they have run
+    /// [`YIELD_AFTER`], offers the CPU to whatever thread waits for it (the gRPC I/O thread the
+    /// executor's own replies woke, most often) instead of holding it for the rest of a
+    /// scheduler slice. Returns at once when nothing waits.
+    fn offer_cpu(&mut self, busy_since: Instant, now: Instant) {
+        if now.saturating_duration_since(busy_since) >= YIELD_AFTER {
+            std::thread::yield_now();
+            self.busy_since = None;
+        }
+    }
+
     pub(super) fn run(mut self, mut rx: mpsc::Receiver<Command>) {
         let mut shutdown: Option<oneshot::Sender<()>> = None;
         let mut closed = false;
@@ -147,6 +164,7 @@ impl Worker {
                 // checks at the turn's start use it.
                 let now = Instant::now();
                 self.turn_started = now;
+                let busy_since = *self.busy_since.get_or_insert(now);
                 self.shared.beat_at(now);
                 self.turn = TurnLoads::default();
                 self.idle.serving(session, now);
@@ -162,6 +180,7 @@ impl Worker {
                 // their share: the next turn goes to whoever has been charged least
                 // ([`FairTurns`]).
                 let mut took = now.elapsed();
+                self.offer_cpu(busy_since, now + took);
                 if let Some((debtor, n)) = self.turn_debtor.take() {
                     let excess = took.saturating_sub(self.interactive.pace.estimate(n));
                     self.rr.charge(debtor, excess);
@@ -189,6 +208,7 @@ impl Worker {
                 break;
             }
             self.shared.idle();
+            self.busy_since = None;
             let next = self.idle.next_or(&mut rx, &mut self.ports);
             self.shared.beat();
             match next {
