@@ -1,22 +1,25 @@
-//! The bystander: a client on a thread of its own that calls the daemon without pause and
-//! records how long each call took.
+//! The bystander: a client process of its own (`npud-bystander`, built in release beside the
+//! daemon) that calls the daemon without pause and reports how long each call took; here, what
+//! it reported, read by a thread of the test process.
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use npu_artifacts::emu::{DType, EmuDesign};
-use npu_proto::v1 as pb;
-use npu_proto::v1::npud_client::NpudClient;
-
-use crate::{Session, connect_unix, dispatch_request};
-
 /// The longest a bystander call may take before it counts as failed.
-const CALL_LIMIT: Duration = Duration::from_secs(10);
+pub const CALL_LIMIT: Duration = Duration::from_secs(10);
 /// Elements of the bystander's program (vector_scalar_add over i32): 4 KiB tensors.
-const ELEMENTS: u32 = 1024;
+pub const ELEMENTS: u32 = 1024;
+
+/// Now on `CLOCK_MONOTONIC` in ns: the clock `Instant` reads, shared by the bystander's process
+/// and the harness's.
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
+}
 
 /// One call of the bystander.
 #[derive(Debug, Clone)]
@@ -29,12 +32,38 @@ struct Sample {
 }
 
 #[derive(Debug, Default)]
-struct Shared {
-    samples: Mutex<Vec<Sample>>,
+struct Reported {
+    samples: Vec<Sample>,
     /// When the call under way started.
-    current: Mutex<Option<Instant>>,
-    stop: AtomicBool,
-    paused: AtomicBool,
+    current: Option<Instant>,
+    /// `ready`, or why it could not set up.
+    ready: Option<Result<(), String>>,
+    /// It said `paused` since it was last asked to pause.
+    paused: bool,
+    /// Its output ended.
+    gone: bool,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    reported: Mutex<Reported>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Reported> {
+        self.reported.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits up to `limit` for `done` to hold of what was reported.
+    fn wait_for(&self, limit: Duration, done: impl Fn(&Reported) -> bool) -> bool {
+        let g = self.lock();
+        let (g, _) = self
+            .changed
+            .wait_timeout_while(g, limit, |r| !done(r) && !r.gone)
+            .unwrap_or_else(PoisonError::into_inner);
+        done(&g)
+    }
 }
 
 /// The pace [`Latencies::p99_paced`] assumes: one call per ms (about twice a call's median on
@@ -111,87 +140,79 @@ impl Latencies {
     }
 }
 
-/// A bystander calling the daemon at `socket` on its own thread: `GetDeviceInfo` and a
+/// A bystander calling the daemon at `socket` from a process of its own: `GetDeviceInfo` and a
 /// `Dispatch` of a 1024-element vector_scalar_add in its own session, in turn, one at a time,
 /// on one connection. Stopped on drop.
 #[derive(Debug)]
 pub struct Bystander {
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
-    /// Its thread's id, kept at its priority while an attack runs ([`super::nice`]).
-    tid: rustix::process::Pid,
+    child: Child,
+    /// Its input (`pause`, `resume`); closing it stops the bystander.
+    input: Mutex<Option<ChildStdin>>,
+    reader: Option<JoinHandle<()>>,
 }
 
 impl Bystander {
-    /// Starts it and waits until its session is set up and it has made 200 calls.
+    /// Starts `bin` (`npud-bystander`) on `socket` and waits until its session is set up and it
+    /// has made 200 calls.
     ///
     /// # Errors
     /// What failed while setting up.
-    pub fn start(socket: &Path) -> Result<Bystander, String> {
+    pub fn start(bin: &Path, socket: &Path) -> Result<Bystander, String> {
+        // `Instant` and the bystander's times are the same clock: one reading of each ties them.
+        let anchor = (Instant::now(), monotonic_ns());
+        let mut child = Command::new(bin)
+            .arg(socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("{}: {e}", bin.display()))?;
+        let input = child.stdin.take();
+        let output = child.stdout.take().ok_or("no standard output")?;
         let shared = Arc::new(Shared::default());
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-        let socket = socket.to_path_buf();
-        let thread = {
-            let shared = shared.clone();
-            std::thread::Builder::new()
-                .name("bystander".into())
-                .spawn(move || {
-                    let _ = tid_tx.send(rustix::thread::gettid());
-                    let rt = match tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                    {
-                        Ok(rt) => rt,
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(format!("a runtime: {e}")));
-                            return;
-                        }
-                    };
-                    rt.block_on(run(&socket, &shared, ready_tx));
-                })
-                .map_err(|e| format!("a thread: {e}"))?
-        };
-        let tid = tid_rx
-            .recv()
-            .map_err(|_| "the thread ended before it started".to_owned())?;
+        let reader = std::thread::Builder::new()
+            .name("bystander-reader".into())
+            .spawn({
+                let shared = shared.clone();
+                move || read(BufReader::new(output), &shared, anchor)
+            })
+            .map_err(|e| format!("a thread: {e}"))?;
         let b = Bystander {
             shared,
-            thread: Some(thread),
-            tid,
+            child,
+            input: Mutex::new(input),
+            reader: Some(reader),
         };
-        match ready_rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(Ok(())) => Ok(b),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err("not set up within 60 s".into()),
+        b.shared
+            .wait_for(Duration::from_secs(60), |r| r.ready.is_some());
+        let ready = b.shared.lock().ready.clone();
+        match ready {
+            Some(Ok(())) => Ok(b),
+            Some(Err(e)) => Err(e),
+            None => Err("not set up within 60 s (or it exited)".into()),
+        }
+    }
+
+    fn tell(&self, line: &str) {
+        let mut input = self.input.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(i) = input.as_mut() {
+            let _ = writeln!(i, "{line}").and_then(|()| i.flush());
         }
     }
 
     /// Stops calling (once the call under way is answered) until [`Bystander::resume`], so that
     /// the daemon's CPU time can be measured without the bystander's share.
     pub fn pause(&self) {
-        self.shared.paused.store(true, Ordering::SeqCst);
-        let until = Instant::now() + CALL_LIMIT + Duration::from_secs(1);
-        while self
-            .shared
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
-            && Instant::now() < until
-        {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-
-    /// Its thread's id.
-    pub fn tid(&self) -> rustix::process::Pid {
-        self.tid
+        self.shared.lock().paused = false;
+        self.tell("pause");
+        self.shared
+            .wait_for(CALL_LIMIT + Duration::from_secs(1), |r| r.paused);
     }
 
     /// Calls again after [`Bystander::pause`].
     pub fn resume(&self) {
-        self.shared.paused.store(false, Ordering::SeqCst);
+        self.tell("resume");
     }
 
     /// The calls answered in `[from, to)`, and with `in_flight` the one under way at `to`.
@@ -200,12 +221,9 @@ impl Bystander {
         let mut took = Vec::new();
         let mut errors = 0;
         let mut first_error = None;
-        let samples = self
-            .shared
+        let r = self.shared.lock();
+        for s in r
             .samples
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        for s in samples
             .iter()
             .filter(|s| s.start + s.took >= from && s.start + s.took < to)
         {
@@ -215,128 +233,79 @@ impl Bystander {
                 first_error.get_or_insert_with(|| e.clone());
             }
         }
-        // Read under the samples' lock, which the caller also holds when it ends a call.
-        let current = *self
-            .shared
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        drop(samples);
         if in_flight
-            && let Some(start) = current
+            && let Some(start) = r.current
             && start < to
         {
             // Whichever call it is: counted with the dispatches, the slower kind.
             took.push((now - start, true));
         }
+        drop(r);
         Latencies::of(took, errors, first_error)
     }
 }
 
 impl Drop for Bystander {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
+        // Its input's end stops it after the call under way.
+        drop(
+            self.input
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        let until = Instant::now() + CALL_LIMIT;
+        while Instant::now() < until {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(t) = self.reader.take() {
             let _ = t.join();
         }
     }
 }
 
-async fn run(socket: &Path, shared: &Shared, ready: std::sync::mpsc::Sender<Result<(), String>>) {
-    let setup = async {
-        let client = NpudClient::new(connect_unix(socket).await);
-        let mut s = Session::open(client, "bystander")
-            .await
-            .map_err(|e| format!("OpenSession: {e}"))?;
-        let design = EmuDesign::vector_scalar_add(ELEMENTS, DType::I32, 1);
-        let program = s
-            .register(&design)
-            .await
-            .map_err(|e| format!("RegisterProgram: {e}"))?
-            .program_id;
-        let bytes = u64::from(ELEMENTS) * 4;
-        let a = s.alloc_mapped(bytes).await?;
-        let b = s.alloc_mapped(bytes).await?;
-        Ok::<_, String>((s, program, a, b))
+/// Reads what the bystander reports until its output ends (see `npud-bystander`).
+fn read(output: impl BufRead, shared: &Shared, anchor: (Instant, u64)) {
+    let at = |ns: &str| -> Option<Instant> {
+        let ns: u64 = ns.parse().ok()?;
+        Some(anchor.0 + Duration::from_nanos(ns.saturating_sub(anchor.1)))
     };
-    let (s, program, a, b) = match setup.await {
-        Ok(v) => v,
-        Err(e) => {
-            let _ = ready.send(Err(e));
-            return;
+    for line in output.lines() {
+        let Ok(line) = line else { break };
+        let mut words = line.splitn(5, ' ');
+        let mut r = shared.lock();
+        match words.next() {
+            Some("begin") => r.current = words.next().and_then(at),
+            Some("end") => {
+                let start = words.next().and_then(at);
+                let took = words.next().and_then(|t| t.parse().ok());
+                let dispatch = words.next() == Some("1");
+                let error = words.next().filter(|e| !e.is_empty()).map(str::to_owned);
+                if let (Some(start), Some(took)) = (start, took) {
+                    r.samples.push(Sample {
+                        start,
+                        took: Duration::from_nanos(took),
+                        error,
+                        dispatch,
+                    });
+                }
+                r.current = None;
+            }
+            Some("ready") => r.ready = Some(Ok(())),
+            Some("setup-failed") => {
+                r.ready = Some(Err(line.trim_start_matches("setup-failed ").to_owned()));
+            }
+            Some("paused") => r.paused = true,
+            _ => {}
         }
-    };
-    let mut client = s.client.clone();
-    let mut n: u64 = 0;
-    let mut ready = Some(ready);
-    while !shared.stop.load(Ordering::SeqCst) {
-        if shared.paused.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            continue;
-        }
-        let start = Instant::now();
-        *shared
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(start);
-        let dispatch = !n.is_multiple_of(2);
-        let r = if !dispatch {
-            tokio::time::timeout(
-                CALL_LIMIT,
-                client.get_device_info(pb::GetDeviceInfoRequest {}),
-            )
-            .await
-            .map(|r| r.map(|_| ()))
-        } else {
-            tokio::time::timeout(
-                CALL_LIMIT,
-                client.dispatch(s.req(dispatch_request(program, &[a.id, b.id]))),
-            )
-            .await
-            .map(|r| r.map(|_| ()))
-        };
-        let took = start.elapsed();
-        let error = match r {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(format!(
-                "{} {:?}: {}",
-                if n.is_multiple_of(2) {
-                    "GetDeviceInfo"
-                } else {
-                    "Dispatch"
-                },
-                e.code(),
-                e.message()
-            )),
-            Err(_) => Some(format!("no answer within {CALL_LIMIT:?}")),
-        };
-        let failed = error.is_some();
-        {
-            let mut samples = shared
-                .samples
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            samples.push(Sample {
-                start,
-                took,
-                error,
-                dispatch,
-            });
-            *shared
-                .current
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = None;
-        }
-        n += 1;
-        if n == 200
-            && let Some(r) = ready.take()
-        {
-            let _ = r.send(Ok(()));
-        }
-        if failed {
-            // A dead daemon fails every call at once: no need to spin on it.
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        drop(r);
+        shared.changed.notify_all();
     }
-    drop((a, b));
+    shared.lock().gone = true;
+    shared.changed.notify_all();
 }
