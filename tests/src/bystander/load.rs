@@ -150,6 +150,9 @@ pub struct Bystander {
     /// Its input (`pause`, `resume`); closing it stops the bystander.
     input: Mutex<Option<ChildStdin>>,
     reader: Option<JoinHandle<()>>,
+    /// The reader's thread id: it keeps its priority while an attack runs, so that the
+    /// bystander never waits on a full pipe for a reader the attack's threads crowd out.
+    reader_tid: rustix::process::Pid,
 }
 
 impl Bystander {
@@ -171,18 +174,26 @@ impl Bystander {
         let input = child.stdin.take();
         let output = child.stdout.take().ok_or("no standard output")?;
         let shared = Arc::new(Shared::default());
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let reader = std::thread::Builder::new()
             .name("bystander-reader".into())
             .spawn({
                 let shared = shared.clone();
-                move || read(BufReader::new(output), &shared, anchor)
+                move || {
+                    let _ = tid_tx.send(rustix::thread::gettid());
+                    read(BufReader::new(output), &shared, anchor);
+                }
             })
             .map_err(|e| format!("a thread: {e}"))?;
+        let reader_tid = tid_rx
+            .recv()
+            .map_err(|_| "the reader ended before it started".to_owned())?;
         let b = Bystander {
             shared,
             child,
             input: Mutex::new(input),
             reader: Some(reader),
+            reader_tid,
         };
         b.shared
             .wait_for(Duration::from_secs(60), |r| r.ready.is_some());
@@ -208,6 +219,11 @@ impl Bystander {
         self.tell("pause");
         self.shared
             .wait_for(CALL_LIMIT + Duration::from_secs(1), |r| r.paused);
+    }
+
+    /// The thread of this process that reads the bystander's reports.
+    pub fn reader_tid(&self) -> rustix::process::Pid {
+        self.reader_tid
     }
 
     /// Calls again after [`Bystander::pause`].

@@ -290,7 +290,7 @@ impl Stand {
         let started = Instant::now();
         // The attack's client pays for its own CPU (`nice`): only what it makes the daemon do
         // reaches the bystander.
-        let lowered = nice::Lowered::all();
+        let lowered = nice::Lowered::all_but(self.bystander.reader_tid());
         let outcome = attack.await;
         let took = started.elapsed();
         if took < MIN_WINDOW {

@@ -1,13 +1,14 @@
 //! The attacker pays for its own CPU. An attack's client runs in this test process, a debug
 //! build, and its own work (encoding 1,024-link chains, decoding listings of thousands of
-//! programs) can take both cores of a 2-core machine: the bystander's thread and the daemon then
-//! wait for a CPU, and the bystander's p99 measures the test's client instead of the daemon (in
-//! the program-store attack the test process used 1.3–1.5 cores beside the daemon's 0.4). A real
+//! programs) can take both cores of a 2-core machine: the bystander and the daemon then wait
+//! for a CPU, and the bystander's p99 measures the test's client instead of the daemon (in the
+//! program-store attack the test process used 1.3–1.5 cores beside the daemon's 0.4). A real
 //! attacker is another process that the host's scheduler (its cgroup's `cpu.weight`) keeps from
 //! the other tenants' CPU, which no daemon can do. So while an attack runs, every thread of this
-//! process runs at `SCHED_IDLE` (and nice 19; the bystander is a process of its own): it still gets every CPU
-//! cycle nobody else wants, so the attack presses on the daemon as hard as it can, but not at
-//! the bystander's or the daemon's expense. The daemon keeps the priority it started with.
+//! process but the one reading the bystander's reports (the bystander is a process of its own)
+//! runs at `SCHED_IDLE` (and nice 19): it still gets every CPU cycle nobody else wants, so the
+//! attack presses on the daemon as hard as it can, but not at the bystander's or the daemon's
+//! expense. The daemon keeps the priority it started with.
 //!
 //! Nice 19 alone is not enough on the EEVDF scheduler (Linux 6.6 and later): a running thread
 //! keeps its CPU until its slice is used up whatever its nice value, and a nice-0 thread that
@@ -31,20 +32,14 @@ pub const SCHED_IDLE: u32 = 5;
 /// but that one back at `SCHED_OTHER` and nice 0.
 #[derive(Debug)]
 pub struct Lowered {
-    keep: Option<Pid>,
+    keep: Pid,
 }
 
 impl Lowered {
     /// Lowers every thread but `keep`.
     pub fn all_but(keep: Pid) -> Lowered {
-        set_all_but(Some(keep), ATTACKER_NICE);
-        Lowered { keep: Some(keep) }
-    }
-
-    /// Lowers every thread of this process (the bystander is a process of its own).
-    pub fn all() -> Lowered {
-        set_all_but(None, ATTACKER_NICE);
-        Lowered { keep: None }
+        set_all_but(keep, ATTACKER_NICE);
+        Lowered { keep }
     }
 }
 
@@ -58,7 +53,7 @@ impl Drop for Lowered {
 /// `SCHED_IDLE` for a positive `nice`, else `SCHED_OTHER`. A thread that ended meanwhile is
 /// skipped; root may raise a priority again (`CAP_SYS_NICE`), and a thread that took another
 /// uid (the lockout attacks' callers) is still this process's to renice.
-fn set_all_but(keep: Option<Pid>, nice: i32) {
+fn set_all_but(keep: Pid, nice: i32) {
     let policy = if nice > 0 { "--idle" } else { "--other" };
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return;
@@ -70,7 +65,7 @@ fn set_all_but(keep: Option<Pid>, nice: i32) {
             .and_then(|t| t.parse::<i32>().ok())
             .and_then(Pid::from_raw);
         if let Some(tid) = tid
-            && Some(tid) != keep
+            && tid != keep
         {
             let _ = setpriority_process(Some(tid), nice);
             let _ = std::process::Command::new("chrt")
