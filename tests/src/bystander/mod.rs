@@ -25,14 +25,15 @@
 //! small program, calling `GetDeviceInfo` and `Dispatch` in turn and reporting each call on its
 //! standard output ([`Bystander`]). A debug client in the test process spent about 0.6 ms of
 //! CPU a call itself, which hid most of what an attack cost it (its baseline p99 0.5-1.1 ms
-//! against about 0.3 ms). While an attack runs, every thread of the test process runs at
-//! `SCHED_IDLE` and nice 19 ([`nice`]): the attack's client pays for its own CPU, as another
+//! against about 0.3 ms). While an attack runs, every thread of the test process but the one
+//! reading those reports runs at `SCHED_IDLE` and nice 19 ([`nice`]): the attack's client pays
+//! for its own CPU, as another
 //! tenant's process would under the host's scheduler, and the bystander measures only what the
 //! attack makes the daemon do.
 //!
 //! The daemon is `target/release/npud`, built by [`release_npud`] with `cargo build --release
-//! -p npud -p npud-e2e --bin npud-bystander` (a no-op when both are fresh), and run through `prlimit --as=1073741824 --` so that the
-//! limit holds from its first allocation (mimalloc reserves a 1 GiB arena at start when it may,
+//! -p npud` (and the bystander with `-p npud-e2e --bin npud-bystander`; no-ops when fresh), and
+//! run through `prlimit --as=1073741824 --` so that the limit holds from its first allocation (mimalloc reserves a 1 GiB arena at start when it may,
 //! so a limit set after start would fail every later mapping).
 
 pub mod creds;
@@ -141,7 +142,7 @@ pub fn release_bystander() -> PathBuf {
     release_binaries().1
 }
 
-/// The release `npud` and `npud-bystander`, built by one `cargo build --release` when the tests
+/// The release `npud` and `npud-bystander`, built with `cargo build --release` when the tests
 /// are not a release build themselves (a no-op when both are fresh).
 fn release_binaries() -> (PathBuf, PathBuf) {
     static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
@@ -156,34 +157,26 @@ fn release_binaries() -> (PathBuf, PathBuf) {
                 .expect("the profile directory is in target/")
                 .to_path_buf();
             let started = Instant::now();
-            let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-                .args([
-                    "build",
-                    "--release",
-                    "-p",
-                    "npud",
-                    "--bin",
-                    "npud",
-                    "-p",
-                    "npud-e2e",
-                    "--bin",
-                    "npud-bystander",
-                ])
-                .arg("--target-dir")
-                .arg(&target)
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .status();
-            let bins = (
-                target.join("release").join("npud"),
-                target.join("release").join("npud-bystander"),
-            );
-            assert!(
-                matches!(status, Ok(s) if s.success()) && bins.0.is_file() && bins.1.is_file(),
-                "`cargo build --release -p npud -p npud-e2e --bin npud-bystander` did not make \
-                 {} and {} ({status:?})",
-                bins.0.display(),
-                bins.1.display()
-            );
+            // Two builds: one of both would unify their features, and the daemon would then
+            // be rebuilt on every later `cargo build --release -p npud`, and differ from it.
+            let build = |package: &str, bin: &str| {
+                let status =
+                    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+                        .args(["build", "--release", "-p", package, "--bin", bin])
+                        .arg("--target-dir")
+                        .arg(&target)
+                        .current_dir(env!("CARGO_MANIFEST_DIR"))
+                        .status();
+                let path = target.join("release").join(bin);
+                assert!(
+                    matches!(status, Ok(s) if s.success()) && path.is_file(),
+                    "`cargo build --release -p {package} --bin {bin}` did not make {} \
+                     ({status:?})",
+                    path.display()
+                );
+                path
+            };
+            let bins = (build("npud", "npud"), build("npud-e2e", "npud-bystander"));
             eprintln!(
                 "release npud and bystander ready in {:.1} s: {}",
                 started.elapsed().as_secs_f64(),
