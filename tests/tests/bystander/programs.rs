@@ -136,51 +136,64 @@ async fn sessions_holding_all_the_programs_they_may_list_them_without_pause() {
 /// The most programs one page of a listing holds (`Page::MAX` in npud).
 const PAGE: usize = 256;
 
-/// Every page of the session's listing, each asked for whole (`max_programs` at its largest):
-/// how many programs they held, or the first page that held more than [`PAGE`].
-async fn every_listed(s: &mut Session) -> Result<usize, (Code, String)> {
+/// A call's failure as the answers keep it.
+type Failed = (Code, String);
+
+/// Walks the pages `page(after)` gives (its programs, and the cursor of the next page, 0 on the
+/// last): how many programs they held, or the first page that held more than [`PAGE`].
+async fn every_page<F, Fut>(mut page: F) -> Result<usize, Failed>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<(usize, u64), tonic::Status>>,
+{
     let (mut n, mut after) = (0, 0);
     loop {
-        let page = s
-            .client
-            .list_programs(s.req(pb::ListProgramsRequest {
-                after_program_id: after,
-                max_programs: u32::MAX,
-            }))
+        let (held, next) = page(after)
             .await
-            .map_err(|e| (e.code(), e.message().to_owned()))?
-            .into_inner();
-        if page.programs.len() > PAGE {
-            return Err((Code::Ok, format!("a page of {}", page.programs.len())));
+            .map_err(|e| (e.code(), e.message().to_owned()))?;
+        if held > PAGE {
+            return Err((Code::Ok, format!("a page of {held}")));
         }
-        n += page.programs.len();
-        if page.next_after_program_id == 0 {
+        n += held;
+        if next == 0 {
             return Ok(n);
         }
-        after = page.next_after_program_id;
+        after = next;
     }
 }
 
-/// Every page of the statistics' programs, as [`every_listed`] walks a listing.
-async fn every_counted(s: &mut Session) -> Result<usize, (Code, String)> {
-    let (mut n, mut after) = (0, 0);
-    loop {
-        let page = s
-            .client
-            .get_statistics(s.req(pb::GetStatisticsRequest {
+/// Every page of the session's listing, each asked for whole (`max_programs` at its largest).
+async fn every_listed(s: &mut Session) -> Result<usize, Failed> {
+    every_page(|after| {
+        let (mut c, req) = (
+            s.client.clone(),
+            s.req(pb::ListProgramsRequest {
+                after_program_id: after,
+                max_programs: u32::MAX,
+            }),
+        );
+        async move {
+            let p = c.list_programs(req).await?.into_inner();
+            Ok((p.programs.len(), p.next_after_program_id))
+        }
+    })
+    .await
+}
+
+/// Every page of the statistics' programs, each asked for whole.
+async fn every_counted(s: &mut Session) -> Result<usize, Failed> {
+    every_page(|after| {
+        let (mut c, req) = (
+            s.client.clone(),
+            s.req(pb::GetStatisticsRequest {
                 programs_after: after,
                 max_programs: u32::MAX,
-            }))
-            .await
-            .map_err(|e| (e.code(), e.message().to_owned()))?
-            .into_inner();
-        if page.programs.len() > PAGE {
-            return Err((Code::Ok, format!("a page of {}", page.programs.len())));
+            }),
+        );
+        async move {
+            let p = c.get_statistics(req).await?.into_inner();
+            Ok((p.programs.len(), p.next_programs_after))
         }
-        n += page.programs.len();
-        if page.next_programs_after == 0 {
-            return Ok(n);
-        }
-        after = page.next_programs_after;
-    }
+    })
+    .await
 }
