@@ -375,7 +375,7 @@ async fn listing(inner: &Inner, anonymous: bool) -> Result<pb::ListProgramsRespo
         let call = |mut c: Rpc| async move {
             c.list_programs(pb::ListProgramsRequest {
                 after_program_id: after,
-                max_programs: 0,
+                ..Default::default()
             })
             .await
             .map(tonic::Response::into_inner)
@@ -387,11 +387,43 @@ async fn listing(inner: &Inner, anonymous: bool) -> Result<pb::ListProgramsRespo
         };
         whole.programs.extend(page.programs);
         whole.quarantine.extend(page.quarantine);
+        if after == 0 {
+            whole.next_quarantine_after = page.next_quarantine_after;
+        }
         match next_page(after, page.next_after_program_id) {
             Some(next) => after = next,
-            None => return Ok(whole),
+            None => break,
         }
     }
+    // Then the quarantine records past the first page's, a page at a time.
+    let mut from = std::mem::take(&mut whole.next_quarantine_after);
+    while !from.is_empty() {
+        let call = |mut c: Rpc| {
+            let quarantine_after = from.clone();
+            async move {
+                c.list_programs(pb::ListProgramsRequest {
+                    quarantine_after,
+                    ..Default::default()
+                })
+                .await
+                .map(tonic::Response::into_inner)
+            }
+        };
+        let page = if anonymous {
+            inner.call_anonymous("ListPrograms", call).await?
+        } else {
+            inner.call("ListPrograms", call).await?
+        };
+        whole.quarantine.extend(page.quarantine);
+        // A cursor that does not move forward ends the walk.
+        from = if page.next_quarantine_after > from {
+            page.next_quarantine_after
+        } else {
+            String::new()
+        };
+    }
+    whole.next_after_program_id = 0;
+    Ok(whole)
 }
 
 /// The statistics with every page of their programs.

@@ -368,3 +368,40 @@ async fn listings_longer_than_a_page_come_whole_from_the_client() {
     assert_eq!(all.next_after_program_id, 0);
     client.close().await.expect("close");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quarantine_records_longer_than_a_page_come_whole_from_the_client() {
+    // 300 records in the state directory (the daemon reads them at start): more than the 256
+    // a listing answers at once.
+    const RECORDS: usize = 300;
+    let state = tempfile::tempdir().expect("a state directory");
+    let dir = state.path().join("quarantine");
+    std::fs::create_dir_all(&dir).expect("its quarantine directory");
+    let mut hashes: Vec<String> = (0..RECORDS).map(|k| format!("{k:064x}")).collect();
+    for h in &hashes {
+        let record = serde_json::json!({
+            "version": 1,
+            "content_hash": h,
+            "name": "faulty",
+            "faulted_unix_s": 1_700_000_000_u64,
+            "reason": "it faulted the device",
+        });
+        std::fs::write(dir.join(format!("{h}.json")), record.to_string()).expect("a record");
+    }
+    hashes.sort();
+    let d = Daemon::start_with_args(
+        2000,
+        &["--state-dir", state.path().to_str().expect("a UTF-8 path")],
+    );
+    let op = npu_client::Operator::connect(Some(&d.unix()))
+        .await
+        .expect("operator");
+    let all = op.program_listing().await.expect("listing");
+    let listed: Vec<String> = all
+        .quarantine
+        .iter()
+        .map(|r| r.content_hash.clone())
+        .collect();
+    assert_eq!(listed, hashes, "every record once, in hash order");
+    assert!(all.next_quarantine_after.is_empty());
+}

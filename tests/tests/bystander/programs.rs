@@ -170,6 +170,7 @@ async fn every_listed(s: &mut Session) -> Result<usize, Failed> {
             s.req(pb::ListProgramsRequest {
                 after_program_id: after,
                 max_programs: u32::MAX,
+                ..Default::default()
             }),
         );
         async move {

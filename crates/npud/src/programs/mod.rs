@@ -57,8 +57,9 @@ struct Store {
     /// Bytes of every stored program.
     total_bytes: u64,
     next_id: u64,
-    /// Quarantine records by content hash, stored programs or not.
-    quarantine: HashMap<String, QuarantineRecord>,
+    /// Quarantine records by content hash, stored programs or not; in hash order, so that a
+    /// listing pages through them.
+    quarantine: BTreeMap<String, QuarantineRecord>,
     /// Loads into the device heap, and evictions from it, since start.
     loads: u64,
     evictions: u64,

@@ -78,32 +78,48 @@ impl Programs {
         })
     }
 
-    /// Quarantine records: every one (`None`), or those of `session`'s programs.
-    /// Quarantine records: every one (`None`, an admin's view), or those of programs any of
-    /// `sessions` references.
-    pub fn quarantine_records(&self, sessions: Option<&[u64]>) -> Vec<pb::QuarantineRecord> {
+    /// One page of the quarantine records, in content-hash order after `after` ("" from the
+    /// first), at most `max`: every record (`None`, an admin's view), or those of programs any
+    /// of `sessions` references; and the hash the next page starts after ("" when none
+    /// follows).
+    pub fn quarantine_records(
+        &self,
+        sessions: Option<&[u64]>,
+        after: &str,
+        max: usize,
+    ) -> (Vec<pb::QuarantineRecord>, String) {
+        use std::ops::Bound::{Excluded, Unbounded};
         let g = self.lock();
         let stored = |hash: &str| {
             g.by_hash
                 .get(hash)
                 .and_then(|id| g.entries.get(id))
-                .map(|e| (e.program.id, e.refs.clone()))
+                .map(|e| (e.program.id, e))
         };
-        let mut v: Vec<pb::QuarantineRecord> = g
+        let mut page: Vec<pb::QuarantineRecord> = g
             .quarantine
-            .values()
-            .filter_map(|r| {
+            .range::<str, _>((Excluded(after), Unbounded))
+            .filter_map(|(_, r)| {
                 let program = stored(&r.content_hash);
                 match (sessions, &program) {
                     (None, _) => {}
-                    (Some(ss), Some((_, refs))) if ss.iter().any(|s| refs.contains(s)) => {}
+                    (Some(ss), Some((_, e))) if ss.iter().any(|s| e.refs.contains(s)) => {}
                     _ => return None,
                 }
                 Some(record_proto(r, program.map_or(0, |(id, _)| id)))
             })
+            .take(max + 1)
             .collect();
-        v.sort_by(|a, b| a.content_hash.cmp(&b.content_hash));
-        v
+        if page.len() > max {
+            page.truncate(max);
+            let next = page
+                .last()
+                .map(|r| r.content_hash.clone())
+                .unwrap_or_default();
+            (page, next)
+        } else {
+            (page, String::new())
+        }
     }
 }
 
@@ -159,6 +175,59 @@ mod tests {
     }
 
     #[test]
+    fn quarantine_records_come_in_pages_in_hash_order() {
+        let p = Programs::new(
+            8 << 20,
+            64 << 20,
+            NpuGen::Npu2,
+            Runs::EmulatedDesigns,
+            None,
+            Vec::new(),
+        );
+        // Five quarantined programs: session 1 holds the first three, session 2 the other two.
+        let mut hashes: Vec<String> = (1..=5)
+            .map(|k| {
+                let (pdi, insts) = vsa(k);
+                let session = if k <= 3 { 1 } else { 2 };
+                let a = p.register(session, pdi, insts, String::new()).unwrap();
+                p.quarantine(a.program.id, "boom").unwrap().content_hash
+            })
+            .collect();
+        let of_1: std::collections::BTreeSet<String> = hashes[..3].iter().cloned().collect();
+        hashes.sort();
+        let walk = |sessions: Option<&[u64]>, max| {
+            let (mut seen, mut after, mut pages) = (Vec::new(), String::new(), 0);
+            loop {
+                let (page, next) = p.quarantine_records(sessions, &after, max);
+                assert!(page.len() <= max);
+                seen.extend(page.into_iter().map(|r| r.content_hash));
+                pages += 1;
+                if next.is_empty() {
+                    return (seen, pages);
+                }
+                assert_eq!(
+                    Some(&next),
+                    seen.last(),
+                    "the cursor is the page's last hash"
+                );
+                after = next;
+            }
+        };
+        assert_eq!(walk(None, 2), (hashes.clone(), 3));
+        assert_eq!(walk(None, 5), (hashes.clone(), 1));
+        let (mine, _) = walk(Some(&[1]), 1);
+        assert_eq!(
+            mine,
+            hashes
+                .iter()
+                .filter(|h| of_1.contains(*h))
+                .cloned()
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(walk(Some(&[3]), 2), (vec![], 1));
+    }
+
+    #[test]
     fn a_quarantined_hash_is_refused_at_registration_and_dispatch_until_cleared() {
         let dir = tempfile::tempdir().unwrap();
         let (records, _) = QuarantineDir::open(dir.path()).unwrap();
@@ -200,8 +269,8 @@ mod tests {
                 .starts_with(&format!("program {hash} (vsa) is quarantined since ")),
             "{e}"
         );
-        assert_eq!(p.quarantine_records(None).len(), 1);
-        assert!(p.quarantine_records(Some(&[2])).is_empty());
+        assert_eq!(p.quarantine_records(None, "", 8).0.len(), 1);
+        assert!(p.quarantine_records(Some(&[2]), "", 8).0.is_empty());
 
         // A restarted store reads the record back.
         let (records, back) = QuarantineDir::open(dir.path()).unwrap();

@@ -148,16 +148,29 @@ impl NpudService {
             None => self.visible_sessions(&self.allowed(&req)?.0),
         };
         let r = req.get_ref();
+        let store = &self.state.programs;
+        // A page of quarantine records alone, after the first.
+        if !r.quarantine_after.is_empty() {
+            let (quarantine, next_quarantine_after) =
+                store.quarantine_records(scope.as_deref(), &r.quarantine_after, Page::MAX);
+            return Ok(pb::ListProgramsResponse {
+                quarantine,
+                next_quarantine_after,
+                ..Default::default()
+            });
+        }
         let page = Page::asked(r.after_program_id, r.max_programs);
-        let (programs, next_after_program_id) = self.state.programs.list(scope.as_deref(), page);
+        let (programs, next_after_program_id) = store.list(scope.as_deref(), page);
+        let (quarantine, next_quarantine_after) = if page.first() {
+            store.quarantine_records(scope.as_deref(), "", Page::MAX)
+        } else {
+            (Vec::new(), String::new())
+        };
         Ok(pb::ListProgramsResponse {
             programs,
-            quarantine: if page.first() {
-                self.state.programs.quarantine_records(scope.as_deref())
-            } else {
-                Vec::new()
-            },
+            quarantine,
             next_after_program_id,
+            next_quarantine_after,
         })
     }
 
