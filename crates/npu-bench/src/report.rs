@@ -287,6 +287,22 @@ impl Report {
                 .find(|r| r.key == k)
                 .map(|r| r.cpu_us_per_call)
         };
+        // The gRPC path, which remote and non-Rust callers use: as the daemon runs by default
+        // (its executor polling between one client's dispatches) and sleeping.
+        push(
+            "npud CPU per gRPC dispatch (executor polling) over the tonic echo's per call",
+            "cpu(cpu_npud_polling) / cpu(cpu_tonic_echo)",
+            div(cpu(keys::CPU_NPUD_POLLING), cpu(keys::CPU_TONIC_ECHO)),
+            "<=",
+            2.0,
+        );
+        push(
+            "npud CPU per gRPC dispatch (executor sleeping) over the tonic echo's per call",
+            "cpu(cpu_npud_sleeping) / cpu(cpu_tonic_echo)",
+            div(cpu(keys::CPU_NPUD_SLEEPING), cpu(keys::CPU_TONIC_ECHO)),
+            "<=",
+            2.0,
+        );
         push(
             "npud CPU per fast-path dispatch over the tonic echo's per call",
             "cpu(cpu_npud_fastpath) / cpu(cpu_tonic_echo)",

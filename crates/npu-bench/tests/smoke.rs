@@ -188,9 +188,14 @@ fn quick_json_has_every_row_with_sane_fields() {
     let ratios = field(&report, "ratios")
         .as_array()
         .expect("ratios is a list");
-    // Twenty-one goals, three figures said beside them, and each kernel-object row's dispatch
+    // Twenty-three goals, three figures said beside them, and each kernel-object row's dispatch
     // and chain link over G2's.
-    assert_eq!(ratios.len(), 28, "ratios: {ratios:?}");
+    assert_eq!(ratios.len(), 30, "ratios: {ratios:?}");
+    assert!(
+        ratios.iter().any(|r| field(r, "formula").as_str()
+            == Some("cpu(cpu_npud_sleeping) / cpu(cpu_tonic_echo)")),
+        "{ratios:?}"
+    );
     assert!(
         ratios.iter().any(|r| field(r, "formula").as_str()
             == Some("throughput(device_16_batched) / throughput(device_16_unbatched)")),
