@@ -367,63 +367,68 @@ async fn device_info(inner: &Inner) -> Result<pb::DeviceInfo, ClientError> {
 }
 
 /// Every page of a program listing (the daemon answers a page of programs a call), as one
-/// answer: the session's programs, or the session-less view (`anonymous`).
+/// answer: the session's programs, or the session-less view (`anonymous`); then every page of
+/// the quarantine records past the first page's.
 async fn listing(inner: &Inner, anonymous: bool) -> Result<pb::ListProgramsResponse, ClientError> {
     let mut whole = pb::ListProgramsResponse::default();
     let mut after = 0;
+    let mut records_after = String::new();
     loop {
-        let call = |mut c: Rpc| async move {
-            c.list_programs(pb::ListProgramsRequest {
+        let page = list_page(
+            inner,
+            anonymous,
+            pb::ListProgramsRequest {
                 after_program_id: after,
                 ..Default::default()
-            })
-            .await
-            .map(tonic::Response::into_inner)
-        };
-        let page = if anonymous {
-            inner.call_anonymous("ListPrograms", call).await?
-        } else {
-            inner.call("ListPrograms", call).await?
-        };
+            },
+        )
+        .await?;
         whole.programs.extend(page.programs);
         whole.quarantine.extend(page.quarantine);
         if after == 0 {
-            whole.next_quarantine_after = page.next_quarantine_after;
+            records_after = page.next_quarantine_after;
         }
         match next_page(after, page.next_after_program_id) {
             Some(next) => after = next,
             None => break,
         }
     }
-    // Then the quarantine records past the first page's, a page at a time.
-    let mut from = std::mem::take(&mut whole.next_quarantine_after);
-    while !from.is_empty() {
-        let call = |mut c: Rpc| {
-            let quarantine_after = from.clone();
-            async move {
-                c.list_programs(pb::ListProgramsRequest {
-                    quarantine_after,
-                    ..Default::default()
-                })
-                .await
-                .map(tonic::Response::into_inner)
-            }
-        };
-        let page = if anonymous {
-            inner.call_anonymous("ListPrograms", call).await?
-        } else {
-            inner.call("ListPrograms", call).await?
-        };
+    while !records_after.is_empty() {
+        let page = list_page(
+            inner,
+            anonymous,
+            pb::ListProgramsRequest {
+                quarantine_after: records_after.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
         whole.quarantine.extend(page.quarantine);
         // A cursor that does not move forward ends the walk.
-        from = if page.next_quarantine_after > from {
+        records_after = if page.next_quarantine_after > records_after {
             page.next_quarantine_after
         } else {
             String::new()
         };
     }
-    whole.next_after_program_id = 0;
     Ok(whole)
+}
+
+/// One `ListPrograms` call, with the session's metadata or without (`anonymous`).
+async fn list_page(
+    inner: &Inner,
+    anonymous: bool,
+    req: pb::ListProgramsRequest,
+) -> Result<pb::ListProgramsResponse, ClientError> {
+    let call = |mut c: Rpc| {
+        let req = req.clone();
+        async move { c.list_programs(req).await.map(tonic::Response::into_inner) }
+    };
+    if anonymous {
+        inner.call_anonymous("ListPrograms", call).await
+    } else {
+        inner.call("ListPrograms", call).await
+    }
 }
 
 /// The statistics with every page of their programs.
