@@ -109,8 +109,32 @@ impl RawEcho {
     }
 }
 
+/// The echo service. With a hop, each unary echo goes through a second thread of the
+/// server process and back (a blocking channel there, a oneshot back), as each of npud's
+/// dispatches goes from its I/O thread to its device thread: the floor of a design with one
+/// device owner.
 #[derive(Debug, Default)]
-struct EchoSvc;
+struct EchoSvc {
+    hop: Option<std::sync::Mutex<std::sync::mpsc::Sender<Hop>>>,
+}
+
+type Hop = (EchoMessage, oneshot::Sender<EchoMessage>);
+
+impl EchoSvc {
+    fn with_hop() -> std::io::Result<EchoSvc> {
+        let (tx, rx) = std::sync::mpsc::channel::<Hop>();
+        std::thread::Builder::new()
+            .name("echo-hop".into())
+            .spawn(move || {
+                while let Ok((m, back)) = rx.recv() {
+                    let _ = back.send(m);
+                }
+            })?;
+        Ok(EchoSvc {
+            hop: Some(std::sync::Mutex::new(tx)),
+        })
+    }
+}
 
 type EchoStream =
     std::pin::Pin<Box<dyn Stream<Item = std::result::Result<EchoMessage, Status>> + Send>>;
@@ -121,7 +145,18 @@ impl Echo for EchoSvc {
         &self,
         req: Request<EchoMessage>,
     ) -> std::result::Result<Response<EchoMessage>, Status> {
-        Ok(Response::new(req.into_inner()))
+        let m = req.into_inner();
+        let Some(hop) = &self.hop else {
+            return Ok(Response::new(m));
+        };
+        let (tx, rx) = oneshot::channel();
+        hop.lock()
+            .map_err(|_| Status::internal("the hop thread's channel is poisoned"))?
+            .send((m, tx))
+            .map_err(|_| Status::internal("the hop thread is gone"))?;
+        rx.await
+            .map(Response::new)
+            .map_err(|_| Status::internal("the hop thread is gone"))
     }
 
     type EchoStreamStream = EchoStream;
@@ -151,6 +186,18 @@ impl EchoServer {
     /// # Errors
     /// When the socket cannot be bound or the runtime cannot start.
     pub fn start(path: &Path, workers: usize) -> Result<EchoServer> {
+        EchoServer::serve(path, workers, EchoSvc::default())
+    }
+
+    /// As [`EchoServer::start`], with each unary echo going through a second thread and back.
+    ///
+    /// # Errors
+    /// As [`EchoServer::start`].
+    pub fn start_with_hop(path: &Path, workers: usize) -> Result<EchoServer> {
+        EchoServer::serve(path, workers, EchoSvc::with_hop()?)
+    }
+
+    fn serve(path: &Path, workers: usize, svc: EchoSvc) -> Result<EchoServer> {
         let path = path.to_path_buf();
         let mut b = if workers <= 1 {
             tokio::runtime::Builder::new_current_thread()
@@ -170,7 +217,7 @@ impl EchoServer {
             .spawn(move || {
                 rt.block_on(async move {
                     let _ = tonic::transport::Server::builder()
-                        .add_service(EchoService::new(EchoSvc))
+                        .add_service(EchoService::new(svc))
                         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
                             let _ = stopped.await;
                         })
@@ -271,6 +318,7 @@ pub struct FloorServers {
     child: Child,
     pub raw: PathBuf,
     pub echo: PathBuf,
+    pub echo_hop: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -296,6 +344,7 @@ impl FloorServers {
             child,
             raw: dir.join("raw"),
             echo: dir.join("echo"),
+            echo_hop: dir.join("echo-hop"),
             _dir: sub,
         };
         let until = Instant::now() + Duration::from_secs(10);
@@ -364,10 +413,11 @@ pub fn serve_floors(dir: &Path, workers: usize) -> Result<()> {
         .name("raw-accept".into())
         .spawn(move || serve_raw(listener))?;
     let echo = EchoServer::start(&dir.join("echo"), workers)?;
+    let hop = EchoServer::start_with_hop(&dir.join("echo-hop"), workers)?;
     // Both sockets listen (bind and listen happened above): tell the parent.
     std::fs::write(dir.join("floors-ready"), b"ready")?;
     let mut sink = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut sink);
-    drop(echo);
+    drop((echo, hop));
     Ok(())
 }

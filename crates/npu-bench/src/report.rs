@@ -25,6 +25,7 @@ pub mod keys {
     pub const CLIENTS_16: &str = "clients_16";
     pub const RSS_IDLE: &str = "rss_idle";
     pub const CPU_TONIC_ECHO: &str = "cpu_tonic_echo";
+    pub const CPU_TONIC_ECHO_HOP: &str = "cpu_tonic_echo_hop";
     pub const CPU_NPUD_POLLING: &str = "cpu_npud_polling";
     pub const CPU_NPUD_SLEEPING: &str = "cpu_npud_sleeping";
     pub const STALL_ALLOC: &str = "stall_alloc_1GiB";
@@ -172,7 +173,8 @@ pub struct Report {
     pub daemon_threads: Option<(u32, u64)>,
     pub rows: Vec<Row>,
     pub memory: Vec<MemoryRow>,
-    /// Row 10: CPU per call of the tonic echo and of npud, polling and sleeping.
+    /// Row 10: CPU per call of the tonic echo (alone and through a second thread) and of npud,
+    /// polling and sleeping.
     pub cpu: Vec<CpuRow>,
     pub ratios: Vec<Ratio>,
     /// Rows that could not run, with the reason (e.g. no TCP address for a given daemon).
@@ -302,6 +304,22 @@ impl Report {
             div(cpu(keys::CPU_NPUD_SLEEPING), cpu(keys::CPU_TONIC_ECHO)),
             "<=",
             2.0,
+        );
+        // What one hand-off to a device thread and back costs by itself, and what npud adds to
+        // it: a design with one owner for the device pays the first on every gRPC dispatch.
+        push(
+            "tonic echo through a second thread: CPU per call over the tonic echo's",
+            "cpu(cpu_tonic_echo_hop) / cpu(cpu_tonic_echo)",
+            div(cpu(keys::CPU_TONIC_ECHO_HOP), cpu(keys::CPU_TONIC_ECHO)),
+            "report",
+            0.0,
+        );
+        push(
+            "npud CPU per gRPC dispatch (executor sleeping) over the echo through a second thread",
+            "cpu(cpu_npud_sleeping) / cpu(cpu_tonic_echo_hop)",
+            div(cpu(keys::CPU_NPUD_SLEEPING), cpu(keys::CPU_TONIC_ECHO_HOP)),
+            "report",
+            0.0,
         );
         push(
             "npud CPU per fast-path dispatch over the tonic echo's per call",

@@ -741,6 +741,7 @@ async fn cpu_rows(
     };
     let floors = FloorServers::start(dir, unix.session.threads.0)?;
     let echo = TonicEcho::connect(&floors.echo, unix.message_bytes()).await?;
+    let hop = TonicEcho::connect(&floors.echo_hop, unix.message_bytes()).await?;
     let mut sleeper = Daemon::start_with(None, &["--executor-spin-us", "0"])?;
     let sleeper_pid = sleeper
         .pid()
@@ -757,9 +758,10 @@ async fn cpu_rows(
     .await?;
     let mut ring = BenchRing::attach(&mut fast.session.clone()).await?;
     let (mut e, mut on, mut off) = (Tally::default(), Tally::default(), Tally::default());
-    let mut f = Tally::default();
+    let (mut f, mut h) = (Tally::default(), Tally::default());
     for _ in 0..CPU_ROUNDS {
         e.measure(floors.pid(), round, echo.measure(round)).await?;
+        h.measure(floors.pid(), round, hop.measure(round)).await?;
         on.measure(pid, round, unix.dispatches(round)).await?;
         off.measure(sleeper_pid, round, sleeping.dispatches(round))
             .await?;
@@ -771,12 +773,16 @@ async fn cpu_rows(
     load::close(&mut s).await;
     let mut s = sleeping.session.clone();
     load::close(&mut s).await;
-    drop((echo, sleeping));
+    drop((echo, hop, sleeping));
     floors.stop().await;
     sleeper.stop();
     report.cpu.push(e.row(
         keys::CPU_TONIC_ECHO,
         "bare tonic unary echo: its server process's CPU per call",
+    ));
+    report.cpu.push(h.row(
+        keys::CPU_TONIC_ECHO_HOP,
+        "tonic unary echo through a second server thread and back: its server process's CPU per call",
     ));
     report.cpu.push(on.row(
         keys::CPU_NPUD_POLLING,

@@ -155,7 +155,8 @@ fn quick_json_has_every_row_with_sane_fields() {
         assert!(number(m, "rss_kib") > 0.0, "rss in {m}");
     }
 
-    // Row 10: CPU per call of the tonic echo's server and of npud polling and sleeping. A
+    // Row 10: CPU per call of the tonic echo's server (alone and through a second thread) and
+    // of npud polling and sleeping. A
     // count of clock ticks may be 0 on a fast machine; the calls and wall time are not.
     let cpu = field(&report, "cpu").as_array().expect("cpu is a list");
     let cpu_keys: Vec<&str> = cpu
@@ -167,6 +168,7 @@ fn quick_json_has_every_row_with_sane_fields() {
         [
             "cpu_idle_64_rings",
             "cpu_tonic_echo",
+            "cpu_tonic_echo_hop",
             "cpu_npud_polling",
             "cpu_npud_sleeping",
             "cpu_npud_fastpath"
@@ -188,9 +190,9 @@ fn quick_json_has_every_row_with_sane_fields() {
     let ratios = field(&report, "ratios")
         .as_array()
         .expect("ratios is a list");
-    // Twenty-three goals, three figures said beside them, and each kernel-object row's dispatch
+    // Twenty-three goals, five figures said beside them, and each kernel-object row's dispatch
     // and chain link over G2's.
-    assert_eq!(ratios.len(), 30, "ratios: {ratios:?}");
+    assert_eq!(ratios.len(), 32, "ratios: {ratios:?}");
     assert!(
         ratios.iter().any(|r| field(r, "formula").as_str()
             == Some("cpu(cpu_npud_sleeping) / cpu(cpu_tonic_echo)")),
