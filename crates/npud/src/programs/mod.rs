@@ -70,6 +70,9 @@ struct Store {
 struct Held {
     ids: std::collections::BTreeSet<u64>,
     bytes: u64,
+    /// The content hashes of those that are quarantined, so that a session's page of
+    /// quarantine records is a range here, not a walk over every record.
+    quarantined: std::collections::BTreeSet<String>,
 }
 
 impl Store {
@@ -82,7 +85,27 @@ impl Store {
             let h = self.held.entry(session).or_default();
             h.ids.insert(id);
             h.bytes = h.bytes.saturating_add(e.program.byte_len());
+            if e.quarantined {
+                h.quarantined.insert(e.program.hash.clone());
+            }
         }
+    }
+
+    /// Flags entry `id` quarantined or not, in the entry and in what each session holding it
+    /// holds. Returns the entry.
+    fn set_quarantined(&mut self, id: u64, on: bool) -> Option<&Entry> {
+        let e = self.entries.get_mut(&id)?;
+        e.quarantined = on;
+        for s in e.refs.iter() {
+            if let Some(h) = self.held.get_mut(s) {
+                if on {
+                    h.quarantined.insert(e.program.hash.clone());
+                } else {
+                    h.quarantined.remove(&e.program.hash);
+                }
+            }
+        }
+        Some(e)
     }
 
     /// Drops `session`'s reference to entry `id`; whether it held one.
@@ -97,6 +120,9 @@ impl Store {
         if let Some(h) = self.held.get_mut(&session) {
             h.ids.remove(&id);
             h.bytes = h.bytes.saturating_sub(len);
+            if e.quarantined {
+                h.quarantined.remove(&e.program.hash);
+            }
             if h.ids.is_empty() {
                 self.held.remove(&session);
             }

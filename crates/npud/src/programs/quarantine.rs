@@ -17,8 +17,7 @@ impl Programs {
     pub fn quarantine(&self, id: u64, reason: &str) -> Option<QuarantineRecord> {
         let record = {
             let mut g = self.lock();
-            let e = g.entries.get_mut(&id)?;
-            e.quarantined = true;
+            let e = g.set_quarantined(id, true)?;
             let r = QuarantineRecord::now(&e.program.hash, &e.program.name, reason);
             g.quarantine.insert(r.content_hash.clone(), r.clone());
             r
@@ -60,10 +59,8 @@ impl Programs {
         };
         let mut g = self.lock();
         let removed = g.quarantine.remove(&hash);
-        if let Some(id) = g.by_hash.get(&hash).copied()
-            && let Some(e) = g.entries.get_mut(&id)
-        {
-            e.quarantined = false;
+        if let Some(id) = g.by_hash.get(&hash).copied() {
+            g.set_quarantined(id, false);
         }
         Ok(match removed {
             Some(r) => Some(r),
@@ -81,7 +78,8 @@ impl Programs {
     /// One page of the quarantine records, in content-hash order after `after` ("" from the
     /// first), at most `max`: every record (`None`, an admin's view), or those of programs any
     /// of `sessions` references; and the hash the next page starts after ("" when none
-    /// follows).
+    /// follows). Its cost grows with the page and the number of sessions, never with the
+    /// number of records.
     pub fn quarantine_records(
         &self,
         sessions: Option<&[u64]>,
@@ -90,25 +88,40 @@ impl Programs {
     ) -> (Vec<pb::QuarantineRecord>, String) {
         use std::ops::Bound::{Excluded, Unbounded};
         let g = self.lock();
-        let stored = |hash: &str| {
-            g.by_hash
-                .get(hash)
-                .and_then(|id| g.entries.get(id))
-                .map(|e| (e.program.id, e))
+        let stored = |hash: &str| g.by_hash.get(hash).copied().unwrap_or(0);
+        let above = (Excluded(after), Unbounded);
+        // One more than the page, to tell whether another page follows.
+        let want = max.saturating_add(1);
+        let records: Vec<&QuarantineRecord> = match sessions {
+            None => g
+                .quarantine
+                .range::<str, _>(above)
+                .take(want)
+                .map(|(_, r)| r)
+                .collect(),
+            Some(ss) => {
+                // The first `want` hashes above `after` of each session hold the first `want`
+                // of their union.
+                let hashes: std::collections::BTreeSet<&str> = ss
+                    .iter()
+                    .filter_map(|s| g.held.get(s))
+                    .flat_map(|h| {
+                        h.quarantined
+                            .range::<str, _>(above)
+                            .take(want)
+                            .map(String::as_str)
+                    })
+                    .collect();
+                hashes
+                    .iter()
+                    .take(want)
+                    .filter_map(|h| g.quarantine.get(*h))
+                    .collect()
+            }
         };
-        let mut page: Vec<pb::QuarantineRecord> = g
-            .quarantine
-            .range::<str, _>((Excluded(after), Unbounded))
-            .filter_map(|(_, r)| {
-                let program = stored(&r.content_hash);
-                match (sessions, &program) {
-                    (None, _) => {}
-                    (Some(ss), Some((_, e))) if ss.iter().any(|s| e.refs.contains(s)) => {}
-                    _ => return None,
-                }
-                Some(record_proto(r, program.map_or(0, |(id, _)| id)))
-            })
-            .take(max + 1)
+        let mut page: Vec<pb::QuarantineRecord> = records
+            .into_iter()
+            .map(|r| record_proto(r, stored(&r.content_hash)))
             .collect();
         if page.len() > max {
             page.truncate(max);
@@ -184,15 +197,23 @@ mod tests {
             None,
             Vec::new(),
         );
-        // Five quarantined programs: session 1 holds the first three, session 2 the other two.
+        // Five quarantined programs: session 1 holds the first three, session 2 the other two
+        // and the first.
+        let mut ids = Vec::new();
         let mut hashes: Vec<String> = (1..=5)
             .map(|k| {
                 let (pdi, insts) = vsa(k);
                 let session = if k <= 3 { 1 } else { 2 };
-                let a = p.register(session, pdi, insts, String::new()).unwrap();
-                p.quarantine(a.program.id, "boom").unwrap().content_hash
+                let a = p.register(session, pdi.clone(), insts.clone(), String::new());
+                let id = a.unwrap().program.id;
+                if k == 1 {
+                    p.register(2, pdi, insts, String::new()).unwrap();
+                }
+                ids.push(id);
+                p.quarantine(id, "boom").unwrap().content_hash
             })
             .collect();
+        let (first, second) = (hashes[0].clone(), hashes[1].clone());
         let of_1: std::collections::BTreeSet<String> = hashes[..3].iter().cloned().collect();
         hashes.sort();
         let walk = |sessions: Option<&[u64]>, max| {
@@ -225,6 +246,29 @@ mod tests {
                 .collect::<Vec<_>>()
         );
         assert_eq!(walk(Some(&[3]), 2), (vec![], 1));
+        // Two sessions' records: their union, each once, in pages.
+        assert_eq!(walk(Some(&[1, 2]), 2), (hashes.clone(), 3));
+        let of_2 = |h: &String| !of_1.contains(h) || *h == first;
+        let (theirs, _) = walk(Some(&[2]), 2);
+        assert_eq!(
+            theirs,
+            hashes
+                .iter()
+                .filter(|h| of_2(h))
+                .cloned()
+                .collect::<Vec<_>>()
+        );
+
+        // A program session 1 lets go of leaves its records and stays in the admin's; one
+        // cleared leaves every view.
+        p.unregister(1, ids[1]).unwrap();
+        let (mine, _) = walk(Some(&[1]), 2);
+        assert!(!mine.contains(&second) && mine.len() == 2, "{mine:?}");
+        assert_eq!(walk(None, 2).0, hashes);
+        p.clear_quarantine(&first).unwrap();
+        assert!(!walk(Some(&[1]), 2).0.contains(&first));
+        assert!(!walk(Some(&[2]), 2).0.contains(&first));
+        assert!(!walk(None, 2).0.contains(&first));
     }
 
     #[test]
