@@ -238,6 +238,9 @@ pub struct Options {
     /// execs the daemon): an allocation past it fails in the daemon, as under a container's
     /// memory limit, instead of driving the machine into the OOM killer.
     pub address_space: Option<u64>,
+    /// `--log-level`; `npud=debug,info` when `None`, so that a failing test's daemon says what
+    /// it did.
+    pub log_level: Option<String>,
 }
 
 impl Default for Options {
@@ -254,6 +257,7 @@ impl Default for Options {
             netns: None,
             program: None,
             address_space: None,
+            log_level: None,
         }
     }
 }
@@ -464,7 +468,7 @@ impl Daemon {
             .arg("--session-grace-ms")
             .arg(opts.grace_ms.to_string())
             .arg("--log-level")
-            .arg("npud=debug,info")
+            .arg(opts.log_level.as_deref().unwrap_or("npud=debug,info"))
             .args(&opts.args)
             .env_remove("RUST_LOG")
             .env("NO_COLOR", "1")

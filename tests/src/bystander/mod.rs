@@ -188,8 +188,11 @@ fn release_binaries() -> (PathBuf, PathBuf) {
 }
 
 /// The options that run `opts` as the harness does: the release npud under `prlimit
-/// --as=ADDRESS_SPACE`, with `budgets` (keys `opts` sets itself are kept).
+/// --as=ADDRESS_SPACE`, with `budgets` (keys `opts` sets itself are kept), logging at its
+/// default level (`info`) as a user runs it, unless `opts` names another: at `debug` it writes
+/// a line for every dispatch, on the threads the bystander waits for.
 pub fn release_options(mut opts: Options, budgets: &Budgets) -> Options {
+    opts.log_level.get_or_insert_with(|| "info".to_owned());
     opts.program = Some(vec![
         OsString::from("prlimit"),
         OsString::from(format!("--as={ADDRESS_SPACE}")),
