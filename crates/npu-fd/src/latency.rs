@@ -122,3 +122,16 @@ pub const EXECUTOR_YIELD_AFTER: Duration = Duration::from_micros(250);
 /// 161.2, 167.5 against 141.7, 143.8 µs, 16 and 64 clients unchanged. With other items in
 /// hand the reply is further away and the handler sleeps at once.
 pub const HANDLER_IDLE_POLL: Duration = Duration::from_micros(50);
+
+/// The bytes one gRPC connection reads in a row before it lets the I/O thread look for other
+/// connections' events (`tokio::task::yield_now`, which wakes it again only after the runtime
+/// has polled for I/O). Without it a connection whose bytes keep coming was read for as long
+/// as its HTTP/2 flow-control windows allowed (1 MiB a stream by default), and every byte was
+/// framed and gathered on the I/O thread before another caller's request was even seen: while
+/// sessions registered 8 MiB code objects back to back, a bystander's p99 was 3.5-4.7 times its
+/// baseline, and 2.2-2.6 times with a 64 KiB turn (2-vCPU VM, release, three runs each of
+/// `tests/tests/bystander/last_round.rs`'s hsaco attack). Smaller flow-control windows
+/// (128 KiB a stream) did as well (1.5-2.3x) but made 16 MiB inline tensors 10-50% slower and
+/// would cap a remote caller at a window per round trip; the turn left them as fast (16 MiB
+/// inline 33-37 ms against 42-45 ms without it, `npuctl-bench --only sizes`).
+pub const CONN_READ_TURN: usize = 64 << 10;

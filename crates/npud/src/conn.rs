@@ -22,6 +22,10 @@
 //! [`REFUSED_LIFETIME`] after it was accepted, whatever it sends. A connection a full pool
 //! evicts (`accept`) is closed at once: its pending read fails. The pools learn what a
 //! connection is doing (no session or call, a call, a session) from [`ConnUse`].
+//!
+//! A connection reads at most [`READ_TURN`] bytes in a row: then it yields, and reads on only
+//! after the runtime has looked for other connections' events, so that one caller streaming a
+//! large message does not hold the I/O thread for as long as its flow-control windows allow.
 
 use std::future::Future;
 use std::io;
@@ -29,7 +33,7 @@ use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -109,7 +113,24 @@ pub struct Conn {
     unused: Duration,
     /// When the HTTP/2 preface was complete.
     started: Instant,
+    /// Bytes read since the connection last waited or yielded.
+    turn: usize,
+    /// The connection's yield once it read [`READ_TURN`] bytes in a row: the next read waits
+    /// for it.
+    yielding: Option<Yield>,
 }
+
+/// A pending `tokio::task::yield_now`.
+struct Yield(Pin<Box<dyn Future<Output = ()> + Send>>);
+
+impl std::fmt::Debug for Yield {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Yield")
+    }
+}
+
+// Tuned: `npu_fd::latency` says why it has its value and what measured it.
+const READ_TURN: usize = npu_fd::latency::CONN_READ_TURN;
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
@@ -240,6 +261,8 @@ impl Conn {
             unused_deadline: Box::pin(tokio::time::sleep_until(now + t.unused)),
             unused: t.unused,
             started: now,
+            turn: 0,
+            yielding: None,
         }
     }
 
@@ -304,15 +327,31 @@ impl AsyncRead for Conn {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        // A connection whose bytes keep coming reads a turn's worth, then lets the I/O thread
+        // look for other connections' events and serve them before it reads on.
+        if let Some(y) = this.yielding.as_mut() {
+            ready!(y.0.as_mut().poll(cx));
+            this.yielding = None;
+            this.turn = 0;
+        }
         let before = buf.filled().len();
         let r = match &mut this.stream {
             Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Tls(s) => Pin::new(s).poll_read(cx, buf),
         };
+        if r.is_pending() {
+            // It waits for its peer: its next bytes start a new turn.
+            this.turn = 0;
+        }
         match r {
             Poll::Ready(Ok(())) => {
                 let n = buf.filled().len() - before;
+                this.turn += n;
+                if this.turn >= READ_TURN {
+                    // `yield_now` wakes the task only after the runtime has polled for I/O.
+                    this.yielding = Some(Yield(Box::pin(tokio::task::yield_now())));
+                }
                 if n > 0 {
                     this.last_read = Instant::now();
                     if this.preface_left > 0 {
@@ -509,5 +548,77 @@ where
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accept::{Limiter, Peer};
+    use crate::config::Limits;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A Unix connection, admitted, and its peer.
+    fn connected() -> (Conn, tokio::net::UnixStream) {
+        let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        let limiter = Limiter::local(&Limits::default());
+        let slot = limiter.admit(Peer::Uid(0), &Arc::default()).unwrap();
+        let admission = Admission::Admitted {
+            slot,
+            preauth: None,
+            local_uid: None,
+        };
+        let timeouts = Timeouts {
+            handshake: Duration::from_secs(60),
+            idle: Duration::from_secs(60),
+            unused: Duration::from_secs(60),
+        };
+        let sessions = Arc::new(Sessions::new(Duration::from_secs(1), 8));
+        let conn = Conn::new(Accepted::Unix(ours), admission, sessions, timeouts, None);
+        (conn, theirs)
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_bytes_keep_coming_yields_after_a_turn_and_then_reads_on() {
+        let (mut conn, mut peer) = connected();
+        let sent = 4 * READ_TURN;
+        let writer = tokio::spawn(async move {
+            peer.write_all(&vec![7u8; sent]).await.unwrap();
+            peer
+        });
+        // Reads in one poll, as a connection task does, until the connection says to wait.
+        let mut got = 0;
+        let mut turns = Vec::new();
+        let mut buf = vec![0u8; 16 << 10];
+        while got < sent {
+            let in_turn = std::future::poll_fn(|cx| {
+                let mut n = 0;
+                loop {
+                    let mut rb = ReadBuf::new(&mut buf);
+                    match Pin::new(&mut conn).poll_read(cx, &mut rb) {
+                        Poll::Ready(Ok(())) if rb.filled().is_empty() => return Poll::Ready(n),
+                        Poll::Ready(Ok(())) => n += rb.filled().len(),
+                        Poll::Ready(Err(e)) => panic!("{e}"),
+                        Poll::Pending if n > 0 => return Poll::Ready(n),
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+            })
+            .await;
+            got += in_turn;
+            turns.push(in_turn);
+        }
+        assert_eq!(got, sent);
+        // No turn reads more than a turn's worth and one more read.
+        assert!(
+            turns.iter().all(|&n| n < READ_TURN + buf.len()),
+            "{turns:?}"
+        );
+        // The bytes after a yield are read, and the connection still works both ways.
+        let mut peer = writer.await.unwrap();
+        conn.write_all(b"ok").await.unwrap();
+        let mut back = [0u8; 2];
+        peer.read_exact(&mut back).await.unwrap();
+        assert_eq!(&back, b"ok");
     }
 }
