@@ -309,52 +309,21 @@ impl IntakeBody {
         &self,
         work: impl FnOnce(&Intake) -> Result<Processed, NpudError> + Send + 'static,
     ) -> Job {
-        let intake = self.intake.clone();
-        Box::pin(async move {
-            let permit = intake
-                .workers
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|_| NpudError::Unavailable("the daemon is shutting down".into()))?;
-            let i = intake.clone();
-            crate::bulk::run(move || {
-                let _permit = permit;
-                work(&i)
-            })
-            .await
-            .unwrap_or_else(|e| {
-                Err(NpudError::Internal(format!(
-                    "reading the request failed: {e}"
-                )))
-            })
-        })
+        Box::pin(on_bulk(self.intake.clone(), work))
     }
 
     /// A buffer of `n` bytes' capacity whose pages are all in memory, made on a bulk-work
     /// thread once one of the intake's places is free. The message's bytes were charged when
     /// its header was read.
     fn prepared(&self, n: usize) -> Preparing {
-        let intake = self.intake.clone();
-        Box::pin(async move {
-            let permit = intake
-                .workers
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|_| NpudError::Unavailable("the daemon is shutting down".into()))?;
-            crate::bulk::run(move || {
-                let _permit = permit;
-                let mut g = BytesMut::with_capacity(n);
-                // Written once, so that every page is in; the length goes back to 0 and the
-                // capacity stays.
-                g.resize(n, 0);
-                g.clear();
-                g
-            })
-            .await
-            .map_err(|e| NpudError::Internal(format!("reading the request failed: {e}")))
-        })
+        Box::pin(on_bulk(self.intake.clone(), move |_| {
+            let mut g = BytesMut::with_capacity(n);
+            // Written once, so that every page is in; the length goes back to 0 and the
+            // capacity stays.
+            g.resize(n, 0);
+            g.clear();
+            Ok(g)
+        }))
     }
 
     /// The gather buffer, once prepared: the bytes queued meanwhile go into it. `Pending`
@@ -408,6 +377,30 @@ impl IntakeBody {
 enum Step {
     Ready(Processed),
     Job(Job),
+}
+
+/// `work` on a bulk-work thread (`crate::bulk`) once one of the intake's places is free.
+async fn on_bulk<T: Send + 'static>(
+    intake: Arc<Intake>,
+    work: impl FnOnce(&Intake) -> Result<T, NpudError> + Send + 'static,
+) -> Result<T, NpudError> {
+    let permit = intake
+        .workers
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| NpudError::Unavailable("the daemon is shutting down".into()))?;
+    let i = intake.clone();
+    crate::bulk::run(move || {
+        let _permit = permit;
+        work(&i)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(NpudError::Internal(format!(
+            "reading the request failed: {e}"
+        )))
+    })
 }
 
 /// Inflates up to `budget` more bytes: `Ok(true)` once done.
