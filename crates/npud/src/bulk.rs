@@ -15,7 +15,10 @@
 //! for its whole slice whatever its nice value, so a nice-10 job held a core for 2-8 ms at a time
 //! while the I/O thread, woken by a caller, waited for it (`perf sched timehist`, 2-core 6.18
 //! kernel, the chain and code-object attacks of `tests/tests/bystander/`); a `SCHED_IDLE` thread
-//! is preempted as soon as a normal one wakes. Same run, same bystander, two runs each: a gzip
+//! is preempted as soon as a normal one wakes. Not always when one is already runnable: EEVDF
+//! picks a `SCHED_IDLE` thread when the runnable normal ones have run past their share (they
+//! are not eligible), and lets it run a whole slice (1.4 ms by default; 2.8-3.4 ms seen on the
+//! 2-vCPU VM with the test's `SCHED_IDLE` attacker, `perf sched timehist -w`). Same run, same bystander, two runs each: a gzip
 //! Chain on a Unix session 2.61-3.35x the bystander's baseline p99 at nice 10, 2.12-2.51x
 //! idle; 8 MiB hsacos 3.55-4.19x and 2.58-2.81x. The cost: when every core is busy with
 //! normal threads, a job gets about 3/1024 of a core's share per busy thread (a large program's
