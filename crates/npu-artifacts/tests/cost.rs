@@ -1,21 +1,19 @@
 //! Cost is part of each parser's contract: whatever the bytes say, parsing allocates at most a
 //! small multiple of the input and does work near-linear in it.
 //!
-//! The oracle is a counting global allocator: each test feeds one parser an adversarial input
-//! built to make a per-entry copy or a pairwise loop explode (many headers sharing one long name,
-//! names that are suffixes of one long string, groups sharing their member lists, relocations
-//! times kernels, one embedded PDI referenced many times, maximal counts, huge declared counts
-//! with little data) and asserts the peak bytes allocated during the parse stay within
-//! `PEAK_PER_INPUT_BYTE × input + PEAK_SLACK`. Work is bounded by construction: the inputs are
-//! megabytes, so a quadratic loop would run for hours rather than finish.
+//! The oracle is the counting global allocator of `cost-meter`: each test feeds one parser an
+//! adversarial input built to make a per-entry copy or a pairwise loop explode (many headers
+//! sharing one long name, names that are suffixes of one long string, groups sharing their
+//! member lists, relocations times kernels, one embedded PDI referenced many times, maximal
+//! counts, huge declared counts with little data) and asserts the peak bytes allocated during
+//! the parse stay within `PEAK_PER_INPUT_BYTE × input + PEAK_SLACK`. Work is bounded by
+//! construction: the inputs are megabytes, so a quadratic loop would run for hours rather than
+//! finish.
 //!
-//! The allocator refuses any allocation that would take the bytes live above [`CEILING`] (the
-//! process then aborts with "memory allocation of N bytes failed") so a regression fails fast
-//! instead of driving the machine into swap. Tests take one lock: the counters are global.
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+//! The allocator refuses any allocation that would take the bytes live above
+//! `cost_meter::CEILING` (the process then aborts with "memory allocation of N bytes failed")
+//! so a regression fails fast instead of driving the machine into swap. Tests take one lock:
+//! the counters are global.
 
 use npu_artifacts::hsaco::{self, FullElf, Hsaco};
 use npu_artifacts::txn::{self, TxnBuilder, TxnProgram};
@@ -25,98 +23,15 @@ use npu_artifacts::{NpuGen, pdi, xclbin};
 const PEAK_PER_INPUT_BYTE: usize = 8;
 /// Allowed peak bytes on top of that (error messages, small tables).
 const PEAK_SLACK: usize = 1 << 20;
-/// Live bytes above which an allocation fails.
-const CEILING: usize = 1 << 30;
-
-struct Counting;
-
-static CURRENT: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every method forwards to `System` with the caller's layout; the counters only observe.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if !reserve(layout.size()) {
-            return std::ptr::null_mut();
-        }
-        // SAFETY: the caller upholds `alloc`'s contract, which `System::alloc` shares.
-        let p = unsafe { System.alloc(layout) };
-        if p.is_null() {
-            CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if !reserve(layout.size()) {
-            return std::ptr::null_mut();
-        }
-        // SAFETY: as in `alloc`.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if p.is_null() {
-            CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from this allocator with this layout, so from `System`.
-        unsafe { System.dealloc(ptr, layout) };
-        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if new_size > layout.size() && !reserve(new_size - layout.size()) {
-            return std::ptr::null_mut();
-        }
-        // SAFETY: the caller upholds `realloc`'s contract, which `System::realloc` shares.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if p.is_null() {
-            if new_size > layout.size() {
-                CURRENT.fetch_sub(new_size - layout.size(), Ordering::Relaxed);
-            }
-        } else if new_size < layout.size() {
-            CURRENT.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
-        }
-        p
-    }
-}
-
-/// Counts `n` more live bytes, unless that passes the ceiling.
-fn reserve(n: usize) -> bool {
-    let now = CURRENT.fetch_add(n, Ordering::Relaxed) + n;
-    if now > CEILING {
-        CURRENT.fetch_sub(n, Ordering::Relaxed);
-        return false;
-    }
-    PEAK.fetch_max(now, Ordering::Relaxed);
-    true
-}
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static METER: cost_meter::Meter = cost_meter::Meter;
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Holds every other test off while one runs: the counters see the whole process.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Runs `parse` and returns the peak bytes it had live above what was live before it. The
-/// caller holds [`serial`].
-fn peak_of(parse: impl FnOnce()) -> usize {
-    let base = CURRENT.load(Ordering::Relaxed);
-    PEAK.store(base, Ordering::Relaxed);
-    parse();
-    PEAK.load(Ordering::Relaxed).saturating_sub(base)
-}
+use cost_meter::serial;
 
 /// Asserts `parse` stays within the budget for an `input`-byte input, and prints the ratio.
 fn assert_linear(what: &str, input: &[u8], parse: impl FnOnce()) {
-    let peak = peak_of(parse);
+    let ((), peak) = cost_meter::peak_of(parse);
     let limit = PEAK_PER_INPUT_BYTE * input.len() + PEAK_SLACK;
     println!(
         "{what}: {} input bytes, peak {peak} bytes ({:.2} per input byte)",
@@ -798,7 +713,7 @@ fn txn_listing_and_explain_cost_their_output() {
         ("explain", &noops),
         ("explain, broken", &broken),
     ] {
-        let peak = peak_of(|| {
+        let ((), peak) = cost_meter::peak_of(|| {
             let text = if what == "listing" {
                 txn::listing(f).unwrap()
             } else {

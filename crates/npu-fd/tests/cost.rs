@@ -2,14 +2,10 @@
 //! ring slot, decoding it allocates at most a small multiple of the frame or slot (both are
 //! fixed-size, so every decode is bounded by construction; this checks the constant).
 //!
-//! The oracle is a counting global allocator, as in `npu-artifacts/tests/cost.rs`: each test
-//! decodes hostile frames and slots (every byte 0xFF, maximal counts and lengths, counts far
-//! past the maximum, bytes that are no UTF-8) and asserts the peak bytes allocated during the
+//! The oracle is the counting global allocator of `cost-meter`: each test decodes hostile
+//! frames and slots (every byte 0xFF, maximal counts and lengths, counts far past the maximum,
+//! bytes that are no UTF-8) and asserts the peak bytes allocated during the
 //! decode stay within [`PEAK_PER_INPUT_BYTE`] × the frame's size + [`PEAK_SLACK`].
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use npu_fd::ring::{
     COMPLETION_BYTES, Completion, MAX_ARGS, RawCompletion, RawSubmission, SUBMISSION_BYTES,
@@ -22,65 +18,14 @@ const PEAK_PER_INPUT_BYTE: usize = 8;
 /// Allowed peak bytes on top of that (an error message).
 const PEAK_SLACK: usize = 4096;
 
-struct Counting;
-
-static CURRENT: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every method forwards to `System` with the caller's layout; the counters only observe.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        // SAFETY: the caller upholds `alloc`'s contract, which `System::alloc` shares.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        // SAFETY: as in `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from this allocator with this layout, so from `System`.
-        unsafe { System.dealloc(ptr, layout) };
-        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // The old and the new block may both be live for a moment.
-        count(new_size);
-        // SAFETY: the caller upholds `realloc`'s contract, which `System::realloc` shares.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if p.is_null() {
-            CURRENT.fetch_sub(new_size, Ordering::Relaxed);
-        } else {
-            CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-}
-
-fn count(n: usize) {
-    let now = CURRENT.fetch_add(n, Ordering::Relaxed) + n;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-static SERIAL: Mutex<()> = Mutex::new(());
+static METER: cost_meter::Meter = cost_meter::Meter;
 
 /// Runs `f` and returns the peak bytes it had live above what was live before it, holding
 /// every other test off (the counters see the whole process).
 fn peak_of<T>(f: impl FnOnce() -> T) -> usize {
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let base = CURRENT.load(Ordering::Relaxed);
-    PEAK.store(base, Ordering::Relaxed);
-    let r = f();
-    let peak = PEAK.load(Ordering::Relaxed).saturating_sub(base);
+    let _serial = cost_meter::serial();
+    let (r, peak) = cost_meter::peak_of(f);
     drop(r);
     peak
 }

@@ -2,7 +2,7 @@
 //! the daemon does with them before a handler runs (inflate, scan, and prost's decode of what
 //! the scan passes) allocates at most a small multiple of the bytes, and work linear in them.
 //!
-//! The oracle is a counting global allocator, as in `npu-artifacts/tests/cost.rs`. Every
+//! The oracle is the counting global allocator of `cost-meter`. Every
 //! request message of every served method (enumerated from the descriptor sets: a method added
 //! without a decoder below fails the test) is fed hostile shapes generated from its schema:
 //! every repeated field full to its limit with the densest elements the limits allow, one
@@ -12,17 +12,14 @@
 //! must bound what prost then allocates. Work is bounded by construction: inputs are
 //! megabytes, so a quadratic pass would not finish; each shape's time per byte is printed.
 //!
-//! The allocator refuses allocations past [`CEILING`] live bytes (the process then aborts), so
-//! a regression fails fast instead of swapping the machine. Tests take one lock: the counters
-//! are global.
+//! The allocator refuses allocations past `cost_meter::CEILING` live bytes (the process then
+//! aborts), so a regression fails fast instead of swapping the machine. Tests take one lock:
+//! the counters are global.
 
 // Sizes are u64 on the wire and usize in memory; this test runs on 64-bit hosts only.
 #![allow(clippy::cast_possible_truncation)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Write;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
@@ -40,94 +37,11 @@ use prost::Message as _;
 const PEAK_PER_INPUT_BYTE: usize = DECODED_PER_WIRE_BYTE as usize;
 /// Allowed peak bytes on top of that.
 const PEAK_SLACK: usize = DECODED_SLACK as usize;
-/// Live bytes above which an allocation fails.
-const CEILING: usize = 1 << 30;
-
-struct Counting;
-
-static CURRENT: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every method forwards to `System` with the caller's layout; the counters only observe.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if !reserve(layout.size()) {
-            return std::ptr::null_mut();
-        }
-        // SAFETY: the caller upholds `alloc`'s contract, which `System::alloc` shares.
-        let p = unsafe { System.alloc(layout) };
-        if p.is_null() {
-            CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if !reserve(layout.size()) {
-            return std::ptr::null_mut();
-        }
-        // SAFETY: as in `alloc`.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if p.is_null() {
-            CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from this allocator with this layout, so from `System`.
-        unsafe { System.dealloc(ptr, layout) };
-        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // A realloc may copy: the old and the new block are both live for a moment.
-        if !reserve(new_size) {
-            return std::ptr::null_mut();
-        }
-        // SAFETY: the caller upholds `realloc`'s contract, which `System::realloc` shares.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if p.is_null() {
-            CURRENT.fetch_sub(new_size, Ordering::Relaxed);
-        } else {
-            CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-}
-
-/// Counts `n` more live bytes, unless that passes the ceiling.
-fn reserve(n: usize) -> bool {
-    let now = CURRENT.fetch_add(n, Ordering::Relaxed) + n;
-    if now > CEILING {
-        CURRENT.fetch_sub(n, Ordering::Relaxed);
-        return false;
-    }
-    PEAK.fetch_max(now, Ordering::Relaxed);
-    true
-}
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static METER: cost_meter::Meter = cost_meter::Meter;
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Runs `f` and returns its result and the peak bytes it had live above what was live before
-/// it. The caller holds [`serial`].
-fn peak_of<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    let base = CURRENT.load(Ordering::Relaxed);
-    let outer = PEAK.swap(base, Ordering::Relaxed);
-    let r = f();
-    let peak = PEAK.load(Ordering::Relaxed).saturating_sub(base);
-    PEAK.fetch_max(outer, Ordering::Relaxed);
-    (r, peak)
-}
+use cost_meter::{peak_of, serial};
 
 /// Prost's decode of a served method's request message, by its full name; `None` for a type
 /// this table lacks (the test then fails, naming it). It decodes from a `BytesMut`, as tonic
