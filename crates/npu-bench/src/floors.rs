@@ -115,7 +115,7 @@ impl RawEcho {
 /// device owner.
 #[derive(Debug, Default)]
 struct EchoSvc {
-    hop: Option<std::sync::Mutex<std::sync::mpsc::Sender<Hop>>>,
+    hop: Option<std::sync::mpsc::Sender<Hop>>,
 }
 
 type Hop = (EchoMessage, oneshot::Sender<EchoMessage>);
@@ -130,9 +130,7 @@ impl EchoSvc {
                     let _ = back.send(m);
                 }
             })?;
-        Ok(EchoSvc {
-            hop: Some(std::sync::Mutex::new(tx)),
-        })
+        Ok(EchoSvc { hop: Some(tx) })
     }
 }
 
@@ -150,9 +148,7 @@ impl Echo for EchoSvc {
             return Ok(Response::new(m));
         };
         let (tx, rx) = oneshot::channel();
-        hop.lock()
-            .map_err(|_| Status::internal("the hop thread's channel is poisoned"))?
-            .send((m, tx))
+        hop.send((m, tx))
             .map_err(|_| Status::internal("the hop thread is gone"))?;
         rx.await
             .map(Response::new)
