@@ -44,31 +44,29 @@ fn reserve(n: usize) -> bool {
     true
 }
 
+/// `alloc`'s block of `size` bytes, counted; null past the ceiling or when `alloc` fails.
+fn counted(size: usize, alloc: impl FnOnce() -> *mut u8) -> *mut u8 {
+    if !reserve(size) {
+        return std::ptr::null_mut();
+    }
+    let p = alloc();
+    if p.is_null() {
+        LIVE.fetch_sub(size, Ordering::Relaxed);
+    }
+    p
+}
+
 // SAFETY: every method forwards to `System` with the caller's layout and pointer; the counters
 // only observe, and a refused allocation returns null, which `GlobalAlloc` allows.
 unsafe impl GlobalAlloc for Meter {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if !reserve(layout.size()) {
-            return std::ptr::null_mut();
-        }
         // SAFETY: the caller upholds `alloc`'s contract, which `System::alloc` shares.
-        let p = unsafe { System.alloc(layout) };
-        if p.is_null() {
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        }
-        p
+        counted(layout.size(), || unsafe { System.alloc(layout) })
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if !reserve(layout.size()) {
-            return std::ptr::null_mut();
-        }
         // SAFETY: as in `alloc`.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if p.is_null() {
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        }
-        p
+        counted(layout.size(), || unsafe { System.alloc_zeroed(layout) })
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
