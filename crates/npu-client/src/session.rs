@@ -479,7 +479,12 @@ impl Inner {
                     });
                 }
             };
-            if is_transport(&status) && !retried {
+            // A daemon that is shutting down ends the calls it holds with UNAVAILABLE (nothing
+            // of them ran); under socket activation the daemon that replaces it takes the next
+            // connection. A call without a session only reads, or clears a quarantine (which a
+            // repeat leaves as it is), so it too is sent once more on a new connection.
+            let drained = anonymous && status.code() == Code::Unavailable;
+            if (is_transport(&status) || drained) && !retried {
                 retried = true;
                 self.recover(epoch, name).await?;
                 continue;
