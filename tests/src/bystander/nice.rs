@@ -16,7 +16,9 @@
 //! chain and code-object attacks: the attack's nice-19 threads ran 2-5 ms at a time while the
 //! bystander's thread, the daemon's I/O thread and its executor waited for the CPU, so the
 //! bystander's p99 measured the test's own client. A `SCHED_IDLE` thread is preempted as soon
-//! as a normal one wakes. `chrt` (util-linux, on every Debian system) sets the policy of each
+//! as a normal one wakes on its CPU (one that is already runnable and has run past its share
+//! may still wait for it until the next tick: so the attacks also keep their own CPU small,
+//! encoding a long request once rather than per call). `chrt` (util-linux, on every Debian system) sets the policy of each
 //! thread by its id, which no safe Rust interface here does.
 
 use rustix::process::{Pid, setpriority_process};
