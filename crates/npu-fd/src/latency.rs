@@ -135,3 +135,16 @@ pub const HANDLER_IDLE_POLL: Duration = Duration::from_micros(50);
 /// would cap a remote caller at a window per round trip; the turn left them as fast (16 MiB
 /// inline 33-37 ms against 42-45 ms without it, `npuctl-bench --only sizes`).
 pub const CONN_READ_TURN: usize = 64 << 10;
+
+/// How long a bulk-work job (decoding, inflating, scanning or gathering one caller's long
+/// message on a `SCHED_IDLE` thread, `npud`'s `bulk.rs`) computes before it offers its CPU to
+/// a thread waiting for it (`sched_yield`). The scheduler does not take the CPU from such a job
+/// by itself often enough: EEVDF picks a `SCHED_IDLE` thread while the runnable normal ones
+/// have run past their share, and then lets it run until the next tick (4 ms at 250 Hz) unless
+/// another thread wakes on that CPU. Under four sessions' 1,024-link chains the daemon's I/O
+/// thread waited behind its own bulk threads 100 ms of 3.9 s, in stalls of up to 3.2 ms while
+/// the other vCPU idled (`perf sched timehist`, 2-vCPU VM, 6.18 kernel). A job that yields is
+/// not eligible any more (its weight is 3, so 100 µs of it counts as 34 ms of a normal thread)
+/// and the waiting thread runs at once; with nothing waiting the yield returns at once, a system
+/// call per 100 µs of work.
+pub const BULK_TURN: Duration = Duration::from_micros(100);

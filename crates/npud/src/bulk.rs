@@ -15,10 +15,15 @@
 //! for its whole slice whatever its nice value, so a nice-10 job held a core for 2-8 ms at a time
 //! while the I/O thread, woken by a caller, waited for it (`perf sched timehist`, 2-core 6.18
 //! kernel, the chain and code-object attacks of `tests/tests/bystander/`); a `SCHED_IDLE` thread
-//! is preempted as soon as a normal one wakes. Not always when one is already runnable: EEVDF
-//! picks a `SCHED_IDLE` thread when the runnable normal ones have run past their share (they
-//! are not eligible), and lets it run a whole slice (1.4 ms by default; 2.8-3.4 ms seen on the
-//! 2-vCPU VM with the test's `SCHED_IDLE` attacker, `perf sched timehist -w`). Same run, same bystander, two runs each: a gzip
+//! is preempted as soon as a normal one wakes. Not when one is already runnable: EEVDF picks a
+//! `SCHED_IDLE` thread when the runnable normal ones have run past their share (they are not
+//! eligible), and then lets it run until the next tick (4 ms at 250 Hz) unless another thread
+//! wakes on its CPU: under four sessions' 1,024-link chains the I/O thread waited behind the
+//! decoders in stalls of up to 3.2 ms while the other vCPU idled. So every job's loops call
+//! [`pause`], which offers the CPU (`sched_yield`) once the job has computed for
+//! `npu_fd::latency::BULK_TURN`; by then the job is not eligible (its weight is 3) and a waiting
+//! thread runs at once. With it the bystander's p99 under those chains went from 5.7-7.2 times
+//! its baseline to 1.2-1.7 times. Same run, same bystander, two runs each: a gzip
 //! Chain on a Unix session 2.61-3.35x the bystander's baseline p99 at nice 10, 2.12-2.51x
 //! idle; 8 MiB hsacos 3.55-4.19x and 2.58-2.81x. The cost: when every core is busy with
 //! normal threads, a job gets about 3/1024 of a core's share per busy thread (a large program's
@@ -36,10 +41,12 @@
 //! scheduler keeps the job waiting. Registration therefore hashes and parses here and takes the
 //! store's lock in its handler (`Programs::admit`, `Programs::insert`).
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
 use std::sync::{LazyLock, Mutex, PoisonError};
+use std::time::Instant;
 
 /// How far below the daemon's own nice value the threads run.
 pub const NICE_BELOW: i32 = 10;
@@ -146,10 +153,43 @@ impl Pool {
     }
 }
 
+thread_local! {
+    /// On a bulk-work thread, when its job last started or offered its CPU ([`pause`]); `None`
+    /// on every other thread.
+    static TURN: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+// Tuned latencies: `npu_fd::latency` says why each has its value and what measured it.
+const BULK_TURN: std::time::Duration = npu_fd::latency::BULK_TURN;
+
+/// Where a job may stop for a moment: on a bulk-work thread whose job has computed for
+/// [`BULK_TURN`] since it started or last paused, offers the CPU to any thread waiting for it
+/// (`sched_yield`), which returns at once when none is. A clock read otherwise, and nothing on
+/// any other thread, so code that runs both inline and as bulk work (the intake's scan) calls
+/// it unconditionally. True when it offered the CPU.
+///
+/// Why: the scheduler does not preempt a `SCHED_IDLE` job often enough by itself (see
+/// `npu_fd::latency::BULK_TURN`). Every loop of a job over a caller's bytes calls this at
+/// least every few kilobytes or every few hundred fields.
+pub fn pause() -> bool {
+    TURN.with(|t| {
+        let Some(since) = t.get() else {
+            return false;
+        };
+        if since.elapsed() < BULK_TURN {
+            return false;
+        }
+        std::thread::yield_now();
+        t.set(Some(Instant::now()));
+        true
+    })
+}
+
 fn serve(i: usize, rx: &mpsc::Receiver<Job>) {
     lower_priority();
     while let Ok(mut job) = rx.recv() {
         loop {
+            TURN.with(|t| t.set(Some(Instant::now())));
             // A panicking job drops its reply sender (its caller sees `Lost`); the thread goes
             // on.
             let deliver = std::panic::catch_unwind(AssertUnwindSafe(job)).ok();
@@ -218,6 +258,33 @@ mod tests {
         assert_eq!(run(|| -> u32 { panic!("a job") }).await, Err(Lost));
         // The pool goes on after a panic.
         assert_eq!(run(|| 7).await, Ok(7));
+    }
+
+    #[tokio::test]
+    async fn a_job_offers_its_cpu_after_a_turn_and_no_other_thread_does() {
+        let spin = || {
+            let t = Instant::now();
+            while t.elapsed() < BULK_TURN * 2 {
+                std::hint::spin_loop();
+            }
+        };
+        // A job's first turn starts with the job: no pause point before it is over.
+        let job = run(move || {
+            let early = pause();
+            spin();
+            let due = pause();
+            let again = pause();
+            spin();
+            (early, due, again, pause())
+        })
+        .await
+        .unwrap();
+        assert_eq!(job, (false, true, false, true));
+        // The next job's turn starts afresh, whatever the last one did.
+        assert!(!run(pause).await.unwrap());
+        // Not a bulk-work thread: never.
+        spin();
+        assert!(!pause());
     }
 
     #[tokio::test]

@@ -31,6 +31,9 @@ use crate::error::NpudError;
 
 /// A gRPC message's header: the compressed flag and the length.
 const HEADER: usize = 5;
+/// How many bytes of a gather buffer are written (their pages faulted in) between two
+/// [`crate::bulk::pause`] points.
+const PREPARE_PIECE: usize = 64 << 10;
 
 type Job = Pin<Box<dyn Future<Output = Result<Processed, NpudError>> + Send>>;
 
@@ -318,9 +321,13 @@ impl IntakeBody {
     fn prepared(&self, n: usize) -> Preparing {
         Box::pin(on_bulk(self.intake.clone(), move |_| {
             let mut g = BytesMut::with_capacity(n);
-            // Written once, so that every page is in; the length goes back to 0 and the
-            // capacity stays.
-            g.resize(n, 0);
+            // Written once, so that every page is in, a piece at a time between pause points;
+            // the length goes back to 0 and the capacity stays.
+            while g.len() < n {
+                let to = (g.len() + PREPARE_PIECE).min(n);
+                g.resize(to, 0);
+                crate::bulk::pause();
+            }
             g.clear();
             Ok(g)
         }))

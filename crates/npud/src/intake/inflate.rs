@@ -135,6 +135,7 @@ impl Inflate {
             }
             self.out.extend_from_slice(&buf[..n]);
             produced += n;
+            crate::bulk::pause();
         }
         Ok(false)
     }

@@ -23,6 +23,9 @@ use crate::error::NpudError;
 
 use super::schema::{Kind, LimitCode, MessageId, Schema};
 
+/// How many fields the scan reads between two [`crate::bulk::pause`] points (a few µs).
+const PAUSE_EVERY: u64 = 256;
+
 /// Deepest nesting of messages accepted (prost's own limit is 100; this API nests 4 deep).
 pub const MAX_DEPTH: usize = 32;
 
@@ -204,6 +207,9 @@ impl Scanner<'_> {
         while pos < buf.len() {
             let key = varint(buf, &mut pos).map_err(|m| self.malformed(m, None))?;
             self.fields += 1;
+            if self.fields.is_multiple_of(PAUSE_EVERY) {
+                crate::bulk::pause();
+            }
             if self.fields > self.bounds.max_fields {
                 return Err(NpudError::ResourceExhausted(format!(
                     "the request has more than {} fields (known or not, at every depth): \

@@ -108,9 +108,21 @@ impl Program {
 /// The content hash of a program's bytes.
 pub fn content_hash(pdi: &[u8], insts: &[u8]) -> String {
     let mut h = blake3::Hasher::new();
-    h.update(pdi);
-    h.update(insts);
+    hash_pausing(&mut h, pdi);
+    hash_pausing(&mut h, insts);
     h.finalize().to_hex().to_string()
+}
+
+/// How many bytes are hashed between two [`crate::bulk::pause`] points (tens of µs).
+const HASH_PIECE: usize = 64 << 10;
+
+/// `h.update(bytes)`, a piece at a time between pause points: registration hashes megabytes
+/// as bulk work.
+fn hash_pausing(h: &mut blake3::Hasher, bytes: &[u8]) {
+    for piece in bytes.chunks(HASH_PIECE) {
+        h.update(piece);
+        crate::bulk::pause();
+    }
 }
 
 /// The content hash of an hsaco kernel: a domain tag, the kernel name (length-prefixed) and
@@ -120,6 +132,6 @@ pub fn hsaco_hash(bytes: &[u8], kernel: &str) -> String {
     h.update(b"npud hsaco\0");
     h.update(&(kernel.len() as u64).to_le_bytes());
     h.update(kernel.as_bytes());
-    h.update(bytes);
+    hash_pausing(&mut h, bytes);
     h.finalize().to_hex().to_string()
 }
