@@ -234,7 +234,10 @@ mod tests {
         };
         let d = decoder("npud.v1.RegisterProgramRequest").unwrap();
         let m = d(Bytes::from(prost::Message::encode_to_vec(&program))).unwrap();
-        assert_eq!(*m.downcast::<pb::RegisterProgramRequest>().unwrap(), program);
+        assert_eq!(
+            *m.downcast::<pb::RegisterProgramRequest>().unwrap(),
+            program
+        );
         // Cut short: prost's own error.
         let cut = Bytes::from(wire[..wire.len() - 7].to_vec());
         let ours = decoder("npud.v1.ChainRequest").unwrap()(cut.clone()).err();

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use npu_artifacts::emu::{DType, EmuDesign};
 use npu_proto::v1 as pb;
-use npud_e2e::bystander::Stand;
 use npu_proto::v1::npud_client::NpudClient;
+use npud_e2e::bystander::Stand;
 use npud_e2e::{Options, Session, raw_unary};
 use prost::Message;
 use tonic::Code;
