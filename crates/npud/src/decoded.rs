@@ -245,6 +245,53 @@ mod tests {
         assert_eq!(ours.map(|e| e.to_string()), theirs.map(|e| e.to_string()));
     }
 
+    #[tokio::test]
+    async fn a_long_decode_on_a_bulk_thread_offers_its_cpu_at_every_depth() {
+        // A Submit stream's message holds its chain one level down: a single top-level field.
+        let link = pb::DispatchRequest {
+            program_id: 3,
+            args: (0..64)
+                .map(|t| pb::TensorArg {
+                    tensor_id: t,
+                    ..Default::default()
+                })
+                .collect(),
+        };
+        let submit = pb::SubmitRequest {
+            request_id: 9,
+            work: Some(pb::submit_request::Work::Chain(pb::ChainRequest {
+                links: vec![link; 1024],
+            })),
+            timeout_ms: 0,
+        };
+        let wire = Bytes::from(prost::Message::encode_to_vec(&submit));
+        let d = decoder("npud.v1.SubmitRequest").unwrap();
+        let (offered, decoded) = crate::bulk::run(move || {
+            let before = crate::bulk::offered();
+            let started = std::time::Instant::now();
+            let m = d(wire).unwrap();
+            (
+                (crate::bulk::offered() - before, started.elapsed()),
+                *m.downcast::<pb::SubmitRequest>().unwrap(),
+            )
+        })
+        .await
+        .unwrap();
+        assert_eq!(decoded, submit);
+        // One pause point per KiB, and a turn of `BULK_TURN`: a decode that took n turns
+        // offered the CPU about n times.
+        let turns = offered.1.as_micros() / npu_fd::latency::BULK_TURN.as_micros();
+        assert!(
+            turns < 2 || offered.0 >= 1,
+            "a decode of {:?} ({turns} turns) never offered its CPU",
+            offered.1
+        );
+        assert!(
+            u128::from(offered.0) <= turns + 1,
+            "{offered:?}, {turns} turns"
+        );
+    }
+
     #[test]
     fn every_npud_request_type_has_a_decoder_that_decodes_it() {
         let schema = crate::intake::schema::Schema::served(&crate::config::Limits::default())
