@@ -130,6 +130,26 @@ pub fn cpu_ns(pid: u32) -> Option<u64> {
     Some(total)
 }
 
+/// CPU time each of a process's threads has used so far, in ns, by thread name (`comm`; threads
+/// of one name are summed): the first field of each `/proc/<pid>/task/*/schedstat`. `None` when
+/// the process is gone or the kernel keeps no schedstat.
+#[must_use]
+pub fn cpu_ns_by_thread(pid: u32) -> Option<std::collections::BTreeMap<String, u64>> {
+    let mut by = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(task) = task else { continue };
+        let (Ok(name), Ok(s)) = (
+            std::fs::read_to_string(task.path().join("comm")),
+            std::fs::read_to_string(task.path().join("schedstat")),
+        ) else {
+            continue;
+        };
+        let ns = s.split_whitespace().next()?.parse::<u64>().ok()?;
+        *by.entry(name.trim_end().to_owned()).or_insert(0) += ns;
+    }
+    Some(by)
+}
+
 /// User plus system CPU time of a process so far, in clock ticks: fields 14 and 15 of
 /// `/proc/<pid>/stat` (every thread's, ended ones included). `None` when the process is gone.
 #[must_use]

@@ -135,6 +135,12 @@ pub struct CpuRow {
     pub cpu_ticks: u64,
     /// Wall time over the same calls, divided by them, µs.
     pub wall_us_per_call: f64,
+    /// The same CPU time by the server's threads (by name, `/proc/<pid>/task/*/schedstat`) over
+    /// every call warm-up included, divided by them, µs: where a server's time per call goes
+    /// (npud's I/O thread `npud`, its `npud-executor`). Empty where the kernel keeps no
+    /// schedstat.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub threads_us_per_call: std::collections::BTreeMap<String, f64>,
 }
 
 /// A goal, stated as a ratio (or a bound) between rows of this run.
@@ -555,8 +561,15 @@ impl Report {
             "server CPU µs per call",
             "wall µs per call",
             "calls",
+            "by thread, µs per call",
         ]);
         for r in &self.cpu {
+            let mut threads: Vec<_> = r
+                .threads_us_per_call
+                .iter()
+                .filter(|(_, us)| **us >= 0.05)
+                .collect();
+            threads.sort_by(|a, b| b.1.total_cmp(a.1));
             c.add_row([
                 r.row.clone(),
                 r.key.clone(),
@@ -564,6 +577,11 @@ impl Report {
                 format!("{:.1}", r.cpu_us_per_call),
                 format!("{:.1}", r.wall_us_per_call),
                 r.calls.to_string(),
+                threads
+                    .iter()
+                    .map(|(name, us)| format!("{name} {us:.1}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
             ]);
         }
         for col in 3..6 {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::client::{Iters, Session, connect_tcp, connect_unix};
-use crate::daemon::{CpuMeter, Daemon, rss_kib, stat_cpu_ticks, us_per_tick};
+use crate::daemon::{CpuMeter, Daemon, cpu_ns_by_thread, rss_kib, stat_cpu_ticks, us_per_tick};
 use crate::fastpath::{BenchRing, PingPong};
 use crate::floors::{FloorServers, RawEcho, TonicEcho, tonic_stream};
 use crate::inproc::InProcess;
@@ -675,12 +675,14 @@ const CPU_CALLS: usize = 5000;
 const CPU_ROUNDS: usize = 10;
 
 /// CPU ticks and calls of one server over row 10's rounds.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 struct Tally {
     ticks: u64,
     calls: u64,
     measured: u64,
     wall: Duration,
+    /// ns of CPU by thread name over the same rounds.
+    threads: std::collections::BTreeMap<String, u64>,
 }
 
 impl Tally {
@@ -690,9 +692,14 @@ impl Tally {
         F: Future<Output = Result<(Vec<u64>, Duration)>>,
     {
         let gone = || BenchError(format!("process {pid} is gone: no /proc/{pid}/stat"));
+        let by_before = cpu_ns_by_thread(pid).unwrap_or_default();
         let before = stat_cpu_ticks(pid).ok_or_else(gone)?;
         let (_, wall) = work.await?;
         let after = stat_cpu_ticks(pid).ok_or_else(gone)?;
+        for (name, ns) in cpu_ns_by_thread(pid).unwrap_or_default() {
+            let was = by_before.get(&name).copied().unwrap_or(0);
+            *self.threads.entry(name).or_insert(0) += ns.saturating_sub(was);
+        }
         self.ticks += after.saturating_sub(before);
         self.calls += (round.warmup + round.measured) as u64;
         self.measured += round.measured as u64;
@@ -710,6 +717,11 @@ impl Tally {
             cpu_us_per_call: f(self.ticks) * us_per_tick() / f(self.calls.max(1)),
             cpu_ticks: self.ticks,
             wall_us_per_call: self.wall.as_secs_f64() * 1e6 / f(self.measured.max(1)),
+            threads_us_per_call: self
+                .threads
+                .iter()
+                .map(|(name, ns)| (name.clone(), f(*ns) / 1e3 / f(self.calls.max(1))))
+                .collect(),
         }
     }
 }
@@ -946,6 +958,7 @@ async fn idle_rings(report: &mut Report, socket: &std::path::Path, pid: Option<u
         cpu_us_per_call: per_s,
         cpu_ticks: ticks,
         wall_us_per_call: 1e6,
+        threads_us_per_call: std::collections::BTreeMap::new(),
     });
     for (mut s, r) in held {
         drop(r);

@@ -186,6 +186,17 @@ fn quick_json_has_every_row_with_sane_fields() {
         assert!(per_call >= 0.0 && per_call.is_finite(), "CPU in {c}");
         assert!(number(c, "wall_us_per_call") > 0.0, "wall time in {c}");
     }
+    // The same CPU by thread: npud's calls run on its I/O thread and its executor, whose
+    // names the table keys them by (schedstat is kept on every kernel the tests run on).
+    for c in &cpu[3..5] {
+        let threads = field(c, "threads_us_per_call")
+            .as_object()
+            .expect("threads_us_per_call is a map");
+        for name in ["npud", "npud-executor"] {
+            let us = threads.get(name).and_then(serde_json::Value::as_f64);
+            assert!(us.is_some_and(|us| us > 0.0), "{name} in {c}");
+        }
+    }
 
     let ratios = field(&report, "ratios")
         .as_array()
