@@ -603,7 +603,7 @@ impl Pending {
             .expect("a Pending holds its item until it is waited for or dropped");
         let (waiting, alone) = Waiting::enter();
         let mut early = None;
-        if alone {
+        if alone && !crate::executor::parked() {
             // Yielding between polls keeps the worker serving its other tasks.
             let until = Instant::now() + IDLE_POLL;
             while Instant::now() < until {
