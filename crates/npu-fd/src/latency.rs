@@ -121,12 +121,14 @@ pub const EXECUTOR_YIELD_AFTER: Duration = Duration::from_micros(250);
 /// floor (row 3 over row 1b) 1.242–1.319 sleeping against 1.175–1.314 polling, one client
 /// 161.2, 167.5 against 141.7, 143.8 µs, 16 and 64 clients unchanged. With other items in
 /// hand the reply is further away and the handler sleeps at once, and so it does when the
-/// executor was blocked waiting for work (`npud`'s `executor::parked`): its wake-up alone takes
-/// longer than the poll, which then spun through it. Skipping it there took npud's I/O thread
-/// from 117.8-130.3 to 100.0-118.6 µs per dispatch with the executor always sleeping
-/// (`npuctl-bench --only floors,cpu`, row 10 by thread, three alternated pairs), the process
-/// from 2.62-3.02 to 2.13-2.52 times the tonic echo, and left the wall time per call (192.8
-/// against 187.9 µs) and the unary ratio (0.97-1.21 against 0.96-1.22) as they were.
+/// executor never polls (`executor.spin_us = 0`, the user's choice of CPU over latency): the
+/// executor is then asleep when an item reaches it, its wake-up alone outlasts the poll, and
+/// the poll spun through it. Without it there, npud's I/O thread took 100.0-118.6 µs per
+/// dispatch against 117.8-130.3 (row 10 by thread, three alternated pairs), the process
+/// 2.13-2.52 times the tonic echo's CPU against 2.62-3.02, and the wall time per call stayed
+/// (187.9 against 192.8 µs). Skipping it whenever the executor was blocked, polling or not,
+/// cost TLS calls (whose round trips outlast the executor's poll) their latency: TLS over
+/// plain TCP 1.06-1.93 against 0.96-1.46 over six alternated runs.
 pub const HANDLER_IDLE_POLL: Duration = Duration::from_micros(50);
 
 /// The bytes one gRPC connection reads in a row before it lets the I/O thread look for other

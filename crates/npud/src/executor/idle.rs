@@ -19,19 +19,7 @@
 //! others run, one wake-up serves several, and the CPU a poll would take is the CPU their
 //! requests are decoded on: on 2 cores, polling cut 16 clients' throughput by a tenth.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-/// Whether the executor is blocked waiting for a command (see [`parked`]).
-static PARKED: AtomicBool = AtomicBool::new(false);
-
-/// Whether the executor was blocked in the kernel waiting for its next command when last
-/// looked: work handed to it now waits for its thread to be woken and scheduled (tens of µs on
-/// a VM whose idle vCPU halts) before it starts, so a handler polling for the reply would spin
-/// through that wake-up (`service::work`, `npu_fd::latency::HANDLER_IDLE_POLL`).
-pub fn parked() -> bool {
-    PARKED.load(Ordering::Relaxed)
-}
 
 // Tuned latencies: `npu_fd::latency` says why each has its value and what measured it.
 const LOOKS_PER_YIELD: u32 = npu_fd::latency::EXECUTOR_LOOKS_PER_YIELD;
@@ -165,9 +153,7 @@ impl Idle {
             elsewhere.park(false);
             return Woke::Elsewhere;
         }
-        PARKED.store(true, Ordering::Relaxed);
         let cmd = rx.blocking_recv();
-        PARKED.store(false, Ordering::Relaxed);
         elsewhere.park(false);
         self.armed = idle_since.elapsed() < self.spin;
         cmd.map_or(Woke::Closed, Woke::Command)
@@ -183,24 +169,6 @@ impl Idle {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_executor_reads_as_parked_only_while_it_blocks_for_a_command() {
-        let (tx, mut rx) = mpsc::channel(4);
-        // Never polls: the wait blocks at once.
-        let waiter = std::thread::spawn(move || Idle::new(Duration::ZERO).next(&mut rx));
-        let started = Instant::now();
-        while !parked() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "a blocked wait never read as parked"
-            );
-            std::thread::yield_now();
-        }
-        tx.blocking_send(5).unwrap();
-        assert_eq!(waiter.join().unwrap(), Some(5));
-        assert!(!parked(), "parked after the command came");
-    }
 
     #[test]
     fn a_command_already_queued_is_taken_at_once() {

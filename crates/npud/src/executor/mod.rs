@@ -56,7 +56,6 @@ use crate::programs::{Program, Programs};
 use crate::state_dir::InFlight;
 use cache::ProgramCache;
 use idle::Idle;
-pub use idle::parked;
 use sched::FairTurns;
 use shared::Shared;
 use tensors::Tensors;

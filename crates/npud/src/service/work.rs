@@ -603,7 +603,9 @@ impl Pending {
             .expect("a Pending holds its item until it is waited for or dropped");
         let (waiting, alone) = Waiting::enter();
         let mut early = None;
-        if alone && !crate::executor::parked() {
+        // An executor that never polls (`executor.spin_us = 0`, CPU before latency) is asleep
+        // when the item reaches it, and its wake-up alone outlasts the poll.
+        if alone && self.svc.state.executor_spin_us > 0 {
             // Yielding between polls keeps the worker serving its other tasks.
             let until = Instant::now() + IDLE_POLL;
             while Instant::now() < until {
