@@ -114,20 +114,12 @@ impl Drop for Daemon {
     }
 }
 
-/// CPU time all of a process's threads have used so far, in ns: the first field of each
-/// `/proc/<pid>/task/*/schedstat`. A thread that ended takes its time with it. `None` when the
-/// process is gone or the kernel keeps no schedstat.
+/// CPU time all of a process's threads have used so far, in ns: [`cpu_ns_by_thread`] summed.
+/// A thread that ended takes its time with it. `None` when the process is gone or the kernel
+/// keeps no schedstat.
 #[must_use]
 pub fn cpu_ns(pid: u32) -> Option<u64> {
-    let mut total = 0u64;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
-        let Ok(task) = task else { continue };
-        let Ok(s) = std::fs::read_to_string(task.path().join("schedstat")) else {
-            continue;
-        };
-        total += s.split_whitespace().next()?.parse::<u64>().ok()?;
-    }
-    Some(total)
+    cpu_ns_by_thread(pid).map(|by| by.values().sum())
 }
 
 /// CPU time each of a process's threads has used so far, in ns, by thread name (`comm`; threads
